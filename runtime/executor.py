@@ -1,0 +1,94 @@
+"""Reference runtime: run a graph node by node through the registry's torch references.
+
+Note: each intermediate is dropped right after its last use, so peak memory follows liveness
+rather than the whole graph. Constants are moved to the target device once, when the executor is
+built, not on every call.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from tilefuse import ops
+from tilefuse.ir import Graph, TensorType, torch_dtype
+
+
+class ExecutionError(RuntimeError):
+    """A node failed at run time; the message names the node and its op."""
+
+
+def last_uses(graph: Graph) -> dict[int, list[str]]:
+    """For each node index, the values whose last reader is that node (graph outputs excluded)."""
+    last: dict[str, int] = {}
+    for idx, n in enumerate(graph.nodes):
+        for i in n.inputs:
+            if i:
+                last[i] = idx
+    keep = set(graph.outputs) | set(graph.constants)
+    frees: dict[int, list[str]] = {}
+    for name, idx in last.items():
+        if name not in keep:
+            frees.setdefault(idx, []).append(name)
+    return frees
+
+
+def check_inputs(graph: Graph, args: Sequence[torch.Tensor]) -> None:
+    """Raise a ``ValueError`` naming the first input whose count, rank, static dim or dtype is wrong."""
+    if len(args) != len(graph.inputs):
+        names = ", ".join(v.name for v in graph.inputs)
+        raise ValueError(f"{graph.name}: expected {len(graph.inputs)} inputs ({names}), got {len(args)}")
+    for v, a in zip(graph.inputs, args):
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"{graph.name}: input {v.name!r} must be a torch.Tensor, got {type(a).__name__}")
+        t = v.type
+        if t.shape is not None:
+            if a.dim() != len(t.shape) or any(isinstance(d, int) and d != s for d, s in zip(t.shape, a.shape)):
+                raise ValueError(f"{graph.name}: input {v.name!r} has shape {tuple(a.shape)}, expected {t}")
+        if a.dtype != torch_dtype(t.dtype):
+            raise ValueError(f"{graph.name}: input {v.name!r} has dtype {a.dtype}, expected {t.dtype}")
+
+
+class Executor:
+    """Runs ``graph`` on torch tensors (CPU or CUDA)."""
+
+    def __init__(self, graph: Graph, device: torch.device | str = "cpu", check: bool = True):
+        self.graph = graph
+        self.device = torch.device(device)
+        self.check = check
+        self.constants = {k: t.to(self.device) for k, t in graph.constants.items()}
+        self.specs = [ops.get(n.op) for n in graph.nodes]
+        self.attrs = [n.attr for n in graph.nodes]
+        self.frees = last_uses(graph)
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.check:
+            check_inputs(self.graph, args)
+        env: dict[str, torch.Tensor | None] = dict(self.constants)
+        env.update({v.name: a for v, a in zip(self.graph.inputs, args)})
+        for idx, (node, spec, attrs) in enumerate(zip(self.graph.nodes, self.specs, self.attrs)):
+            inputs = [env[i] if i else None for i in node.inputs]
+            try:
+                outs = spec.run(inputs, attrs)
+            except Exception as e:
+                shapes = [None if x is None else f"{x.dtype}{list(x.shape)}" for x in inputs]
+                raise ExecutionError(f"node {node.name!r} ({node.op}) failed on inputs {shapes}: {e}") from e
+            if len(outs) != len(node.outputs):
+                raise ExecutionError(f"node {node.name!r} ({node.op}) returned {len(outs)} outputs, "
+                                     f"expected {len(node.outputs)}")
+            for v, o in zip(node.outputs, outs):
+                env[v.name] = o
+            for name in self.frees.get(idx, ()):
+                env.pop(name, None)
+        return tuple(env[o] for o in self.graph.outputs)
+
+
+def run_graph(graph: Graph, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Run ``graph`` once on the device of its first input."""
+    device = args[0].device if args else "cpu"
+    return Executor(graph, device)(*args)
+
+
+def types_of(args: Sequence[torch.Tensor]) -> list[TensorType]:
+    return [TensorType.of(a) for a in args]

@@ -1,0 +1,55 @@
+"""Settings: every flag lives here, read from ``TILEFUSE_<NAME>`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"TILEFUSE_{name}", default)
+
+
+def default_target() -> dict:
+    """The local target: the first CUDA GPU if torch sees one, else the CPU (``c``)."""
+    forced = _env("TARGET", "")
+    if forced:
+        return parse_target(forced)
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
+        return {"kind": "cuda", "arch": arch}
+    return {"kind": "c"}
+
+
+TARGET_KINDS = ("cuda", "c", "hip", "metal", "ascend")
+
+
+def parse_target(spec: str | dict | None) -> dict:
+    """``"cuda"``, ``"cuda:sm_80"``, ``"c"``, ``"hip:gfx942"`` or a dict -> a target dict."""
+    if spec is None:
+        return default_target()
+    if isinstance(spec, dict):
+        if spec.get("kind") not in TARGET_KINDS:
+            raise ValueError(f"unknown target kind {spec.get('kind')!r}; known: {', '.join(TARGET_KINDS)}")
+        return dict(spec)
+    kind, _, arch = spec.partition(":")
+    if kind not in TARGET_KINDS:
+        raise ValueError(f"unknown target {spec!r}; known kinds: {', '.join(TARGET_KINDS)}")
+    if kind == "cuda":
+        return {"kind": "cuda", "arch": arch or "sm_90a"}
+    if kind == "hip":
+        return {"kind": "hip", "mcpu": arch or "gfx942"}
+    return {"kind": kind}
+
+
+@dataclass(frozen=True)
+class Options:
+    """Compile options shared by every entry point."""
+
+    target: dict = field(default_factory=default_target)
+    fuse: bool = _env("FUSE", "1") != "0"
+    lower: bool = _env("LOWER", "1") != "0"
+    verbose: bool = _env("VERBOSE", "0") != "0"

@@ -1,0 +1,1 @@
+"""Ops declared for the fallback frontend (see the module docstring of tilefuse.ops)."""

@@ -1,0 +1,200 @@
+"""Neural-network ops: GEMM, convolution, reductions, normalizations, pooling, attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tilefuse.ir import torch_dtype
+from tilefuse.ops.registry import OpKind, register
+
+G, C, R, A, O = OpKind.GEMM, OpKind.CONV, OpKind.REDUCTION, OpKind.ATTENTION, OpKind.OPAQUE
+
+
+# ---- GEMM and convolution ------------------------------------------------------------------
+
+@register("matmul", G)
+def matmul(a, b):
+    """numpy-style matmul: batched, broadcast batch dims, 1-D operands promoted."""
+    return torch.matmul(a, b)
+
+
+@register("linear", G)
+def linear(x, weight, bias=None):
+    """x @ weight.T + bias, weight (N, K)."""
+    return F.linear(x, weight, bias)
+
+
+@register("conv", C)
+def conv(x, weight, bias=None, stride: tuple = (1, 1), padding: tuple = (0, 0), dilation: tuple = (1, 1),
+         groups: int = 1):
+    """N-d convolution (1-d, 2-d or 3-d by the weight's rank), channels first; symmetric padding."""
+    fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[weight.dim()]
+    return fn(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
+
+
+@register("conv_transpose", O)
+def conv_transpose(x, weight, bias=None, stride: tuple = (1, 1), padding: tuple = (0, 0),
+                   output_padding: tuple = (0, 0), dilation: tuple = (1, 1), groups: int = 1):
+    fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[weight.dim()]
+    return fn(x, weight, bias, tuple(stride), tuple(padding), tuple(output_padding), groups, tuple(dilation))
+
+
+# ---- reductions -----------------------------------------------------------------------------
+
+def _dims(x, dims):
+    return tuple(range(x.dim())) if dims is None else tuple(dims)
+
+
+@register("sum", R)
+def sum_(x, dims: tuple | None = None, keepdim: bool = False, dtype: str | None = None):
+    return torch.sum(x, _dims(x, dims), keepdim, dtype=torch_dtype(dtype) if dtype else None)
+
+
+@register("mean", R)
+def mean(x, dims: tuple | None = None, keepdim: bool = False):
+    return torch.mean(x, _dims(x, dims), keepdim)
+
+
+@register("prod", R)
+def prod(x, dims: tuple | None = None, keepdim: bool = False):
+    for d in sorted((d % max(x.dim(), 1) for d in _dims(x, dims)), reverse=True):
+        x = torch.prod(x, d, keepdim)
+    return x
+
+
+@register("amax", R)
+def amax(x, dims: tuple | None = None, keepdim: bool = False):
+    return torch.amax(x, _dims(x, dims), keepdim)
+
+
+@register("amin", R)
+def amin(x, dims: tuple | None = None, keepdim: bool = False):
+    return torch.amin(x, _dims(x, dims), keepdim)
+
+
+@register("var", R)
+def var(x, dims: tuple | None = None, correction: float = 1, keepdim: bool = False):
+    return torch.var(x, _dims(x, dims), correction=correction, keepdim=keepdim)
+
+
+@register("argmax", R)
+def argmax(x, dim: int, keepdim: bool = False, select_last_index: bool = False):
+    if select_last_index:
+        return x.shape[dim] - 1 - torch.argmax(x.flip(dim), dim, keepdim)
+    return torch.argmax(x, dim, keepdim)
+
+
+@register("argmin", R)
+def argmin(x, dim: int, keepdim: bool = False, select_last_index: bool = False):
+    if select_last_index:
+        return x.shape[dim] - 1 - torch.argmin(x.flip(dim), dim, keepdim)
+    return torch.argmin(x, dim, keepdim)
+
+
+@register("logsumexp", R)
+def logsumexp(x, dims: tuple | None = None, keepdim: bool = False):
+    return torch.logsumexp(x, _dims(x, dims), keepdim)
+
+
+@register("softmax", R)
+def softmax(x, dim: int = -1):
+    return torch.softmax(x, dim)
+
+
+@register("log_softmax", R)
+def log_softmax(x, dim: int = -1):
+    return torch.log_softmax(x, dim)
+
+
+# ---- normalizations --------------------------------------------------------------------------
+
+@register("layer_norm", R)
+def layer_norm(x, weight=None, bias=None, axis: int = -1, eps: float = 1e-5):
+    """Normalize over dims ``axis..end`` (ONNX LayerNormalization, ATen layer_norm)."""
+    axis = axis % x.dim()
+    return F.layer_norm(x, x.shape[axis:], weight, bias, eps)
+
+
+@register("rms_norm", R)
+def rms_norm(x, weight=None, axis: int = -1, eps: float = 1e-6):
+    """x / sqrt(mean(x^2) + eps) * weight over dims ``axis..end``, computed in fp32."""
+    axis = axis % x.dim()
+    dims = tuple(range(axis, x.dim()))
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
+    y = y.to(x.dtype)
+    return y * weight if weight is not None else y
+
+
+@register("batch_norm", R)
+def batch_norm(x, weight, bias, running_mean, running_var, eps: float = 1e-5):
+    """Inference batch norm with running statistics (channels on dim 1)."""
+    return F.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, eps)
+
+
+@register("group_norm", R)
+def group_norm(x, weight=None, bias=None, groups: int = 1, eps: float = 1e-5):
+    return F.group_norm(x, groups, weight, bias, eps)
+
+
+@register("instance_norm", R)
+def instance_norm(x, weight=None, bias=None, eps: float = 1e-5):
+    return F.instance_norm(x, weight=weight, bias=bias, eps=eps)
+
+
+# ---- pooling -------------------------------------------------------------------------------
+
+@register("max_pool", R)
+def max_pool(x, kernel: tuple, stride: tuple, padding: tuple = (0, 0), dilation: tuple = (1, 1),
+             ceil_mode: bool = False):
+    fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[len(kernel)]
+    return fn(x, tuple(kernel), tuple(stride), tuple(padding), tuple(dilation), ceil_mode)
+
+
+@register("avg_pool", R)
+def avg_pool(x, kernel: tuple, stride: tuple, padding: tuple = (0, 0), ceil_mode: bool = False,
+             count_include_pad: bool = True):
+    fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[len(kernel)]
+    return fn(x, tuple(kernel), tuple(stride), tuple(padding), ceil_mode, count_include_pad)
+
+
+@register("adaptive_avg_pool", R)
+def adaptive_avg_pool(x, output_size: tuple):
+    fn = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}[len(output_size)]
+    return fn(x, tuple(output_size))
+
+
+# ---- attention -------------------------------------------------------------------------------
+
+@register("sdpa", A)
+def sdpa(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None):
+    """Scaled dot-product attention on (..., heads, seq, dim); an additive or boolean mask
+    broadcast to (..., heads, q_seq, k_seq); fewer KV heads than query heads is grouped-query
+    attention. A causal mask is aligned to the top left, as torch does."""
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(rep, dim=-3)
+        v = v.repeat_interleave(rep, dim=-3)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+
+
+@register("rotary_embedding", OpKind.BROADCAST)
+def rotary_embedding(x, cos, sin, interleaved: bool = False):
+    """x * cos + rotate_half(x) * sin (rotate_half pairs the two halves of the last dim, or
+    adjacent elements when ``interleaved``); cos/sin broadcast against x."""
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
+    else:
+        half = x.shape[-1] // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+@register("dropout", OpKind.ELEMENTWISE)
+def dropout(x):
+    """Inference dropout: the identity."""
+    return x

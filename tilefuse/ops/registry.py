@@ -1,0 +1,173 @@
+"""The op registry: each op declared once with its fusion kind, type inference and torch reference.
+
+Note: type inference defaults to running the reference on meta tensors (one source of truth for
+semantics and shapes). Symbolic dims are substituted by distinct large primes for the meta run and
+mapped back afterwards; a dim that is not one of them (``batch*seq`` after a reshape, say) becomes a
+fresh symbol. An op whose output shape depends on data (``nonzero``, a reshape whose target shape is
+a runtime tensor) gets an unknown shape; the runtime still executes it through its reference.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from tilefuse.ir import TensorType, dtype_name, torch_dtype
+
+
+class OpKind(str, enum.Enum):
+    """How an op fuses (TVM Relax's vocabulary, plus our anchors)."""
+
+    ELEMENTWISE = "elementwise"  # same-shape, one output element from the same input elements
+    BROADCAST = "broadcast"  # elementwise with numpy broadcasting between inputs
+    INJECTIVE = "injective"  # each output element reads one input element (reshape, slice, ...)
+    REDUCTION = "reduction"  # reduces along axes (sum, softmax, norms)
+    GEMM = "gemm"
+    CONV = "conv"
+    ATTENTION = "attention"
+    OPAQUE = "opaque"  # anything else: runs as its own kernel / through torch
+
+
+FUSIBLE_POINTWISE = frozenset({OpKind.ELEMENTWISE, OpKind.BROADCAST})
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op: ``ref(*tensors, **attrs)`` returns a tensor or a tuple of tensors."""
+
+    name: str
+    kind: OpKind
+    ref: Callable[..., Any]
+    infer: Callable[[Sequence[TensorType | None], dict[str, Any]], list[TensorType]] | None = None
+    num_outputs: int = 1
+    doc: str = ""
+
+    def run(self, inputs: Sequence[torch.Tensor | None], attrs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        out = self.ref(*inputs, **attrs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class UnsupportedOpError(NotImplementedError):
+    """An op that the registry does not know."""
+
+
+class InferenceError(ValueError):
+    """Type inference failed: wrong shapes, dtypes or attributes for an op."""
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(name: str, kind: OpKind, *, infer=None, num_outputs: int = 1):
+    """Decorator: declare the op ``name`` with the decorated function as its torch reference."""
+
+    def deco(fn):
+        if name in _REGISTRY:
+            raise ValueError(f"op {name!r} is registered twice")
+        _REGISTRY[name] = OpSpec(name, kind, fn, infer, num_outputs, (fn.__doc__ or "").strip())
+        return fn
+
+    return deco
+
+
+def get(name: str) -> OpSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnsupportedOpError(f"op {name!r} is not in the tilefuse op registry") from None
+
+
+def has(name: str) -> bool:
+    return name in _REGISTRY
+
+
+def all_ops() -> dict[str, OpSpec]:
+    return dict(_REGISTRY)
+
+
+# ---- type inference ------------------------------------------------------------------------
+
+_PRIMES = (10007, 10009, 10037, 10039, 10061, 10067, 10069, 10079, 10091, 10093, 10099, 10103, 10111,
+           10133, 10139, 10141, 10151, 10159, 10163, 10169, 10177, 10181, 10193, 10211, 10223, 10243)
+
+
+def infer_types(op: str, in_types: Sequence[TensorType | None], attrs: dict[str, Any],
+                node: str = "") -> list[TensorType]:
+    """Output types of ``op`` applied to inputs of ``in_types`` (``None`` for absent inputs)."""
+    spec = get(op)
+    if spec.infer is not None:
+        return list(spec.infer(in_types, attrs))
+    return _infer_by_meta(spec, in_types, attrs, node)
+
+
+def _infer_by_meta(spec: OpSpec, in_types, attrs, node: str) -> list[TensorType]:
+    sym_of: dict[int, str] = {}
+    val_of: dict[str, int] = {}
+    args: list[torch.Tensor | None] = []
+    unknown_rank = False
+    for t in in_types:
+        if t is None:
+            args.append(None)
+            continue
+        if t.shape is None:
+            unknown_rank = True
+            args.append(None)
+            continue
+        dims = []
+        for d in t.shape:
+            if isinstance(d, str):
+                if d not in val_of:
+                    if len(val_of) >= len(_PRIMES):
+                        raise InferenceError(f"{node}: too many symbolic dims")
+                    val_of[d] = _PRIMES[len(val_of)]
+                    sym_of[val_of[d]] = d
+                d = val_of[d]
+            dims.append(d)
+        args.append(torch.empty(dims, dtype=torch_dtype(t.dtype), device="meta"))
+    first_dtype = next((t.dtype for t in in_types if t is not None), "float32")
+    if unknown_rank:
+        return [TensorType(None, first_dtype)] * spec.num_outputs
+    try:
+        outs = spec.run(args, dict(attrs))
+    except (NotImplementedError, RuntimeError) as e:
+        if _is_data_dependent(e):
+            return [TensorType(None, first_dtype)] * spec.num_outputs
+        raise InferenceError(f"node {node!r} ({spec.name}): {_first_line(e)}; input types "
+                             f"{[str(t) for t in in_types]}, attrs {attrs}") from e
+    except (TypeError, ValueError, IndexError) as e:
+        raise InferenceError(f"node {node!r} ({spec.name}): {_first_line(e)}; input types "
+                             f"{[str(t) for t in in_types]}, attrs {attrs}") from e
+    result = []
+    for o in outs:
+        shape = tuple(sym_of.get(d, d) if d not in sym_of else sym_of[d] for d in o.shape)
+        if val_of:
+            shape = tuple(_unmap_dim(d, sym_of) for d in shape)
+        result.append(TensorType(shape, dtype_name(o.dtype)))
+    return result
+
+
+def _unmap_dim(d, sym_of: dict[int, str]):
+    if isinstance(d, str) or d in sym_of:
+        return sym_of.get(d, d)
+    # A product or multiple of substituted primes: name it by its factors.
+    if d >= _PRIMES[0]:
+        factors, rest = [], d
+        for p, s in sym_of.items():
+            while rest % p == 0:
+                factors.append(s)
+                rest //= p
+        if factors:
+            return "*".join(([str(rest)] if rest != 1 else []) + factors)
+    return d
+
+
+def _is_data_dependent(e: Exception) -> bool:
+    msg = str(e)
+    return any(s in msg for s in ("meta", "data-dependent", "item()", "Cannot copy out", "tolist"))
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
