@@ -1,32 +1,106 @@
-"""Build the callable that runs a compiled graph: the plan, its kernels and the executor."""
+"""Run a FusionPlan region by region: a compiled kernel where lowering gave one, else the region's
+nodes through their torch references (an explicit, reported fallback: ``backend == "torch"``).
+
+Note: values are freed after the last region that reads them, so peak memory follows liveness at
+region granularity (a fused region's interior values never exist in device memory at all once it
+runs as one kernel).
+"""
 
 from __future__ import annotations
 
+import time
+from typing import Callable, Mapping, Sequence
+
 import torch
 
+from tilefuse import ops
 from tilefuse.config import Options
 from tilefuse.ir import Graph
-from tilefuse.runtime.executor import Executor
+from tilefuse.planner import FusionPlan, plan as make_plan
+from tilefuse.runtime.executor import ExecutionError, check_inputs
+
+RegionFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
 
-class GraphRunner:
-    """Runs a graph through the reference executor, one executor per device."""
+class _RefRegion:
+    """A region run node by node through the registry references."""
 
-    def __init__(self, graph: Graph, options: Options):
-        self.graph = graph
-        self.options = options
-        self._executors: dict[torch.device, Executor] = {}
+    def __init__(self, graph_nodes, region):
+        self.steps = [(n, ops.get(n.op), n.attr) for n in graph_nodes]
+        self.inputs = region.inputs
+        self.outputs = region.outputs
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        env = dict(zip(self.inputs, args))
+        for node, spec, attrs in self.steps:
+            ins = [env[i] if i else None for i in node.inputs]
+            try:
+                outs = spec.run(ins, attrs)
+            except Exception as e:
+                shapes = [None if x is None else f"{x.dtype}{list(x.shape)}" for x in ins]
+                raise ExecutionError(f"node {node.name!r} ({node.op}) failed on inputs {shapes}: {e}") from e
+            for v, o in zip(node.outputs, outs):
+                env[v.name] = o
+        return [env[o] for o in self.outputs]
+
+
+class PlanRunner:
+    """Executes ``plan`` on torch tensors; ``kernels`` maps region names to compiled callables."""
+
+    def __init__(self, plan: FusionPlan, kernels: Mapping[str, RegionFn] | None = None, check: bool = True):
+        self.plan = plan
+        self.check = check
+        self.kernels = dict(kernels or {})
+        nodes = {n.name: n for n in plan.graph.nodes}
+        self.fns: list[RegionFn] = [self.kernels.get(r.name) or _RefRegion([nodes[m] for m in r.nodes], r)
+                                    for r in plan.regions]
+        last: dict[str, int] = {}
+        for k, r in enumerate(plan.regions):
+            for i in r.inputs:
+                last[i] = k
+        keep = set(plan.graph.outputs) | set(plan.graph.constants)
+        self.frees: dict[int, list[str]] = {}
+        for name, k in last.items():
+            if name not in keep:
+                self.frees.setdefault(k, []).append(name)
+        self._constants: dict[torch.device, dict[str, torch.Tensor]] = {}
+
+    def constants(self, device: torch.device) -> dict[str, torch.Tensor]:
+        if device not in self._constants:
+            self._constants[device] = {k: t.to(device) for k, t in self.plan.graph.constants.items()}
+        return self._constants[device]
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        g = self.plan.graph
+        if self.check:
+            check_inputs(g, args)
         device = args[0].device if args else torch.device("cpu")
-        ex = self._executors.get(device)
-        if ex is None:
-            ex = self._executors[device] = Executor(self.graph, device)
-        return ex(*args)
+        env: dict[str, torch.Tensor] = dict(self.constants(device))
+        env.update({v.name: a for v, a in zip(g.inputs, args)})
+        for k, (region, fn) in enumerate(zip(self.plan.regions, self.fns)):
+            outs = fn([env[i] for i in region.inputs])
+            for name, o in zip(region.outputs, outs):
+                env[name] = o
+            for name in self.frees.get(k, ()):
+                env.pop(name, None)
+        return tuple(env[o] for o in g.outputs)
 
     def summary(self) -> str:
-        return f"{self.graph.name}: {len(self.graph.nodes)} nodes (reference executor)"
+        return self.plan.summary()
 
 
-def build_runner(graph: Graph, options: Options):
-    return GraphRunner(graph, options)
+def build_runner(graph: Graph, options: Options) -> PlanRunner:
+    """Plan ``graph`` for ``options.target``, lower what can be lowered, return the runner."""
+    t0 = time.perf_counter()
+    p = make_plan(graph, options.target, fuse=options.fuse)
+    kernels = {}
+    if options.lower:
+        try:
+            from tilefuse.lowering.registry import lower_plan
+        except ImportError:
+            lower_plan = None
+        if lower_plan is not None:
+            kernels = lower_plan(p, options.target)
+    runner = PlanRunner(p, kernels)
+    runner.compile_seconds = time.perf_counter() - t0
+    return runner

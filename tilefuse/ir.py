@@ -255,19 +255,18 @@ class GraphBuilder:
         self.constants: dict[str, torch.Tensor] = {}
         self.types: dict[str, TensorType] = {}
         self._used: set[str] = set()
-        self._counter: dict[str, int] = {}
+        self._used_nodes: set[str] = set()
+        self._next: dict[tuple[int, str], int] = {}
 
-    def fresh(self, base: str) -> str:
+    def fresh(self, base: str, used: set[str] | None = None) -> str:
+        """A value name (or, with ``used=self._used_nodes``, a node name) not taken yet."""
+        used = self._used if used is None else used
         base = _sanitize(base) or "v"
-        if base not in self._used:
-            self._used.add(base)
-            return base
-        i = self._counter.get(base, 0)
-        while f"{base}_{i}" in self._used:
-            i += 1
-        self._counter[base] = i + 1
-        name = f"{base}_{i}"
-        self._used.add(name)
+        name, i = base, self._next.get((id(used), base), 0)
+        while name in used:
+            name, i = f"{base}_{i}", i + 1
+        self._next[(id(used), base)] = i
+        used.add(name)
         return name
 
     def input(self, name: str, type: TensorType) -> str:
@@ -292,7 +291,7 @@ class GraphBuilder:
         if out_types is None:
             in_types = [self.types[i] if i else None for i in inputs]
             out_types = infer_types(op, in_types, attrs, node=name or op)
-        node_name = self.fresh(name or op)
+        node_name = self.fresh(name or op, self._used_nodes)
         bases = list(out_names) if out_names is not None else [node_name] * len(out_types)
         outs = [Value(self.fresh(b), t) for b, t in zip(bases, out_types)]
         for v in outs:

@@ -1,0 +1,172 @@
+"""Legality: is a fusion *correct*? Each check returns ``None`` (legal) or the reason it is not.
+
+Note: legality never asks whether a fusion pays (that is ``cost.py``). A fusion is legal when the
+merged region stays acyclic in the region graph (checked with networkx), the shapes fit the
+template's iteration domain, and the template can take the op (its epilogue vocabulary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from tilefuse import ops
+from tilefuse.ir import Graph, Node, TensorType
+from tilefuse.ops import OpKind
+from tilefuse.planner.plan import VIEW_OPS
+
+# What the templates' epilogue/prologue expressions can compute (lowering/expr.py's vocabulary).
+EPILOGUE_OPS = frozenset({
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "abs", "reciprocal", "relu", "gelu", "silu",
+    "sigmoid", "tanh", "erf", "exp", "log", "sqrt", "rsqrt", "clamp", "where", "eq", "ne", "lt", "le", "gt", "ge",
+    "cast", "leaky_relu", "softplus", "sin", "cos", "scale", "identity", "dropout",
+})
+LAYOUT_OPS = frozenset({"permute", "transpose"}) | VIEW_OPS
+SPLIT_OPS = frozenset({"split", "slice"})
+NORM_OPS = frozenset({"layer_norm", "rms_norm"})
+MAX_OUTPUTS = {"gemm": 1, "gemm_sp": 1, "attention": 1, "reduction": 2, "elementwise": 8}
+
+
+@dataclass
+class Facts:
+    """Read-only facts about the graph that every check uses."""
+
+    graph: Graph
+    dag: nx.DiGraph
+    nodes: dict[str, Node]
+    producers: dict[str, Node]
+    users: dict[str, list[Node]]
+    types: dict[str, TensorType]
+    outputs: frozenset[str]
+
+    @classmethod
+    def of(cls, graph: Graph) -> "Facts":
+        return cls(graph, graph.to_networkx(), {n.name: n for n in graph.nodes}, graph.producers(),
+                   graph.users(), {k: v.type for k, v in graph.values().items()}, frozenset(graph.outputs))
+
+    def kind(self, node: Node) -> OpKind:
+        return ops.get(node.op).kind
+
+    def out_type(self, node: Node) -> TensorType:
+        return node.outputs[0].type
+
+
+def creates_cycle(f: Facts, members: set[str], new: set[str]) -> bool:
+    """True when merging ``new`` into ``members`` puts a node outside on a path out of and back
+    into the merged set (the fused kernel would have to run both before and after it)."""
+    merged = members | new
+    down: set[str] = set()
+    for n in merged:
+        down |= nx.descendants(f.dag, n)
+    down -= merged
+    if not down:
+        return False
+    up: set[str] = set()
+    for n in merged:
+        up |= nx.ancestors(f.dag, n)
+    return bool(down & up)
+
+
+def escaping(f: Facts, members: set[str]) -> list[str]:
+    """Values produced inside ``members`` that are read outside it or returned by the graph."""
+    out = []
+    for name in members:
+        for v in f.nodes[name].outputs:
+            if v.name in f.outputs or any(u.name not in members for u in f.users.get(v.name, ())):
+                out.append(v.name)
+    return out
+
+
+def _row_broadcastable(operand: TensorType, out: TensorType) -> bool:
+    """Reads as a (rows, cols) tile: the full shape, a vector over the last dim, or a scalar."""
+    if operand.shape is None or out.shape is None:
+        return False
+    if operand.shape == out.shape or all(d == 1 for d in operand.shape):
+        return True
+    lead = operand.shape[:-1]
+    return all(d == 1 for d in lead) and operand.shape[-1:] == out.shape[-1:] and len(operand.shape) <= len(out.shape)
+
+
+def _same_domain(a: TensorType, b: TensorType) -> bool:
+    """Same element count and last dim: a view of the same 2-D iteration domain."""
+    if a.shape is None or b.shape is None or not a.shape or not b.shape:
+        return a.shape == b.shape
+    if a.shape[-1] != b.shape[-1]:
+        return False
+    return _numel(a) == _numel(b)
+
+
+def _numel(t: TensorType):
+    n, sym = 1, []
+    for d in t.shape:
+        if isinstance(d, int):
+            n *= d
+        else:
+            sym += d.split("*")
+    return n, tuple(sorted(sym))
+
+
+def can_fuse_epilogue(f: Facts, kind: str, members: set[str], domain: TensorType, node: Node) -> str | None:
+    """May ``node`` (a consumer of the region) run inside the region, after its anchor?"""
+    nk = f.kind(node)
+    if node.op in VIEW_OPS and node.op != "expand":
+        pass
+    elif kind == "attention":
+        if node.op not in LAYOUT_OPS:
+            return f"the attention template takes only a layout change after it, not {node.op}"
+    elif kind == "elementwise":
+        if nk not in ops.FUSIBLE_POINTWISE and nk != OpKind.INJECTIVE:
+            return f"{node.op} is {nk.value}, not elementwise/injective"
+    elif nk not in ops.FUSIBLE_POINTWISE:
+        return f"{node.op} is {nk.value}; a {kind} epilogue takes elementwise ops"
+    elif node.op not in EPILOGUE_OPS:
+        return f"the {kind} template's epilogue cannot compute {node.op}"
+    if len(node.outputs) != 1:
+        return f"{node.op} has {len(node.outputs)} outputs"
+    out = f.out_type(node)
+    if kind in ("gemm", "gemm_sp", "reduction") and nk in ops.FUSIBLE_POINTWISE:
+        if not _same_domain(out, domain):
+            return f"{node.op} output {out} is not the region's domain {domain}"
+        for i in node.inputs:
+            p = f.producers.get(i)
+            if i and (p is None or p.name not in members) and not _row_broadcastable(f.types[i], out):
+                return f"operand {i} ({f.types[i]}) broadcasts along a leading dim"
+    if kind == "elementwise" and nk in ops.FUSIBLE_POINTWISE and out.shape != domain.shape and \
+            not (_same_domain(out, domain)):
+        return f"{node.op} output {out} differs from the region's shape {domain}"
+    new_members = members | {node.name}
+    esc = escaping(f, new_members)
+    if len(esc) > MAX_OUTPUTS.get(kind, 1):
+        return f"the {kind} region would write {len(esc)} outputs ({', '.join(sorted(esc))})"
+    if creates_cycle(f, members, {node.name}):
+        return "fusing would create a cycle through another region"
+    return None
+
+
+def can_fuse_prologue(f: Facts, kind: str, anchor: Node, members: set[str], producers: set[str]) -> str | None:
+    """May the producer nodes ``producers`` run inside the region, before its anchor?"""
+    in_type = f.types[anchor.inputs[0]]
+    for name in producers:
+        p = f.nodes[name]
+        pk = f.kind(p)
+        if kind == "reduction":
+            if pk not in ops.FUSIBLE_POINTWISE or p.op not in EPILOGUE_OPS:
+                return f"{p.op} is not an elementwise op the reduction template can apply to its input"
+            if f.out_type(p).shape != in_type.shape:
+                return f"{p.op} output {f.out_type(p)} is not the reduction's input shape {in_type}"
+        elif kind in ("gemm", "gemm_sp"):
+            if p.op not in ("cast", "scale") and p.op not in LAYOUT_OPS:
+                return f"the gemm template takes a cast, a scale or a layout change as prologue, not {p.op}"
+        elif kind == "attention":
+            if p.op not in LAYOUT_OPS and p.op not in SPLIT_OPS:
+                return f"the attention template reads q/k/v through layout changes only, not {p.op}"
+        else:
+            return f"a {kind} region takes no prologue"
+    merged = members | producers
+    esc = escaping(f, merged)
+    if len(esc) > MAX_OUTPUTS.get(kind, 1):
+        return f"the {kind} region would write {len(esc)} outputs ({', '.join(sorted(esc))})"
+    if creates_cycle(f, members, producers):
+        return "fusing would create a cycle through another region"
+    return None

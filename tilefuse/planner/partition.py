@@ -1,0 +1,196 @@
+"""Region growing: anchors (GEMM, conv, attention, reductions) take their producers and consumers.
+
+Note: nodes are visited in topological order (Hidet's anchor-centred growth). An anchor opens a
+region and pulls in the elementwise/layout region that feeds it when the template can take it as a
+prologue (a residual add before a norm; q/k/v layout changes before attention). Elementwise,
+layout and view nodes then join the region of a producer as an epilogue when legality allows and
+the cost model says it pays; else they open an elementwise (or, for metadata-only ops, a view)
+region. ``GROUPS`` reservations keep a residual add for its norm rather than the GEMM before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from tilefuse import ops
+from tilefuse.ir import Graph, Node, TensorType
+from tilefuse.ops import OpKind
+from tilefuse.planner.cost import CostModel
+from tilefuse.planner.legality import (NORM_OPS, Facts, can_fuse_epilogue, can_fuse_prologue, creates_cycle,
+                                      escaping)
+from tilefuse.planner.plan import VIEW_OPS, Region
+
+ANCHOR_KIND = {OpKind.GEMM: "gemm", OpKind.CONV: "gemm", OpKind.ATTENTION: "attention",
+               OpKind.REDUCTION: "reduction"}
+
+
+@dataclass
+class _Open:
+    """A region while it grows (local to one ``partition`` call)."""
+
+    kind: str
+    members: list[str]
+    anchor: str | None = None
+    domain: TensorType | None = None
+    patterns: list[str] = field(default_factory=list)
+
+
+def partition(graph: Graph, cost: CostModel | None = None) -> tuple[list[Region], list[str]]:
+    """Group ``graph``'s nodes into regions; return them in execution order and the refusals."""
+    cost = cost or CostModel()
+    f = Facts.of(graph)
+    regions: list[_Open] = []
+    region_of: dict[str, int] = {}
+    refusals: list[str] = []
+
+    def place(node: Node, rid: int) -> None:
+        regions[rid].members.append(node.name)
+        region_of[node.name] = rid
+
+    def open_region(node: Node, kind: str, domain: TensorType | None) -> int:
+        regions.append(_Open(kind, [], node.name if kind not in ("elementwise", "view", "opaque") else None,
+                             domain))
+        place(node, len(regions) - 1)
+        return len(regions) - 1
+
+    for node in graph.nodes:
+        kind = ops.get(node.op).kind
+        if kind in ANCHOR_KIND:
+            rid = open_region(node, ANCHOR_KIND[kind], node.outputs[0].type if node.outputs else None)
+            _take_prologue(f, node, rid, regions, region_of, refusals)
+        elif kind in ops.FUSIBLE_POINTWISE or kind == OpKind.INJECTIVE or node.op in VIEW_OPS:
+            if not _join_producer(f, node, regions, region_of, refusals, cost, place):
+                rk = "view" if node.op in VIEW_OPS else "elementwise"
+                open_region(node, rk, node.outputs[0].type if node.outputs else None)
+        else:
+            open_region(node, "opaque", None)
+    _merge_views(f, regions, region_of)
+    return _finish(f, regions, cost), refusals
+
+
+def _join_producer(f: Facts, node: Node, regions, region_of, refusals, cost: CostModel, place) -> bool:
+    """Try the regions of ``node``'s producers, in input order; True when one took it."""
+    seen: list[int] = []
+    for i in node.inputs:
+        p = f.producers.get(i)
+        if p is None or region_of.get(p.name) is None or region_of[p.name] in seen:
+            continue
+        rid = region_of[p.name]
+        seen.append(rid)
+        r = regions[rid]
+        if r.kind in ("opaque",):
+            continue
+        if r.kind == "view":
+            if node.op in VIEW_OPS and node.op != "expand":
+                place(node, rid)
+                return True
+            continue
+        reason = _reserved(f, node, r)
+        if reason is None:
+            reason = can_fuse_epilogue(f, r.kind, set(r.members), r.domain, node)
+        if reason is None:
+            crossing = [f.types[i] for i in node.inputs if i and f.producers.get(i) is not None
+                        and region_of.get(f.producers[i].name) == rid]
+            gain = cost.fusion_gain_us(crossing, [])
+            if gain <= 0:
+                reason = f"not profitable (gain {gain:.2f} us)"
+        if reason is None:
+            place(node, rid)
+            return True
+        refusals.append(f"{node.name} ({node.op}) not fused into the {r.kind} region of "
+                        f"{r.anchor or r.members[0]}: {reason}")
+    return False
+
+
+def _reserved(f: Facts, node: Node, r: _Open) -> str | None:
+    """GROUPS: a residual add that feeds a norm goes with the norm, not with the GEMM before it."""
+    if r.kind in ("gemm", "gemm_sp") and node.op == "add":
+        if any(u.op in NORM_OPS for u in f.users.get(node.outputs[0].name, ())):
+            return "kept for its norm (norm.residual: the residual add goes with the norm)"
+    return None
+
+
+def _take_prologue(f: Facts, anchor: Node, rid: int, regions, region_of, refusals) -> None:
+    """Pull the elementwise/layout regions feeding ``anchor`` into its region when legal."""
+    r = regions[rid]
+    inputs = anchor.inputs[:3] if r.kind == "attention" else anchor.inputs[:1] if r.kind == "reduction" \
+        else anchor.inputs[:2]
+    for i in inputs:
+        p = f.producers.get(i)
+        if p is None or region_of.get(p.name) is None:
+            continue
+        src = regions[region_of[p.name]]
+        if src.kind not in ("elementwise", "view") or src is r:
+            continue
+        producers = set(src.members)
+        reason = can_fuse_prologue(f, r.kind, anchor, set(r.members), producers)
+        if reason is None:
+            pattern = "norm.residual" if r.kind == "reduction" and any(
+                f.nodes[m].op == "add" for m in producers) and anchor.op in NORM_OPS else None
+            for m in src.members:
+                region_of[m] = rid
+            r.members[:0] = src.members
+            src.members.clear()
+            if pattern:
+                r.patterns.append(pattern)
+        else:
+            refusals.append(f"{src.kind} region of {src.members[0]} not fused into {anchor.name} "
+                            f"({anchor.op}) as prologue: {reason}")
+
+
+def _merge_views(f: Facts, regions, region_of) -> None:
+    """A view region whose values feed a single other region is just that region's input view."""
+    for r in regions:
+        if r.kind != "view" or not r.members:
+            continue
+        consumers = {region_of[u.name] for m in r.members for v in f.nodes[m].outputs
+                     for u in f.users.get(v.name, ()) if region_of[u.name] != region_of[m]}
+        if len(consumers) == 1 and not any(v.name in f.outputs for m in r.members for v in f.nodes[m].outputs):
+            target = regions[next(iter(consumers))]
+            if target.kind in ("view", "opaque"):
+                continue
+            if creates_cycle(f, set(target.members), set(r.members)):
+                continue
+            for m in r.members:
+                region_of[m] = next(iter(consumers))
+            target.members.extend(r.members)
+            r.members.clear()
+
+
+def _finish(f: Facts, regions: list[_Open], cost: CostModel) -> list[Region]:
+    order = {n.name: i for i, n in enumerate(f.graph.nodes)}
+    live = [r for r in regions if r.members]
+    # Execution order: a topological sort of the region graph, ties broken by first member.
+    idx = {m: k for k, r in enumerate(live) for m in r.members}
+    rg = nx.DiGraph()
+    rg.add_nodes_from(range(len(live)))
+    for a, b in f.dag.edges:
+        if idx[a] != idx[b]:
+            rg.add_edge(idx[a], idx[b])
+    first = {k: min(order[m] for m in r.members) for k, r in enumerate(live)}
+    topo = list(nx.lexicographical_topological_sort(rg, key=lambda k: first[k]))
+    out: list[Region] = []
+    for pos, k in enumerate(topo):
+        r = live[k]
+        members = sorted(r.members, key=order.__getitem__)
+        mset = set(members)
+        nodes = [f.nodes[m] for m in members]
+        produced = {v.name for n in nodes for v in n.outputs}
+        inputs = list(dict.fromkeys(i for n in nodes for i in n.inputs if i and i not in produced))
+        outputs = escaping(f, mset)
+        outputs.sort(key=lambda v: order[f.producers[v].name])
+        op_names = [n.op for n in nodes]
+        in_t = [f.types[i] for i in inputs]
+        out_t = [f.types[o] for o in outputs]
+        est = int(cost.region_us(in_t, out_t, 0) * cost.bandwidth_bytes_per_us) if r.kind != "view" else 0
+        out.append(Region(_name(op_names, r.kind, pos), r.kind, tuple(members), tuple(op_names), tuple(inputs),
+                          tuple(outputs), r.anchor, ",".join(r.patterns) or None, "torch", est))
+    return out
+
+
+def _name(op_names: list[str], kind: str, pos: int) -> str:
+    compute = [o for o in dict.fromkeys(op_names) if o not in VIEW_OPS] or list(dict.fromkeys(op_names))
+    base = "_".join(compute[:4])
+    return f"fused_{base}_{pos}" if len(op_names) > 1 else f"{base}_{pos}"

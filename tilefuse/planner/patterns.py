@@ -1,0 +1,239 @@
+"""The pattern table, in priority order: decomposed forms rewritten to the ops our templates take.
+
+Each entry is data: a tree of ``Op`` with named captures, a check that says why a match is refused,
+and a rewrite. Families: ``attention.*`` (decomposed and grouped-query attention), ``norm.*`` (RMS
+norm written out with pow/mean/rsqrt), ``act.*`` (GELU written out), ``rotary.*`` (rotate-half).
+Region-level patterns (residual add + norm, SwiGLU/GeGLU) live in ``GROUPS`` at the bottom.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern
+
+_CAST = ("cast",)
+
+
+def _close(a: float | None, b: float, tol: float = 1e-3) -> bool:
+    return a is not None and abs(a - b) <= tol * max(1.0, abs(b))
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+def _kv_repeat(name: str) -> Op:
+    """HF repeat_kv: (B, Hkv, S, D) -> unsqueeze(2) -> expand(B, Hkv, n, S, D) -> reshape(B, Hkv*n, S, D)."""
+    return Op("reshape", (Op("expand", (Op("unsqueeze", (name,), name=f"{name}_unsq"),), name=f"{name}_exp"),),
+              name=f"{name}_rep")
+
+
+def _gqa_check(caps: dict, ctx: Context) -> str | None:
+    for kv in ("k", "v"):
+        src, unsq = ctx.type(caps[kv]), caps[f"{kv}_unsq"]
+        if src.rank != 4 or unsq.attr.get("dims") not in ((2,), (-3,)):
+            return f"{kv} is not repeated along the head dim"
+        exp = ctx.type(caps[f"{kv}_exp"].outputs[0].name).shape
+        rep = ctx.type(caps[f"{kv}_rep"].outputs[0].name).shape
+        if exp is None or rep is None or len(exp) != 5 or rep[:1] + rep[2:] != exp[:1] + exp[3:]:
+            return f"{kv} repeat does not merge the repeated dim into heads"
+    return None
+
+
+def _gqa_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    sdpa = caps["attn"]
+    rest = list(sdpa.inputs[3:])
+    return [em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *rest], **sdpa.attr)]
+
+
+_KT = Op(("transpose", "permute"), ("k",), name="kt")
+
+
+def _attn_check(caps: dict, ctx: Context) -> str | None:
+    kt = caps["kt"]
+    rank = ctx.type(caps["k"]).rank
+    if rank is None or rank < 3:
+        return "k has unknown or low rank"
+    if kt.op == "transpose" and sorted(d % rank for d in (kt.attr["dim0"], kt.attr["dim1"])) != [rank - 2, rank - 1]:
+        return "k is not transposed in its last two dims"
+    if kt.op == "permute":
+        perm = [p % rank for p in kt.attr["perm"]]
+        if perm != list(range(rank - 2)) + [rank - 1, rank - 2]:
+            return "k is not transposed in its last two dims"
+    if caps["softmax"].attr.get("dim", -1) % ctx.type(caps["softmax"].outputs[0].name).rank != rank - 1:
+        return "softmax is not over the key axis"
+    if "scale" in caps:
+        s = ctx.scalar(caps["scale"])
+        if s is None or s == 0:
+            return "the score scale is not a constant"
+    if "mask" in caps and ctx.const(caps["mask"]) is None and ctx.type(caps["mask"]).dtype == "bool":
+        return "boolean runtime masks are left decomposed"
+    return None
+
+
+def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    if "scale" in caps:
+        s = ctx.scalar(caps["scale"])
+        scale = s if caps["scale_op"].op == "mul" else 1.0 / s
+    else:
+        scale = 1.0
+    mask = [caps["mask"]] if "mask" in caps else [""]
+    out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], is_causal=False, scale=float(scale))
+    root_t = ctx.type(caps["root"].outputs[0].name)
+    if em._b.types[out].dtype != root_t.dtype:
+        out = em.add1("cast", [out], dtype=root_t.dtype)
+    return [out]
+
+
+def _attention(scaled: bool, masked: bool) -> Pattern:
+    s = Op("matmul", ("q", _KT), name="qk")
+    if scaled:
+        s = Op(("mul", "div"), (s, "scale"), name="scale_op")
+    if masked:
+        s = Op("add", (s, "mask"), name="mask_op", commutative=True)
+    p = Op("softmax", (s,), name="softmax")
+    root = Op("matmul", (Opt(_CAST, p), "v"), name="root")
+    name = "attention.decomposed" + ("_scaled" if scaled else "") + ("_masked" if masked else "")
+    return Pattern(name, root, _attn_rewrite, _attn_check,
+                   "matmul(softmax(q @ k^T * scale + mask), v) -> sdpa")
+
+
+# ---- norms ----------------------------------------------------------------------------------
+
+def _rms_core(div: bool) -> Op:
+    var = Op("mean", (Op("pow", ("x", "two"), name="pow"),), name="mean")
+    if div:
+        return Op("div", ("x", Op("sqrt", (Op("add", (var, "eps"), commutative=True),))), name="norm")
+    return Op("mul", ("x", Op("rsqrt", (Op("add", (var, "eps"), commutative=True),))), name="norm", commutative=True)
+
+
+def _rms_check(caps: dict, ctx: Context) -> str | None:
+    if not _close(ctx.scalar(caps["two"]), 2.0, 0):
+        return "power is not 2"
+    eps = ctx.scalar(caps["eps"])
+    if eps is None or eps < 0 or eps > 1e-1:
+        return "epsilon is not a small constant"
+    rank = ctx.type(caps["x"]).rank
+    mean = caps["mean"].attr
+    if rank is None or not mean.get("keepdim") or [d % rank for d in mean.get("dims") or ()] != [rank - 1]:
+        return "mean is not over the last axis with keepdim"
+    if "w" in caps:
+        wt, xt = ctx.type(caps["w"]), ctx.type(caps["x"])
+        if wt.shape is None or len(wt.shape) != 1 or wt.shape[0] != xt.shape[-1]:
+            return "the weight is not a vector over the last axis"
+    return None
+
+
+def _rms_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    x = caps["x"]
+    root_t = ctx.type(caps["root"].outputs[0].name)
+    # x.float() -> norm -> .to(fp16) -> * w: the op computes in fp32 itself, so read the fp16 input.
+    prod = ctx.producers.get(x)
+    if prod is not None and prod.op == "cast" and ctx.type(prod.inputs[0]).dtype == root_t.dtype:
+        x = prod.inputs[0]
+    eps = ctx.scalar(caps["eps"])
+    w = caps.get("w")
+    if w is not None and ctx.type(w).dtype != ctx.type(x).dtype:
+        out = em.add1("rms_norm", [x, ""], eps=eps)
+        out = em.add1("mul", [out if ctx.type(x).dtype == root_t.dtype else em.add1(
+            "cast", [out], dtype=root_t.dtype), w])
+    else:
+        out = em.add1("rms_norm", [x, w or ""], eps=eps)
+    if em._b.types[out].dtype != root_t.dtype:
+        out = em.add1("cast", [out], dtype=root_t.dtype)
+    return [out]
+
+
+def _rms(div: bool, weighted: bool) -> Pattern:
+    core = _rms_core(div)
+    if weighted:
+        root = Op("mul", (Opt(_CAST, core), "w"), name="root", commutative=True)
+    else:
+        root = Op(core.op, core.inputs, name="root", commutative=core.commutative)
+    caps_name = "norm.rms" + ("_div" if div else "") + ("" if weighted else "_unweighted")
+    return Pattern(caps_name, root, _rms_rewrite, _rms_check, "x * rsqrt(mean(x^2) + eps) * w -> rms_norm")
+
+
+# ---- activations ----------------------------------------------------------------------------
+
+def _gelu_tanh_check(caps: dict, ctx: Context) -> str | None:
+    want = {"half": 0.5, "one": 1.0, "c": math.sqrt(2 / math.pi), "k": 0.044715, "three": 3.0}
+    for name, val in want.items():
+        if not _close(ctx.scalar(caps[name]), val, 1e-4):
+            return f"constant {name} is not {val:.6g}"
+    return None
+
+
+_GELU_TANH = Op("mul", (
+    Op("mul", ("x", "half"), commutative=True),
+    Op("add", (Op("tanh", (Op("mul", (Op("add", ("x", Op("mul", (Op("pow", ("x", "three")), "k"),
+                                                                commutative=True)), commutative=True), "c"),
+                                     commutative=True),)), "one"), commutative=True),
+), name="root", commutative=True)
+
+
+def _gelu_rewrite(approx: str):
+    return lambda caps, ctx, em: [em.add1("gelu", [caps["x"]], approximate=approx)]
+
+
+def _gelu_erf_check(caps: dict, ctx: Context) -> str | None:
+    if not _close(ctx.scalar(caps["half"]), 0.5) or not _close(ctx.scalar(caps["one"]), 1.0):
+        return "constants are not 0.5 and 1"
+    s = ctx.scalar(caps["s"])
+    ok = (caps["sdiv"].op == "div" and _close(s, math.sqrt(2))) or (
+        caps["sdiv"].op == "mul" and _close(s, 1 / math.sqrt(2)))
+    return None if ok else "erf argument is not x / sqrt(2)"
+
+
+_GELU_ERF = Op("mul", (
+    Op("mul", ("x", "half"), commutative=True),
+    Op("add", (Op("erf", (Op(("div", "mul"), ("x", "s"), name="sdiv"),)), "one"), commutative=True),
+), name="root", commutative=True)
+
+
+# ---- rotary ---------------------------------------------------------------------------------
+
+_ROTATE_HALF = Op("concat", (Op("neg", (Op("slice", ("x",), name="hi"),)), Op("slice", ("x",), name="lo")), name="cat")
+_ROTARY = Op("add", (Op("mul", ("x", "cos"), commutative=True),
+                     Op("mul", (_ROTATE_HALF, "sin"), commutative=True)), name="root", commutative=True)
+
+
+def _rotary_check(caps: dict, ctx: Context) -> str | None:
+    xt = ctx.type(caps["x"])
+    if xt.shape is None or not isinstance(xt.shape[-1], int) or xt.shape[-1] % 2:
+        return "the rotated dim is not static and even"
+    d, half = len(xt.shape), xt.shape[-1] // 2
+    hi, lo, cat = caps["hi"].attr, caps["lo"].attr, caps["cat"].attr
+    last = lambda a: a.get("dim") % d == d - 1  # noqa: E731
+    if not (last(hi) and last(lo) and cat.get("dim") % d == d - 1):
+        return "slices/concat are not along the last dim"
+    if hi.get("start") != half or hi.get("step", 1) != 1 or (hi.get("end") or xt.shape[-1]) < xt.shape[-1]:
+        return "the high slice is not x[..., d/2:]"
+    if lo.get("start") not in (0, None) or lo.get("end") != half or lo.get("step", 1) != 1:
+        return "the low slice is not x[..., :d/2]"
+    for name in ("cos", "sin"):
+        if ctx.type(caps[name]).dtype != xt.dtype:
+            return f"{name} has another dtype than x"
+    return None
+
+
+def _rotary_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    return [em.add1("rotary_embedding", [caps["x"], caps["cos"], caps["sin"]])]
+
+
+# ---- the table, highest priority first ------------------------------------------------------
+
+PATTERNS: list[Pattern] = [
+    Pattern("attention.gqa_repeat", Op("sdpa", ("q", _kv_repeat("k"), _kv_repeat("v")), name="attn"),
+            _gqa_rewrite, _gqa_check, "sdpa over repeat_kv(k), repeat_kv(v) -> grouped-query sdpa"),
+    _attention(scaled=True, masked=True),
+    _attention(scaled=True, masked=False),
+    _attention(scaled=False, masked=True),
+    _attention(scaled=False, masked=False),
+    _rms(div=False, weighted=True),
+    _rms(div=True, weighted=True),
+    _rms(div=False, weighted=False),
+    _rms(div=True, weighted=False),
+    Pattern("act.gelu_tanh", _GELU_TANH, _gelu_rewrite("tanh"), _gelu_tanh_check, "GPT-2's gelu_new -> gelu(tanh)"),
+    Pattern("act.gelu_erf", _GELU_ERF, _gelu_rewrite("none"), _gelu_erf_check, "0.5x(1+erf(x/sqrt2)) -> gelu"),
+    Pattern("rotary.rotate_half", _ROTARY, _rotary_rewrite, _rotary_check, "x*cos + rotate_half(x)*sin -> rotary"),
+]
