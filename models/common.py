@@ -70,6 +70,12 @@ def make_token_ids(config: dict, shape: dict, dtype: torch.dtype, generator: tor
     return (torch.randint(0, config["vocab"], (shape["batch"], shape["seq"]), generator=generator),)
 
 
+def make_images(config: dict, shape: dict, dtype: torch.dtype, generator: torch.Generator) -> tuple[torch.Tensor]:
+    """A (batch, 3, image, image) batch drawn from N(0, 1), like normalised pixels."""
+    size = shape["image"]
+    return (torch.randn(shape["batch"], 3, size, size, generator=generator).to(dtype),)
+
+
 # ---------------------------------------------------------------------------------------------
 # norms and MLPs
 
@@ -207,4 +213,3 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
         return x
     b, h, s, d = x.shape
     return x[:, :, None, :, :].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
-

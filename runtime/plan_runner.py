@@ -103,4 +103,7 @@ def build_runner(graph: Graph, options: Options) -> PlanRunner:
             kernels = lower_plan(p, options.target)
     runner = PlanRunner(p, kernels)
     runner.compile_seconds = time.perf_counter() - t0
+    runner.source_graph = graph
+    if options.observer is not None:
+        options.observer(runner)
     return runner

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 
 def _env(name: str, default: str) -> str:
@@ -53,3 +54,5 @@ class Options:
     fuse: bool = _env("FUSE", "1") != "0"
     lower: bool = _env("LOWER", "1") != "0"
     verbose: bool = _env("VERBOSE", "0") != "0"
+    # Called with each runner built (one per compiled graph): lets callers see plans and timings.
+    observer: Callable[[Any], None] | None = field(default=None, compare=False)
