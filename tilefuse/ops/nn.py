@@ -127,9 +127,10 @@ def rms_norm(x, weight=None, axis: int = -1, eps: float = 1e-6):
     return y * weight if weight is not None else y
 
 
-@register("batch_norm", R)
+@register("batch_norm", OpKind.BROADCAST)
 def batch_norm(x, weight, bias, running_mean, running_var, eps: float = 1e-5):
-    """Inference batch norm with running statistics (channels on dim 1)."""
+    """Inference batch norm with running statistics (channels on dim 1): a per-channel affine map,
+    so it fuses like a broadcast op (a convolution's epilogue)."""
     return F.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, eps)
 
 

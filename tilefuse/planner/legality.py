@@ -20,7 +20,7 @@ from tilefuse.planner.plan import VIEW_OPS
 EPILOGUE_OPS = frozenset({
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "abs", "reciprocal", "relu", "gelu", "silu",
     "sigmoid", "tanh", "erf", "exp", "log", "sqrt", "rsqrt", "clamp", "where", "eq", "ne", "lt", "le", "gt", "ge",
-    "cast", "leaky_relu", "softplus", "sin", "cos", "scale", "identity", "dropout",
+    "cast", "leaky_relu", "softplus", "sin", "cos", "scale", "identity", "dropout", "batch_norm",
 })
 LAYOUT_OPS = frozenset({"permute", "transpose"}) | VIEW_OPS
 SPLIT_OPS = frozenset({"split", "slice"})
@@ -88,6 +88,17 @@ def _row_broadcastable(operand: TensorType, out: TensorType) -> bool:
     return all(d == 1 for d in lead) and operand.shape[-1:] == out.shape[-1:] and len(operand.shape) <= len(out.shape)
 
 
+def _channel_vector(operand: TensorType, out: TensorType, op: str) -> bool:
+    """A per-channel vector of an NCHW convolution output: (C,) for batch_norm, (C,1,1) or (1,C,1,1)."""
+    if operand.shape is None or out.shape is None or len(out.shape) < 3:
+        return False
+    c = out.shape[1]
+    if op == "batch_norm":
+        return operand.shape == (c,)
+    dims = (1,) * (len(out.shape) - len(operand.shape)) + tuple(operand.shape)
+    return all(d == 1 for k, d in enumerate(dims) if k != 1) and dims[1] in (1, c)
+
+
 def _same_domain(a: TensorType, b: TensorType) -> bool:
     """Same element count and last dim: a view of the same 2-D iteration domain."""
     if a.shape is None or b.shape is None or not a.shape or not b.shape:
@@ -107,8 +118,10 @@ def _numel(t: TensorType):
     return n, tuple(sorted(sym))
 
 
-def can_fuse_epilogue(f: Facts, kind: str, members: set[str], domain: TensorType, node: Node) -> str | None:
+def can_fuse_epilogue(f: Facts, kind: str, members: set[str], domain: TensorType, node: Node,
+                      anchor: Node | None = None) -> str | None:
     """May ``node`` (a consumer of the region) run inside the region, after its anchor?"""
+    conv = anchor is not None and f.kind(anchor) == OpKind.CONV
     nk = f.kind(node)
     if node.op in VIEW_OPS and node.op != "expand":
         pass
@@ -125,7 +138,17 @@ def can_fuse_epilogue(f: Facts, kind: str, members: set[str], domain: TensorType
     if len(node.outputs) != 1:
         return f"{node.op} has {len(node.outputs)} outputs"
     out = f.out_type(node)
-    if kind in ("gemm", "gemm_sp", "reduction") and nk in ops.FUSIBLE_POINTWISE:
+    if conv and nk in ops.FUSIBLE_POINTWISE:
+        if out.shape != domain.shape:
+            return f"{node.op} output {out} is not the convolution's output {domain}"
+        for i in node.inputs:
+            p = f.producers.get(i)
+            if i and (p is None or p.name not in members) and f.types[i].shape != out.shape and \
+                    not _channel_vector(f.types[i], out, node.op):
+                return f"operand {i} ({f.types[i]}) is neither the full output nor a per-channel vector"
+    elif kind in ("gemm", "gemm_sp", "reduction") and nk in ops.FUSIBLE_POINTWISE:
+        if node.op == "batch_norm":
+            return "batch_norm fuses only after a convolution"
         if not _same_domain(out, domain):
             return f"{node.op} output {out} is not the region's domain {domain}"
         for i in node.inputs:
@@ -161,6 +184,9 @@ def can_fuse_prologue(f: Facts, kind: str, anchor: Node, members: set[str], prod
         elif kind == "attention":
             if p.op not in LAYOUT_OPS and p.op not in SPLIT_OPS:
                 return f"the attention template reads q/k/v through layout changes only, not {p.op}"
+        elif kind == "elementwise":
+            if pk not in ops.FUSIBLE_POINTWISE and pk != OpKind.INJECTIVE:
+                return f"{p.op} is {pk.value}, not elementwise/injective"
         else:
             return f"a {kind} region takes no prologue"
     merged = members | producers

@@ -89,7 +89,8 @@ def _join_producer(f: Facts, node: Node, regions, region_of, refusals, cost: Cos
             continue
         reason = _reserved(f, node, r)
         if reason is None:
-            reason = can_fuse_epilogue(f, r.kind, set(r.members), r.domain, node)
+            anchor = f.nodes[r.anchor] if r.anchor else None
+            reason = can_fuse_epilogue(f, r.kind, set(r.members), r.domain, node, anchor)
         if reason is None:
             crossing = [f.types[i] for i in node.inputs if i and f.producers.get(i) is not None
                         and region_of.get(f.producers[i].name) == rid]
@@ -98,10 +99,33 @@ def _join_producer(f: Facts, node: Node, regions, region_of, refusals, cost: Cos
                 reason = f"not profitable (gain {gain:.2f} us)"
         if reason is None:
             place(node, rid)
+            if r.kind == "elementwise":
+                _take_siblings(f, node, rid, regions, region_of, refusals)
             return True
         refusals.append(f"{node.name} ({node.op}) not fused into the {r.kind} region of "
                         f"{r.anchor or r.members[0]}: {reason}")
     return False
+
+
+def _take_siblings(f: Facts, node: Node, rid: int, regions, region_of, refusals) -> None:
+    """After ``node`` joined elementwise region ``rid``, pull in the other elementwise regions that
+    feed it (``tok_emb + pos_emb``: two producer chains, one kernel)."""
+    r = regions[rid]
+    for i in node.inputs:
+        p = f.producers.get(i)
+        if p is None or region_of.get(p.name) in (None, rid):
+            continue
+        src = regions[region_of[p.name]]
+        if src.kind not in ("elementwise", "view"):
+            continue
+        reason = can_fuse_prologue(f, "elementwise", node, set(r.members), set(src.members))
+        if reason is not None:
+            refusals.append(f"elementwise region of {src.members[0]} not merged with {node.name}: {reason}")
+            continue
+        for m in src.members:
+            region_of[m] = rid
+        r.members[:0] = src.members
+        src.members.clear()
 
 
 def _reserved(f: Facts, node: Node, r: _Open) -> str | None:

@@ -45,7 +45,16 @@ class Opt:
     name: str | None = None
 
 
-PatternLike = Union[Op, Opt, str]
+@dataclass(frozen=True)
+class Prod:
+    """A product of ``factors`` in any order and any nesting of binary ``mul`` nodes:
+    ``Prod("x", "half", y)`` matches ``(x * 0.5) * y``, ``x * (0.5 * y)``, ``0.5 * (y * x)``..."""
+
+    factors: tuple["PatternLike", ...]
+    name: str | None = None
+
+
+PatternLike = Union[Op, Opt, Prod, str]
 
 
 class Context:
@@ -98,6 +107,8 @@ def match(pattern: PatternLike, value: str, ctx: Context, caps: dict[str, Any] |
             if got is not None:
                 return {**got, pattern.name: node} if pattern.name else got
         return match(pattern.inner, value, ctx, caps)
+    if isinstance(pattern, Prod):
+        return _match_prod(pattern, value, ctx, caps)
     node = ctx.producers.get(value)
     if node is None or node.op not in pattern.ops():
         return None
@@ -116,6 +127,38 @@ def match(pattern: PatternLike, value: str, ctx: Context, caps: dict[str, Any] |
                 break
         if got is not None:
             return {**got, pattern.name: node} if pattern.name else got
+    return None
+
+
+def _factorings(value: str, ctx: Context, depth: int) -> list[list[str]]:
+    """Every way to read ``value`` as a list of factors through nested ``mul`` nodes."""
+    node = ctx.producers.get(value)
+    out = [[value]]
+    if depth > 0 and node is not None and node.op == "mul" and all(node.inputs[:2]):
+        for a in _factorings(node.inputs[0], ctx, depth - 1):
+            for b in _factorings(node.inputs[1], ctx, depth - 1):
+                out.append(a + b)
+    return out
+
+
+def _match_prod(pattern: Prod, value: str, ctx: Context, caps: dict) -> dict | None:
+    import itertools
+
+    node = ctx.producers.get(value)
+    if node is None or node.op != "mul":
+        return None
+    n = len(pattern.factors)
+    for factors in _factorings(value, ctx, 3)[1:]:
+        if len(factors) != n:
+            continue
+        for perm in itertools.permutations(factors):
+            got: dict | None = dict(caps)
+            for sub, v in zip(pattern.factors, perm):
+                got = match(sub, v, ctx, got)
+                if got is None:
+                    break
+            if got is not None:
+                return {**got, pattern.name: node} if pattern.name else got
     return None
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 
-from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern
+import torch
+
+from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod
 
 _CAST = ("cast",)
 
@@ -70,14 +72,28 @@ def _attn_check(caps: dict, ctx: Context) -> str | None:
     return None
 
 
+def _mask_args(caps: dict, ctx: Context) -> tuple[list[str], bool]:
+    """The sdpa mask input and is_causal: a constant mask that is 0 on and below the diagonal and
+    hugely negative above it is the causal mask, which the kernel applies without reading memory."""
+    if "mask" not in caps:
+        return [""], False
+    m = ctx.const(caps["mask"])
+    if m is not None and m.dim() >= 2 and m.shape[-1] == m.shape[-2] and m.is_floating_point():
+        flat = m.reshape(-1, m.shape[-2], m.shape[-1]).float()
+        lower = torch.tril(torch.ones(m.shape[-2:], dtype=torch.bool))
+        if bool((flat[:, lower] == 0).all()) and bool((flat[:, ~lower] <= -1e4).all()):
+            return [""], True
+    return [caps["mask"]], False
+
+
 def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     if "scale" in caps:
         s = ctx.scalar(caps["scale"])
         scale = s if caps["scale_op"].op == "mul" else 1.0 / s
     else:
         scale = 1.0
-    mask = [caps["mask"]] if "mask" in caps else [""]
-    out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], is_causal=False, scale=float(scale))
+    mask, causal = _mask_args(caps, ctx)
+    out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], is_causal=causal, scale=float(scale))
     root_t = ctx.type(caps["root"].outputs[0].name)
     if em._b.types[out].dtype != root_t.dtype:
         out = em.add1("cast", [out], dtype=root_t.dtype)
@@ -99,11 +115,13 @@ def _attention(scaled: bool, masked: bool) -> Pattern:
 
 # ---- norms ----------------------------------------------------------------------------------
 
-def _rms_core(div: bool) -> Op:
-    var = Op("mean", (Op("pow", ("x", "two"), name="pow"),), name="mean")
-    if div:
-        return Op("div", ("x", Op("sqrt", (Op("add", (var, "eps"), commutative=True),))), name="norm")
-    return Op("mul", ("x", Op("rsqrt", (Op("add", (var, "eps"), commutative=True),))), name="norm", commutative=True)
+def _rms_core(form: str) -> Op:
+    """The three spellings of x / sqrt(mean(x^2) + eps): rsqrt-mul, sqrt-div, sqrt-reciprocal-mul."""
+    var = Op("add", (Op("mean", (Op("pow", ("x", "two"), name="pow"),), name="mean"), "eps"), commutative=True)
+    if form == "div":
+        return Op("div", ("x", Op("sqrt", (var,))), name="norm")
+    inv = Op("rsqrt", (var,)) if form == "rsqrt" else Op("reciprocal", (Op("sqrt", (var,)),))
+    return Op("mul", ("x", inv), name="norm", commutative=True)
 
 
 def _rms_check(caps: dict, ctx: Context) -> str | None:
@@ -143,13 +161,13 @@ def _rms_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     return [out]
 
 
-def _rms(div: bool, weighted: bool) -> Pattern:
-    core = _rms_core(div)
+def _rms(form: str, weighted: bool) -> Pattern:
+    core = _rms_core(form)
     if weighted:
         root = Op("mul", (Opt(_CAST, core), "w"), name="root", commutative=True)
     else:
         root = Op(core.op, core.inputs, name="root", commutative=core.commutative)
-    caps_name = "norm.rms" + ("_div" if div else "") + ("" if weighted else "_unweighted")
+    caps_name = "norm.rms" + ("" if form == "rsqrt" else f"_{form}") + ("" if weighted else "_unweighted")
     return Pattern(caps_name, root, _rms_rewrite, _rms_check, "x * rsqrt(mean(x^2) + eps) * w -> rms_norm")
 
 
@@ -163,12 +181,9 @@ def _gelu_tanh_check(caps: dict, ctx: Context) -> str | None:
     return None
 
 
-_GELU_TANH = Op("mul", (
-    Op("mul", ("x", "half"), commutative=True),
-    Op("add", (Op("tanh", (Op("mul", (Op("add", ("x", Op("mul", (Op("pow", ("x", "three")), "k"),
-                                                                commutative=True)), commutative=True), "c"),
-                                     commutative=True),)), "one"), commutative=True),
-), name="root", commutative=True)
+_GELU_TANH = Prod(("x", "half", Op("add", (Op("tanh", (Prod((
+    "c", Op("add", ("x", Prod(("k", Op("pow", ("x", "three"))))), commutative=True))),)), "one"), commutative=True)),
+    name="root")
 
 
 def _gelu_rewrite(approx: str):
@@ -184,10 +199,60 @@ def _gelu_erf_check(caps: dict, ctx: Context) -> str | None:
     return None if ok else "erf argument is not x / sqrt(2)"
 
 
-_GELU_ERF = Op("mul", (
-    Op("mul", ("x", "half"), commutative=True),
-    Op("add", (Op("erf", (Op(("div", "mul"), ("x", "s"), name="sdiv"),)), "one"), commutative=True),
-), name="root", commutative=True)
+_GELU_ERF = Prod(("x", "half", Op("add", (Op("erf", (Op(("div", "mul"), ("x", "s"), name="sdiv"),)), "one"),
+                                         commutative=True)), name="root")
+
+
+_SILU = Op("mul", ("x", Op("sigmoid", ("x",))), name="root", commutative=True)
+
+
+# ---- layout ---------------------------------------------------------------------------------
+
+_T_VIA_RESHAPE = Op("reshape", (Op("permute", (Op("reshape", ("x",), name="flat"),), name="perm"),), name="root")
+
+
+def _t_via_reshape_check(caps: dict, ctx: Context) -> str | None:
+    """reshape(permute(reshape(x, (prod(lead), m, n)), (0, 2, 1)), lead + (n, m)) is x^T over the last two."""
+    x, flat, out = ctx.type(caps["x"]).shape, ctx.type(caps["flat"].outputs[0].name).shape, \
+        ctx.type(caps["root"].outputs[0].name).shape
+    if x is None or flat is None or out is None or len(flat) != 3 or tuple(caps["perm"].attr["perm"]) != (0, 2, 1):
+        return "not a batched transpose"
+    if len(x) < 2 or tuple(x[-2:]) != tuple(flat[1:]) or tuple(out[-2:]) != (x[-1], x[-2]):
+        return "the reshapes do not keep the last two dims"
+    return None
+
+
+def _t_via_reshape(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    out = ctx.type(caps["root"].outputs[0].name).shape
+    x = caps["x"]
+    lead = tuple(out[:-2])
+    if tuple(ctx.type(x).shape[:-2]) != lead:
+        x = em.add1("reshape", [x], shape=lead + tuple(ctx.type(x).shape[-2:]))
+    return [em.add1("transpose", [x], dim0=-2, dim1=-1)]
+
+
+def _split_scale_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    """q*s1 @ (k^T*s2): the scale is s1*s2 (torch's ONNX export splits sqrt(scale) over both)."""
+    caps = dict(caps)
+    scale = ctx.scalar(caps["s1"]) * ctx.scalar(caps["s2"])
+    mask, causal = _mask_args(caps, ctx)
+    return [em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], is_causal=causal, scale=float(scale))]
+
+
+def _split_scale_check(caps: dict, ctx: Context) -> str | None:
+    for s in ("s1", "s2"):
+        if ctx.scalar(caps[s]) is None:
+            return f"score scale {s} is not a constant"
+    return _attn_check({**caps, "scale": caps["s1"]}, ctx)
+
+
+def _attention_split_scale(masked: bool) -> Pattern:
+    s = Op("matmul", (Op("mul", ("q", "s1"), commutative=True), Op("mul", (_KT, "s2"), commutative=True)), name="qk")
+    if masked:
+        s = Op("add", (s, "mask"), name="mask_op", commutative=True)
+    root = Op("matmul", (Op("softmax", (s,), name="softmax"), "v"), name="root")
+    return Pattern("attention.decomposed_split_scale" + ("_masked" if masked else ""), root, _split_scale_rewrite,
+                   _split_scale_check, "matmul(softmax((q*s1) @ (k^T*s2) + mask), v) -> sdpa")
 
 
 # ---- rotary ---------------------------------------------------------------------------------
@@ -223,17 +288,20 @@ def _rotary_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
 # ---- the table, highest priority first ------------------------------------------------------
 
 PATTERNS: list[Pattern] = [
+    Pattern("layout.transpose_via_reshape", _T_VIA_RESHAPE, _t_via_reshape, _t_via_reshape_check,
+            "reshape/permute/reshape that swaps the last two dims -> transpose"),
+    _attention_split_scale(masked=True),
+    _attention_split_scale(masked=False),
     Pattern("attention.gqa_repeat", Op("sdpa", ("q", _kv_repeat("k"), _kv_repeat("v")), name="attn"),
             _gqa_rewrite, _gqa_check, "sdpa over repeat_kv(k), repeat_kv(v) -> grouped-query sdpa"),
     _attention(scaled=True, masked=True),
     _attention(scaled=True, masked=False),
     _attention(scaled=False, masked=True),
     _attention(scaled=False, masked=False),
-    _rms(div=False, weighted=True),
-    _rms(div=True, weighted=True),
-    _rms(div=False, weighted=False),
-    _rms(div=True, weighted=False),
+    *[_rms(form, weighted=True) for form in ("rsqrt", "div", "reciprocal")],
+    *[_rms(form, weighted=False) for form in ("rsqrt", "div", "reciprocal")],
     Pattern("act.gelu_tanh", _GELU_TANH, _gelu_rewrite("tanh"), _gelu_tanh_check, "GPT-2's gelu_new -> gelu(tanh)"),
     Pattern("act.gelu_erf", _GELU_ERF, _gelu_rewrite("none"), _gelu_erf_check, "0.5x(1+erf(x/sqrt2)) -> gelu"),
+    Pattern("act.silu", _SILU, lambda caps, ctx, em: [em.add1("silu", [caps["x"]])], doc="x * sigmoid(x) -> silu"),
     Pattern("rotary.rotate_half", _ROTARY, _rotary_rewrite, _rotary_check, "x*cos + rotate_half(x)*sin -> rotary"),
 ]

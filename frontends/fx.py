@@ -1,0 +1,508 @@
+"""Import an ATen-level torch.fx graph (what AOTAutograd hands a backend) into a tilefuse ``Graph``.
+
+Note: each ``call_function`` node is looked up in the converter table (``aten_table.CONVERTERS``,
+by overload, then by overload packet). A converter returns the value names of the op's outputs; it
+returns ``None`` when it does not apply (an argument it cannot express), and the node then becomes a
+``torch_fallback`` node that runs the ATen op through torch; so does every op the table does not
+know. Each fallback op is logged once per process, at warning level, on ``logging.getLogger("tilefuse")``.
+Every converted value is checked against the fx node's fake-tensor metadata (shape and dtype); a
+converter that disagrees is treated as not applying. Ops that create tensors from nothing
+(``arange``, ``full``, ``scalar_tensor``, ...) are evaluated once here and become constants, so the
+graph stays device-agnostic. Placeholders stay graph inputs (under AOTAutograd parameters are inputs).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from tilefuse.ir import Graph, GraphBuilder, TensorType, dtype_name, torch_dtype
+from tilefuse.ops import fallback
+
+log = logging.getLogger("tilefuse")
+
+# Ops whose result may share storage with their (first) input: an output computed through them from a
+# graph input or constant may be that very tensor, so the caller copies it before handing it out.
+_MAY_ALIAS = frozenset({"identity", "reshape", "permute", "transpose", "expand", "slice", "squeeze",
+                        "unsqueeze", "flatten", "split", "cast", "dropout"})
+
+
+class FxImportError(ValueError):
+    """The fx graph cannot be imported (not ATen-level, symbolic shapes, an unusable node)."""
+
+
+@dataclass(frozen=True)
+class OutSpec:
+    """Where one fx output comes from: ``"graph"`` output ``index`` of the graph (``copy``: it may be an
+    input or constant tensor itself, so hand out a copy), ``"input"``: placeholder ``index`` unchanged,
+    ``"value"``: the Python ``value`` (``None``, a number)."""
+
+    kind: str
+    index: int = -1
+    copy: bool = False
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class FxProgram:
+    """An imported fx graph with its calling convention.
+
+    ``input_indices`` are the positions of the fx placeholders that became graph inputs, in graph
+    input order (non-tensor placeholders are baked in). ``outputs`` mirrors the fx graph's output
+    structure (tuples and lists) with an ``OutSpec`` per leaf. ``fallback_ops`` names the ATen ops
+    that became ``torch_fallback`` nodes.
+    """
+
+    graph: Graph
+    input_indices: tuple[int, ...]
+    outputs: Any
+    fallback_ops: tuple[str, ...]
+
+    def graph_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        """Pick the graph's inputs out of the fx graph's arguments."""
+        return [args[i] for i in self.input_indices]
+
+    def fx_outputs(self, args: Sequence[Any], results: Sequence[torch.Tensor]) -> Any:
+        """Assemble what the fx graph returns from its arguments and the graph's results."""
+        def build(spec: Any) -> Any:
+            if isinstance(spec, (list, tuple)):
+                return type(spec)(build(s) for s in spec)
+            if spec.kind == "graph":
+                r = results[spec.index]
+                return r.clone() if spec.copy else r
+            return args[spec.index] if spec.kind == "input" else spec.value
+
+        return build(self.outputs)
+
+
+def import_fx(gm: fx.GraphModule, example_inputs: Sequence[Any], name: str | None = None) -> Graph:
+    """Convert an ATen-level fx graph onto registry ops; ``example_inputs`` (real or fake tensors)
+    give placeholder types where the graph carries no ``meta["val"]``. Returns the tilefuse Graph;
+    its inputs are the tensor placeholders in order (see ``import_fx_program`` for the mapping)."""
+    return import_fx_program(gm, example_inputs, name).graph
+
+
+def import_fx_program(gm: fx.GraphModule, example_inputs: Sequence[Any], name: str | None = None) -> FxProgram:
+    """Like ``import_fx`` but returns the ``FxProgram`` (graph plus calling convention)."""
+    for n in gm.graph.nodes:
+        if n.op in ("call_module", "call_method"):
+            raise FxImportError(f"node {n.name!r} is a {n.op}: the graph is not ATen-level; import_fx expects a "
+                                "graph from AOTAutograd or make_fx")
+    if any("val" not in n.meta for n in gm.graph.nodes if n.op == "placeholder"):
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        FakeTensorProp(gm).propagate(*example_inputs)
+    if is_symbolic(gm):
+        raise FxImportError("the graph has symbolic shapes; specialize it to concrete shapes first")
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # backends are called under AOTAutograd's fake mode; constants must be real
+        return _Importer(gm, example_inputs, name or type(gm).__name__).run()
+
+
+def is_symbolic(gm: fx.GraphModule) -> bool:
+    """Whether any placeholder of ``gm`` is a SymInt or a tensor with a symbolic size."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape):
+            return True
+    return False
+
+
+def tensor_type(v: Any) -> TensorType:
+    """The TensorType of a (fake) tensor whose shape is concrete."""
+    if any(isinstance(d, torch.SymInt) for d in v.shape):
+        raise FxImportError(f"symbolic shape {tuple(v.shape)} (data-dependent or dynamic)")
+    return TensorType(tuple(int(d) for d in v.shape), dtype_name(v.dtype))
+
+
+# Process-wide, like the ``warnings`` registry: each fallback op type is reported once, not per graph.
+_WARNED: set[str] = set()
+
+
+def _warn_fallback(target: str, node: str, why: str) -> None:
+    if target not in _WARNED:
+        _WARNED.add(target)
+        log.warning("tilefuse: %s (node %s) runs through torch as torch_fallback: %s; add a converter to "
+                    "frontends/aten_table.py to compile it", target, node, why)
+
+
+def bind(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Name an ATen call's arguments by its schema, filling in defaults."""
+    out: dict[str, Any] = {}
+    pos = list(args)
+    for a in op._schema.arguments:
+        if pos and not a.kwarg_only:
+            out[a.name] = pos.pop(0)
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            raise FxImportError(f"{op}: missing argument {a.name!r}")
+    return out
+
+
+class Ctx:
+    """What a converter sees: the fx node, its bound arguments (tensors as value names) and helpers
+    that add nodes and constants to the graph being built."""
+
+    def __init__(self, imp: _Importer, node: fx.Node, raw: dict[str, Any]):
+        self._imp = imp
+        self.node = node
+        self.raw = raw  # bound arguments as in the fx graph (fx nodes for tensors)
+        self.val = node.meta.get("val")
+
+    # -- reading ---------------------------------------------------------------------------------
+    def type(self, value: str) -> TensorType:
+        return self._imp.b.types[value]
+
+    def out_type(self, k: int | None = None) -> TensorType:
+        """Type of the node's output (or of output ``k`` of a multi-output op), from fx metadata."""
+        return tensor_type(self.val if k is None else self.val[k])
+
+    def used(self, k: int) -> bool:
+        """Whether output ``k`` of this multi-output node is read."""
+        return _used(self.node, k)
+
+    def producer(self, arg: str) -> fx.Node | None:
+        """The fx node feeding argument ``arg`` (None for a non-tensor argument)."""
+        x = self.raw.get(arg)
+        return x if isinstance(x, fx.Node) else None
+
+    def value_of(self, n: fx.Node) -> Any:
+        return self._imp.env[n]
+
+    # -- building --------------------------------------------------------------------------------
+    def op(self, op: str, *inputs: str | None, **attrs: Any) -> str:
+        """Add a single-output node; ``None`` inputs are absent optional inputs."""
+        return self._imp.add(op, inputs, self.node.name, attrs)[0]
+
+    def ops(self, op: str, *inputs: str | None, **attrs: Any) -> list[str]:
+        """Add a multi-output node; returns its output names."""
+        return self._imp.add(op, inputs, self.node.name, attrs)
+
+    def tensor(self, x: Any, like: Any = None) -> str:
+        """``x`` as a value name: a name stays, a Python number becomes a 0-d constant whose dtype
+        makes torch's type promotion against ``like`` (a value name) come out as with a scalar."""
+        if isinstance(x, str):
+            return x
+        other = self.type(like) if isinstance(like, str) else None
+        return self._imp.scalar(x, scalar_dtype(x, other))
+
+    def constant(self, t: torch.Tensor, base: str = "const") -> str:
+        return self._imp.b.constant(base, t)
+
+
+_CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
+_DEFAULT = {0: torch.bool, 1: torch.int64, 2: torch.float32, 3: torch.complex64}
+
+
+def _dtype_category(dtype: torch.dtype) -> int:
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 1
+
+
+def scalar_dtype(x: Any, other: TensorType | None) -> torch.dtype:
+    """dtype of the 0-d constant standing for the Python scalar ``x`` next to a tensor of type ``other``.
+
+    A 0-d tensor of the scalar's default dtype promotes like the scalar against a tensor with dims
+    (its category does not beat the tensor's); against another 0-d tensor of the same or higher
+    category it must take that tensor's dtype.
+    """
+    cat = _CATEGORY.get(type(x), 2)
+    if other is not None and other.rank == 0:
+        odt = torch_dtype(other.dtype)
+        if cat <= _dtype_category(odt):
+            return odt
+    return _DEFAULT[cat]
+
+
+
+
+class _Ref(str):
+    """A value name inside fx arguments being encoded for a fallback (tells it from a str argument)."""
+
+
+class _Importer:
+    """One import: walks the fx graph in order, filling a GraphBuilder."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str):
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.b = GraphBuilder(name)
+        self.env: dict[fx.Node, Any] = {}
+        self.fallbacks: list[str] = []
+        self.keep: set[str] = set()  # node names dead-code elimination must keep (mutating fallbacks)
+        self.persistent: dict[str, str] = {}  # value -> "input"/"constant" when it may be that tensor itself
+        self.input_indices: list[int] = []
+        self._placeholders: dict[fx.Node, int] = {}
+        self._scalars: dict[tuple, str] = {}
+        self._attrs: dict[str, str] = {}
+
+    # -- the walk --------------------------------------------------------------------------------
+    def run(self) -> FxProgram:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self._placeholder(node)
+            elif node.op == "get_attr":
+                self.env[node] = self._get_attr(node)
+            elif node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                return self._finish(node)
+            else:
+                raise FxImportError(f"node {node.name!r}: {node.op} nodes are not ATen-level; import_fx expects "
+                                    "a graph from AOTAutograd or make_fx")
+        raise FxImportError("the fx graph has no output node")
+
+    def _placeholder(self, node: fx.Node) -> None:
+        i = len(self._placeholders)
+        self._placeholders[node] = i
+        val = node.meta.get("val")
+        if val is None and i < len(self.example_inputs):
+            val = self.example_inputs[i]
+        if isinstance(val, torch.Tensor):
+            name = self.b.input(node.name, tensor_type(val))
+            self.persistent[name] = "input"
+            self.input_indices.append(i)
+            self.env[node] = name
+        else:  # a non-tensor argument (an int size, None): baked into the graph
+            self.env[node] = self.example_inputs[i] if i < len(self.example_inputs) else val
+
+    def _get_attr(self, node: fx.Node) -> Any:
+        if node.target in self._attrs:
+            return self._attrs[node.target]
+        obj: Any = self.gm
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part)
+        if not isinstance(obj, torch.Tensor):
+            return obj
+        name = self.b.constant(str(node.target), obj.detach())
+        self.persistent[name] = "constant"
+        self._attrs[node.target] = name
+        return name
+
+    def _call(self, node: fx.Node) -> Any:
+        target = node.target
+        if target is operator.getitem:
+            seq = self.env[node.args[0]]
+            if not isinstance(seq, (list, tuple)):
+                raise FxImportError(f"node {node.name!r}: getitem on {node.args[0]} which is not multi-output")
+            return seq[node.args[1]]
+        if isinstance(target, torch._ops.OpOverload):
+            return self._aten(node, target)
+        args = fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
+        if callable(target) and not _has_values(args, self.b.types):
+            return target(*args[0], **args[1])  # arithmetic on sizes and the like
+        raise FxImportError(f"node {node.name!r} calls {getattr(target, '__name__', target)}, which is not an "
+                            "ATen op; import_fx expects an ATen-level graph (AOTAutograd or make_fx)")
+
+    def _aten(self, node: fx.Node, op: torch._ops.OpOverload) -> Any:
+        from .aten_table import CONVERTERS, GENERATORS
+
+        raw = bind(op, node.args, node.kwargs)
+        if op.overloadpacket in GENERATORS:
+            folded = self._fold(node, op)
+            if folded is not None:
+                return folded
+            return self._fallback(node, op, "could not evaluate it at import")
+        conv = CONVERTERS.get(op) or CONVERTERS.get(op.overloadpacket)
+        if conv is None:
+            return self._fallback(node, op, "no converter")
+        args = {k: fx.node.map_arg(v, lambda n: self.env[n]) for k, v in raw.items()}
+        try:
+            result = conv(Ctx(self, node, raw), args)
+        except Exception as e:  # noqa: BLE001  (a converter bug or an inference error: never fatal)
+            log.debug("tilefuse: converter for %s failed on node %s: %s", op, node.name, e)
+            result = None
+        why = "the converter does not apply to these arguments"
+        if result is not None:
+            mismatch = self._mismatch(node.meta.get("val"), result)
+            if mismatch:
+                log.warning("tilefuse: converter for %s gave %s on node %s; using torch instead", op, mismatch,
+                            node.name)
+                result, why = None, mismatch
+        if result is None:
+            return self._fallback(node, op, why)
+        if isinstance(result, list) and any(r is None and _used(node, k) for k, r in enumerate(result)):
+            full = self._fallback(node, op, "outputs the converter does not give are used")
+            result = [full[k] if r is None else r for k, r in enumerate(result)]
+        return result
+
+    def _mismatch(self, val: Any, result: Any) -> str | None:
+        """Why ``result`` does not match the fx metadata ``val`` (None when it does)."""
+        if val is None or result is None:
+            return None
+        if isinstance(val, torch.Tensor):
+            if not isinstance(result, str):
+                return f"{type(result).__name__} for a single tensor"
+            got, want = self.b.types[result], tensor_type(val)
+            return None if got == want else f"type {got} where torch has {want}"
+        if isinstance(val, (list, tuple)):
+            if not isinstance(result, (list, tuple)) or len(result) != len(val):
+                return f"{result!r} for {len(val)} outputs"
+            return next((m for v, r in zip(val, result) if (m := self._mismatch(v, r))), None)
+        return None
+
+    # -- fallbacks and folding -------------------------------------------------------------------
+    def _fallback(self, node: fx.Node, op: torch._ops.OpOverload, why: str) -> Any:
+        target = fallback.qualified_name(op)
+        _warn_fallback(target, node.name, why)
+        log.debug("tilefuse: node %s (%s) runs through torch: %s", node.name, target, why)
+        inputs: list[str] = []
+        position: dict[str, int] = {}
+
+        def tensor_index(x: Any) -> int | None:
+            if not isinstance(x, _Ref):
+                return None
+            if x not in position:
+                position[x] = len(inputs)
+                inputs.append(str(x))
+            return position[x]
+
+        def ref(n: fx.Node) -> Any:
+            v = self.env[n]
+            return _Ref(v) if isinstance(v, str) else v
+
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), ref)
+        enc_args = tuple(fallback.encode_arg(a, tensor_index) for a in args)
+        enc_kwargs = tuple(sorted((k, fallback.encode_arg(v, tensor_index)) for k, v in kwargs.items()))
+        val = node.meta.get("val")
+        out_types = None
+        layout: Any = None
+        if val is not None:
+            layout, leaves = fallback.flat_layout(val)
+            out_types = [_leaf_type(v) for v in leaves]
+        names = self.b.add("torch_fallback", inputs, name=node.name, out_types=out_types, target=target,
+                           args=enc_args, kwargs=enc_kwargs)
+        self.fallbacks.append(target)
+        if op._schema.is_mutable:
+            self.keep.add(self.b.nodes[-1].name)
+        if layout is None:
+            return names[0] if len(names) == 1 else names
+
+        def rebuild(x: Any) -> Any:
+            if isinstance(x, list):
+                return [rebuild(i) for i in x]
+            return None if leaves[x] is None else names[x]
+
+        return rebuild(layout)
+
+    def _fold(self, node: fx.Node, op: torch._ops.OpOverload) -> str | None:
+        """Evaluate a tensor-creating op now (on the CPU) and make its result a constant."""
+        def concrete(n: fx.Node) -> Any:
+            v = self.env[n]
+            if isinstance(v, str):
+                t = self.b.types[v]
+                return torch.zeros(t.shape, dtype=torch_dtype(t.dtype))
+            return v
+
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), concrete)
+        kwargs = dict(kwargs)
+        if "device" in kwargs:
+            kwargs["device"] = torch.device("cpu")
+        kwargs.pop("pin_memory", None)
+        try:
+            t = op(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (then it runs through torch instead)
+            log.debug("tilefuse: cannot fold %s (%s): %s", node.name, op, e)
+            return None
+        if "empty" in op.overloadpacket.__name__:
+            t = torch.zeros_like(t)  # uninitialised memory: any value is right, pick a reproducible one
+        name = self.b.constant(node.name, t)
+        if self._mismatch(node.meta.get("val"), name):
+            return None
+        self.persistent[name] = "constant"
+        return name
+
+    # -- helpers the converters reach through Ctx ------------------------------------------------
+    def add(self, op: str, inputs: Sequence[str | None], base: str, attrs: dict[str, Any]) -> list[str]:
+        names = self.b.add(op, [i or "" for i in inputs], name=base, **attrs)
+        if op in _MAY_ALIAS and inputs and inputs[0] in self.persistent:
+            for n in names:
+                self.persistent[n] = self.persistent[inputs[0]]
+        return names
+
+    def scalar(self, value: Any, dtype: torch.dtype) -> str:
+        key = (dtype, type(value), repr(value))
+        if key not in self._scalars:
+            self._scalars[key] = self.b.constant("scalar", torch.tensor(value, dtype=dtype))
+            self.persistent[self._scalars[key]] = "constant"
+        return self._scalars[key]
+
+    # -- the end ---------------------------------------------------------------------------------
+    def _finish(self, node: fx.Node) -> FxProgram:
+        graph_outputs: list[str] = []
+
+        def spec(o: Any) -> Any:
+            if isinstance(o, (list, tuple)):
+                return type(o)(spec(x) for x in o)
+            if isinstance(o, fx.Node) and o in self._placeholders:
+                return OutSpec("input", self._placeholders[o])
+            v = self.env[o] if isinstance(o, fx.Node) else o
+            if isinstance(v, str):
+                graph_outputs.append(v)
+                return OutSpec("graph", len(graph_outputs) - 1, self._needs_copy(o, v))
+            return OutSpec("value", value=v)
+
+        outputs = spec(node.args[0])
+        graph = _prune(self.b.build(graph_outputs), self.keep)
+        return FxProgram(graph, tuple(self.input_indices), outputs, tuple(dict.fromkeys(self.fallbacks)))
+
+    def _needs_copy(self, o: fx.Node, value: str) -> bool:
+        """An output computed as a copy in torch but that may be an input or constant tensor here.
+
+        View ops are left alone for inputs: AOTAutograd regenerates outputs that alias inputs itself.
+        """
+        kind = self.persistent.get(value)
+        if kind is None:
+            return False
+        target = o.target
+        is_view = isinstance(target, torch._ops.OpOverload) and any(r.alias_info is not None
+                                                                     for r in target._schema.returns)
+        return not (is_view and kind == "input")
+
+
+def _used(node: fx.Node, k: int) -> bool:
+    """Whether output ``k`` of a multi-output node is read (through a getitem that is itself read)."""
+    return any(u.target is operator.getitem and u.args[1] == k and u.users for u in node.users)
+
+
+def _has_values(args: Any, types: dict[str, TensorType]) -> bool:
+    found = []
+    fx.node.map_aggregate(args, lambda x: found.append(x) if isinstance(x, str) and x in types else None)
+    return bool(found)
+
+
+def _leaf_type(v: Any) -> TensorType:
+    if isinstance(v, torch.Tensor):
+        return tensor_type(v)
+    if v is None:
+        return TensorType((0,), "float32")
+    return TensorType((), dtype_name(torch.tensor(v).dtype))
+
+
+def _prune(graph: Graph, keep: set[str]) -> Graph:
+    """Drop nodes nobody reads (converters may leave some, e.g. the ``t`` folded into ``linear``)."""
+    live = set(graph.outputs)
+    nodes = []
+    for n in reversed(graph.nodes):
+        if n.name in keep or any(o.name in live for o in n.outputs):
+            nodes.append(n)
+            live.update(i for i in n.inputs if i)
+    constants = {k: t for k, t in graph.constants.items() if k in live}
+    return graph.replace(nodes=tuple(reversed(nodes)), constants=constants).verify()

@@ -1,0 +1,86 @@
+"""Compile a template's PrimFunc for a target, or produce its source where no toolchain is here.
+
+Note: TileLang builds C with no optimization flag (a 512^3 fp32 GEMM: 293 ms at -O0, 4.4 ms at
+``-O3 -march=native``), so the ``c`` target always gets ``C_FLAGS`` (and ``C_PASS_CONFIGS``). ``-march=native`` ties the
+compiled library to this CPU's ISA: an artifact built with it must be rebuilt on another machine
+kind (the cache key does not include the host ISA). CUDA targets need an explicit ``arch``
+(``sm_90a`` for the H200's WGMMA/TMA code; plain ``sm_90`` fails static asserts).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import tilelang
+from tilefuse.lowering.templates.common import CPU_KINDS, target_kind
+
+C_FLAGS = ("-O3", "-march=native")
+# TileLang's own vectorizer emits vector casts the C templates lack (float2 -> half2 fails to
+# compile whenever a tile width is even); gcc -O3 vectorizes the scalar loops itself.
+C_PASS_CONFIGS = {"tirx.disable_vectorize": True}
+SOURCE_ONLY_KINDS = frozenset({"hip", "metal", "ascend", "webgpu"})
+
+
+def tilelang_target(target: dict | str) -> dict | str:
+    """The target as TileLang takes it: ``"c"`` for CPU, a dict with ``arch`` for CUDA."""
+    kind = target_kind(target)
+    if kind in CPU_KINDS:
+        return "c"  # the wheel has no LLVM codegen ("target.build.llvm" is missing)
+    if kind == "cuda":
+        arch = target.get("arch") if isinstance(target, dict) else None
+        if not arch:
+            raise ValueError("cuda target needs an arch, e.g. {'kind': 'cuda', 'arch': 'sm_90a'}")
+        return {"kind": "cuda", "arch": arch}
+    return dict(target) if isinstance(target, dict) else {"kind": kind}
+
+
+def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int | None = None,
+                   pass_configs: dict[str, Any] | None = None, compile_flags: Sequence[str] | None = None):
+    """Compile ``prim_func`` for ``target`` into a TileLang ``JITKernel`` callable on torch tensors.
+
+    ``out_idx`` lists the parameters the kernel allocates and returns (negative indices count from
+    the end). CPU kernels get ``C_FLAGS`` unless ``compile_flags`` is given.
+    """
+    kind = target_kind(target)
+    if kind in SOURCE_ONLY_KINDS:
+        raise NotImplementedError(
+            f"target {kind!r} needs its vendor toolchain to compile; use kernel_source() to get the source")
+    flags = list(compile_flags) if compile_flags is not None else (list(C_FLAGS) if kind in CPU_KINDS else None)
+    if kind in CPU_KINDS:
+        pass_configs = {**C_PASS_CONFIGS, **(pass_configs or {})}
+    return tilelang.compile(prim_func, out_idx=_out_idx(out_idx), target=tilelang_target(target),
+                            pass_configs=pass_configs, compile_flags=flags)
+
+
+def compile_many(items: Sequence[tuple[Any, Sequence[int] | int | None]], target: dict | str,
+                 num_workers: int | None = None, return_exceptions: bool = False, **kwargs) -> list:
+    """Compile ``(prim_func, out_idx)`` pairs in parallel threads (lowering releases the GIL and nvcc
+    is a subprocess), as ``tilelang.par_compile`` does, but with an ``out_idx`` per kernel.
+
+    With ``return_exceptions`` a failed compile gives its exception in place of the kernel."""
+    workers = num_workers or min(len(items), os.cpu_count() or 1) or 1
+    with concurrent.futures.ThreadPoolExecutor(workers, "tilefuse-compile") as pool:
+        futures = [pool.submit(compile_kernel, f, target, idx, **kwargs) for f, idx in items]
+        concurrent.futures.wait(futures)
+    if not return_exceptions:
+        return [f.result() for f in futures]
+    return [f.exception() or f.result() for f in futures]
+
+
+def kernel_source(prim_func, target: dict | str) -> str:
+    """Device source of ``prim_func`` for ``target`` without compiling it (hip, metal, ascend, or any)."""
+    import tvm
+
+    tobj = tilelang.backend.target.determine_target(tilelang_target(target), return_object=True)
+    with tvm.transform.PassContext(opt_level=3), tobj:
+        artifact = tilelang.lower(prim_func, target=tobj)
+    return artifact.kernel_source
+
+
+def _out_idx(out_idx):
+    if out_idx is None or isinstance(out_idx, int):
+        return out_idx
+    return list(out_idx)

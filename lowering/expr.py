@@ -1,0 +1,377 @@
+"""Epilogue/prologue expressions as data: a tiny IR, its TileLang emitter and its torch evaluator.
+
+Note: a fused region carries small expression trees over the value a template produces (``Acc``:
+a GEMM accumulator element, a loaded element, a reduction's result) and the region's extra inputs
+(``Arg(i)``, read at the element's index under numpy broadcasting against the output shape). The
+template calls ``emit`` inside its loop; tests call ``evaluate`` for the reference. Op names are
+tilefuse's registry vocabulary, and ``evaluate`` runs the registry's own torch references, so an
+op's semantics live in one place.
+
+Numerics: every floating value is computed in fp32 (fp16/bf16 leaves are widened when read), the
+way the templates compute; ``cast`` rounds to its dtype and the result is widened again, so a cast
+in the middle of a chain behaves the same in the kernel and in ``evaluate``. float64 stays float64,
+integers stay integers until an op needs a float, comparisons give bool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_HALF = ("float16", "bfloat16")
+_FLOAT_RANK = {"float32": 1, "float64": 2}
+
+
+# ---- the IR ------------------------------------------------------------------------------------
+
+class Expr:
+    """Base of the expression nodes; arithmetic operators build ``Call`` nodes."""
+
+    def __add__(self, other):
+        return Call("add", (self, _lift(other)))
+
+    def __radd__(self, other):
+        return Call("add", (_lift(other), self))
+
+    def __sub__(self, other):
+        return Call("sub", (self, _lift(other)))
+
+    def __rsub__(self, other):
+        return Call("sub", (_lift(other), self))
+
+    def __mul__(self, other):
+        return Call("mul", (self, _lift(other)))
+
+    def __rmul__(self, other):
+        return Call("mul", (_lift(other), self))
+
+    def __truediv__(self, other):
+        return Call("div", (self, _lift(other)))
+
+    def __rtruediv__(self, other):
+        return Call("div", (_lift(other), self))
+
+    def __neg__(self):
+        return Call("neg", (self,))
+
+
+@dataclass(frozen=True)
+class Acc(Expr):
+    """The value being produced: GEMM accumulator element, loaded element, or reduction result."""
+
+    def __str__(self) -> str:
+        return "acc"
+
+
+@dataclass(frozen=True)
+class Arg(Expr):
+    """The ``index``-th extra input tensor of the region, broadcast against the output shape."""
+
+    index: int
+
+    def __str__(self) -> str:
+        return f"arg{self.index}"
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    """A scalar constant of ``dtype`` (a torch dtype name)."""
+
+    value: float | int | bool
+    dtype: str = "float32"
+
+    def __str__(self) -> str:
+        return repr(self.value) if self.dtype == "float32" else f"{self.value!r}:{self.dtype}"
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    """``op(*args, **attrs)`` with ``op`` a name of tilefuse's op registry; attrs kept sorted."""
+
+    op: str
+    args: tuple[Expr, ...]
+    attrs: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+        attrs = self.attrs.items() if isinstance(self.attrs, Mapping) else self.attrs
+        object.__setattr__(self, "attrs", tuple(sorted((str(k), v) for k, v in attrs)))
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(name, default)
+
+    def __str__(self) -> str:
+        parts = [str(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.attrs]
+        return f"{self.op}({', '.join(parts)})"
+
+
+def call(op: str, *args: Expr | float, **attrs: Any) -> Call:
+    """Build ``Call(op, args, attrs)``; Python numbers become fp32 ``Const`` nodes."""
+    return Call(op, tuple(_lift(a) for a in args), attrs)
+
+
+def _lift(x) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool):
+        return Const(x, "bool")
+    if isinstance(x, (int, float)):
+        return Const(float(x), "float32")
+    raise TypeError(f"cannot use {x!r} ({type(x).__name__}) in an expression")
+
+
+def walk(expr: Expr):
+    """Every node of ``expr``, pre-order."""
+    yield expr
+    if isinstance(expr, Call):
+        for a in expr.args:
+            yield from walk(a)
+
+
+def args_used(expr: Expr | None) -> frozenset[int]:
+    """Indices of the extra inputs that ``expr`` reads."""
+    return frozenset(n.index for n in walk(expr) if isinstance(n, Arg)) if expr is not None else frozenset()
+
+
+def ops_used(expr: Expr | None) -> frozenset[str]:
+    return frozenset(n.op for n in walk(expr) if isinstance(n, Call)) if expr is not None else frozenset()
+
+
+def ops_supported() -> frozenset[str]:
+    """Op names that ``emit`` can lower (ask this before planning a fused region)."""
+    return frozenset(_EMIT)
+
+
+def is_lowerable(expr: Expr | None) -> bool:
+    """Whether every op of ``expr`` has an emitter."""
+    return ops_used(expr) <= ops_supported()
+
+
+# ---- emission to TileLang/TIR ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Env:
+    """What ``emit`` binds the leaves to: ``acc`` a PrimExpr, ``arg(i)`` the i-th extra input's load."""
+
+    acc: Any = None
+    arg: Callable[[int], Any] | None = None
+
+
+def emit(expr: Expr, env: Env):
+    """Lower ``expr`` to a TIR PrimExpr (fp32 compute for floating values, see the module note)."""
+    from tilelang import language as T
+
+    if isinstance(expr, Acc):
+        if env.acc is None:
+            raise ValueError("expression reads acc but the template binds no accumulator here")
+        return _widen(T, env.acc)
+    if isinstance(expr, Arg):
+        if env.arg is None:
+            raise ValueError(f"expression reads {expr} but the template binds no extra inputs here")
+        return _widen(T, env.arg(expr.index))
+    if isinstance(expr, Const):
+        return _const(T, expr)
+    if isinstance(expr, Call):
+        fn = _EMIT.get(expr.op)
+        if fn is None:
+            raise NotImplementedError(
+                f"op {expr.op!r} has no TileLang emitter (supported: {sorted(_EMIT)}); "
+                "the planner should keep this op out of the fused region")
+        return fn(T, [emit(a, env) for a in expr.args], dict(expr.attrs))
+    raise TypeError(f"not an expression node: {expr!r}")
+
+
+def _widen(T, v):
+    return T.Cast("float32", v) if str(v.dtype) in _HALF else v
+
+
+def _const(T, c: Const):
+    if c.dtype == "bool":
+        return T.bool(bool(c.value))
+    if c.dtype in _HALF:  # round through the narrow dtype, compute in fp32
+        return T.float32(float(torch.tensor(c.value, dtype=getattr(torch, c.dtype)).float()))
+    if c.dtype.startswith("float"):
+        return T.FloatImm(c.dtype, float(c.value))
+    return T.IntImm(c.dtype, int(c.value))
+
+
+def _rank(dtype: str) -> int:
+    if dtype == "bool":
+        return 0
+    return _FLOAT_RANK.get(dtype, 0.5)  # integers sit between bool and fp32
+
+
+def _unify(T, *xs):
+    """Cast operands to their common dtype: bool < int < float32 < float64 (torch's promotion)."""
+    dts = [str(x.dtype) for x in xs]
+    top = max(dts, key=_rank)
+    if top == "bool" and len(set(dts)) == 1:
+        return xs
+    if _rank(top) < 1 and len(set(dts)) > 1:
+        top = next(d for d in dts if d != "bool")
+    return tuple(x if str(x.dtype) == top else T.Cast(top, x) for x in xs)
+
+
+def _float(T, x):
+    return x if str(x.dtype) in _FLOAT_RANK else T.Cast("float32", x)
+
+
+def _c(x, v: float):
+    """A constant of x's float dtype."""
+    from tilelang import language as T
+
+    return T.FloatImm(str(x.dtype), v)
+
+
+def _as_bool(T, x):
+    return x if str(x.dtype) == "bool" else x != T.Cast(str(x.dtype), 0)
+
+
+def _binary(fn):
+    return lambda T, a, attrs: fn(T, *_unify(T, *a))
+
+
+def _unary(fn):
+    return lambda T, a, attrs: fn(T, _float(T, a[0]), attrs)
+
+
+def _gelu(T, x, attrs):
+    if attrs.get("approximate", "none") == "tanh":
+        inner = _c(x, math.sqrt(2.0 / math.pi)) * (x + _c(x, 0.044715) * x * x * x)
+        return _c(x, 0.5) * x * (_c(x, 1.0) + T.tanh(inner))
+    return _c(x, 0.5) * x * (_c(x, 1.0) + T.erf(x * _c(x, math.sqrt(0.5))))
+
+
+def _abs(T, x):
+    # T.abs lowers to tirx.fabs, which the C codegen cannot print; a select works everywhere.
+    return T.Select(x < T.Cast(str(x.dtype), 0), -x, x)
+
+
+def _pow(T, a, b):
+    # Small integral exponents as products: exact for negative bases, cheaper than powf.
+    if isinstance(b, T.FloatImm) and float(b.value) in (1.0, 2.0, 3.0):
+        return {1.0: a, 2.0: a * a, 3.0: a * a * a}[float(b.value)]
+    return T.pow(a, b)
+
+
+def _div(T, a, b):
+    return a / b
+
+
+def _softplus(T, x, attrs):
+    beta, threshold = attrs.get("beta", 1.0), attrs.get("threshold", 20.0)
+    bx = x * _c(x, beta)
+    return T.Select(bx > _c(x, threshold), x, T.log1p(T.exp(bx)) / _c(x, beta))
+
+
+def _clamp(T, x, attrs):
+    if attrs.get("min") is not None:
+        x = T.max(x, _c(x, attrs["min"]))
+    if attrs.get("max") is not None:
+        x = T.min(x, _c(x, attrs["max"]))
+    return x
+
+
+def _cast(T, a, attrs):
+    dtype = attrs["dtype"]
+    v = a[0] if str(a[0].dtype) == dtype else T.Cast(dtype, a[0])
+    return _widen(T, v)
+
+
+def _where(T, a, attrs):
+    x, y = _unify(T, a[1], a[2])
+    return T.Select(_as_bool(T, a[0]), x, y)
+
+
+# One table: op name -> emitter(T, lowered args, attrs). Unary float ops widen ints/bools first.
+_EMIT: dict[str, Callable] = {
+    "add": _binary(lambda T, a, b: a + b),
+    "sub": _binary(lambda T, a, b: a - b),
+    "mul": _binary(lambda T, a, b: a * b),
+    "div": lambda T, a, attrs: _div(T, *_unify(T, _float(T, a[0]), _float(T, a[1]))),
+    "pow": lambda T, a, attrs: _pow(T, *_unify(T, _float(T, a[0]), _float(T, a[1]))),
+    "maximum": _binary(lambda T, a, b: T.max(a, b)),
+    "minimum": _binary(lambda T, a, b: T.min(a, b)),
+    "eq": _binary(lambda T, a, b: a == b),
+    "ne": _binary(lambda T, a, b: a != b),
+    "lt": _binary(lambda T, a, b: a < b),
+    "le": _binary(lambda T, a, b: a <= b),
+    "gt": _binary(lambda T, a, b: a > b),
+    "ge": _binary(lambda T, a, b: a >= b),
+    "logical_and": lambda T, a, attrs: T.And(_as_bool(T, a[0]), _as_bool(T, a[1])),
+    "logical_or": lambda T, a, attrs: T.Or(_as_bool(T, a[0]), _as_bool(T, a[1])),
+    "logical_not": lambda T, a, attrs: T.Not(_as_bool(T, a[0])),
+    "where": _where,
+    "cast": _cast,
+    "identity": lambda T, a, attrs: a[0],
+    "neg": lambda T, a, attrs: -a[0],
+    "abs": lambda T, a, attrs: _abs(T, a[0]) if str(a[0].dtype) != "bool" else a[0],
+    "scale": _unary(lambda T, x, at: x * _c(x, at["factor"])),
+    "reciprocal": _unary(lambda T, x, at: _c(x, 1.0) / x),
+    "relu": _unary(lambda T, x, at: T.max(x, _c(x, 0.0))),
+    "leaky_relu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, x * _c(x, at.get("alpha", 0.01)))),
+    "elu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, _c(x, at.get("alpha", 1.0)) * (T.exp(x) - _c(x, 1.0)))),
+    "gelu": _unary(_gelu),
+    "silu": _unary(lambda T, x, at: x / (_c(x, 1.0) + T.exp(-x))),
+    "sigmoid": _unary(lambda T, x, at: _c(x, 1.0) / (_c(x, 1.0) + T.exp(-x))),
+    "hardsigmoid": _unary(lambda T, x, at: T.min(T.max(
+        x * _c(x, at.get("alpha", 1 / 6)) + _c(x, at.get("beta", 0.5)), _c(x, 0.0)), _c(x, 1.0))),
+    "hardswish": _unary(lambda T, x, at: x * T.min(T.max(x + _c(x, 3.0), _c(x, 0.0)), _c(x, 6.0)) / _c(x, 6.0)),
+    "softplus": _unary(_softplus),
+    "mish": _unary(lambda T, x, at: x * T.tanh(_softplus(T, x, {}))),
+    "softsign": _unary(lambda T, x, at: x / (_c(x, 1.0) + _abs(T, x))),
+    "clamp": _unary(_clamp),
+    "tanh": _unary(lambda T, x, at: T.tanh(x)),
+    "erf": _unary(lambda T, x, at: T.erf(x)),
+    "exp": _unary(lambda T, x, at: T.exp(x)),
+    "log": _unary(lambda T, x, at: T.log(x)),
+    "sqrt": _unary(lambda T, x, at: T.sqrt(x)),
+    "rsqrt": _unary(lambda T, x, at: T.rsqrt(x)),
+    "sin": _unary(lambda T, x, at: T.sin(x)),
+    "cos": _unary(lambda T, x, at: T.cos(x)),
+    "tan": _unary(lambda T, x, at: T.tan(x)),
+    "floor": _unary(lambda T, x, at: T.floor(x)),
+    "ceil": _unary(lambda T, x, at: T.ceil(x)),
+    "sign": _unary(lambda T, x, at: T.Cast(str(x.dtype), x > _c(x, 0.0)) - T.Cast(str(x.dtype), x < _c(x, 0.0))),
+    "isnan": lambda T, a, attrs: T.isnan(a[0]) if str(a[0].dtype) in _FLOAT_RANK else T.bool(False),
+}
+
+
+# ---- torch evaluation (the reference) ---------------------------------------------------------------
+
+def evaluate(expr: Expr, acc: torch.Tensor | None, args: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+    """Evaluate ``expr`` with torch, through the op registry's references, computing as ``emit`` does."""
+    from tilefuse import ops
+
+    if isinstance(expr, Acc):
+        if acc is None:
+            raise ValueError("expression reads acc but no accumulator was given")
+        return _widen_t(acc)
+    if isinstance(expr, Arg):
+        return _widen_t(args[expr.index])
+    if isinstance(expr, Const):
+        return _widen_t(torch.tensor(expr.value, dtype=getattr(torch, expr.dtype)))
+    if isinstance(expr, Call):
+        vals = [evaluate(a, acc, args) for a in expr.args]
+        attrs = dict(expr.attrs)
+        if expr.op in _FLOAT_ONLY:
+            vals = [v if v.is_floating_point() else v.float() for v in vals]
+        (out,) = ops.get(expr.op).run(vals, attrs)
+        return _widen_t(out)
+    raise TypeError(f"not an expression node: {expr!r}")
+
+
+def _widen_t(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+# Ops whose emitter widens integer/bool inputs to fp32 first (torch would reject or keep ints).
+_FLOAT_ONLY = frozenset({
+    "scale", "reciprocal", "relu", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "hardsigmoid", "hardswish",
+    "softplus", "mish", "softsign", "clamp", "tanh", "erf", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tan",
+    "floor", "ceil", "sign", "div", "pow",
+})

@@ -1,0 +1,130 @@
+"""What the templates share: target dispatch, kernel parameters, broadcast indexing.
+
+Note: the CPU dialect (``c``) differs from the GPU one: ``T.Kernel`` takes no ``threads``, tiles live
+in ``T.alloc_local`` buffers and are walked with ``T.grid`` (a ``T.Parallel`` loop over a local
+buffer is rejected), and ``T.Pipelined`` has nothing to overlap. Templates write one body and take
+these differences from a ``Dialect`` object, so a kernel family has one factory for every target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tilelang.language as T
+from tvm.tirx.script.builder import ir as _tir_builder
+
+Shape = tuple[int, ...]
+
+CPU_KINDS = frozenset({"c", "llvm"})
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def target_kind(target: dict | str) -> str:
+    """``{"kind": "cuda", "arch": "sm_90a"}`` or ``"cuda"`` -> ``"cuda"``."""
+    kind = target.get("kind") if isinstance(target, dict) else str(target).split()[0]
+    if not kind:
+        raise ValueError(f"target {target!r} has no kind; use e.g. {{'kind': 'cuda', 'arch': 'sm_90a'}}")
+    return kind
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The target-dependent pieces of a template body."""
+
+    cpu: bool
+
+    def kernel(self, *grid, threads: int = 128):
+        """The launch frame: a grid of tile programs (with ``threads`` on GPUs)."""
+        if self.cpu:
+            import tilelang.cpu.language as TC
+
+            return TC.Kernel(*grid)
+        return T.Kernel(*grid, threads=threads)
+
+    def shared(self, shape, dtype):
+        return T.alloc_local(shape, dtype) if self.cpu else T.alloc_shared(shape, dtype)
+
+    def fragment(self, shape, dtype):
+        return T.alloc_local(shape, dtype) if self.cpu else T.alloc_fragment(shape, dtype)
+
+    def tile_loop(self, *extents):
+        """A loop nest over a tile (threads share it on GPUs; serial on CPU)."""
+        return T.grid(*extents) if self.cpu else T.Parallel(*extents)
+
+    def pipelined(self, n, num_stages: int):
+        return T.serial(n) if self.cpu or num_stages <= 0 else T.Pipelined(n, num_stages=num_stages)
+
+
+def dialect(target: dict | str) -> Dialect:
+    return Dialect(cpu=target_kind(target) in CPU_KINDS)
+
+
+def check_dtype(dtype: str, target: dict | str, what: str) -> None:
+    """Refuse dtypes a target cannot store, with a message saying what to do instead."""
+    if dtype not in FLOAT_DTYPES + ("float64", "int32", "int64", "int8", "uint8", "bool"):
+        raise NotImplementedError(f"{what}: dtype {dtype!r} is not supported by the templates")
+    if dtype == "bfloat16" and target_kind(target) in CPU_KINDS:
+        raise NotImplementedError(
+            f"{what}: the TileLang C target cannot store bfloat16 ('Cannot convert type bfloat16 to C type'); "
+            "run this region in float32 or float16 on CPU (cast at the region boundary)")
+
+
+def param(name: str, shape: Sequence[int], dtype: str):
+    """Declare a kernel parameter inside a ``T.prim_func`` body (lets templates take N extra inputs)."""
+    return _tir_builder.arg(name, T.Tensor(tuple(int(d) for d in shape), dtype))
+
+
+def view(buf, shape: Sequence[int]):
+    """``buf`` seen with another (same-size) shape, sharing its data.
+
+    Not ``T.reshape``: its size check builds an int32 literal of the size in *bits* and fails for
+    tensors of 256 MB and more. Keep views in a container, not bound to a local name inside the
+    kernel body: a named binding renames the parameter's data pointer and breaks the host call.
+    """
+    return T.Tensor(tuple(int(d) for d in shape), buf.dtype, buf.data)
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> Shape:
+    """numpy broadcasting of static shapes."""
+    return tuple(int(d) for d in __import__("torch").broadcast_shapes(*[tuple(s) for s in shapes]))
+
+
+def unravel(flat, shape: Sequence[int]) -> list:
+    """Coordinates of the row-major flat index ``flat`` in ``shape`` (constant strides, no loops)."""
+    coords, rest = [], flat
+    for i, d in enumerate(reversed(shape)):
+        if i == len(shape) - 1:
+            coords.append(rest)
+        else:
+            coords.append(rest % d)
+            rest = rest // d
+    return list(reversed(coords))
+
+
+def broadcast_index(arg_shape: Sequence[int], coords: Sequence[Any]) -> tuple:
+    """Index of an operand of ``arg_shape`` at output ``coords`` under numpy broadcasting."""
+    lead = len(coords) - len(arg_shape)
+    if lead < 0:
+        raise ValueError(f"operand of shape {tuple(arg_shape)} has more dims than the output ({len(coords)})")
+    idx = tuple(0 if int(d) == 1 else coords[lead + k] for k, d in enumerate(arg_shape))
+    return idx if idx else (0,)
+
+
+def arg_loader(bufs: Sequence[Any], shapes: Sequence[Sequence[int]], coords: Sequence[Any]) -> Callable[[int], Any]:
+    """``Env.arg`` for extra inputs ``bufs`` read at output ``coords``."""
+    def load(i: int):
+        if i >= len(bufs):
+            raise IndexError(f"expression reads arg{i} but the region has {len(bufs)} extra inputs")
+        return bufs[i][broadcast_index(shapes[i], coords)]
+    return load
+
+
+def normalize_shapes(shapes: Sequence[Sequence[int]] | None) -> tuple[Shape, ...]:
+    return tuple(tuple(int(d) for d in s) or (1,) for s in (shapes or ()))

@@ -1,0 +1,163 @@
+"""2-D convolution as an implicit GEMM with a fused epilogue (groups=1; NCHW or NHWC).
+
+Note: the GEMM is out[m, o] = sum_k A[m, k] * W[o, k] with m = (n, oh, ow) the output pixel and
+k the filter tap: (c, kh, kw) for NCHW/OIHW, (kh, kw, c) for NHWC/OHWI, so that k follows the
+weight's memory order and the weight reads as a plain (O, K) matrix. A is never materialized:
+each A tile is gathered from the input (zero outside the padded image and past M or K). The
+epilogue reads ``Acc`` and ``Arg(i)`` broadcast against the output's own layout (``(N, O, OH, OW)``
+for NCHW, e.g. a bias of shape ``(O, 1, 1)``; ``(N, OH, OW, O)`` for NHWC, a bias ``(O,)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tilelang.language as T
+import torch
+from tilefuse.lowering.expr import Env, Expr, emit, evaluate
+from tilefuse.lowering.templates.common import (
+    arg_loader,
+    broadcast_shapes,
+    check_dtype,
+    dialect,
+    normalize_shapes,
+    param,
+    view,
+)
+
+
+def output_hw(H: int, W: int, KH: int, KW: int, stride, padding, dilation) -> tuple[int, int]:
+    OH = (H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) // stride[0] + 1
+    OW = (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) // stride[1] + 1
+    return OH, OW
+
+
+def conv2d(
+    x_shape: Sequence[int],
+    w_shape: Sequence[int],
+    *,
+    stride: Sequence[int] = (1, 1),
+    padding: Sequence[int] = (0, 0),
+    dilation: Sequence[int] = (1, 1),
+    groups: int = 1,
+    layout: str = "NCHW",
+    in_dtype: str = "float16",
+    out_dtype: str | None = None,
+    accum_dtype: str = "float32",
+    epilogue: Expr | None = None,
+    extra_shapes: Sequence[Sequence[int]] = (),
+    extra_dtypes: Sequence[str] = (),
+    block_M: int = 128,
+    block_N: int = 128,
+    block_K: int = 32,
+    num_stages: int = 2,
+    threads: int = 128,
+    allow_tf32: bool = False,
+    target: dict | str = "cuda",
+):
+    """A ``T.prim_func`` for ``out = epilogue(conv2d(x, w))``; parameters ``x, w, extra_0.., out``.
+
+    NCHW: x ``(N, C, H, W)``, w ``(O, C, KH, KW)``, out ``(N, O, OH, OW)``. NHWC: x ``(N, H, W, C)``,
+    w ``(O, KH, KW, C)``, out ``(N, OH, OW, O)``. Symmetric ``padding`` per spatial dim. fp32 on GPUs
+    uses an exact FMA loop unless ``allow_tf32`` (as ``gemm``).
+    """
+    if groups != 1:
+        raise NotImplementedError("conv2d: only groups=1 lowers to the implicit-GEMM template; "
+                                  "grouped/depthwise convolution runs through its torch fallback")
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"conv2d: layout {layout!r} is not NCHW or NHWC")
+    nhwc = layout == "NHWC"
+    out_dtype = out_dtype or in_dtype
+    extra_shapes = normalize_shapes(extra_shapes)
+    for d_ in (in_dtype, out_dtype, *extra_dtypes):
+        check_dtype(d_, target, "conv2d")
+    Nb, H, W, C = x_shape if nhwc else (x_shape[0], x_shape[2], x_shape[3], x_shape[1])
+    O, KH, KW, Cw = w_shape if nhwc else (w_shape[0], w_shape[2], w_shape[3], w_shape[1])
+    if Cw != C:
+        raise ValueError(f"conv2d: weight has {Cw} input channels, input has {C}")
+    sh, sw = stride
+    ph, pw = padding
+    dh, dw = dilation
+    OH, OW = output_hw(H, W, KH, KW, stride, padding, dilation)
+    M, K = Nb * OH * OW, C * KH * KW
+    out_shape = (Nb, OH, OW, O) if nhwc else (Nb, O, OH, OW)
+    if broadcast_shapes(out_shape, *extra_shapes) != out_shape:
+        raise ValueError(f"conv2d: extra inputs {extra_shapes} do not broadcast to the output {out_shape}")
+    d = dialect(target)
+    simt = in_dtype == "float32" and not allow_tf32 and not d.cpu
+
+    def a_elem(X, m, k):
+        """Input element feeding A[m, k]; 0 in the padding and past M or K."""
+        n, oh, ow = m // (OH * OW), (m // OW) % OH, m % OW
+        if nhwc:
+            kh, kw, c = k // (KW * C), (k // C) % KW, k % C
+        else:
+            c, kh, kw = k // (KH * KW), (k // KW) % KH, k % KW
+        h, w = oh * sh - ph + kh * dh, ow * sw - pw + kw * dw
+        inside = T.And(T.And(T.And(m < M, k < K), T.And(h >= 0, h < H)), T.And(w >= 0, w < W))
+        val = X[n, h, w, c] if nhwc else X[n, c, h, w]
+        return T.if_then_else(inside, val, T.Cast(in_dtype, 0))
+
+    def out_index(m, o):
+        n, oh, ow = m // (OH * OW), (m // OW) % OH, m % OW
+        return [n, oh, ow, o] if nhwc else [n, o, oh, ow]
+
+    def out_elem(C_f, extras, i, j, m, o):
+        coords = out_index(T.min(m, M - 1), T.min(o, O - 1))
+        env = Env(acc=C_f[i, j], arg=arg_loader(extras, extra_shapes, coords))
+        value = C_f[i, j] if epilogue is None else emit(epilogue, env)
+        return T.Cast(out_dtype, value)
+
+    @T.prim_func
+    def conv2d_kernel():
+        X = param("x", x_shape, in_dtype)
+        Wt = param("w", w_shape, in_dtype)
+        extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
+        Out = param("out", out_shape, out_dtype)
+        with d.kernel(T.ceildiv(O, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            w2 = [view(Wt, (O, K))]  # the weight as an (O, K) matrix, in a list (see common.view)
+            A_s = d.shared((block_M, block_K), in_dtype)
+            B_s = d.shared((block_N, block_K), in_dtype)
+            C_f = d.fragment((block_M, block_N), accum_dtype)
+            T.clear(C_f)
+            for ko in d.pipelined(T.ceildiv(K, block_K), num_stages):
+                for i, k in d.tile_loop(block_M, block_K):
+                    A_s[i, k] = a_elem(X, by * block_M + i, ko * block_K + k)
+                T.copy(w2[0][bx * block_N, ko * block_K], B_s)
+                if simt:
+                    for i, j in T.Parallel(block_M, block_N):
+                        for k in T.serial(block_K):
+                            C_f[i, j] += A_s[i, k] * B_s[j, k]
+                else:
+                    T.gemm(A_s, B_s, C_f, transpose_B=True)
+            for i, j in d.tile_loop(block_M, block_N):
+                if T.And(by * block_M + i < M, bx * block_N + j < O):
+                    T.buffer_store(Out, out_elem(C_f, extras, i, j, by * block_M + i, bx * block_N + j),
+                                   out_index(by * block_M + i, bx * block_N + j))
+
+    return conv2d_kernel
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, extras: Sequence[torch.Tensor] = (), *, stride=(1, 1),
+              padding=(0, 0), dilation=(1, 1), layout: str = "NCHW", epilogue: Expr | None = None,
+              out_dtype: str | None = None) -> torch.Tensor:
+    """Torch reference of ``conv2d`` (float64 convolution, fp32 epilogue)."""
+    out_dtype = getattr(torch, out_dtype) if out_dtype else x.dtype
+    if layout == "NHWC":
+        x, w = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
+    acc = torch.nn.functional.conv2d(x.double(), w.double(), None, tuple(stride), tuple(padding), tuple(dilation))
+    acc = acc.float()
+    if layout == "NHWC":
+        acc = acc.permute(0, 2, 3, 1)
+    if epilogue is not None:
+        acc = evaluate(epilogue, acc, list(extras)).float()
+    return acc.to(out_dtype).contiguous()
+
+
+def get_configs(target: dict | str) -> list[dict]:
+    """Seed configs; keys are ``conv2d``'s tunables."""
+    if dialect(target).cpu:
+        return [{"block_M": 32, "block_N": 32, "block_K": 32, "num_stages": 0, "threads": 1}]
+    return [{"block_M": m, "block_N": n, "block_K": k, "num_stages": s, "threads": t}
+            for m, n, k, s, t in ((128, 128, 32, 2, 128), (64, 128, 32, 3, 128), (128, 64, 64, 2, 128),
+                                  (128, 256, 32, 3, 256))]

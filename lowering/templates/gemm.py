@@ -1,0 +1,203 @@
+"""GEMM with fused prologue and epilogue: ``C = epilogue(prologue(A) @ B, extras...)``.
+
+Note: one factory serves plain, transposed (``A`` as (K, M), ``B`` as (N, K) like a linear weight)
+and batched GEMMs (batch dims on A and/or B, broadcast like ``torch.matmul``). The batch is
+flattened into the grid's third axis and each operand reads its own batch coordinates, so a
+broadcast operand is never copied. Tails (M, N, K not multiples of the block) are safe: ``T.copy``
+zero-fills out-of-range tile elements and guards the store; the prologue path guards its loads
+itself (the prologue of 0 need not be 0), and epilogue operands are read at clamped coordinates
+(the values computed past the edge are never stored). The accumulator is ``accum_dtype`` (fp32);
+the epilogue computes in fp32 and the store casts to ``out_dtype``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tilelang.language as T
+import torch
+from tilefuse.lowering.expr import Acc, Env, Expr, args_used, emit, evaluate
+from tilefuse.lowering.templates.common import (
+    arg_loader,
+    broadcast_index,
+    broadcast_shapes,
+    check_dtype,
+    dialect,
+    normalize_shapes,
+    numel,
+    param,
+    unravel,
+)
+
+
+def gemm(
+    M: int,
+    N: int,
+    K: int,
+    *,
+    trans_A: bool = False,
+    trans_B: bool = False,
+    batch_A: Sequence[int] = (),
+    batch_B: Sequence[int] = (),
+    A_dtype: str = "float16",
+    B_dtype: str | None = None,
+    out_dtype: str | None = None,
+    accum_dtype: str = "float32",
+    prologue: Expr | None = None,
+    epilogue: Expr | None = None,
+    extra_shapes: Sequence[Sequence[int]] = (),
+    extra_dtypes: Sequence[str] = (),
+    block_M: int = 128,
+    block_N: int = 128,
+    block_K: int = 32,
+    num_stages: int = 2,
+    threads: int = 128,
+    enable_rasterization: bool = False,
+    panel_size: int = 10,
+    allow_tf32: bool = False,
+    target: dict | str = "cuda",
+):
+    """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B)``; parameters ``A, B, extra_0.., C``.
+
+    ``A`` is ``(*batch_A, M, K)`` (``(*batch_A, K, M)`` if ``trans_A``), ``B`` is ``(*batch_B, K, N)``
+    (``(*batch_B, N, K)`` if ``trans_B``), ``C`` is ``(*broadcast(batch_A, batch_B), M, N)``.
+    ``prologue`` maps each element of A (``Acc``, constants only) before the MMA, which runs in
+    ``B_dtype``; an A of another dtype without a prologue is cast. ``epilogue`` reads the
+    accumulator (``Acc``) and ``Arg(i)`` = ``extra_i`` broadcast against C's shape.
+    Tunables are TileLang's: ``block_M/N/K``, ``num_stages``, ``threads``, ``enable_rasterization``
+    (threadblock swizzle with ``panel_size``); CPU targets ignore ``num_stages``/``threads``/swizzle.
+    fp32 operands on GPUs: ``T.gemm`` would run them as TF32 (10-bit mantissa, unlike torch's
+    default), so unless ``allow_tf32`` the tile product is a plain fp32 FMA loop (exact, slower).
+    """
+    B_dtype = B_dtype or A_dtype
+    out_dtype = out_dtype or B_dtype
+    extra_shapes = normalize_shapes(extra_shapes)
+    if len(extra_dtypes) != len(extra_shapes):
+        raise ValueError("gemm: one dtype per extra input")
+    for dt in (A_dtype, B_dtype, out_dtype, *extra_dtypes):
+        check_dtype(dt, target, "gemm")
+    if args_used(prologue):
+        raise NotImplementedError("gemm: the prologue may read only acc and constants (no extra inputs)")
+    d = dialect(target)
+    batch_A, batch_B = tuple(batch_A), tuple(batch_B)
+    batch = broadcast_shapes(batch_A, batch_B) if (batch_A or batch_B) else ()
+    nb = numel(batch)
+    out_shape = (*batch, M, N)
+    if broadcast_shapes(out_shape, *extra_shapes) != out_shape:
+        raise ValueError(f"gemm: extra inputs {extra_shapes} do not broadcast to the output {out_shape}")
+    A_shape = (*batch_A, K, M) if trans_A else (*batch_A, M, K)
+    B_shape = (*batch_B, N, K) if trans_B else (*batch_B, K, N)
+    A_tile = (block_K, block_M) if trans_A else (block_M, block_K)
+    B_tile = (block_N, block_K) if trans_B else (block_K, block_N)
+    mma_dtype = B_dtype
+    load_A_direct = prologue is None and A_dtype == mma_dtype
+    prologue = prologue if prologue is not None else Acc()
+    clamp_m, clamp_n = M % block_M != 0, N % block_N != 0
+    swizzle = bool(enable_rasterization) and not d.cpu
+    simt = mma_dtype == "float32" and not allow_tf32 and not d.cpu
+
+    def bidx(shape, bcoords):
+        return broadcast_index(shape, bcoords) if shape else ()
+
+    def A_elem(A, bcoords, m, k):
+        """One A element through the prologue; 0 outside the matrix (the prologue of 0 need not be 0)."""
+        src = A[(*bidx(batch_A, bcoords), k, m) if trans_A else (*bidx(batch_A, bcoords), m, k)]
+        val = T.Cast(mma_dtype, emit(prologue, Env(acc=src)))
+        return T.if_then_else(T.And(m < M, k < K), val, T.Cast(mma_dtype, 0))
+
+    def C_elem(C_f, extras, bcoords, i, j, m0, n0):
+        """The epilogue of accumulator element (i, j); operands read at clamped coordinates."""
+        m = T.min(m0 + i, M - 1) if clamp_m else m0 + i
+        n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
+        env = Env(acc=C_f[i, j], arg=arg_loader(extras, extra_shapes, [*bcoords, m, n]))
+        return T.Cast(accum_dtype, emit(epilogue, env))
+
+    @T.prim_func
+    def gemm_kernel():
+        A = param("A", A_shape, A_dtype)
+        B = param("B", B_shape, B_dtype)
+        extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
+        C = param("C", out_shape, out_dtype)
+        with d.kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), nb, threads=threads) as (bx, by, bz):
+            A_s = d.shared(A_tile, mma_dtype)
+            B_s = d.shared(B_tile, mma_dtype)
+            C_f = d.fragment((block_M, block_N), accum_dtype)
+            if swizzle:
+                T.use_swizzle(panel_size)
+            bcoords = unravel(bz, batch)
+            m0, n0 = by * block_M, bx * block_N
+            T.clear(C_f)
+            for ko in d.pipelined(T.ceildiv(K, block_K), num_stages):
+                if load_A_direct:
+                    a_at = (ko * block_K, m0) if trans_A else (m0, ko * block_K)
+                    T.copy(A[(*bidx(batch_A, bcoords), *a_at)], A_s)
+                else:
+                    for a, b in d.tile_loop(*A_tile):
+                        A_s[a, b] = A_elem(A, bcoords, m0 + (b if trans_A else a), ko * block_K + (a if trans_A else b))
+                b_at = (n0, ko * block_K) if trans_B else (ko * block_K, n0)
+                T.copy(B[(*bidx(batch_B, bcoords), *b_at)], B_s)
+                if simt:
+                    for i, j in T.Parallel(block_M, block_N):
+                        for k in T.serial(block_K):
+                            C_f[i, j] += A_s[(k, i) if trans_A else (i, k)] * B_s[(j, k) if trans_B else (k, j)]
+                else:
+                    T.gemm(A_s, B_s, C_f, transpose_A=trans_A, transpose_B=trans_B)
+            if epilogue is not None:
+                for i, j in d.tile_loop(block_M, block_N):
+                    C_f[i, j] = C_elem(C_f, extras, bcoords, i, j, m0, n0)
+            T.copy(C_f, C[(*bcoords, m0, n0)])
+
+    return gemm_kernel
+
+
+def reference(A: torch.Tensor, B: torch.Tensor, extras: Sequence[torch.Tensor] = (), *, trans_A: bool = False,
+              trans_B: bool = False, prologue: Expr | None = None, epilogue: Expr | None = None,
+              out_dtype: str | None = None) -> torch.Tensor:
+    """Torch reference of ``gemm``: fp32 matmul (no TF32) of the prologue'd operands, then the epilogue."""
+    out_dtype = getattr(torch, out_dtype) if out_dtype else B.dtype
+    a = A.transpose(-1, -2) if trans_A else A
+    b = B.transpose(-1, -2) if trans_B else B
+    if prologue is not None:
+        a = evaluate(prologue, a).to(B.dtype)
+    elif a.dtype != B.dtype:
+        a = a.to(B.dtype)
+    acc = torch.matmul(a.double(), b.double()).float()
+    if epilogue is not None:
+        acc = evaluate(epilogue, acc, list(extras)).float()
+    return acc.to(out_dtype)
+
+
+# Shared memory per block that a config may use (opt-in maximum), by arch family.
+SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024}
+
+
+def shared_memory_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, dtype: str = "float16") -> int:
+    """Bytes of the pipelined A and B tiles (the epilogue may reuse them)."""
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)
+    return (block_M + block_N) * block_K * itemsize * max(num_stages, 1)
+
+
+def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
+    """Seed configs for operands of ``dtype``; keys are exactly ``gemm``'s tunables. The device decides."""
+    if dialect(target).cpu:
+        seeds = [(32, 32, 32, 0, 1), (64, 64, 32, 0, 1)]
+        return [_config(*seed, rasterize=False) for seed in seeds]
+    arch = target.get("arch", "") if isinstance(target, dict) else ""
+    if arch.startswith("sm_90"):
+        # Seen on the H200 (TILELANG.md): 128x256x64 / 256x128x64, 3-4 stages, 256 threads, swizzle.
+        seeds = [(128, 256, 64, 3, 256), (256, 128, 64, 3, 256), (128, 256, 64, 4, 256),
+                 (128, 128, 64, 4, 256), (64, 256, 64, 4, 128), (128, 128, 64, 3, 128)]
+    else:
+        # sm_80: mma_sync + cp.async.
+        seeds = [(128, 128, 32, 3, 128), (128, 256, 32, 3, 256), (256, 128, 32, 3, 256),
+                 (128, 128, 64, 2, 128), (64, 128, 32, 4, 128)]
+    if dtype == "float32":
+        # fp32 runs the exact FMA loop (see ``allow_tf32``): modest tiles, as its inner loop is unrolled.
+        seeds = [(64, 64, 32, 2, 128), (128, 64, 32, 2, 128), (64, 128, 32, 3, 128)]
+    limit = SMEM_LIMIT.get(arch.rstrip("a")[:5], 99 * 1024)
+    return [_config(*seed) for seed in seeds if shared_memory_bytes(*seed[:4], dtype) <= limit]
+
+
+def _config(block_M, block_N, block_K, num_stages, threads, rasterize=True) -> dict:
+    return {"block_M": block_M, "block_N": block_N, "block_K": block_K, "num_stages": num_stages, "threads": threads,
+            "enable_rasterization": rasterize}

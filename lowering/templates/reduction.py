@@ -1,0 +1,267 @@
+"""Row reductions over the last axis, with a fused producer, an optional pre-norm output and a consumer.
+
+Note: rows = product of the leading dims; each program owns ``block_rows`` rows and walks them in
+column tiles of ``block_N``. One pass gathers the statistics (online max/sum for softmax, Chan's
+parallel mean/M2 merge for layer_norm and var, which stays accurate when the mean is large, a sum
+of squares for rms_norm); normalizing kinds then make a second pass that recomputes the producer
+(with a single tile the loaded tile is reused, so the row is read once). The producer maps each
+loaded element (``Acc``) with the region's extra inputs broadcast against the input shape, e.g.
+``x + residual``; its result can be stored as a second output (the residual stream's pre-norm sum).
+The consumer maps each result (``Acc``) with extras broadcast against the output shape. Everything
+computes in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import tilelang.language as T
+import torch
+from tilefuse.lowering.expr import Acc, Env, Expr, emit, evaluate
+from tilefuse.lowering.templates.common import (
+    arg_loader,
+    check_dtype,
+    dialect,
+    normalize_shapes,
+    numel,
+    param,
+    unravel,
+    view,
+)
+
+NORMALIZING = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+REDUCING = ("sum", "mean", "amax", "amin", "var")
+KINDS = NORMALIZING + REDUCING
+_ALIASES = {"max": "amax", "min": "amin"}
+
+
+def output_shape(shape: Sequence[int], kind: str, keepdim: bool = False) -> tuple[int, ...]:
+    """The output shape of ``row_reduction`` (a full reduction of a 1-D input gives shape (1,))."""
+    shape = tuple(int(d) for d in shape)
+    if _ALIASES.get(kind, kind) in NORMALIZING:
+        return shape
+    return (*shape[:-1], 1) if keepdim else (shape[:-1] or (1,))
+
+
+def row_reduction(
+    shape: Sequence[int],
+    kind: str,
+    *,
+    x_dtype: str = "float32",
+    out_dtype: str | None = None,
+    eps: float = 1e-5,
+    correction: int = 1,
+    keepdim: bool = False,
+    has_weight: bool = False,
+    has_bias: bool = False,
+    weight_dtype: str | None = None,
+    producer: Expr | None = None,
+    consumer: Expr | None = None,
+    extra_shapes: Sequence[Sequence[int]] = (),
+    extra_dtypes: Sequence[str] = (),
+    write_pre: bool = False,
+    pre_dtype: str | None = None,
+    block_rows: int = 1,
+    block_N: int = 1024,
+    threads: int = 128,
+    target: dict | str = "cuda",
+):
+    """A ``T.prim_func`` reducing ``X`` of ``shape`` over its last axis.
+
+    ``kind``: softmax, log_softmax, layer_norm (weight, bias optional, ``eps``), rms_norm (weight
+    optional, ``eps``), sum, mean, amax, amin, var (``correction``). Parameters: ``X``, weight and
+    bias if present (shape (cols,)), ``extra_0..``, ``Out`` (``output_shape``), then ``Pre`` (the
+    producer's result, X's shape) if ``write_pre``. ``Arg(i)`` is ``extra_i``: in ``producer``
+    broadcast against X's shape, in ``consumer`` against Out's shape.
+    """
+    kind = _ALIASES.get(kind, kind)
+    if kind not in KINDS:
+        raise NotImplementedError(f"row_reduction: kind {kind!r} is not one of {KINDS}")
+    if has_bias and kind != "layer_norm" or has_weight and kind not in ("layer_norm", "rms_norm"):
+        raise ValueError(f"row_reduction: {kind} takes no weight/bias")
+    shape = tuple(int(s) for s in shape)
+    cols, lead = shape[-1], shape[:-1]
+    rows = numel(lead)
+    out_dtype, pre_dtype, weight_dtype = out_dtype or x_dtype, pre_dtype or x_dtype, weight_dtype or x_dtype
+    extra_shapes = normalize_shapes(extra_shapes)
+    for dt in (x_dtype, out_dtype, pre_dtype, weight_dtype, *extra_dtypes):
+        check_dtype(dt, target, "row_reduction")
+    d = dialect(target)
+    out_shape = output_shape(shape, kind, keepdim)
+    block_N = min(block_N, 1 << max(0, (cols - 1).bit_length()))  # no wider than the row
+    n_tiles = -(-cols // block_N)
+    normalizing, two_pass = kind in NORMALIZING, kind in NORMALIZING and n_tiles > 1
+    welford, online_max = kind in ("layer_norm", "var"), kind in ("softmax", "log_softmax", "amax")
+    softmax_like = kind in ("softmax", "log_softmax")
+    uses_s0 = online_max or welford or kind == "amin"
+    uses_s1 = kind != "amax" and kind != "amin"
+    fill = {"amax": -math.inf, "softmax": -math.inf, "log_softmax": -math.inf, "amin": math.inf}.get(kind, 0.0)
+    producer = producer if producer is not None else Acc()
+    consumer = consumer if consumer is not None else Acc()
+    f32 = "float32"
+
+    def in_row(row):
+        return row < rows
+
+    def loaded(X, extras, row, col):
+        """Producer of X[row, col]; the reduction's identity outside the matrix."""
+        coords = [*unravel(row, lead), col]
+        val = emit(producer, Env(acc=X[row, col], arg=arg_loader(extras, extra_shapes, coords)))
+        return T.if_then_else(T.And(in_row(row), col < cols), T.Cast(f32, val), T.float32(fill))
+
+    def finished(v, extras, row, col):
+        """Consumer of a result; operands at clamped coordinates (tail rows are never stored)."""
+        r = T.min(row, rows - 1)
+        if normalizing:
+            coords = [*unravel(r, lead), col]
+        else:
+            coords = [*unravel(r, lead), 0] if keepdim else (unravel(r, lead) or [0])
+        return T.Cast(out_dtype, emit(consumer, Env(acc=v, arg=arg_loader(extras, extra_shapes, coords))))
+
+    def normalized(x, st, W, Bias, r, col):
+        """One normalized element from the row statistics ``st`` (fp32)."""
+        if kind == "softmax":
+            return T.exp(x - st[0][r]) / st[1][r]
+        if kind == "log_softmax":
+            return x - st[0][r] - T.log(st[1][r])
+        if kind == "layer_norm":
+            y = (x - st[0][r]) * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
+        else:
+            y = x * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
+        if has_weight:
+            y = y * T.Cast(f32, W[T.min(col, cols - 1)])
+        if has_bias:
+            y = y + T.Cast(f32, Bias[T.min(col, cols - 1)])
+        return y
+
+    def reduced(st, r):
+        if kind in ("amax", "amin"):
+            return st[0][r]
+        scale = {"sum": 1, "mean": cols, "var": max(cols - correction, 0)}[kind]
+        return st[1][r] if scale == 1 else st[1][r] / T.float32(scale)
+
+    @T.macro
+    def gather_stats(x_f, tmp_f, s0, s1, t0, t1, c0):
+        """Merge one column tile (producer applied, identity-filled) into the row statistics."""
+        if softmax_like:
+            T.copy(s0, t0)  # the max before this tile, to rescale the running sum of exp
+        if online_max:
+            T.reduce_max(x_f, s0, dim=1, clear=False)
+        if kind == "amin":
+            T.reduce_min(x_f, s0, dim=1, clear=False)
+        if softmax_like:
+            for r, c in d.tile_loop(block_rows, block_N):
+                tmp_f[r, c] = T.exp(x_f[r, c] - s0[r])
+            T.reduce_sum(tmp_f, t1, dim=1)
+            for r in d.tile_loop(block_rows):
+                s1[r] = s1[r] * T.exp(t0[r] - s0[r]) + t1[r]
+        if kind in ("sum", "mean"):
+            T.reduce_sum(x_f, s1, dim=1, clear=False)
+        if kind == "rms_norm":
+            for r, c in d.tile_loop(block_rows, block_N):
+                tmp_f[r, c] = x_f[r, c] * x_f[r, c]
+            T.reduce_sum(tmp_f, s1, dim=1, clear=False)
+        if welford:
+            # Chan et al.: merge this tile's (count n_b, mean t0, M2 t1) into the running (n_a, s0, s1).
+            n_b = T.Cast(f32, T.min(block_N, cols - c0))
+            n_a = T.Cast(f32, c0)
+            T.reduce_sum(x_f, t0, dim=1)
+            for r in d.tile_loop(block_rows):
+                t0[r] = t0[r] / n_b
+            for r, c in d.tile_loop(block_rows, block_N):
+                tmp_f[r, c] = T.if_then_else(c0 + c < cols, (x_f[r, c] - t0[r]) * (x_f[r, c] - t0[r]), T.float32(0))
+            T.reduce_sum(tmp_f, t1, dim=1)
+            for r in d.tile_loop(block_rows):
+                s1[r] = s1[r] + t1[r] + (t0[r] - s0[r]) * (t0[r] - s0[r]) * n_a * n_b / (n_a + n_b)
+                s0[r] = s0[r] + (t0[r] - s0[r]) * n_b / (n_a + n_b)
+
+    @T.prim_func
+    def row_reduction_kernel():
+        X_nd = param("X", shape, x_dtype)
+        W = param("weight", (cols,), weight_dtype) if has_weight else None
+        Bias = param("bias", (cols,), weight_dtype) if has_bias else None
+        extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
+        Out_nd = param("Out", out_shape, out_dtype)
+        Pre_nd = param("Pre", shape, pre_dtype) if write_pre else None
+        with d.kernel(T.ceildiv(rows, block_rows), threads=threads) as bx:
+            # 2-D views of the N-D tensors, in a dict (see common.view).
+            io = {"X": view(X_nd, (rows, cols)), "Out": view(Out_nd, (rows, cols) if normalizing else (rows,))}
+            if write_pre:
+                io["Pre"] = view(Pre_nd, (rows, cols))
+            # Only the buffers this kind uses: an unused fragment has no inferable layout on GPUs.
+            x_f = d.fragment((block_rows, block_N), f32)
+            tmp_f = d.fragment((block_rows, block_N), f32) if softmax_like or welford or kind == "rms_norm" else None
+            s0 = d.fragment((block_rows,), f32) if uses_s0 else None  # running max / min / mean
+            s1 = d.fragment((block_rows,), f32) if uses_s1 else None  # sum / sum of exp / M2 / sum of squares
+            t0 = d.fragment((block_rows,), f32) if softmax_like or welford else None
+            t1 = d.fragment((block_rows,), f32) if softmax_like or welford else None
+            if uses_s0:
+                T.fill(s0, T.float32(fill) if online_max or kind == "amin" else T.float32(0))
+            if uses_s1:
+                T.fill(s1, T.float32(0))
+            row0 = bx * block_rows
+            for t in T.serial(n_tiles):
+                for r, c in d.tile_loop(block_rows, block_N):
+                    x_f[r, c] = loaded(io["X"], extras, row0 + r, t * block_N + c)
+                if write_pre:
+                    for r, c in d.tile_loop(block_rows, block_N):
+                        if T.And(in_row(row0 + r), t * block_N + c < cols):
+                            io["Pre"][row0 + r, t * block_N + c] = T.Cast(pre_dtype, x_f[r, c])
+                gather_stats(x_f, tmp_f, s0, s1, t0, t1, t * block_N)
+            if normalizing:
+                for t in T.serial(n_tiles):
+                    if two_pass:  # several tiles: recompute the producer (one tile: x_f still holds it)
+                        for r, c in d.tile_loop(block_rows, block_N):
+                            x_f[r, c] = loaded(io["X"], extras, row0 + r, t * block_N + c)
+                    for r, c in d.tile_loop(block_rows, block_N):
+                        if T.And(in_row(row0 + r), t * block_N + c < cols):
+                            io["Out"][row0 + r, t * block_N + c] = finished(
+                                normalized(x_f[r, c], (s0, s1), W, Bias, r, t * block_N + c), extras, row0 + r,
+                                t * block_N + c)
+            else:
+                for r in d.tile_loop(block_rows):
+                    if in_row(row0 + r):
+                        io["Out"][row0 + r] = finished(reduced((s0, s1), r), extras, row0 + r, 0)
+
+    return row_reduction_kernel
+
+
+def reference(x: torch.Tensor, kind: str, *, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+              extras: Sequence[torch.Tensor] = (), producer: Expr | None = None, consumer: Expr | None = None,
+              eps: float = 1e-5, correction: int = 1, keepdim: bool = False, out_dtype: str | None = None,
+              pre_dtype: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of ``row_reduction``: ``(out, pre)``, computed in fp32 (float64 for var)."""
+    kind = _ALIASES.get(kind, kind)
+    out_dtype = getattr(torch, out_dtype) if out_dtype else x.dtype
+    pre_dtype = getattr(torch, pre_dtype) if pre_dtype else x.dtype
+    pre = evaluate(producer, x, list(extras)).float() if producer is not None else x.float()
+    w = weight.float() if weight is not None else None
+    b = bias.float() if bias is not None else None
+    if kind == "softmax":
+        y = torch.softmax(pre, -1)
+    elif kind == "log_softmax":
+        y = torch.log_softmax(pre, -1)
+    elif kind == "layer_norm":
+        y = torch.nn.functional.layer_norm(pre, pre.shape[-1:], w, b, eps)
+    elif kind == "rms_norm":
+        y = pre * torch.rsqrt(pre.pow(2).mean(-1, keepdim=True) + eps)
+        y = y * w if w is not None else y
+    elif kind == "var":
+        y = torch.var(pre.double(), -1, correction=correction, keepdim=keepdim).float()
+    else:
+        fn = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "amin": torch.amin}[kind]
+        y = fn(pre, -1, keepdim=keepdim)
+    if y.dim() == 0:
+        y = y.reshape(1)
+    if consumer is not None:
+        y = evaluate(consumer, y, list(extras)).float()
+    return y.to(out_dtype), pre.to(pre_dtype)
+
+
+def get_configs(target: dict | str) -> list[dict]:
+    """Seed configs; keys are ``row_reduction``'s tunables."""
+    if dialect(target).cpu:
+        return [{"block_rows": 1, "block_N": 1024, "threads": 1}, {"block_rows": 4, "block_N": 256, "threads": 1}]
+    seeds = [(1, 1024, 128), (1, 2048, 256), (1, 4096, 256), (1, 8192, 512), (4, 256, 128), (8, 128, 128)]
+    return [{"block_rows": r, "block_N": n, "threads": t} for r, n, t in seeds]

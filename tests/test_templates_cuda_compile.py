@@ -1,0 +1,83 @@
+"""Every template lowers and compiles with nvcc for sm_90a (H200) and sm_80, without a GPU.
+
+The kernels of one arch compile in parallel threads (``compile_many``); each test then checks one
+kernel: that it compiled and that the source uses the instructions expected for the arch.
+"""
+
+import shutil
+import time
+
+import pytest
+from tilefuse.lowering.compile import compile_many
+from tilefuse.lowering.expr import Acc, Arg, call
+from tilefuse.lowering.templates import conv, elementwise, gemm, reduction
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+GEMM_16 = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3, "threads": 256, "enable_rasterization": True}
+SMALL = {"block_M": 64, "block_N": 64, "block_K": 32, "num_stages": 2, "threads": 128}
+
+
+def kernels(target):
+    """name -> (prim_func, out_idx, a fragment the source must contain)."""
+    mma = "wgmma" if target["arch"].startswith("sm_90") else "mma"
+    return {
+        "elementwise": (elementwise.elementwise(
+            [(8, 1, 1000), (1000,)], ["float16", "float32"],
+            [call("gelu", Acc() + Arg(1)), call("where", call("gt", Acc(), 0.0), Acc(), Arg(1))],
+            ["float16", "float32"], target=target), [-2, -1], "erff"),
+        "gemm_linear_bias_gelu_fp16": (gemm.gemm(
+            2048, 2048, 1024, trans_B=True, A_dtype="float16",
+            epilogue=call("gelu", Acc() + Arg(0), approximate="tanh"), extra_shapes=[(2048,)],
+            extra_dtypes=["float16"], **GEMM_16, target=target), [-1], mma),
+        "gemm_batched_odd_bf16": (gemm.gemm(
+            37, 45, 29, batch_A=(2, 3), batch_B=(3,), trans_A=True, A_dtype="bfloat16", epilogue=Acc() + Arg(0),
+            extra_shapes=[(37, 45)], extra_dtypes=["float32"], out_dtype="float32", **SMALL, target=target),
+            [-1], "mma"),
+        "gemm_prologue_cast_fp32_A": (gemm.gemm(
+            256, 128, 96, A_dtype="float32", B_dtype="float16", prologue=call("scale", Acc(), factor=0.5),
+            **SMALL, target=target), [-1], "mma"),
+        "gemm_fp32_exact": (gemm.gemm(100, 70, 40, A_dtype="float32", epilogue=call("relu", Acc()), **SMALL,
+                                      target=target), [-1], "max("),
+        "layer_norm_residual": (reduction.row_reduction(
+            (4, 77, 768), "layer_norm", x_dtype="float16", has_weight=True, has_bias=True, producer=Acc() + Arg(0),
+            extra_shapes=[(4, 77, 768)], extra_dtypes=["float16"], write_pre=True, block_N=1024, threads=128,
+            target=target), [-2, -1], "rsqrtf"),
+        "softmax_multi_tile": (reduction.row_reduction(
+            (64, 5000), "softmax", x_dtype="bfloat16", block_N=2048, threads=256, target=target), [-1], "exp"),
+        "var_rows4": (reduction.row_reduction(
+            (33, 37), "var", block_rows=4, block_N=16, threads=128, target=target), [-1], "AllReduce"),
+        "conv_nchw_bias_relu": (conv.conv2d(
+            (2, 64, 28, 28), (128, 64, 3, 3), padding=(1, 1), in_dtype="float16", epilogue=call("relu", Acc() + Arg(0)),
+            extra_shapes=[(128, 1, 1)], extra_dtypes=["float16"], target=target), [-1], mma),
+        "conv_nhwc_stride2": (conv.conv2d(
+            (2, 28, 28, 32), (64, 3, 3, 32), stride=(2, 2), padding=(1, 1), layout="NHWC", in_dtype="bfloat16",
+            **SMALL, target=target), [-1], "mma"),
+    }
+
+
+ARCHS = ["sm_90a", "sm_80"]
+NAMES = list(kernels({"kind": "cuda", "arch": "sm_80"}))
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """arch -> name -> (kernel or exception, expected fragment); all kernels of an arch at once."""
+    result = {}
+    for arch in ARCHS:
+        target = {"kind": "cuda", "arch": arch}
+        ks = kernels(target)
+        start = time.perf_counter()
+        built = compile_many([(f, idx) for f, idx, _ in ks.values()], target, return_exceptions=True)
+        print(f"{arch}: {len(ks)} kernels in {time.perf_counter() - start:.1f}s")
+        result[arch] = {name: (k, frag) for name, k, (_, _, frag) in zip(ks, built, ks.values())}
+    return result
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", NAMES)
+def test_compiles_for_cuda(compiled, arch, name):
+    kernel, fragment = compiled[arch][name]
+    if isinstance(kernel, BaseException):
+        raise kernel
+    assert fragment in kernel.get_kernel_source()

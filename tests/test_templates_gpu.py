@@ -1,0 +1,156 @@
+"""Kernel templates on the CUDA GPU (the H200 device machine): fp16, bf16 and fp32 vs the torch references.
+
+Run there with ``pytest -m gpu tests/test_templates_gpu.py -n 8`` (compiles are the slow part).
+fp32 GEMM/conv run an exact FMA loop by default; with ``allow_tf32`` they use TF32 tensor cores
+(10-bit mantissa), checked with a looser tolerance.
+"""
+
+import pytest
+import torch
+from tilefuse.lowering.compile import compile_kernel
+from tilefuse.lowering.expr import Acc, Arg, call
+from tilefuse.lowering.templates import conv, elementwise, gemm, reduction
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ["float16", "bfloat16", "float32"]
+TOL = {"float16": {"rtol": 1e-2, "atol": 1e-2}, "bfloat16": {"rtol": 2e-2, "atol": 2e-2},
+       "float32": {"rtol": 1e-5, "atol": 1e-5}}
+# fp32 products summed in another order than the float64 reference.
+MMA_TOL = {**TOL, "float32": {"rtol": 1e-4, "atol": 1e-4}}
+
+
+@pytest.fixture(scope="module")
+def target():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    major, minor = torch.cuda.get_device_capability()
+    return {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
+
+
+def randn(rng, shape, dtype="float32"):
+    return torch.randn(shape, generator=rng).to(getattr(torch, dtype)).cuda()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise(rng, target, dtype):
+    shapes = [(4, 1, 1000), (3, 1), (1000,)]
+    exprs = [call("gelu", Acc() + Arg(2)) * Arg(1), call("gelu", Acc(), approximate="tanh"),
+             call("where", call("gt", Acc(), Arg(1)), call("silu", Acc()), call("sigmoid", Arg(2)))]
+    f = elementwise.elementwise(shapes, [dtype, "float32", dtype], exprs, [dtype] * 3, target=target)
+    ins = [randn(rng, s, d) for s, d in zip(shapes, [dtype, "float32", dtype])]
+    outs = compile_kernel(f, target, out_idx=[-3, -2, -1])(*ins)
+    for out, ref in zip(outs, elementwise.reference(ins, exprs, [dtype] * 3)):
+        torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+def _cfg(block_M, block_N, block_K, num_stages, threads, enable_rasterization=False):
+    return {"block_M": block_M, "block_N": block_N, "block_K": block_K, "num_stages": num_stages, "threads": threads,
+            "enable_rasterization": enable_rasterization}
+
+
+GEMM_CASES = {
+    "linear_bias_gelu": {"M": 512, "N": 768, "K": 256, "trans_B": True, "extras": [(768,)],
+                         "epilogue": call("gelu", Acc() + Arg(0), approximate="tanh"),
+                         "cfg": _cfg(128, 256, 64, 3, 256, enable_rasterization=True)},  # the H200 seed
+    "odd_relu": {"M": 37, "N": 45, "K": 29, "epilogue": call("relu", Acc()), "cfg": _cfg(64, 64, 32, 2, 128)},
+    "transA_residual": {"M": 200, "N": 136, "K": 72, "trans_A": True, "epilogue": Acc() + Arg(0),
+                        "extras": [(200, 136)], "cfg": _cfg(128, 128, 32, 3, 128)},
+    "batched_broadcast": {"M": 70, "N": 96, "K": 64, "batch_A": (2, 3), "batch_B": (3,), "epilogue": Acc() * Arg(0),
+                          "extras": [(3, 1, 96)], "cfg": _cfg(64, 64, 32, 2, 128)},
+    "prologue_scale": {"M": 128, "N": 128, "K": 128, "prologue": call("scale", Acc(), factor=0.5),
+                       "cfg": _cfg(64, 128, 32, 2, 128)},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(GEMM_CASES))
+def test_gemm(rng, target, name, dtype):
+    case = dict(GEMM_CASES[name])
+    M, N, K, cfg = case.pop("M"), case.pop("N"), case.pop("K"), case.pop("cfg")
+    extras = [randn(rng, s, dtype) for s in case.pop("extras", [])]
+    ta, tb = case.get("trans_A", False), case.get("trans_B", False)
+    A = randn(rng, (*case.get("batch_A", ()), *((K, M) if ta else (M, K))), dtype)
+    B = randn(rng, (*case.get("batch_B", ()), *((N, K) if tb else (K, N))), dtype)
+    if dtype == "float32":  # the exact fp32 FMA loop: small tiles (big ones unroll into slow nvcc runs)
+        cfg = _cfg(64, 64, 32, 2, 128)
+    f = gemm.gemm(M, N, K, **case, A_dtype=dtype, extra_shapes=[e.shape for e in extras],
+                  extra_dtypes=[dtype] * len(extras), **cfg, target=target)
+    out = compile_kernel(f, target, out_idx=[-1])(A, B, *extras)
+    ref = gemm.reference(A.cpu(), B.cpu(), [e.cpu() for e in extras], trans_A=ta, trans_B=tb,
+                         prologue=case.get("prologue"), epilogue=case.get("epilogue"))
+    torch.testing.assert_close(out.cpu(), ref, **MMA_TOL[dtype])
+
+
+@pytest.mark.parametrize("trans", [(False, False), (True, True)])
+def test_gemm_fp32_tf32(rng, target, trans):
+    M, N, K = 200, 136, 96
+    ta, tb = trans
+    A, B = randn(rng, (K, M) if ta else (M, K)), randn(rng, (N, K) if tb else (K, N))
+    f = gemm.gemm(M, N, K, A_dtype="float32", trans_A=ta, trans_B=tb, allow_tf32=True, epilogue=call("relu", Acc()),
+                  block_M=128, block_N=128, block_K=32, num_stages=2, threads=128, target=target)
+    out = compile_kernel(f, target, out_idx=[-1])(A, B)
+    ref = gemm.reference(A.cpu(), B.cpu(), trans_A=ta, trans_B=tb, epilogue=call("relu", Acc()))
+    # TF32 keeps 10 mantissa bits: the error grows like sqrt(K) * 2^-11 * |a||b|.
+    torch.testing.assert_close(out.cpu(), ref, rtol=2e-2, atol=5e-2)
+
+
+def test_gemm_fp32_A_cast_to_bf16(rng, target):
+    M, N, K = 96, 80, 72
+    A, B = randn(rng, (M, K)), randn(rng, (N, K), "bfloat16")
+    f = gemm.gemm(M, N, K, A_dtype="float32", B_dtype="bfloat16", out_dtype="float32", trans_B=True,
+                  block_M=64, block_N=64, block_K=32, num_stages=2, threads=128, target=target)
+    out = compile_kernel(f, target, out_idx=[-1])(A, B)
+    torch.testing.assert_close(out.cpu(), gemm.reference(A.cpu(), B.cpu(), trans_B=True, out_dtype="float32"),
+                               rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", reduction.KINDS)
+def test_row_reduction(rng, target, kind, dtype):
+    shape, cols = (3, 11, 1000), 1000  # one 1024-wide tile with a tail
+    weight = kind in ("layer_norm", "rms_norm")
+    f = reduction.row_reduction(shape, kind, x_dtype=dtype, has_weight=weight, has_bias=kind == "layer_norm",
+                                block_N=1024, threads=128, target=target)
+    x = randn(rng, shape, dtype) + 2.0
+    w, b = (randn(rng, (cols,), dtype), randn(rng, (cols,), dtype)) if weight else (None, None)
+    args = [x] + ([w] if weight else []) + ([b] if kind == "layer_norm" else [])
+    out = compile_kernel(f, target, out_idx=[-1])(*args)
+    ref, _ = reduction.reference(x.cpu(), kind, weight=None if w is None else w.cpu(),
+                                 bias=None if kind != "layer_norm" else b.cpu())
+    torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind,block_rows,block_N", [("layer_norm", 1, 1024), ("rms_norm", 4, 256),
+                                                     ("softmax", 1, 512)])
+def test_fused_residual_norm_multi_tile(rng, target, dtype, kind, block_rows, block_N):
+    shape, cols = (5, 9, 3000), 3000
+    producer, consumer = Acc() + Arg(0), call("silu", Acc())
+    weight = kind != "softmax"
+    f = reduction.row_reduction(shape, kind, x_dtype=dtype, has_weight=weight, producer=producer, consumer=consumer,
+                                extra_shapes=[shape], extra_dtypes=[dtype], write_pre=True, block_rows=block_rows,
+                                block_N=block_N, threads=128, target=target)
+    x, res = randn(rng, shape, dtype), randn(rng, shape, dtype)
+    w = randn(rng, (cols,), dtype) if weight else None
+    out, pre = compile_kernel(f, target, out_idx=[-2, -1])(x, *([w] if weight else []), res)
+    ref, ref_pre = reduction.reference(x.cpu(), kind, weight=None if w is None else w.cpu(), extras=[res.cpu()],
+                                       producer=producer, consumer=consumer)
+    torch.testing.assert_close(pre.cpu(), ref_pre, **TOL[dtype])
+    torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv2d(rng, target, dtype, layout):
+    xs, ws = ((2, 32, 17, 19), (64, 32, 3, 3)) if layout == "NCHW" else ((2, 17, 19, 32), (64, 3, 3, 32))
+    bias_shape = (64, 1, 1) if layout == "NCHW" else (64,)
+    epi = call("relu", Acc() + Arg(0))
+    f = conv.conv2d(xs, ws, stride=(2, 1), padding=(1, 1), dilation=(1, 2), layout=layout, in_dtype=dtype,
+                    epilogue=epi, extra_shapes=[bias_shape], extra_dtypes=[dtype], block_M=64, block_N=64,
+                    block_K=32, num_stages=2, threads=128, target=target)
+    x, w, bias = randn(rng, xs, dtype), randn(rng, ws, dtype), randn(rng, bias_shape, dtype)
+    out = compile_kernel(f, target, out_idx=[-1])(x, w, bias)
+    ref = conv.reference(x.cpu(), w.cpu(), [bias.cpu()], stride=(2, 1), padding=(1, 1), dilation=(1, 2),
+                         layout=layout, epilogue=epi)
+    torch.testing.assert_close(out.cpu(), ref, **MMA_TOL[dtype])
