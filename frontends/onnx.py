@@ -241,12 +241,15 @@ class Ctx:
         return self.constant(torch.tensor(value, dtype=getattr(torch, dtype)), "scalar")
 
     # -- ops ---------------------------------------------------------------------------------
-    def add(self, op: str, inputs: Iterable[str], **attrs: Any) -> list[str]:
+    def add(self, op: str, inputs: Iterable[str], *, types: list[TensorType] | None = None,
+            **attrs: Any) -> list[str]:
         """Add registry op ``op``; fold it right away when every input is a constant and its outputs
-        are small (known before evaluating: static shapes, or a shape-arithmetic op in FOLD_DYNAMIC)."""
+        are small (known before evaluating: static shapes, or a shape-arithmetic op in FOLD_DYNAMIC).
+        ``types`` overrides the registry's inference (dims named ``"?"`` are unknown)."""
         inputs = tuple(inputs)
         attrs = {k: freeze(v) for k, v in attrs.items()}
-        types = ops.infer_types(op, [self.b.types[i] if i else None for i in inputs], attrs, node=op)
+        if types is None:
+            types = ops.infer_types(op, [self.b.types[i] if i else None for i in inputs], attrs, node=op)
         consts = [self.const(i) if i else None for i in inputs]
         if all(c is not None for c, i in zip(consts, inputs) if i) and (
                 all(t.is_static for t in types) and sum(t.numel for t in types) <= FOLD_LIMIT or op in FOLD_DYNAMIC):

@@ -188,14 +188,17 @@ def reshape(ctx: Ctx, n: OnnxNode) -> list[str]:
     x, s = ctx.inp(n, 0), ctx.inp(n, 1)
     allowzero = n.attr("allowzero", 0)
     target = ctx.const(s)
-    if target is None:
-        return ctx.add("reshape_dynamic", [x, s], allowzero=allowzero)
+    if target is None:  # the rank is the length of the shape tensor; the dims are known at run time
+        length = (ctx.shape(s) or (None,))[0]
+        types = [TensorType(("?",) * length, ctx.dtype(x))] if isinstance(length, int) else None
+        return ctx.add("reshape_dynamic", [x, s], types=types, allowzero=allowzero)
     dims = [int(d) for d in target.tolist()]
     xs = ctx.shape(x) or ()
     if not allowzero:
         dims = [xs[i] if d == 0 and i < len(xs) else d for i, d in enumerate(dims)]
-    if any(isinstance(d, str) for d in dims):
-        return ctx.add("reshape_dynamic", [x, s], allowzero=allowzero)
+    if any(isinstance(d, str) for d in dims):  # keep what is known; 0 copies a symbolic dim at run time
+        types = [TensorType(tuple(d if d != -1 else "?" for d in dims), ctx.dtype(x))]
+        return ctx.add("reshape_dynamic", [x, s], types=types, allowzero=allowzero)
     t = ctx.type(x)
     if t.is_static and dims.count(-1) == 1 and 0 not in dims:  # resolve -1: static attrs for the planner
         dims[dims.index(-1)] = t.numel // -math.prod(dims)

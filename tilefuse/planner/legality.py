@@ -78,6 +78,20 @@ def escaping(f: Facts, members: set[str]) -> list[str]:
     return out
 
 
+def distinct_outputs(f: Facts, members: set[str]) -> int:
+    """How many tensors the region must write: escaping values that are views of another escaping
+    value (a reshape of the norm's output, say) cost nothing extra."""
+    esc = escaping(f, members)
+    bases = set()
+    for v in esc:
+        node = f.producers[v]
+        while node.op in VIEW_OPS and node.op != "expand" and f.producers.get(node.inputs[0]) is not None \
+                and f.producers[node.inputs[0]].name in members:
+            node = f.producers[node.inputs[0]]
+        bases.add(node.name)
+    return len(bases)
+
+
 def _row_broadcastable(operand: TensorType, out: TensorType) -> bool:
     """Reads as a (rows, cols) tile: the full shape, a vector over the last dim, or a scalar."""
     if operand.shape is None or out.shape is None:
@@ -159,9 +173,10 @@ def can_fuse_epilogue(f: Facts, kind: str, members: set[str], domain: TensorType
             not (_same_domain(out, domain)):
         return f"{node.op} output {out} differs from the region's shape {domain}"
     new_members = members | {node.name}
-    esc = escaping(f, new_members)
-    if len(esc) > MAX_OUTPUTS.get(kind, 1):
-        return f"the {kind} region would write {len(esc)} outputs ({', '.join(sorted(esc))})"
+    n_out = distinct_outputs(f, new_members)
+    if n_out > MAX_OUTPUTS.get(kind, 1):
+        esc = escaping(f, new_members)
+        return f"the {kind} region would write {n_out} outputs ({', '.join(sorted(esc))})"
     if creates_cycle(f, members, {node.name}):
         return "fusing would create a cycle through another region"
     return None
@@ -190,9 +205,9 @@ def can_fuse_prologue(f: Facts, kind: str, anchor: Node, members: set[str], prod
         else:
             return f"a {kind} region takes no prologue"
     merged = members | producers
-    esc = escaping(f, merged)
-    if len(esc) > MAX_OUTPUTS.get(kind, 1):
-        return f"the {kind} region would write {len(esc)} outputs ({', '.join(sorted(esc))})"
+    n_out = distinct_outputs(f, merged)
+    if n_out > MAX_OUTPUTS.get(kind, 1):
+        return f"the {kind} region would write {n_out} outputs ({', '.join(sorted(escaping(f, merged)))})"
     if creates_cycle(f, members, producers):
         return "fusing would create a cycle through another region"
     return None
