@@ -31,6 +31,7 @@ import onnx
 import onnx.defs
 import torch
 from onnx import helper
+from tilefuse.frontends.onnx_shapes import MAX_ELEMENTS, Elements, propagate
 from tilefuse.frontends.onnx_tensors import (
     DTYPE_TO_ONNX,
     UnsupportedDtypeError,
@@ -200,6 +201,8 @@ class Ctx:
         self.base_dir = base_dir
         self.onnx_types = onnx_types
         self.env: dict[str, str] = {}
+        self.unknown: set[str] = set()  # symbolic dims we named for values whose size is data-dependent
+        self.values: dict[str, Elements] = {}  # known elements of shape tensors computed at run time
 
     # -- values ------------------------------------------------------------------------------
     def inp(self, n: OnnxNode, i: int) -> str:
@@ -249,7 +252,7 @@ class Ctx:
         inputs = tuple(inputs)
         attrs = {k: freeze(v) for k, v in attrs.items()}
         if types is None:
-            types = ops.infer_types(op, [self.b.types[i] if i else None for i in inputs], attrs, node=op)
+            types = self._infer(op, inputs, attrs)
         consts = [self.const(i) if i else None for i in inputs]
         if all(c is not None for c, i in zip(consts, inputs) if i) and (
                 all(t.is_static for t in types) and sum(t.numel for t in types) <= FOLD_LIMIT or op in FOLD_DYNAMIC):
@@ -261,7 +264,38 @@ class Ctx:
             types = [t if not t.shape else TensorType(tuple(f"{base}{j}_{k}" if d == "?" else d
                                                             for k, d in enumerate(t.shape)), t.dtype)
                      for j, t in enumerate(types)]
-        return self.b.add(op, inputs, out_types=types, **attrs)
+            self.unknown.update(d for t in types if t.shape for d in t.shape if isinstance(d, str))
+        outs = self.b.add(op, inputs, out_types=types, **attrs)
+        if len(outs) == 1:
+            elements = propagate(op, [self.known(i) for i in inputs], [self.b.types.get(i) for i in inputs], attrs,
+                                 types[0])
+            if elements is not None:
+                self.values[outs[0]] = elements
+        return outs
+
+    def known(self, name: str) -> Elements | None:
+        """The elements of a small int tensor as far as known at import (see ``onnx_shapes``)."""
+        t = self.const(name)
+        if t is not None:
+            ok = t.dim() <= 1 and t.numel() <= MAX_ELEMENTS and not t.dtype.is_floating_point
+            return tuple(int(v) for v in t.reshape(-1).tolist()) if ok and t.dtype != torch.bool else None
+        return self.values.get(name)
+
+    def _infer(self, op: str, inputs: tuple[str, ...], attrs: dict) -> list[TensorType]:
+        """Registry inference; when distinct symbolic dims make it fail (two unknown dims that the
+        model's semantics make equal), retry with every symbol identified and leave the symbolic
+        output dims unknown."""
+        in_types = [self.b.types[i] if i else None for i in inputs]
+        try:
+            return ops.infer_types(op, in_types, attrs, node=op)
+        except ops.InferenceError:
+            if not any(t is not None and t.shape and any(isinstance(d, str) for d in t.shape) for t in in_types):
+                raise
+            one = [t if t is None or t.shape is None else
+                   TensorType(tuple("sym" if isinstance(d, str) else d for d in t.shape), t.dtype) for t in in_types]
+            types = ops.infer_types(op, one, attrs, node=op)
+            return [t if t.shape is None else TensorType(tuple("?" if isinstance(d, str) else d for d in t.shape),
+                                                         t.dtype) for t in types]
 
     def add1(self, op: str, inputs: Iterable[str], **attrs: Any) -> str:
         (out,) = self.add(op, inputs, **attrs)
@@ -330,12 +364,17 @@ class Ctx:
         if theirs.dtype != t.dtype:
             raise OnnxImportError(f"{self.label}: {where}: output {onnx_name!r} converted to {t}, but ONNX says "
                                   f"{theirs} (a tilefuse converter bug)")
-        if t.shape is None and theirs.shape is not None:
+        if theirs.shape is None:
+            return ours
+        if t.shape is None:
             self._retype(ours, theirs)
-        elif t.shape is not None and theirs.shape is not None and (len(t.shape) != len(theirs.shape) or any(
-                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(t.shape, theirs.shape))):
+        elif len(t.shape) != len(theirs.shape) or any(
+                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(t.shape, theirs.shape)):
             raise OnnxImportError(f"{self.label}: {where}: output {onnx_name!r} converted to {t}, but ONNX says "
                                   f"{theirs} (a tilefuse converter bug)")
+        elif any(a in self.unknown for a in t.shape):  # ONNX knows more about a data-dependent dim
+            self._retype(ours, TensorType(tuple(b if a in self.unknown else a for a, b in zip(t.shape, theirs.shape)),
+                                          t.dtype))
         return ours
 
     def _retype(self, name: str, t: TensorType) -> None:

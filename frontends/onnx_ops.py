@@ -15,6 +15,7 @@ import math
 import torch
 from tilefuse.frontends.onnx import FOLD_LIMIT, Ctx, OnnxNode, Unsupported, onnx_dtype
 
+from tilefuse.frontends.onnx_shapes import resolve_reshape
 from tilefuse.ir import TensorType
 
 WIDE = ("uint16", "uint32", "uint64")  # torch computes little in these: widened to int64 and back
@@ -188,9 +189,12 @@ def reshape(ctx: Ctx, n: OnnxNode) -> list[str]:
     x, s = ctx.inp(n, 0), ctx.inp(n, 1)
     allowzero = n.attr("allowzero", 0)
     target = ctx.const(s)
-    if target is None:  # the rank is the length of the shape tensor; the dims are known at run time
-        length = (ctx.shape(s) or (None,))[0]
-        types = [TensorType(("?",) * length, ctx.dtype(x))] if isinstance(length, int) else None
+    if target is None:  # the rank is the length of the shape tensor, the dims what is known of it
+        length, elements = (ctx.shape(s) or (None,))[0], ctx.known(s)
+        if elements is None and isinstance(length, int):
+            elements = (None,) * length
+        types = None if elements is None else [TensorType(resolve_reshape(elements, ctx.shape(x), allowzero),
+                                                          ctx.dtype(x))]
         return ctx.add("reshape_dynamic", [x, s], types=types, allowzero=allowzero)
     dims = [int(d) for d in target.tolist()]
     xs = ctx.shape(x) or ()
@@ -316,7 +320,9 @@ def expand(ctx: Ctx, n: OnnxNode) -> list[str]:
     target = ctx.const(s)
     xs = ctx.shape(x)
     if target is None or xs is None:
-        return ctx.add("expand_dynamic", [x, s])
+        elements = ctx.known(s)
+        types = None if elements is None or xs is None else [TensorType(broadcast_dims(xs, elements), ctx.dtype(x))]
+        return ctx.add("expand_dynamic", [x, s], types=types)
     want = [int(d) for d in target.tolist()]
     rank = max(len(want), len(xs))
     want = [1] * (rank - len(want)) + want
@@ -334,6 +340,24 @@ def expand(ctx: Ctx, n: OnnxNode) -> list[str]:
     return ctx.add("expand", [x], shape=tuple(out))
 
 
+def broadcast_dims(have: tuple, want: tuple) -> tuple:
+    """ONNX Expand's output dims from the input dims and the partially known target (``"?"``: unknown)."""
+    rank = max(len(have), len(want))
+    have = (1,) * (rank - len(have)) + tuple(have)
+    want = (1,) * (rank - len(want)) + tuple(want)
+    out = []
+    for h, w in zip(have, want):
+        if w is None:
+            out.append(h if isinstance(h, int) and h > 1 else "?")
+        elif w == 1 or h == w:
+            out.append(h)
+        elif h == 1:
+            out.append(w)
+        else:
+            out.append(w if isinstance(w, int) else h if isinstance(h, int) else "?")
+    return tuple(out)
+
+
 def constant_of_shape(ctx: Ctx, n: OnnxNode) -> list[str]:
     value = n.attr("value")
     v = value.reshape(-1)[0].item() if value is not None else 0.0
@@ -341,7 +365,9 @@ def constant_of_shape(ctx: Ctx, n: OnnxNode) -> list[str]:
     s = ctx.inp(n, 0)
     dims = ctx.const(s)
     if dims is None:
-        return ctx.add("constant_of_shape", [s], value=v, dtype=dtype)
+        elements = ctx.known(s)
+        types = None if elements is None else [TensorType(tuple("?" if e is None else e for e in elements), dtype)]
+        return ctx.add("constant_of_shape", [s], types=types, value=v, dtype=dtype)
     return ctx.add("full", [], shape=tuple(int(d) for d in dims.tolist()), value=v, dtype=dtype)
 
 

@@ -70,12 +70,18 @@ def compile_many(items: Sequence[tuple[Any, Sequence[int] | int | None]], target
     return [f.exception() or f.result() for f in futures]
 
 
-def kernel_source(prim_func, target: dict | str) -> str:
-    """Device source of ``prim_func`` for ``target`` without compiling it (hip, metal, ascend, or any)."""
+def kernel_source(prim_func, target: dict | str, pass_configs: dict[str, Any] | None = None) -> str:
+    """Device source of ``prim_func`` for ``target`` without compiling it (hip, metal, or any).
+
+    Metal gets ``tirx.disable_vectorize``: its simdgroup GEMM cannot take the vectorized (float32x4)
+    epilogue TileLang would otherwise emit.
+    """
     import tvm
 
+    configs = {"tirx.disable_vectorize": True} if target_kind(target) == "metal" else {}
+    configs.update(pass_configs or {})
     tobj = tilelang.backend.target.determine_target(tilelang_target(target), return_object=True)
-    with tvm.transform.PassContext(opt_level=3), tobj:
+    with tvm.transform.PassContext(opt_level=3, config=configs), tobj:
         artifact = tilelang.lower(prim_func, target=tobj)
     return artifact.kernel_source
 

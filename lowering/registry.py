@@ -1,0 +1,421 @@
+"""Region -> template: which TileLang factory takes a fused region, with what arguments, for a target.
+
+Note: a region lowers in three parts. *Pre* nodes are metadata-only views of the region's inputs
+(torch runs them for free before the kernel); the *kernel* is one template instance whose fused
+expressions (``lowering.expr``) are built from the region's elementwise nodes; *post* reshapes
+give each region output its shape. Elementwise values inside a GEMM or reduction region live in
+one 2-D iteration domain (rows, cols) — the planner's legality guarantees every extra operand is
+the full domain, a vector over the last dim, or a scalar — so interior reshapes are free too.
+``build(region, graph, target)`` returns a ``KernelSpec`` or the reason the region runs through
+torch; ``lower_plan`` compiles every distinct spec once (repeated layers share kernels).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tilefuse import ops
+from tilefuse.ir import Graph, Node, TensorType
+from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, ops_supported
+from tilefuse.planner.plan import VIEW_OPS, FusionPlan, Region
+
+PASS_VIEWS = VIEW_OPS - {"expand"}
+TEMPLATE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One template instance and how the region's tensors map onto its parameters."""
+
+    template: str  # gemm | row_reduction | elementwise | conv2d
+    params: tuple[tuple[str, Any], ...]  # factory keyword arguments (hashable)
+    out_idx: tuple[int, ...]
+    inputs: tuple[tuple[str, tuple | None], ...]  # (value, reshape-to) in parameter order
+    outputs: tuple[tuple[int, str, tuple], ...]  # (kernel output #, region output value, its shape)
+    pre: tuple[str, ...] = ()  # names of view nodes torch runs before the kernel
+
+    def factory_kwargs(self) -> dict:
+        return dict(self.params)
+
+
+class NotLowerable(Exception):
+    """Why a region cannot run as a TileLang kernel (caught by ``build``)."""
+
+
+def _require(cond: bool, why: str) -> None:
+    if not cond:
+        raise NotLowerable(why)
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+class _Builder:
+    """Builds the expressions of one region: leaves for outside values, Calls for its nodes."""
+
+    def __init__(self, region: Region, graph: Graph, nodes: dict[str, Node], types: dict[str, TensorType]):
+        self.region, self.graph, self.types = region, graph, types
+        self.members = [nodes[m] for m in region.nodes]
+        self.produced = {v.name for n in self.members for v in n.outputs}
+        self.args: list[str] = []  # outside values read as Arg(i), in order
+        self.pre: list[str] = []
+        self.available: set[str] = set(region.inputs)  # values torch has before the kernel
+
+    def leaf(self, value: str) -> Expr:
+        c = self.graph.constants.get(value)
+        if c is not None and c.numel() == 1:
+            return Const(c.reshape(()).item(), str(c.dtype).removeprefix("torch."))
+        _require(value in self.available, f"{value} is computed inside the region before the kernel could read it")
+        if value not in self.args:
+            self.args.append(value)
+        return Arg(self.args.index(value))
+
+    def pointwise(self, nodes: list[Node], env: dict[str, Expr]) -> dict[str, Expr]:
+        """Expressions for ``nodes`` (elementwise ops and views) over ``env``; views of outside values
+        become pre nodes."""
+        supported = ops_supported()
+        for n in nodes:
+            if n.op in PASS_VIEWS:
+                if n.inputs[0] in env:
+                    env[n.outputs[0].name] = env[n.inputs[0]]
+                else:
+                    _require(n.inputs[0] in self.available, f"view {n.name} reads a value the kernel computes")
+                    self.pre.append(n.name)
+                    self.available.add(n.outputs[0].name)
+                continue
+            if n.op == "batch_norm":
+                x, w, b, mean, var = (env[i] if i in env else self.leaf(i) for i in n.inputs)
+                eps = n.attr.get("eps", 1e-5)
+                env[n.outputs[0].name] = (x - mean) * Call("rsqrt", (var + Const(float(eps)),)) * w + b
+                continue
+            _require(n.op in supported, f"the templates' expressions cannot compute {n.op} ({n.name})")
+            _require(len(n.outputs) == 1, f"{n.op} has several outputs")
+            args = tuple(env[i] if i in env else self.leaf(i) for i in n.inputs if i)
+            env[n.outputs[0].name] = Call(n.op, args, n.attrs)
+        return env
+
+
+def _domain_shape(t: TensorType, rows: int, cols: int) -> tuple:
+    """How an extra operand reads in the (rows, cols) domain: full, a row vector, or a scalar."""
+    n = _numel(t.shape)
+    if n == rows * cols and t.shape[-1:] == (cols,):
+        return (rows, cols)
+    if n == cols and (not t.shape or t.shape[-1] == cols):
+        return (cols,)
+    _require(n == 1, f"operand {t} does not fit the ({rows}, {cols}) domain")
+    return ()
+
+
+def _outputs(b: _Builder, env: dict[str, Expr], region: Region) -> tuple[list[Expr], list[tuple]]:
+    """Distinct output expressions, and for each region output (kernel output #, its shape)."""
+    exprs: list[Expr] = []
+    mapping = []
+    for o in region.outputs:
+        _require(o in env, f"output {o} is not computed by the kernel")
+        e = env[o]
+        if e not in exprs:
+            exprs.append(e)
+        mapping.append((exprs.index(e), o, tuple(b.types[o].shape)))
+    return exprs, mapping
+
+
+def _static(region: Region, types: dict[str, TensorType]) -> None:
+    for v in (*region.inputs, *region.outputs):
+        t = types[v]
+        _require(t.is_static, f"{v} has a symbolic or unknown shape {t}")
+
+
+# ---- per kind ---------------------------------------------------------------------------------
+
+def _elementwise(b: _Builder, target: dict) -> KernelSpec:
+    env = b.pointwise(b.members, {})
+    exprs, mapping = _outputs(b, env, b.region)
+    shapes = {m[2] for m in mapping}
+    base = max(shapes, key=_numel)
+    _require(all(_numel(s) == _numel(base) for s in shapes), "outputs of different sizes")
+    has_views = any(n.op in PASS_VIEWS and n.inputs[0] in b.produced for n in b.members)
+    if has_views:
+        rows, cols = _numel(base[:-1]) if base else 1, base[-1] if base else 1
+        out_shape = (rows, cols)
+        in_shapes = [_domain_shape(b.types[a], rows, cols) for a in b.args]
+    else:
+        out_shape = base
+        in_shapes = [tuple(b.types[a].shape) for a in b.args]
+        _require(all(torch.broadcast_shapes(s, out_shape) == out_shape for s in in_shapes),
+                 "operands do not broadcast to the output")
+    out_dtypes = tuple(b.types[b.region.outputs[[m[0] for m in mapping].index(k)]].dtype
+                       for k in range(len(exprs)))
+    params = dict(in_shapes=tuple(in_shapes), in_dtypes=tuple(b.types[a].dtype for a in b.args),
+                  exprs=tuple(exprs), out_dtypes=out_dtypes, out_shape=tuple(out_shape))
+    n = len(exprs)
+    return KernelSpec("elementwise", tuple(params.items()), tuple(range(-n, 0)),
+                      tuple(zip(b.args, in_shapes)), tuple(mapping), tuple(b.pre))
+
+
+def _trace_operand(b: _Builder, value: str, env_nodes: dict[str, Node]) -> tuple[str, bool, list[Node]]:
+    """Follow a GEMM operand back through the region: (outside value, transposed?, prologue nodes)."""
+    trans, prologue = False, []
+    while value in b.produced:
+        n = env_nodes[value]
+        rank = len(b.types[n.inputs[0]].shape)
+        if n.op == "transpose":
+            _require(sorted(d % rank for d in (n.attr["dim0"], n.attr["dim1"])) == [rank - 2, rank - 1],
+                     "a transpose of other than the last two dims")
+            trans = not trans
+        elif n.op == "permute":
+            perm = [p % rank for p in n.attr["perm"]]
+            _require(perm == list(range(rank - 2)) + [rank - 1, rank - 2], f"permute {perm} before the GEMM")
+            trans = not trans
+        elif n.op in ("cast", "scale"):
+            prologue.insert(0, n)
+        elif n.op in PASS_VIEWS:
+            pass
+        else:
+            raise NotLowerable(f"{n.op} before the GEMM")
+        value = n.inputs[0]
+    return value, trans, prologue
+
+
+def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+    by_out = {v.name: n for n in b.members for v in n.outputs}
+    pos = b.members.index(anchor)
+    _require(all(n.op in PASS_VIEWS or n.op in ("cast", "scale", "transpose", "permute")
+                 for n in b.members[:pos]), "the GEMM prologue holds more than casts, scales and layouts")
+    a_val, trans_a, pro_a = _trace_operand(b, anchor.inputs[0], by_out)
+    b_val, trans_b, pro_b = _trace_operand(b, anchor.inputs[1], by_out)
+    _require(not pro_b, "a prologue on the weight operand")
+    at, bt = b.types[a_val].shape, b.types[b_val].shape
+    if anchor.op == "linear":
+        _require(len(bt) == 2 and not trans_b, "linear weight is not a plain (N, K) matrix")
+        trans_b = True
+        _require(not trans_a, "a transposed linear input")
+    _require(len(at) >= 2 and len(bt) >= 2, "1-D GEMM operands")
+    if trans_a:
+        M, K = at[-1], at[-2]
+    else:
+        M, K = at[-2], at[-1]
+    N = bt[-2] if trans_b else bt[-1]
+    batch_a, batch_b = tuple(at[:-2]), tuple(bt[:-2])
+    a_shape = None
+    if not batch_b and not trans_a:  # fold A's batch into M: (..., M, K) -> (M', K)
+        M, batch_a, a_shape = _numel(at[:-1]), (), (_numel(at[:-1]), K)
+    for v in (a_val, b_val):
+        _require(b.types[v].dtype in TEMPLATE_DTYPES, f"{v} is {b.types[v].dtype}")
+    pro = None
+    for n in pro_a:
+        pro = Call(n.op, (pro or Acc(),), n.attrs)
+    env: dict[str, Expr] = {anchor.outputs[0].name: Acc()}
+    b.available.discard(anchor.outputs[0].name)
+    if anchor.op == "linear" and len(anchor.inputs) > 2 and anchor.inputs[2]:
+        env[anchor.outputs[0].name] = Call("add", (Acc(), b.leaf(anchor.inputs[2])))
+    env = b.pointwise(b.members[pos + 1:], env)
+    exprs, mapping = _outputs(b, env, b.region)
+    _require(len(exprs) == 1, "a GEMM region with several outputs")
+    rows, cols = (_numel((*broadcast(batch_a, batch_b), M)), N)
+    extra = [a for a in b.args if a not in (a_val, b_val)]
+    extra_shapes = tuple(_domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
+                         else tuple(b.types[a].shape) for a in extra)
+    out_dtype = b.types[b.region.outputs[0]].dtype
+    epi = exprs[0] if exprs[0] != Acc() else None
+    params = dict(M=M, N=N, K=K, trans_A=trans_a, trans_B=trans_b, batch_A=batch_a, batch_B=batch_b,
+                  A_dtype=b.types[a_val].dtype, B_dtype=b.types[b_val].dtype, out_dtype=out_dtype,
+                  prologue=pro, epilogue=epi, extra_shapes=extra_shapes,
+                  extra_dtypes=tuple(b.types[a].dtype for a in extra))
+    inputs = ((a_val, a_shape), (b_val, None), *zip(extra, extra_shapes))
+    return KernelSpec("gemm", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+def broadcast(a: tuple, b: tuple) -> tuple:
+    return tuple(torch.broadcast_shapes(a, b)) if (a or b) else ()
+
+
+_REDUCTION_OPS = {"softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "amax", "amin", "var"}
+
+
+def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+    _require(anchor.op in _REDUCTION_OPS, f"no row-reduction template for {anchor.op}")
+    x = anchor.inputs[0]
+    xt = b.types[x]
+    rank = len(xt.shape)
+    a = anchor.attr
+    if anchor.op in ("softmax", "log_softmax"):
+        _require(a.get("dim", -1) % rank == rank - 1, "softmax over another axis than the last")
+    elif anchor.op in ("layer_norm", "rms_norm"):
+        _require(a.get("axis", -1) % rank == rank - 1, "a norm over more than the last axis")
+    else:
+        dims = a.get("dims")
+        _require(dims is not None and [d % rank for d in dims] == [rank - 1], "a reduction over other axes")
+    rows, cols = _numel(xt.shape[:-1]), xt.shape[-1]
+    pos = b.members.index(anchor)
+    before, after = b.members[:pos], b.members[pos + 1:]
+    # The loaded tensor: the producer chain's first outside operand with X's full size.
+    env: dict[str, Expr] = {}
+    loaded = x
+    if x in b.produced:
+        outside = [i for n in before for i in n.inputs if i and i not in b.produced and i in b.available
+                   and _numel(b.types[i].shape) == rows * cols and b.types[i].shape[-1:] == (cols,)]
+        _require(bool(outside), "the norm's input is not built from a full-size operand")
+        loaded = outside[0]
+        env[loaded] = Acc()
+    env = b.pointwise(before, env)
+    producer = env.get(x) if x in b.produced else None
+    pre_values = [o for o in b.region.outputs if o in env]
+    extra_pro = list(b.args)
+    # consumer
+    has_w = len(anchor.inputs) > 1 and bool(anchor.inputs[1]) and anchor.op in ("layer_norm", "rms_norm")
+    has_b = len(anchor.inputs) > 2 and bool(anchor.inputs[2]) and anchor.op == "layer_norm"
+    for i in anchor.inputs[1:3]:
+        if i:
+            _require(b.types[i].shape == (cols,), "norm weight/bias is not a vector over the last axis")
+    cenv = b.pointwise(after, {anchor.outputs[0].name: Acc()})
+    outs = [o for o in b.region.outputs if o not in pre_values]
+    _require(len({cenv[o] for o in outs if o in cenv}) == 1 and all(o in cenv for o in outs),
+             "the reduction region's outputs are not its result")
+    for o in pre_values:
+        _require(env[o] == producer, "the region writes an intermediate other than the norm's input")
+    consumer = cenv[outs[0]] if cenv[outs[0]] != Acc() else None
+    out_t = b.types[outs[0]]
+    out_rows_cols = (rows, cols) if anchor.op in ("softmax", "log_softmax", "layer_norm", "rms_norm") else (rows, 1)
+    extra = [a for a in b.args if a != loaded and a not in anchor.inputs[1:3]]
+    extra_shapes = []
+    for e in extra:
+        dom = out_rows_cols if e not in extra_pro else (rows, cols)
+        extra_shapes.append(_domain_shape(b.types[e], *dom))
+    _require(xt.dtype in TEMPLATE_DTYPES and b.types[loaded].dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
+    params = dict(shape=(rows, cols), kind=anchor.op, x_dtype=b.types[loaded].dtype, out_dtype=out_t.dtype,
+                  eps=float(a.get("eps", 1e-5)), correction=int(a.get("correction", 1)), keepdim=True,
+                  has_weight=has_w, has_bias=has_b,
+                  weight_dtype=b.types[anchor.inputs[1]].dtype if has_w else None,
+                  producer=producer if producer != Acc() else None, consumer=consumer,
+                  extra_shapes=tuple(extra_shapes), extra_dtypes=tuple(b.types[e].dtype for e in extra),
+                  write_pre=bool(pre_values), pre_dtype=b.types[pre_values[0]].dtype if pre_values else None)
+    inputs = [(loaded, (rows, cols))]
+    inputs += [(i, None) for i in anchor.inputs[1:3] if i and anchor.op in ("layer_norm", "rms_norm")
+               and (i != anchor.inputs[2] or has_b)]
+    inputs += list(zip(extra, extra_shapes))
+    mapping = [(1 if o in pre_values else 0, o, tuple(b.types[o].shape)) for o in b.region.outputs]
+    out_idx = (-2, -1) if pre_values else (-1,)
+    return KernelSpec("row_reduction", tuple(params.items()), out_idx, tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+    x, w = anchor.inputs[0], anchor.inputs[1]
+    _require(b.members.index(anchor) == 0, "a prologue before the convolution")
+    xt, wt = b.types[x], b.types[w]
+    _require(len(wt.shape) == 4 and anchor.attr.get("groups", 1) == 1, "only 2-D convolutions with groups=1")
+    _require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
+    env: dict[str, Expr] = {anchor.outputs[0].name: Acc()}
+    if len(anchor.inputs) > 2 and anchor.inputs[2]:
+        env[anchor.outputs[0].name] = Call("add", (Acc(), b.leaf(anchor.inputs[2])))
+    env = b.pointwise(b.members[1:], env)
+    exprs, mapping = _outputs(b, env, b.region)
+    _require(len(exprs) == 1, "a convolution region with several outputs")
+    out_shape = tuple(anchor.outputs[0].type.shape)
+    extra = list(b.args)
+    extra_shapes = []
+    for e in extra:
+        t = tuple(b.types[e].shape)
+        extra_shapes.append((t[0], 1, 1) if len(t) == 1 and len(out_shape) == 4 and t[0] == out_shape[1] else t)
+    a = anchor.attr
+    params = dict(x_shape=tuple(xt.shape), w_shape=tuple(wt.shape), stride=tuple(a.get("stride", (1, 1))),
+                  padding=tuple(a.get("padding", (0, 0))), dilation=tuple(a.get("dilation", (1, 1))),
+                  in_dtype=xt.dtype, out_dtype=b.types[b.region.outputs[0]].dtype,
+                  epilogue=exprs[0] if exprs[0] != Acc() else None, extra_shapes=tuple(extra_shapes),
+                  extra_dtypes=tuple(b.types[e].dtype for e in extra))
+    inputs = ((x, None), (w, None), *zip(extra, extra_shapes))
+    return KernelSpec("conv2d", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+# ---- entry points -------------------------------------------------------------------------------
+
+def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None) -> KernelSpec | str:
+    """The kernel spec for ``region`` on ``target``, or the reason it runs through torch."""
+    if region.kind in ("view", "opaque"):
+        return f"{region.kind} regions run through torch"
+    if region.kind == "attention":
+        return "the attention template is not written yet (fused attention issue)"
+    if target.get("kind") not in ("c", "cuda"):
+        return f"target {target.get('kind')!r} compiles only with its vendor toolchain"
+    nodes, types = facts if facts else ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
+    try:
+        _static(region, types)
+        b = _Builder(region, graph, nodes, types)
+        anchor = nodes[region.anchor] if region.anchor else None
+        if region.kind == "elementwise":
+            return _elementwise(b, target)
+        if region.kind == "gemm" and anchor.op == "conv":
+            return _conv(b, anchor, target)
+        if region.kind == "gemm":
+            _require(anchor.op in ("linear", "matmul"), f"no GEMM template for {anchor.op}")
+            return _gemm(b, anchor, target)
+        if region.kind == "reduction":
+            return _reduction(b, anchor, target)
+        return f"no template for {region.kind} regions"
+    except NotLowerable as e:
+        return str(e)
+    except (KeyError, IndexError, TypeError, ValueError) as e:  # a shape the builders did not foresee
+        return f"lowering refused: {type(e).__name__}: {e}"
+
+
+def can_lower(region: Region, graph: Graph, target: dict) -> bool:
+    return isinstance(build(region, graph, target), KernelSpec)
+
+
+class RegionKernel:
+    """A compiled region: views torch runs first, the kernel, the output reshapes."""
+
+    def __init__(self, spec: KernelSpec, kernel, pre_nodes: list[Node], region: Region):
+        self.spec, self.kernel, self.region = spec, kernel, region
+        self.pre = [(n, ops.get(n.op), n.attr) for n in pre_nodes]
+
+    def __call__(self, args):
+        env = dict(zip(self.region.inputs, args))
+        for node, spec, attrs in self.pre:
+            env[node.outputs[0].name] = spec.run([env[i] for i in node.inputs], attrs)[0]
+        tensors = [(env[v].reshape(s) if s is not None else env[v]).contiguous() for v, s in self.spec.inputs]
+        outs = self.kernel(*tensors)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        return [outs[k].reshape(shape) for k, _, shape in self.spec.outputs]
+
+
+def make_prim_func(spec: KernelSpec, target: dict, config: dict | None = None):
+    """The template's ``T.prim_func`` for ``spec`` (with tile ``config`` or the template default)."""
+    from tilefuse.lowering.templates import conv, elementwise, gemm, reduction
+
+    factory = {"gemm": gemm.gemm, "row_reduction": reduction.row_reduction, "elementwise": elementwise.elementwise,
+               "conv2d": conv.conv2d}[spec.template]
+    module = {"gemm": gemm, "row_reduction": reduction, "elementwise": elementwise, "conv2d": conv}[spec.template]
+    kw = spec.factory_kwargs()
+    if config is None:
+        configs = module.get_configs(target) if spec.template != "gemm" else module.get_configs(
+            target, kw.get("B_dtype", "float16"))
+        config = configs[0] if configs else {}
+    return factory(**kw, **config, target=target)
+
+
+def lower_plan(plan: FusionPlan, target: dict, log=None) -> dict[str, RegionKernel]:
+    """Compile every lowerable region of ``plan`` (each distinct spec once, in parallel)."""
+    from tilefuse.lowering.compile import compile_many
+
+    graph = plan.graph
+    facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
+    specs = {r.name: s for r in plan.regions if r.backend == "tilelang"
+             for s in [build(r, graph, target, facts)] if isinstance(s, KernelSpec)}
+    distinct = list(dict.fromkeys((s.template, s.params, s.out_idx) for s in specs.values()))
+    t0 = time.perf_counter()
+    by_key = {(s.template, s.params, s.out_idx): s for s in specs.values()}
+    funcs = [(make_prim_func(by_key[k], target), list(k[2])) for k in distinct]
+    kernels = dict(zip(distinct, compile_many(funcs, target))) if funcs else {}
+    if log is not None:
+        log(f"compiled {len(distinct)} distinct kernels for {len(specs)} regions in {time.perf_counter() - t0:.1f} s")
+    nodes = facts[0]
+    return {r.name: RegionKernel(specs[r.name], kernels[(specs[r.name].template, specs[r.name].params,
+                                                         specs[r.name].out_idx)],
+                                 [nodes[p] for p in specs[r.name].pre], r)
+            for r in plan.regions if r.name in specs}
