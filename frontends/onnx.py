@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,7 @@ def import_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *, name: str
             raise UnsupportedOnnxOpError(f"{label}: graph input {vi.name!r} is a sequence/optional/map; "
                                          "only tensor inputs are supported")
         ctx.env[vi.name] = ctx.b.input(vi.name, t)
+        ctx.symbols.update(d for d in t.shape or () if isinstance(d, str))
     for node in g.node:
         ctx.convert(node, opsets)
     for vo in g.output:
@@ -202,6 +204,7 @@ class Ctx:
         self.onnx_types = onnx_types
         self.env: dict[str, str] = {}
         self.unknown: set[str] = set()  # symbolic dims we named for values whose size is data-dependent
+        self.symbols: set[str] = set()  # the symbolic dims of the graph inputs
         self.values: dict[str, Elements] = {}  # known elements of shape tensors computed at run time
 
     # -- values ------------------------------------------------------------------------------
@@ -366,15 +369,26 @@ class Ctx:
                                   f"{theirs} (a tilefuse converter bug)")
         if theirs.shape is None:
             return ours
-        if t.shape is None:
-            self._retype(ours, theirs)
-        elif len(t.shape) != len(theirs.shape) or any(
-                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(t.shape, theirs.shape)):
+        if t.shape is not None and len(t.shape) != len(theirs.shape):
             raise OnnxImportError(f"{self.label}: {where}: output {onnx_name!r} converted to {t}, but ONNX says "
                                   f"{theirs} (a tilefuse converter bug)")
-        elif any(a in self.unknown for a in t.shape):  # ONNX knows more about a data-dependent dim
-            self._retype(ours, TensorType(tuple(b if a in self.unknown else a for a, b in zip(t.shape, theirs.shape)),
-                                          t.dtype))
+        if t.shape is not None and any(isinstance(a, int) and isinstance(b, int) and a != b
+                                       for a, b in zip(t.shape, theirs.shape)):
+            # ONNX's shape inference is not always right (MaxPool's ceil_mode, ...): ours follows the
+            # reference semantics and runs; say so rather than refuse the model.
+            warnings.warn(f"{self.label}: {where}: output {onnx_name!r} has type {t}; ONNX shape inference "
+                          f"says {theirs}", stacklevel=2)
+            return ours
+        # Where ours is unknown (a data-dependent size) and ONNX knows an int or a graph-input symbol, take it.
+        mine = t.shape if t.shape is not None else (None,) * len(theirs.shape)
+        better = tuple(b if (a is None or a in self.unknown) and (isinstance(b, int) or b in self.symbols) else
+                       ("?" if a is None else a) for a, b in zip(mine, theirs.shape))
+        if better != t.shape:
+            if "?" in better:
+                base = self.b.fresh(f"{onnx_name}_dim")
+                better = tuple(f"{base}{k}" if d == "?" else d for k, d in enumerate(better))
+                self.unknown.update(d for d in better if isinstance(d, str) and d.startswith(base))
+            self._retype(ours, TensorType(better, t.dtype))
         return ours
 
     def _retype(self, name: str, t: TensorType) -> None:

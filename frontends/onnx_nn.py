@@ -208,7 +208,7 @@ def max_pool(ctx: Ctx, n: OnnxNode) -> list[str]:
     if len(n.outputs) > 1 and n.outputs[1]:
         return ctx.add("max_pool_indices", [x], kernel=tuple(kernel), strides=tuple(strides), pads=tuple(pads),
                        dilations=tuple(dil), ceil_mode=ceil, storage_order=n.attr("storage_order", 0))
-    if pads[:nd] == pads[nd:] and all(2 * p <= (k - 1) * d + 1 for p, k, d in zip(pads, kernel, dil)) and \
+    if pads[:nd] == pads[nd:] and all(2 * p <= k for p, k in zip(pads, kernel)) and \
             ctx.dtype(x) in FLOATS and nd <= 3:
         return ctx.add("max_pool", [x], kernel=tuple(kernel), stride=tuple(strides), padding=tuple(pads[:nd]),
                        dilation=tuple(dil), ceil_mode=bool(ceil))

@@ -14,8 +14,8 @@ import math
 
 import torch
 from tilefuse.frontends.onnx import FOLD_LIMIT, Ctx, OnnxNode, Unsupported, onnx_dtype
-
 from tilefuse.frontends.onnx_shapes import resolve_reshape
+
 from tilefuse.ir import TensorType
 
 WIDE = ("uint16", "uint32", "uint64")  # torch computes little in these: widened to int64 and back

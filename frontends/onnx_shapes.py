@@ -10,7 +10,10 @@ seq, 32]`` rather than three unknown dims). An element is an int, a symbol name,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tilefuse.ir import Dim, TensorType
 
@@ -119,20 +122,21 @@ def propagate(op: str, vals: Sequence[Elements | None], types: Sequence[TensorTy
 
 
 def resolve_reshape(elements: Elements, shape: tuple | None, allowzero: int) -> tuple[Dim, ...]:
-    """Output dims of ONNX Reshape to a partially known target (unknown dims as ``"?"``)."""
+    """Output dims of ONNX Reshape to a partially known target (unknown dims as ``"?"``); a -1 is
+    solved when the input dims divide by the others (symbols cancel: [b, 3, 4] -> [b, -1] is [b, 12])."""
     dims: list[Dim] = []
     for i, e in enumerate(elements):
         if e == 0 and not allowzero:
             e = shape[i] if shape is not None and i < len(shape) else None
-        dims.append("?" if e is None or e == -1 else e)
-    known = [d for d in dims if isinstance(d, int)]
-    if -1 in elements and dims.count("?") == 1 and shape is not None and all(isinstance(d, int) for d in shape):
-        total = 1
-        for d in shape:
-            total *= d
-        rest = 1
-        for d in known:
-            rest *= d
-        if rest and total % rest == 0 and all(isinstance(d, int) or d == "?" for d in dims):
-            dims[dims.index("?")] = total // rest
-    return tuple(dims)
+        dims.append("?" if e is None else e)
+    if -1 in dims and shape is not None and "?" not in dims:
+        others = [d for d in dims if d != -1]
+        num, den = Counter(d for d in shape if isinstance(d, str)), Counter(d for d in others if isinstance(d, str))
+        top, bottom = math.prod(d for d in shape if isinstance(d, int)), math.prod(d for d in others if isinstance(d, int))
+        left = num - den
+        solved: Dim | None = None
+        if not den - num and bottom and top % bottom == 0:
+            ratio = top // bottom
+            solved = ratio if not left else next(iter(left)) if ratio == 1 and sum(left.values()) == 1 else None
+        dims[dims.index(-1)] = "?" if solved is None else solved
+    return tuple("?" if d == -1 else d for d in dims)

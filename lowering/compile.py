@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import tilelang
+
 from tilefuse.lowering.templates.common import CPU_KINDS, target_kind
 
 C_FLAGS = ("-O3", "-march=native")

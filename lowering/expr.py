@@ -199,7 +199,7 @@ def _const(T, c: Const):
     return T.IntImm(c.dtype, int(c.value))
 
 
-def _rank(dtype: str) -> int:
+def _rank(dtype: str) -> float:
     if dtype == "bool":
         return 0
     return _FLOAT_RANK.get(dtype, 0.5)  # integers sit between bool and fp32
@@ -263,9 +263,8 @@ def _div(T, a, b):
 
 
 def _softplus(T, x, attrs):
-    beta, threshold = attrs.get("beta", 1.0), attrs.get("threshold", 20.0)
-    bx = x * _c(x, beta)
-    return T.Select(bx > _c(x, threshold), x, T.log1p(T.exp(bx)) / _c(x, beta))
+    # torch's defaults (beta=1, threshold=20), as the registry's softplus takes no attributes.
+    return T.Select(x > _c(x, 20.0), x, T.log1p(T.exp(x)))
 
 
 def _clamp(T, x, attrs):

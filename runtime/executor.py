@@ -69,11 +69,7 @@ class Executor:
         env.update({v.name: a for v, a in zip(self.graph.inputs, args)})
         for idx, (node, spec, attrs) in enumerate(zip(self.graph.nodes, self.specs, self.attrs)):
             inputs = [env[i] if i else None for i in node.inputs]
-            try:
-                outs = spec.run(inputs, attrs)
-            except Exception as e:
-                shapes = [None if x is None else f"{x.dtype}{list(x.shape)}" for x in inputs]
-                raise ExecutionError(f"node {node.name!r} ({node.op}) failed on inputs {shapes}: {e}") from e
+            outs = run_node(node, spec, inputs, attrs, self.device)
             if len(outs) != len(node.outputs):
                 raise ExecutionError(f"node {node.name!r} ({node.op}) returned {len(outs)} outputs, "
                                      f"expected {len(node.outputs)}")
@@ -82,6 +78,18 @@ class Executor:
             for name in self.frees.get(idx, ()):
                 env.pop(name, None)
         return tuple(env[o] for o in self.graph.outputs)
+
+
+def run_node(node, spec, inputs: list, attrs: dict, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Run one node through its reference; generators (no tensor inputs) land on ``device``."""
+    try:
+        outs = spec.run(inputs, attrs)
+    except Exception as e:
+        shapes = [None if x is None else f"{x.dtype}{list(x.shape)}" for x in inputs]
+        raise ExecutionError(f"node {node.name!r} ({node.op}) failed on inputs {shapes}: {e}") from e
+    if not node.inputs:
+        outs = tuple(o.to(device) for o in outs)
+    return outs
 
 
 def run_graph(graph: Graph, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -8,6 +8,7 @@ runs as one kernel).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -17,7 +18,7 @@ from tilefuse import ops
 from tilefuse.config import Options
 from tilefuse.ir import Graph
 from tilefuse.planner import FusionPlan, plan as make_plan
-from tilefuse.runtime.executor import ExecutionError, check_inputs
+from tilefuse.runtime.executor import check_inputs, run_node
 
 RegionFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
@@ -32,13 +33,10 @@ class _RefRegion:
 
     def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         env = dict(zip(self.inputs, args))
+        device = args[0].device if args else torch.device("cpu")
         for node, spec, attrs in self.steps:
             ins = [env[i] if i else None for i in node.inputs]
-            try:
-                outs = spec.run(ins, attrs)
-            except Exception as e:
-                shapes = [None if x is None else f"{x.dtype}{list(x.shape)}" for x in ins]
-                raise ExecutionError(f"node {node.name!r} ({node.op}) failed on inputs {shapes}: {e}") from e
+            outs = run_node(node, spec, ins, attrs, device)
             for v, o in zip(node.outputs, outs):
                 env[v.name] = o
         return [env[o] for o in self.outputs]
@@ -64,13 +62,39 @@ class PlanRunner:
             if name not in keep:
                 self.frees.setdefault(k, []).append(name)
         self._constants: dict[torch.device, dict[str, torch.Tensor]] = {}
+        self._graphed = None
+        self.record = False  # keep the last call's inputs (benchmarks re-run regions on them)
+        self.last_inputs: tuple[torch.Tensor, ...] | None = None
 
     def constants(self, device: torch.device) -> dict[str, torch.Tensor]:
         if device not in self._constants:
             self._constants[device] = {k: t.to(device) for k, t in self.plan.graph.constants.items()}
         return self._constants[device]
 
+    def enable_cuda_graphs(self) -> None:
+        """Replay the plan from captured CUDA graphs (static shapes; one graph per input signature)."""
+        from tilefuse.runtime.graphs import CudaGraphRunner
+
+        self._graphed = CudaGraphRunner(self.run)
+
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.record:
+            self.last_inputs = args
+        graphed = self._graphed
+        if graphed is not None and args and args[0].is_cuda:
+            if self.check:
+                check_inputs(self.plan.graph, args)
+            try:
+                return graphed(*args)
+            except RuntimeError as e:  # e.g. a region that reads a tensor's values on the host
+                logging.getLogger("tilefuse").warning(
+                    "%s: CUDA graph capture failed (%s); running without graphs", self.plan.graph.name,
+                    str(e).splitlines()[0] if str(e) else type(e).__name__)
+                self._graphed = None
+        return self.run(*args)
+
+    def run(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Execute the plan once, region by region (no CUDA graph)."""
         g = self.plan.graph
         if self.check:
             check_inputs(g, args)
@@ -102,6 +126,8 @@ def build_runner(graph: Graph, options: Options) -> PlanRunner:
         if lower_plan is not None:
             kernels = lower_plan(p, options.target)
     runner = PlanRunner(p, kernels)
+    if options.cuda_graphs and options.target.get("kind") == "cuda":
+        runner.enable_cuda_graphs()
     runner.compile_seconds = time.perf_counter() - t0
     runner.source_graph = graph
     if options.observer is not None:

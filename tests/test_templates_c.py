@@ -6,6 +6,7 @@ everything computes in fp32. Shapes are small and odd so that every tail path ru
 
 import pytest
 import torch
+
 from tilefuse.lowering import expr as E
 from tilefuse.lowering.compile import compile_kernel, kernel_source
 from tilefuse.lowering.expr import Acc, Arg, call
@@ -92,6 +93,18 @@ def test_elementwise_broadcast_several_outputs(rng, dtype):
     for out, ref in zip(kernel(*ins), elementwise.reference(ins, exprs, out_dtypes)):
         assert out.shape == (3, 5, 37) and out.dtype == ref.dtype
         torch.testing.assert_close(out, ref, **TOL[ref.dtype])
+
+
+def test_zero_dim_operands_and_outputs(rng):
+    x, s, t = randn(rng, (5, 3)), randn(rng, ()), randn(rng, ())
+    f = elementwise.elementwise([(5, 3), ()], ["float32"] * 2, [Acc() * Arg(1)], ["float32"], target=C)
+    torch.testing.assert_close(compile_kernel(f, C, out_idx=[-1])(x, s), x * s)
+    f = elementwise.elementwise([(), ()], ["float32"] * 2, [call("maximum", Acc(), Arg(1))], ["float32"], target=C)
+    out = compile_kernel(f, C, out_idx=[-1])(s, t)  # TileLang allocates no 0-d outputs: shape (1,)
+    assert out.shape == (1,) and out[0] == torch.maximum(s, t)
+    v = randn(rng, (37,))
+    out = compile_kernel(reduction.row_reduction((37,), "sum", block_N=16, target=C), C, out_idx=[-1])(v)
+    torch.testing.assert_close(out, v.sum().reshape(1))
 
 
 def test_bfloat16_is_refused_on_c_with_advice():

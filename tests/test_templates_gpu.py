@@ -7,6 +7,7 @@ fp32 GEMM/conv run an exact FMA loop by default; with ``allow_tf32`` they use TF
 
 import pytest
 import torch
+
 from tilefuse.lowering.compile import compile_kernel
 from tilefuse.lowering.expr import Acc, Arg, call
 from tilefuse.lowering.templates import conv, elementwise, gemm, reduction

@@ -54,5 +54,6 @@ class Options:
     fuse: bool = _env("FUSE", "1") != "0"
     lower: bool = _env("LOWER", "1") != "0"
     verbose: bool = _env("VERBOSE", "0") != "0"
+    cuda_graphs: bool = _env("CUDA_GRAPHS", "1") != "0"
     # Called with each runner built (one per compiled graph): lets callers see plans and timings.
     observer: Callable[[Any], None] | None = field(default=None, compare=False)

@@ -113,8 +113,7 @@ def broadcast_index(arg_shape: Sequence[int], coords: Sequence[Any]) -> tuple:
     lead = len(coords) - len(arg_shape)
     if lead < 0:
         raise ValueError(f"operand of shape {tuple(arg_shape)} has more dims than the output ({len(coords)})")
-    idx = tuple(0 if int(d) == 1 else coords[lead + k] for k, d in enumerate(arg_shape))
-    return idx if idx else (0,)
+    return tuple(0 if int(d) == 1 else coords[lead + k] for k, d in enumerate(arg_shape))
 
 
 def arg_loader(bufs: Sequence[Any], shapes: Sequence[Sequence[int]], coords: Sequence[Any]) -> Callable[[int], Any]:
@@ -127,4 +126,5 @@ def arg_loader(bufs: Sequence[Any], shapes: Sequence[Sequence[int]], coords: Seq
 
 
 def normalize_shapes(shapes: Sequence[Sequence[int]] | None) -> tuple[Shape, ...]:
-    return tuple(tuple(int(d) for d in s) or (1,) for s in (shapes or ()))
+    """Static shapes as int tuples; ``()`` stays a 0-d tensor (indexed ``buf[()]``)."""
+    return tuple(tuple(int(d) for d in s) for s in (shapes or ()))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import tilelang.language as T
 import torch
+
 from tilefuse.lowering.expr import Env, Expr, emit, evaluate
 from tilefuse.lowering.templates.common import (
     arg_loader,

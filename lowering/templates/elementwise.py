@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import tilelang.language as T
 import torch
+
 from tilefuse.lowering.expr import Env, Expr, emit, evaluate
 from tilefuse.lowering.templates.common import (
     broadcast_index,
@@ -41,7 +42,8 @@ def elementwise(
 ):
     """A ``T.prim_func`` computing ``out_k = exprs[k](inputs)`` elementwise.
 
-    Parameters are the inputs in order, then the outputs (``out_idx`` = the last ``len(exprs)``).
+    Parameters are the inputs in order, then the outputs (``out_idx`` = the last ``len(exprs)``); a
+    0-d output is declared ``(1,)`` since TileLang cannot allocate 0-d outputs (0-d inputs are fine).
     ``in_shapes`` broadcast (numpy rules) to ``out_shape`` (default: their broadcast). Floating
     values compute in fp32 and are cast to ``out_dtypes[k]`` on store. ``block`` elements per program.
     """
@@ -49,7 +51,6 @@ def elementwise(
     if len(in_dtypes) != len(in_shapes) or len(out_dtypes) != len(exprs):
         raise ValueError("elementwise: one dtype per input and one per output expression")
     out_shape = tuple(int(d) for d in out_shape) if out_shape is not None else broadcast_shapes(*in_shapes)
-    out_shape = out_shape or (1,)
     if broadcast_shapes(out_shape, *in_shapes) != out_shape:
         raise ValueError(f"elementwise: inputs {in_shapes} do not broadcast to the output shape {out_shape}")
     for dt in (*in_dtypes, *out_dtypes):
@@ -58,6 +59,7 @@ def elementwise(
     total = numel(out_shape)
     block = max(1, min(block, total))
     n_in = len(in_shapes)
+    out_param_shape = out_shape or (1,)  # outside the kernel body, where `or` would become a TIR bool op
 
     def store_all(ins, outs, idx):
         """Every output at flat index idx; operands of the output's shape are read flat."""
@@ -73,7 +75,7 @@ def elementwise(
     @T.prim_func
     def elementwise_kernel():
         ins = [param(f"in{i}", s, dt) for i, (s, dt) in enumerate(zip(in_shapes, in_dtypes))]
-        outs = [param(f"out{k}", out_shape, dt) for k, dt in enumerate(out_dtypes)]
+        outs = [param(f"out{k}", out_param_shape, dt) for k, dt in enumerate(out_dtypes)]
         flat_ins = [view(b, (total,)) if s == out_shape else b for b, s in zip(ins, in_shapes)]
         flat_outs = [view(b, (total,)) for b in outs]
         with d.kernel(T.ceildiv(total, block), threads=threads) as bx:
@@ -87,12 +89,12 @@ def elementwise(
 
 def reference(inputs: Sequence[torch.Tensor], exprs: Sequence[Expr], out_dtypes: Sequence[str],
               out_shape: Sequence[int] | None = None) -> list[torch.Tensor]:
-    """Torch reference of ``elementwise``: the same expressions through ``evaluate``."""
-    shape = tuple(out_shape) if out_shape is not None else torch.broadcast_shapes(*[t.shape for t in inputs])
+    """Torch reference of ``elementwise``: the same expressions through ``evaluate`` (0-d as ``(1,)``)."""
+    shape = tuple(out_shape) if out_shape is not None else tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
     outs = []
     for e, dt in zip(exprs, out_dtypes):
         v = evaluate(e, inputs[0] if inputs else None, inputs)
-        outs.append(v.to(getattr(torch, dt)).expand(shape).contiguous())
+        outs.append(v.to(getattr(torch, dt)).expand(shape).reshape(shape or (1,)).contiguous())
     return outs
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import tilelang.language as T
 import torch
+
 from tilefuse.lowering.expr import Acc, Env, Expr, args_used, emit, evaluate
 from tilefuse.lowering.templates.common import (
     arg_loader,
@@ -96,12 +97,9 @@ def gemm(
     swizzle = bool(enable_rasterization) and not d.cpu
     simt = mma_dtype == "float32" and not allow_tf32 and not d.cpu
 
-    def bidx(shape, bcoords):
-        return broadcast_index(shape, bcoords) if shape else ()
-
     def A_elem(A, bcoords, m, k):
         """One A element through the prologue; 0 outside the matrix (the prologue of 0 need not be 0)."""
-        src = A[(*bidx(batch_A, bcoords), k, m) if trans_A else (*bidx(batch_A, bcoords), m, k)]
+        src = A[(*broadcast_index(batch_A, bcoords), k, m) if trans_A else (*broadcast_index(batch_A, bcoords), m, k)]
         val = T.Cast(mma_dtype, emit(prologue, Env(acc=src)))
         return T.if_then_else(T.And(m < M, k < K), val, T.Cast(mma_dtype, 0))
 
@@ -130,12 +128,12 @@ def gemm(
             for ko in d.pipelined(T.ceildiv(K, block_K), num_stages):
                 if load_A_direct:
                     a_at = (ko * block_K, m0) if trans_A else (m0, ko * block_K)
-                    T.copy(A[(*bidx(batch_A, bcoords), *a_at)], A_s)
+                    T.copy(A[(*broadcast_index(batch_A, bcoords), *a_at)], A_s)
                 else:
                     for a, b in d.tile_loop(*A_tile):
                         A_s[a, b] = A_elem(A, bcoords, m0 + (b if trans_A else a), ko * block_K + (a if trans_A else b))
                 b_at = (n0, ko * block_K) if trans_B else (ko * block_K, n0)
-                T.copy(B[(*bidx(batch_B, bcoords), *b_at)], B_s)
+                T.copy(B[(*broadcast_index(batch_B, bcoords), *b_at)], B_s)
                 if simt:
                     for i, j in T.Parallel(block_M, block_N):
                         for k in T.serial(block_K):

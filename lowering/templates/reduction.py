@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import tilelang.language as T
 import torch
+
 from tilefuse.lowering.expr import Acc, Env, Expr, emit, evaluate
 from tilefuse.lowering.templates.common import (
     arg_loader,
@@ -37,7 +38,8 @@ _ALIASES = {"max": "amax", "min": "amin"}
 
 
 def output_shape(shape: Sequence[int], kind: str, keepdim: bool = False) -> tuple[int, ...]:
-    """The output shape of ``row_reduction`` (a full reduction of a 1-D input gives shape (1,))."""
+    """The output shape of ``row_reduction``: torch's, but ``(1,)`` where torch's is ``()`` (TileLang
+    cannot allocate 0-d outputs)."""
     shape = tuple(int(d) for d in shape)
     if _ALIASES.get(kind, kind) in NORMALIZING:
         return shape

@@ -138,7 +138,7 @@ def onnx_slice(x, dim: int, start: int, end: int, step: int = 1):
         return x[(slice(None),) * dim + (slice(start, end, step),)]
     start = start + n if start < 0 else start
     end = end + n if end < 0 else end
-    start, end = min(max(start, -1), n - 1), min(max(end, -1), n - 1)
+    start, end = min(max(start, 0), n - 1), min(max(end, -1), n - 1)  # ONNX clamps, unlike numpy
     count = max(0, (start - end + (-step) - 1) // (-step))
     idx = torch.arange(count, device=x.device) * step + start
     return x.index_select(dim, idx)
@@ -172,7 +172,7 @@ def range_dynamic(start, limit, delta):
     return torch.arange(n, dtype=torch.int64).mul(int(d)).add(int(s)).to(start.dtype)
 
 
-@register("nonzero", O, infer=_dynamic(rank=2, dtype="int64"))
+@register("nonzero", O, infer=lambda t, a: [TensorType((t[0].rank if t[0].rank is not None else "?", "?"), "int64")])
 def nonzero(x):
     """Indices of the non-zero elements, one column each (ONNX NonZero): int64 (rank, n)."""
     return torch.nonzero(x).t().contiguous()

@@ -128,12 +128,14 @@ def _infer_by_meta(spec: OpSpec, in_types, attrs, node: str) -> list[TensorType]
             dims.append(d)
         args.append(torch.empty(dims, dtype=torch_dtype(t.dtype), device="meta"))
     first_dtype = next((t.dtype for t in in_types if t is not None), "float32")
-    if unknown_rank:
+    if unknown_rank or spec.num_outputs < 0 and any(a is None for a, t in zip(args, in_types) if t is not None):
+        if spec.num_outputs < 0:
+            raise InferenceError(f"node {node!r} ({spec.name}): output count unknown for inputs of unknown rank")
         return [TensorType(None, first_dtype)] * spec.num_outputs
     try:
         outs = spec.run(args, dict(attrs))
     except (NotImplementedError, RuntimeError) as e:
-        if _is_data_dependent(e):
+        if _is_data_dependent(e) and spec.num_outputs > 0:
             return [TensorType(None, first_dtype)] * spec.num_outputs
         raise InferenceError(f"node {node!r} ({spec.name}): {_first_line(e)}; input types "
                              f"{[str(t) for t in in_types]}, attrs {attrs}") from e

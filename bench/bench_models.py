@@ -1,0 +1,188 @@
+"""Benchmark the zoo on a GPU: tilefuse against torch eager and Inductor, measured in one run.
+
+Usage (on the device machine):  python bench/bench_models.py --models gpt2,bert --size bench
+    [--peers eager,default,reduce-overhead,max-autotune] [--json out.json] [--reps 50]
+
+Prints a table (median ms over ``--reps`` timed runs after warm-up, CUDA events; speedup of
+tilefuse over each peer; kernels in the plan and how many run as TileLang; compile time) and a
+kernel-level table per model (each lowered GEMM/reduction region against its torch reference,
+with achieved TB/s and TFLOP/s). Writes everything as JSON with the date, device and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+PEERS = ("eager", "default", "reduce-overhead", "max-autotune")
+
+
+def cuda_time_ms(fn, *args, reps: int = 50, warmup: int = 5) -> float:
+    """Median of ``reps`` CUDA-event timings of ``fn(*args)``, warm-up excluded."""
+    for _ in range(warmup):
+        fn(*args)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _compile_peer(model, peer: str):
+    if peer == "eager":
+        return model
+    return torch.compile(model, mode=None if peer == "default" else peer)
+
+
+def _max_rel(a, b) -> float:
+    a, b = (a[0] if isinstance(a, (tuple, list)) else a).float(), (b[0] if isinstance(b, (tuple, list)) else b).float()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
+
+
+def bench_model(name: str, size: str, peers: list[str], reps: int) -> dict:
+    import tilefuse
+    from tilefuse import models
+
+    torch._dynamo.reset()
+    model, inputs = models.build(name, size, dtype=torch.float16, device="cuda")
+    row: dict = {"model": name, "size": size, "peers": {}}
+    with torch.no_grad():
+        ref = model(*inputs)
+        for peer in peers:
+            torch._dynamo.reset()
+            t0 = time.perf_counter()
+            fn = _compile_peer(model, peer)
+            fn(*inputs)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            row["peers"][peer] = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": compile_s}
+            print(f"  {name}: {peer} {row['peers'][peer]['ms']:.3f} ms (compile {compile_s:.1f} s)", flush=True)
+        torch._dynamo.reset()
+        runners: list = []
+        t0 = time.perf_counter()
+        fn = tilefuse.compile(model, observer=runners.append)
+        out = fn(*inputs)
+        torch.cuda.synchronize()
+        row["tilefuse"] = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": time.perf_counter() - t0,
+                           "max_rel_err": _max_rel(out, ref)}
+        for r in runners:
+            r.record = True
+        fn(*inputs)
+        plans = [r.plan for r in runners]
+        row["tilefuse"]["kernels"] = sum(p.kernels for p in plans)
+        row["tilefuse"]["tilelang_kernels"] = sum(1 for p in plans for r in p.regions
+                                                  if r.launches and r.backend == "tilelang")
+        row["tilefuse"]["compute_nodes"] = sum(p.source_nodes for p in plans)
+        row["regions"] = kernel_table(runners)
+    print(f"  {name}: tilefuse {row['tilefuse']['ms']:.3f} ms, err {row['tilefuse']['max_rel_err']:.1e}", flush=True)
+    return row
+
+
+def kernel_table(runners) -> list[dict]:
+    """Each lowered region (distinct signature once) against its torch reference, same inputs."""
+    from tilefuse.runtime.plan_runner import PlanRunner
+
+    rows, seen = [], set()
+    for runner in runners:
+        inputs = getattr(runner, "last_inputs", None)
+        if inputs is None:
+            continue
+        ref = PlanRunner(runner.plan, {}, check=False)
+        env = dict(ref.constants(inputs[0].device))
+        env.update({v.name: a for v, a in zip(runner.plan.graph.inputs, inputs)})
+        for region, fn_ref in zip(ref.plan.regions, ref.fns):
+            ins = [env[i] for i in region.inputs]
+            kernel = runner.kernels.get(region.name)
+            outs = fn_ref(ins)
+            key = (region.kind, region.ops, tuple(tuple(t.shape) for t in ins))
+            if kernel is not None and key not in seen:
+                seen.add(key)
+                t_k = cuda_time_ms(kernel, ins, reps=20)
+                t_r = cuda_time_ms(fn_ref, ins, reps=20)
+                nbytes = sum(t.numel() * t.element_size() for t in ins) + sum(
+                    o.numel() * o.element_size() for o in outs)
+                flops = _flops(runner.plan, region)
+                rows.append({"region": region.name, "kind": region.kind, "ops": " ".join(region.ops),
+                             "tilefuse_ms": t_k, "torch_ms": t_r, "speedup": t_r / t_k,
+                             "TB_s": nbytes / t_k / 1e9, "TFLOP_s": flops / t_k / 1e9 if flops else None})
+            env.update(zip(region.outputs, outs))
+    return rows
+
+
+def _flops(plan, region) -> float:
+    nodes = {n.name: n for n in plan.graph.nodes}
+    a = nodes.get(region.anchor) if region.anchor else None
+    if a is None or a.op not in ("linear", "matmul"):
+        return 0.0
+    out = a.outputs[0].type.shape
+    k = plan.graph.values()[a.inputs[0]].type.shape[-1]
+    n = 1
+    for d in out:
+        n *= d
+    return 2.0 * n * k
+
+
+def print_tables(rows: list[dict], peers: list[str]) -> None:
+    hdr = f"{'model':8} " + " ".join(f"{p:>15}" for p in peers) + f" {'tilefuse':>10} " + " ".join(
+        f"{'x ' + p:>17}" for p in peers) + f" {'kernels':>9} {'TileLang':>8} {'compile s':>9} {'err':>8}"
+    print(hdr)
+    for r in rows:
+        t = r["tilefuse"]
+        line = f"{r['model']:8} " + " ".join(f"{r['peers'][p]['ms']:15.3f}" for p in peers)
+        line += f" {t['ms']:10.3f} " + " ".join(f"{r['peers'][p]['ms'] / t['ms']:17.2f}" for p in peers)
+        line += f" {t['kernels']:9d} {t['tilelang_kernels']:8d} {t['compile_s']:9.1f} {t['max_rel_err']:8.1e}"
+        print(line)
+    for r in rows:
+        print(f"\nkernels of {r['model']} (distinct regions; torch = the region's ops run by torch, unfused):")
+        print(f"  {'region':42} {'kind':10} {'tilefuse ms':>11} {'torch ms':>9} {'x':>6} {'TB/s':>6} {'TFLOP/s':>8}")
+        for k in r["regions"]:
+            tf = f"{k['TFLOP_s']:8.1f}" if k["TFLOP_s"] else f"{'':8}"
+            print(f"  {k['region'][:42]:42} {k['kind']:10} {k['tilefuse_ms']:11.4f} {k['torch_ms']:9.4f} "
+                  f"{k['speedup']:6.2f} {k['TB_s']:6.2f} {tf}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="mlp,gpt2,bert,llama,resnet,vit")
+    ap.add_argument("--size", default="bench")
+    ap.add_argument("--peers", default="eager,default,reduce-overhead")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_models: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    peers = [p for p in args.peers.split(",") if p]
+    import tilelang
+
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "tilelang": tilelang.__version__,
+            "python": platform.python_version(), "dtype": "float16", "reps": args.reps}
+    print(json.dumps(meta))
+    rows = []
+    for name in args.models.split(","):
+        try:
+            rows.append(bench_model(name, args.size, peers, args.reps))
+        except Exception as e:  # one model failing must not hide the others' numbers
+            print(f"  {name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+    print_tables(rows, peers)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
