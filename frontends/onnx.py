@@ -32,6 +32,8 @@ import onnx
 import onnx.defs
 import torch
 from onnx import helper
+
+from tilefuse import ops
 from tilefuse.frontends.onnx_shapes import MAX_ELEMENTS, Elements, propagate
 from tilefuse.frontends.onnx_tensors import (
     DTYPE_TO_ONNX,
@@ -40,8 +42,6 @@ from tilefuse.frontends.onnx_tensors import (
     tensor_from_proto,
     type_from_proto,
 )
-
-from tilefuse import ops
 from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value, freeze
 
 FOLD_LIMIT = 1 << 16  # fold a node on constants only if its outputs have at most this many elements
@@ -553,6 +553,7 @@ def _rename_values(graph: Graph, wanted: Mapping[str, str]) -> Graph:
 
 
 __all__ = [
+    "Converter",
     "Ctx",
     "OnnxImportError",
     "OnnxNode",

@@ -19,10 +19,10 @@ import numpy as np
 import onnx
 import torch
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
-from tilefuse.frontends.onnx_tensors import numpy_to_torch, torch_to_numpy
 
 import tilefuse
 from tilefuse.config import Options
+from tilefuse.frontends.onnx_tensors import numpy_to_torch, torch_to_numpy
 
 
 class TilefuseRep(BackendRep):

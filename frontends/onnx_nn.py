@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 import torch
+
 from tilefuse.frontends.onnx import Ctx, OnnxNode, Unsupported, onnx_dtype
 from tilefuse.frontends.onnx_ops import WIDE, axis_of, const_input, ints, runtime
-
 from tilefuse.ops import onnx_extra
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -119,7 +119,8 @@ def matmul_integer(ctx: Ctx, n: OnnxNode) -> list[str]:
         a = ctx.add1("sub", [a, ctx.cast(ctx.inp(n, 2), "int32")])
     if n.has_input(3):
         b = ctx.add1("sub", [b, ctx.cast(ctx.inp(n, 3), "int32")])
-    return [ctx.cast(ctx.add1("matmul", [ctx.cast(a, "int64"), ctx.cast(b, "int64")]), "int32")]
+    # float64 holds every int8/uint8 product sum exactly, and every device multiplies it
+    return [ctx.cast(ctx.add1("matmul", [ctx.cast(a, "float64"), ctx.cast(b, "float64")]), "int32")]
 
 
 # ---- convolution and pooling -------------------------------------------------------------------
@@ -200,6 +201,15 @@ def conv_transpose(ctx: Ctx, n: OnnxNode) -> list[str]:
     return [y]
 
 
+def _windows_fit(ctx: Ctx, x: str, kernel, strides, pads, dil, ceil) -> bool:
+    """Whether every pooled dim is non-empty (torch's pools refuse empty outputs)."""
+    shape = ctx.shape(x)
+    if shape is None or not all(isinstance(d, int) for d in shape[2:]):
+        return True
+    out, _ = onnx_extra._pool_geometry(shape, kernel, strides, pads, dil, ceil)
+    return min(out) > 0
+
+
 def max_pool(ctx: Ctx, n: OnnxNode) -> list[str]:
     x = ctx.inp(n, 0)
     kernel = list(n.attr("kernel_shape"))
@@ -209,7 +219,7 @@ def max_pool(ctx: Ctx, n: OnnxNode) -> list[str]:
         return ctx.add("max_pool_indices", [x], kernel=tuple(kernel), strides=tuple(strides), pads=tuple(pads),
                        dilations=tuple(dil), ceil_mode=ceil, storage_order=n.attr("storage_order", 0))
     if pads[:nd] == pads[nd:] and all(2 * p <= k for p, k in zip(pads, kernel)) and \
-            ctx.dtype(x) in FLOATS and nd <= 3:
+            ctx.dtype(x) in FLOATS and nd <= 3 and _windows_fit(ctx, x, kernel, strides, pads, dil, ceil):
         return ctx.add("max_pool", [x], kernel=tuple(kernel), stride=tuple(strides), padding=tuple(pads[:nd]),
                        dilation=tuple(dil), ceil_mode=bool(ceil))
     return ctx.add("onnx_pool", [x], mode="max", kernel=tuple(kernel), strides=tuple(strides), pads=tuple(pads),
@@ -222,7 +232,7 @@ def avg_pool(ctx: Ctx, n: OnnxNode) -> list[str]:
     strides, dil, pads = _window(ctx, n, x, kernel)
     nd, ceil, include = len(kernel), n.attr("ceil_mode", 0), n.attr("count_include_pad", 0)
     if pads[:nd] == pads[nd:] and all(2 * p <= k for p, k in zip(pads, kernel)) and all(d == 1 for d in dil) and \
-            nd <= 3 and ctx.dtype(x) in FLOATS:
+            nd <= 3 and ctx.dtype(x) in FLOATS and _windows_fit(ctx, x, kernel, strides, pads, dil, ceil):
         return ctx.add("avg_pool", [x], kernel=tuple(kernel), stride=tuple(strides), padding=tuple(pads[:nd]),
                        ceil_mode=bool(ceil), count_include_pad=bool(include))
     return ctx.add("onnx_pool", [x], mode="avg", kernel=tuple(kernel), strides=tuple(strides), pads=tuple(pads),

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 
 import torch
-from tilefuse.frontends.onnx import FOLD_LIMIT, Ctx, OnnxNode, Unsupported, onnx_dtype
-from tilefuse.frontends.onnx_shapes import resolve_reshape
 
+from tilefuse.frontends.onnx import FOLD_LIMIT, Converter, Ctx, OnnxNode, Unsupported, onnx_dtype
+from tilefuse.frontends.onnx_shapes import resolve_reshape
 from tilefuse.ir import TensorType
 
 WIDE = ("uint16", "uint32", "uint64")  # torch computes little in these: widened to int64 and back
@@ -522,7 +522,7 @@ _BINARY = {
     "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor",
 }
 
-CONVERTERS = {
+CONVERTERS: dict[str, Converter] = {
     **{k: _unary(v) for k, v in _UNARY.items()},
     **{k: _binary(v) for k, v in _BINARY.items()},
     "Div": div, "Pow": pow_, "Mod": mod, "Max": _variadic("maximum"), "Min": _variadic("minimum"),

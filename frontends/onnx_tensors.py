@@ -63,10 +63,12 @@ def onnx_dtype(elem_type: int) -> str:
 def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
     """A numpy array (including ml_dtypes bfloat16/float8) as a torch tensor of the same dtype."""
     a = np.asarray(a)
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
     name = a.dtype.name
     if name in _BIT_VIEWS:
         view_np, _ = _BIT_VIEWS[name]
-        return torch.from_numpy(a.view(view_np).copy(order="C")).view(getattr(torch, name))
+        return torch.from_numpy(a.copy(order="C").view(view_np)).view(getattr(torch, name))
     if a.dtype == object or a.dtype.kind in "USV":
         raise UnsupportedDtypeError(f"numpy dtype {a.dtype} (strings/objects) has no torch equivalent")
     return torch.from_numpy(a.copy(order="C"))

@@ -8,6 +8,7 @@ runs as one kernel).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Mapping, Sequence
@@ -125,6 +126,10 @@ def build_runner(graph: Graph, options: Options) -> PlanRunner:
             lower_plan = None
         if lower_plan is not None:
             kernels = lower_plan(p, options.target)
+        # Regions whose kernel did not compile run through torch: the plan must say so.
+        p = dataclasses.replace(p, regions=tuple(
+            r if r.backend != "tilelang" or r.name in kernels else dataclasses.replace(r, backend="torch")
+            for r in p.regions))
     runner = PlanRunner(p, kernels)
     if options.cuda_graphs and options.target.get("kind") == "cuda":
         runner.enable_cuda_graphs()

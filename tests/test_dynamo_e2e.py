@@ -183,11 +183,17 @@ def test_backend_entry_point_works_without_importing_tilefuse():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(models.ZOO))
 def test_zoo_model_fp16_cuda_matches_eager(name):
+    from tilefuse.config import Options
+
     model, _ = models.build(name, "tiny", dtype=torch.float16, device="cuda")
-    backend = make_backend()
+    runners = []
+    backend = make_backend(Options(observer=runners.append))
     compiled = torch.compile(model, backend=backend)
     with torch.no_grad():
         for _ in range(2):
             inputs = models.example_inputs(name, "tiny", dtype=torch.float16, device="cuda")
             torch.testing.assert_close(compiled(*inputs), model(*inputs), **FP16)
     assert backend.failures == [] and compiled_fallbacks(backend) == set()
+    for r in runners:  # the record of what ran as TileLang kernels on the GPU
+        print(f"[{name}] {r.plan.summary()}")
+    assert any(reg.backend == "tilelang" for r in runners for reg in r.plan.regions)

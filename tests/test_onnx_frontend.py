@@ -14,10 +14,10 @@ import pytest
 import torch
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
-from tilefuse.frontends import onnx_backend
-from tilefuse.frontends.onnx import OnnxImportError, UnsupportedOnnxOpError, fold_constants, import_onnx
 
 import tilefuse
+from tilefuse.frontends import onnx_backend
+from tilefuse.frontends.onnx import OnnxImportError, UnsupportedOnnxOpError, fold_constants, import_onnx
 
 OPSET = 18
 
@@ -203,14 +203,17 @@ def test_initializers_of_every_storage(tmp_path, rng):
     big = randn(rng, 64, 64)
     raw = numpy_helper.from_array(randn(rng, 4), "raw")
     typed = helper.make_tensor("typed", T.FLOAT, [4], randn(rng, 4).tolist(), raw=False)
+    mask = rng.random(4) > 0.5
     nodes = [helper.make_node("Cast", ["w16"], ["w"], to=T.FLOAT),
              helper.make_node("MatMul", ["x", "w"], ["a"]),
-             helper.make_node("Add", ["a", "raw"], ["b"]), helper.make_node("Add", ["b", "typed"], ["c"]),
+             helper.make_node("Add", ["a", "raw"], ["b0"]), helper.make_node("Cast", ["i8"], ["i8f"], to=T.FLOAT),
+             helper.make_node("Where", ["mask", "b0", "i8f"], ["b"]), helper.make_node("Add", ["b", "typed"], ["c"]),
              helper.make_node("MatMul", ["big", "big"], ["bb"]),
              helper.make_node("ReduceSum", ["bb"], ["s"], keepdims=0),
              helper.make_node("Add", ["c", "s"], ["y"])]
     m = model(nodes, [vi("x", T.FLOAT, [2, 4])], [vi("y", T.FLOAT, [2, 4])],
-              [init("w16", w16), raw, typed, init("big", big)])
+              [init("w16", w16), raw, typed, init("big", big), init("mask", mask),
+               init("i8", rng.integers(-100, 100, 4).astype(np.int8))])
     path = tmp_path / "model.onnx"
     onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
                     size_threshold=1024)

@@ -86,6 +86,26 @@ def shrink(x, bias: float = 0.0, lambd: float = 0.5):
     return torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, zero)).to(x.dtype)
 
 
+# Largest finite value and the rounding boundary above it (max + half an ulp) of each float8 type.
+_FLOAT8 = {"float8_e4m3fn": (448.0, 464.0), "float8_e4m3fnuz": (240.0, 248.0),
+           "float8_e5m2": (57344.0, 61440.0), "float8_e5m2fnuz": (57344.0, 61440.0)}
+
+
+@register("cast_float8", E)
+def cast_float8(x, dtype: str, saturate: bool = True):
+    """ONNX Cast to a float8 type: saturate clamps overflow and inf to the largest value; without
+    saturate, overflow becomes inf (e5m2) or nan."""
+    top, boundary = _FLOAT8[dtype]
+    has_inf = dtype == "float8_e5m2"
+    xf = x.float()
+    if saturate:
+        xf = xf.clamp(-top, top)
+    else:
+        over = xf.abs() >= boundary
+        xf = torch.where(over, torch.copysign(torch.full_like(xf, math.inf if has_inf else math.nan), xf), xf)
+    return xf.to(torch_dtype(dtype))
+
+
 @register("wide_binary", B)
 def wide_binary(a, b, fn: str):
     """A canonical binary op on uint16/32/64 operands: computed in int64, narrowed back (wraps)."""
@@ -107,7 +127,7 @@ def hardmax(x, dim: int = -1):
 @register("numel", O, infer=lambda t, a: [TensorType((), "int64")])
 def numel(x):
     """Number of elements as a 0-d int64 tensor (ONNX Size)."""
-    return torch.tensor(x.numel(), dtype=torch.int64)
+    return torch.tensor(x.numel(), dtype=torch.int64, device=x.device)
 
 
 @register("flatten2d", I, infer=_dynamic(rank=2))
@@ -159,7 +179,7 @@ def tile_dynamic(x, repeats):
 @register("constant_of_shape", I, infer=_dynamic(len_of=0))
 def constant_of_shape(shape, value: float = 0.0, dtype: str = "float32"):
     """A tensor of runtime ``shape`` filled with ``value``."""
-    return torch.full([int(d) for d in shape.tolist()], value, dtype=torch_dtype(dtype))
+    return torch.full([int(d) for d in shape.tolist()], value, dtype=torch_dtype(dtype), device=shape.device)
 
 
 @register("range_dynamic", I, infer=_dynamic(rank=1))
@@ -168,8 +188,9 @@ def range_dynamic(start, limit, delta):
     s, lim, d = start.item(), limit.item(), delta.item()
     n = max(math.ceil((lim - s) / d), 0)
     if start.dtype.is_floating_point:
-        return (start + torch.arange(n, dtype=torch.float64).to(start.dtype) * delta).to(start.dtype)
-    return torch.arange(n, dtype=torch.int64).mul(int(d)).add(int(s)).to(start.dtype)
+        return (start + torch.arange(n, dtype=torch.float64, device=start.device).to(start.dtype) * delta).to(
+            start.dtype)
+    return torch.arange(n, dtype=torch.int64, device=start.device).mul(int(d)).add(int(s)).to(start.dtype)
 
 
 @register("nonzero", O, infer=lambda t, a: [TensorType((t[0].rank if t[0].rank is not None else "?", "?"), "int64")])
@@ -330,7 +351,9 @@ def onnx_pool(x, mode: str, kernel: tuple, strides: tuple, pads: tuple, dilation
               ceil_mode: int = 0, count_include_pad: int = 0, p: float = 2.0):
     """ONNX Max/Average/Lp pooling with any pads ([begins..., ends...]), dilations and ceil mode."""
     nd = len(kernel)
-    _, extra = _pool_geometry(x.shape, kernel, strides, pads, dilations, ceil_mode)
+    out, extra = _pool_geometry(x.shape, kernel, strides, pads, dilations, ceil_mode)
+    if min(out) <= 0:  # the window is larger than the padded input
+        return x.new_empty(tuple(x.shape[:2]) + tuple(max(o, 0) for o in out))
     torch_pads = []
     for i in reversed(range(nd)):
         torch_pads += [pads[i], pads[nd + i] + extra[i]]
@@ -546,26 +569,6 @@ def one_hot_dynamic(indices, depth, values, axis: int = -1):
     return one_hot(indices, values, int(depth.reshape(-1)[0].item()), axis)
 
 
-# Largest finite value and the rounding boundary above it (max + half an ulp) of each float8 type.
-_FLOAT8 = {"float8_e4m3fn": (448.0, 464.0), "float8_e4m3fnuz": (240.0, 248.0),
-           "float8_e5m2": (57344.0, 61440.0), "float8_e5m2fnuz": (57344.0, 61440.0)}
-
-
-@register("cast_float8", E)
-def cast_float8(x, dtype: str, saturate: bool = True):
-    """ONNX Cast to a float8 type: saturate clamps overflow and inf to the largest value; without
-    saturate, overflow becomes inf (e5m2) or nan."""
-    top, boundary = _FLOAT8[dtype]
-    has_inf = dtype == "float8_e5m2"
-    xf = x.float()
-    if saturate:
-        xf = xf.clamp(-top, top)
-    else:
-        over = xf.abs() >= boundary
-        xf = torch.where(over, torch.copysign(torch.full_like(xf, math.inf if has_inf else math.nan), xf), xf)
-    return xf.to(torch_dtype(dtype))
-
-
 # ---- resize ---------------------------------------------------------------------------------------
 
 def _source_coords(mode: str, out: int, n: int, scale: float, roi: tuple | None):
@@ -730,7 +733,7 @@ def roi_align(x, rois, batch_indices, mode: str = "avg", output_height: int = 1,
         xs = x0 + torch.arange(output_width, dtype=torch.float64)[:, None] * bw + \
             (torch.arange(sw, dtype=torch.float64)[None, :] + 0.5) * bw / sw
         img = x[int(b)].double()
-        corners = _bilinear(img, ys.reshape(-1), xs.reshape(-1), h, w)  # 4 x [C, OH*SH, OW*SW]
+        corners = _bilinear(img, ys.reshape(-1).to(x.device), xs.reshape(-1).to(x.device), h, w)  # 4 x [C, OH*SH, OW*SW]
         # max mode takes the largest weighted corner of each sample, as onnxruntime does
         vals = torch.stack(corners).amax(0) if mode == "max" else sum(corners)
         vals = vals.reshape(x.shape[1], output_height, sh, output_width, sw)
@@ -899,7 +902,7 @@ def window(size, kind: str = "hann", periodic: int = 1, dtype: str = "float32"):
     else:
         a0 = 0.5 if kind == "hann" else 25 / 46
         w = a0 - (1 - a0) * torch.cos(k)
-    return w.to(torch_dtype(dtype))
+    return w.to(device=size.device, dtype=torch_dtype(dtype))
 
 
 def _as_complex(x):
@@ -965,7 +968,7 @@ def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, u
         if high > center:
             for j in range(center, high):
                 out[j, i] = (high - j) / (high - center)
-    return out.to(torch_dtype(dtype))
+    return out.to(device=num_mel_bins.device, dtype=torch_dtype(dtype))
 
 
 # ---- detection ------------------------------------------------------------------------------------
@@ -1009,7 +1012,7 @@ def non_max_suppression(boxes, scores, max_output=None, iou_threshold=None, scor
                 if ok:
                     kept.append(i)
             rows += [[bi, ci, i] for i in kept]
-    return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+    return torch.tensor(rows, dtype=torch.int64, device=boxes.device).reshape(-1, 3)
 
 
 def _unique_infer(in_types, attrs):
@@ -1026,10 +1029,11 @@ def unique(x, axis: int | None = None, sorted: int = 1):
     flat = x.reshape(-1) if axis is None else x.movedim(axis, 0).reshape(x.shape[axis], -1)
     values, inverse, counts = torch.unique(flat, sorted=True, return_inverse=True, return_counts=True, dim=0)
     n = flat.shape[0]
-    first = torch.full((values.shape[0],), n, dtype=torch.int64).scatter_reduce(
-        0, inverse, torch.arange(n), "amin")
-    order = torch.arange(values.shape[0]) if sorted else torch.argsort(first)
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0]))
+    dev = x.device
+    first = torch.full((values.shape[0],), n, dtype=torch.int64, device=dev).scatter_reduce(
+        0, inverse, torch.arange(n, device=dev), "amin")
+    order = torch.arange(values.shape[0], device=dev) if sorted else torch.argsort(first)
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0], device=dev))
     values = values[order]
     if axis is not None:
         axis %= x.dim()
@@ -1138,15 +1142,16 @@ def deform_conv(x, w, offset, bias=None, mask=None, stride: tuple = (1, 1), padd
     oh, ow = offset.shape[-2:]
     k = kh * kw
     off = offset.double().reshape(n, offset_groups, kh, kw, 2, oh, ow)
-    base_h = (torch.arange(oh, dtype=torch.float64) * stride[0] - padding[0])[:, None]
-    base_w = (torch.arange(ow, dtype=torch.float64) * stride[1] - padding[1])[None, :]
-    tap_h = (torch.arange(kh, dtype=torch.float64) * dilation[0])[:, None, None, None]
-    tap_w = (torch.arange(kw, dtype=torch.float64) * dilation[1])[None, :, None, None]
+    f64 = {"dtype": torch.float64, "device": x.device}
+    base_h = (torch.arange(oh, **f64) * stride[0] - padding[0])[:, None]
+    base_w = (torch.arange(ow, **f64) * stride[1] - padding[1])[None, :]
+    tap_h = (torch.arange(kh, **f64) * dilation[0])[:, None, None, None]
+    tap_w = (torch.arange(kw, **f64) * dilation[1])[None, :, None, None]
     py = base_h + tap_h + off[:, :, :, :, 0]  # [N, G, kh, kw, oh, ow]
     px = base_w + tap_w + off[:, :, :, :, 1]
     grid = torch.stack([px / max(wd - 1, 1) * 2 - 1, py / max(h - 1, 1) * 2 - 1], -1)
     per = c // offset_groups
-    msk = torch.ones(n, offset_groups, k, oh, ow, dtype=torch.float64) if mask is None else \
+    msk = torch.ones(n, offset_groups, k, oh, ow, **f64) if mask is None else \
         mask.double().reshape(n, offset_groups, k, oh, ow)
     cols = []
     for g in range(offset_groups):

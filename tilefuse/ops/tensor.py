@@ -170,7 +170,7 @@ def full(shape: tuple, value: float, dtype: str = "float32"):
 @register("shape_of", O)
 def shape_of(x, start: int = 0, end: int | None = None):
     """The shape of ``x`` as an int64 tensor (ONNX Shape)."""
-    return torch.tensor(list(x.shape)[start:end], dtype=torch.int64)
+    return torch.tensor(list(x.shape)[start:end], dtype=torch.int64, device=x.device)
 
 
 @register("cumsum", O)

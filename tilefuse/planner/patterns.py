@@ -69,6 +69,8 @@ def _attn_check(caps: dict, ctx: Context) -> str | None:
             return "the score scale is not a constant"
     if "mask" in caps and ctx.const(caps["mask"]) is None and ctx.type(caps["mask"]).dtype == "bool":
         return "boolean runtime masks are left decomposed"
+    if "mask" in caps and (ctx.type(caps["mask"]).rank or 0) < 2:
+        return "the additive term is not a (q, k) mask"
     return None
 
 
