@@ -177,10 +177,10 @@ def main() -> int:
             rows.append(bench_model(name, args.size, peers, args.reps))
         except Exception as e:  # one model failing must not hide the others' numbers
             print(f"  {name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
+        if args.json:  # after every model: a run cut short still leaves what it measured
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print_tables(rows, peers)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0
 
 
