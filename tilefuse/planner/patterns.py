@@ -248,13 +248,42 @@ def _split_scale_check(caps: dict, ctx: Context) -> str | None:
     return _attn_check({**caps, "scale": caps["s1"]}, ctx)
 
 
-def _attention_split_scale(masked: bool) -> Pattern:
+def _nan_guarded(sm: Op) -> Op:
+    """where(isnan(p), 0, p): torch's ONNX export guards rows that a mask hides entirely."""
+    return Op("where", (Op("isnan", (sm,)), "nan_fill", sm), name="nan_guard")
+
+
+def _finite_mask_check(caps: dict, ctx: Context) -> str | None:
+    """The NaN guard only matters when a row can be fully masked with -inf: accept finite masks."""
+    if "nan_guard" not in caps:
+        return None
+    if ctx.scalar(caps["nan_fill"]) != 0.0:
+        return "the NaN guard fills another value than 0"
+    if "mask" not in caps:
+        return None
+    m = ctx.const(caps["mask"])
+    if m is not None:
+        return None if bool(torch.isfinite(m).all()) else "a constant mask with -inf rows"
+    prod = ctx.producers.get(caps["mask"])
+    if prod is not None and prod.op == "where":
+        vals = [ctx.const(i) for i in prod.inputs[1:]]
+        if all(v is not None and bool(torch.isfinite(v).all()) for v in vals):
+            return None
+    return "the mask may hide whole rows with -inf, where the NaN guard differs from sdpa"
+
+
+def _attention_split_scale(masked: bool, guarded: bool = False) -> Pattern:
     s = Op("matmul", (Op("mul", ("q", "s1"), commutative=True), Op("mul", (_KT, "s2"), commutative=True)), name="qk")
     if masked:
         s = Op("add", (s, "mask"), name="mask_op", commutative=True)
-    root = Op("matmul", (Op("softmax", (s,), name="softmax"), "v"), name="root")
-    return Pattern("attention.decomposed_split_scale" + ("_masked" if masked else ""), root, _split_scale_rewrite,
-                   _split_scale_check, "matmul(softmax((q*s1) @ (k^T*s2) + mask), v) -> sdpa")
+    probs = Op("softmax", (s,), name="softmax")
+    root = Op("matmul", (_nan_guarded(probs) if guarded else probs, "v"), name="root")
+
+    def check(caps, ctx):
+        return _finite_mask_check(caps, ctx) or _split_scale_check(caps, ctx)
+
+    return Pattern("attention.decomposed_split_scale" + ("_masked" if masked else "") + ("_nanguard" if guarded else ""),
+                   root, _split_scale_rewrite, check, "matmul(softmax((q*s1) @ (k^T*s2) + mask), v) -> sdpa")
 
 
 # ---- rotary ---------------------------------------------------------------------------------
@@ -294,6 +323,8 @@ PATTERNS: list[Pattern] = [
             "reshape/permute/reshape that swaps the last two dims -> transpose"),
     _attention_split_scale(masked=True),
     _attention_split_scale(masked=False),
+    _attention_split_scale(masked=True, guarded=True),
+    _attention_split_scale(masked=False, guarded=True),
     Pattern("attention.gqa_repeat", Op("sdpa", ("q", _kv_repeat("k"), _kv_repeat("v")), name="attn"),
             _gqa_rewrite, _gqa_check, "sdpa over repeat_kv(k), repeat_kv(v) -> grouped-query sdpa"),
     _attention(scaled=True, masked=True),
