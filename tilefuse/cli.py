@@ -74,7 +74,7 @@ def _load_graph(spec: str, size: str):
     from tilefuse.frontends.capture import capture_graphs
 
     model, inputs = models.build(spec, size)
-    graphs = capture_graphs(model, inputs)
+    graphs = capture_graphs(model, inputs, lower=False)  # planning needs no kernels
     return max(graphs, key=lambda g: len(g.nodes))
 
 

@@ -17,20 +17,25 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
     log = RewriteLog()
     canon = canonicalize(graph, log) if fuse else graph
     regions, refusals = partition(canon, cost) if fuse else _one_per_node(canon)
-    regions = [dataclasses.replace(r, backend=_backend(r, canon, target)) for r in regions]
+    backends = [_backend(r, canon, target) for r in regions]
+    regions = [dataclasses.replace(r, backend=b) for r, (b, _) in zip(regions, backends)]
     rewrites = [f"{p}: {node}" for p, node in log.applied]
     refusals = refusals + [f"pattern {p} at {node}: {why}" for p, node, why in log.refused]
+    refusals += [f"{r.name} runs through torch: {why}" for r, (b, why) in zip(regions, backends)
+                 if b == "torch" and r.kind != "view"]
     return FusionPlan(canon, tuple(regions), tuple(refusals), tuple(rewrites), compute_nodes(graph))
 
 
-def _backend(region: Region, graph: Graph, target: dict | None) -> str:
+def _backend(region: Region, graph: Graph, target: dict | None) -> tuple[str, str]:
+    """("tilelang", "") when a template takes the region for ``target``, else ("torch", why)."""
     if region.kind == "view":
-        return "torch"
-    try:
-        from tilefuse.lowering.registry import can_lower
-    except ImportError:
-        return "torch"
-    return "tilelang" if target is not None and can_lower(region, graph, target) else "torch"
+        return "torch", "metadata only"
+    if target is None:
+        return "torch", "no target given"
+    from tilefuse.lowering.registry import KernelSpec, build
+
+    spec = build(region, graph, target)
+    return ("tilelang", "") if isinstance(spec, KernelSpec) else ("torch", spec)
 
 
 def _one_per_node(graph: Graph):

@@ -1,0 +1,218 @@
+"""Dynamic batching for serving: a bounded queue of requests and one worker thread that runs the model.
+
+Note: requests are concatenated along dim 0 (the batch dimension), run through the model in one call
+and the outputs are split back by each request's row count. Two batching modes follow from the
+graph's types:
+
+- ``"dynamic"``: dim 0 of every input and output is the same symbolic dim (``"batch"``); a batch
+  holds up to ``max_batch_size`` rows and runs at exactly that many rows.
+- ``"pad"``: dim 0 is the same static int ``B`` everywhere and the caller asked for padding
+  (``pad_batch=True``); a batch holds up to ``B`` rows and is padded with zeros to ``B``, so a model
+  compiled for static shapes (fused kernels, CUDA graphs) serves requests of 1..B rows.
+- ``"none"``: anything else; every request runs alone at the shapes it brought.
+
+Only requests whose other dims and dtypes agree share a batch (their *signature*); others wait for
+the next one, in arrival order. A batch that fails is retried request by request, so one bad request
+fails alone. The worker waits at most ``max_delay_s`` after the oldest queued request for the batch
+to fill, like Triton's ``max_queue_delay``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from typing import Callable, Sequence
+
+import torch
+
+_log = logging.getLogger("tilefuse.serve")
+
+
+class QueueFullError(RuntimeError):
+    """The request queue holds ``max_queue`` requests already (the server answers 503)."""
+
+
+class ShuttingDownError(RuntimeError):
+    """The batcher is closing and takes no new requests (the server answers 503)."""
+
+
+def batch_mode(input_types: Sequence, output_types: Sequence, pad_batch: bool = False) -> tuple[str, int | None]:
+    """``("dynamic", None)``, ``("pad", B)`` or ``("none", None)`` for a graph with these value types."""
+    types = list(input_types) + list(output_types)
+    if not types or any(t.shape is None or len(t.shape) == 0 for t in types):
+        return "none", None
+    dims = {t.shape[0] for t in types}
+    if len(dims) != 1:
+        return "none", None
+    (d,) = dims
+    if isinstance(d, str):
+        return "dynamic", None
+    return ("pad", d) if pad_batch and d > 0 else ("none", None)
+
+
+@dataclasses.dataclass
+class Pending:
+    """One queued request: its input tensors (CPU), row count, signature and the future to answer."""
+
+    inputs: tuple[torch.Tensor, ...]
+    rows: int
+    signature: tuple
+    future: concurrent.futures.Future
+    enqueued: float = dataclasses.field(default_factory=time.monotonic)
+
+
+def signature(inputs: Sequence[torch.Tensor]) -> tuple:
+    """What must agree for requests to share a batch: every input's dims after dim 0 and dtype."""
+    return tuple((tuple(t.shape[1:]), t.dtype) for t in inputs)
+
+
+class Batcher:
+    """Queues requests, runs them in batches on one worker thread, answers each through a future.
+
+    ``model(*tensors) -> tuple of tensors``; ``observe(rows, requests, seconds)`` is called after
+    every model run (metrics); ``device`` is where inputs go before the run.
+    """
+
+    def __init__(self, model: Callable[..., Sequence[torch.Tensor]], *, mode: str = "dynamic",
+                 static_batch: int | None = None, max_batch_size: int = 8, max_delay_s: float = 0.005,
+                 max_queue: int = 256, device: torch.device | str = "cpu",
+                 observe: Callable[[int, int, float], None] | None = None):
+        if max_batch_size < 1 or max_queue < 1 or max_delay_s < 0:
+            raise ValueError("max_batch_size and max_queue must be >= 1 and max_delay_s >= 0")
+        if mode == "pad" and not static_batch:
+            raise ValueError("mode 'pad' needs the model's static batch size")
+        self.model = model
+        self.mode = mode
+        self.static_batch = static_batch
+        self.max_rows = static_batch if mode == "pad" else (max_batch_size if mode == "dynamic" else 1)
+        self.max_delay_s = max_delay_s
+        self.max_queue = max_queue
+        self.device = torch.device(device)
+        self.observe = observe
+        self._queue: collections.deque[Pending] = collections.deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._work, name="tilefuse-batcher", daemon=True)
+        self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting in the queue (not counting the batch being run)."""
+        return len(self._queue)
+
+    def submit(self, inputs: Sequence[torch.Tensor]) -> concurrent.futures.Future:
+        """Queue one request; the future resolves to its output tensors (CPU) or to the model's error.
+
+        Raises ``QueueFullError`` when ``max_queue`` requests wait, ``ShuttingDownError`` after ``close``
+        and ``ValueError`` when a request cannot be batched (more rows than the model's static batch).
+        """
+        inputs = tuple(inputs)
+        rows = int(inputs[0].shape[0]) if self.mode != "none" else 1
+        if self.mode == "pad" and rows > self.static_batch:
+            raise ValueError(f"the request has {rows} rows in dim 0; this model runs at most {self.static_batch} "
+                             f"rows at once (its compiled batch size)")
+        item = Pending(inputs, rows, signature(inputs), concurrent.futures.Future())
+        with self._cond:
+            if self._closing:
+                raise ShuttingDownError("the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFullError(f"the request queue is full ({self.max_queue} requests waiting); retry later")
+            self._queue.append(item)
+            self._cond.notify()
+        return item.future
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop taking requests; with ``drain`` finish every queued one, else fail them; join the worker."""
+        with self._cond:
+            self._closing = True
+            if not drain:
+                while self._queue:
+                    self._queue.popleft().future.set_exception(ShuttingDownError("the server is shutting down"))
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def _take(self) -> list[Pending] | None:
+        """Block until a batch is due; return it (oldest request first), or None when closed and empty."""
+        with self._cond:
+            while not self._queue:
+                if self._closing:
+                    return None
+                self._cond.wait()
+            deadline = self._queue[0].enqueued + self.max_delay_s
+            while not self._closing and self._rows_ready() < self.max_rows:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            first = self._queue[0]
+            batch, rows, rest = [], 0, collections.deque()
+            while self._queue:
+                p = self._queue.popleft()
+                if p.signature == first.signature and (not batch or rows + p.rows <= self.max_rows):
+                    batch.append(p)
+                    rows += p.rows
+                    if rows >= self.max_rows:
+                        break
+                else:
+                    rest.append(p)
+            self._queue.extendleft(reversed(rest))
+            return batch
+
+    def _rows_ready(self) -> int:
+        sig = self._queue[0].signature
+        return sum(p.rows for p in self._queue if p.signature == sig)
+
+    def _work(self) -> None:
+        while (batch := self._take()) is not None:
+            batch = [p for p in batch if p.future.set_running_or_notify_cancel()]
+            if not batch:
+                continue
+            try:
+                self._run(batch)
+            except Exception as e:  # noqa: BLE001 - a failed batch is retried alone, then reported
+                if len(batch) == 1:
+                    batch[0].future.set_exception(e)
+                    continue
+                for p in batch:
+                    try:
+                        self._run([p])
+                    except Exception as e1:  # noqa: BLE001
+                        p.future.set_exception(e1)
+
+    def _run(self, batch: list[Pending]) -> None:
+        t0 = time.perf_counter()
+        n_in = len(batch[0].inputs)
+        if self.mode == "none":
+            args = [t.to(self.device) for t in batch[0].inputs]
+        else:
+            args = [torch.cat([p.inputs[i] for p in batch]) if len(batch) > 1 else batch[0].inputs[i]
+                    for i in range(n_in)]
+            rows = sum(p.rows for p in batch)
+            if self.mode == "pad" and rows < self.static_batch:
+                args = [torch.cat([a, a.new_zeros((self.static_batch - rows, *a.shape[1:]))]) for a in args]
+            args = [a.to(self.device) for a in args]
+        with torch.inference_mode():
+            outs = tuple(o.cpu() for o in self.model(*args))
+        total = sum(p.rows for p in batch)
+        if self.mode == "none":
+            batch[0].future.set_result(outs)
+        else:
+            expect = self.static_batch if self.mode == "pad" else total
+            for o in outs:
+                if o.dim() == 0 or o.shape[0] != expect:
+                    raise RuntimeError(f"an output has shape {tuple(o.shape)}; expected dim 0 = {expect} "
+                                       f"(the batch) to split it between requests")
+            start = 0
+            for p in batch:
+                p.future.set_result(tuple(o[start:start + p.rows] for o in outs))
+                start += p.rows
+        if self.observe is not None:
+            try:
+                self.observe(total, len(batch), time.perf_counter() - t0)
+            except Exception:  # noqa: BLE001 - metrics must never fail a request
+                _log.exception("batch observer failed")
+
