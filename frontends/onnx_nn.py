@@ -13,7 +13,7 @@ import torch
 
 from tilefuse.frontends.onnx import Ctx, OnnxNode, Unsupported, onnx_dtype
 from tilefuse.frontends.onnx_ops import WIDE, axis_of, const_input, ints, runtime
-from tilefuse.ops import onnx_extra
+from tilefuse.ops import onnx_extra, onnx_more
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 
@@ -378,7 +378,7 @@ def resize(ctx: Ctx, n: OnnxNode) -> list[str]:
     shape = ctx.shape(x)
     consts = {k: ctx.const(v) if v else None for k, v in inputs.items()}
     if ctx.type(x).is_static and all(v == "" or consts[k] is not None for k, v in inputs.items()):
-        sizes, scales, roi = onnx_extra.resize_geometry(shape, consts.get("scales"), consts.get("sizes"),
+        sizes, scales, roi = onnx_more.resize_geometry(shape, consts.get("scales"), consts.get("sizes"),
                                                         consts.get("roi"), **geometry)
         if attrs["coordinate_mode"] != "tf_crop_and_resize":
             roi = None

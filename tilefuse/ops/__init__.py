@@ -17,4 +17,4 @@ from tilefuse.ops.registry import (  # noqa: F401
     infer_types,
     register,
 )
-from tilefuse.ops import pointwise, tensor, nn, onnx_extra, fallback  # noqa: F401,E402  (registers the ops)
+from tilefuse.ops import pointwise, tensor, nn, onnx_extra, onnx_more, fallback  # noqa: F401,E402  (registers the ops)

@@ -1,0 +1,615 @@
+"""ONNX-only ops, continued: resizing, sampling, quantization, recurrent and signal ops.
+
+See ``tilefuse.ops.onnx_extra`` for the conventions (``"?"`` dims, widened integer dtypes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from tilefuse.ir import TensorType, torch_dtype
+from tilefuse.ops.onnx_extra import _WIDE, _dynamic, _extreme, _wide, cast_float8  # noqa: F401
+from tilefuse.ops.registry import OpKind, register
+
+E, B, I, R, O = OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE, OpKind.REDUCTION, OpKind.OPAQUE
+
+
+# ---- resize ---------------------------------------------------------------------------------------
+
+def _source_coords(mode: str, out: int, n: int, scale: float, roi: tuple | None):
+    """Source coordinate of each output index along one axis (ONNX coordinate_transformation_mode)."""
+    y = torch.arange(out, dtype=torch.float64)
+    length = scale * n
+    if mode == "align_corners":
+        return torch.zeros(out, dtype=torch.float64) if length == 1 else y * (n - 1) / (length - 1)
+    if mode == "asymmetric":
+        return y / scale
+    if mode == "tf_crop_and_resize":
+        lo, hi = roi
+        x = torch.full((out,), (hi - lo) * (n - 1) / 2, dtype=torch.float64) if length == 1 else \
+            y * (hi - lo) * (n - 1) / (length - 1)
+        return x + lo * (n - 1)
+    if mode == "pytorch_half_pixel" and length == 1:
+        return torch.full((out,), -0.5, dtype=torch.float64)
+    if mode == "half_pixel_symmetric":
+        offset = n / 2 * (1 - out / length)
+        return offset + (y + 0.5) / scale - 0.5
+    return (y + 0.5) / scale - 0.5  # half_pixel, pytorch_half_pixel
+
+
+def _cubic(d: torch.Tensor, a: float) -> torch.Tensor:
+    d = d.abs()
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return torch.where(d <= 1, near, torch.where(d < 2, far, torch.zeros_like(d)))
+
+
+def _resize_weights(mode: str, r: torch.Tensor, scale: float, antialias: bool, cubic_a: float,
+                    nearest_mode: str) -> tuple[torch.Tensor, int]:
+    """Per output position: weights of the taps ``i0 + start ... i0 + start + n - 1`` where
+    ``i0 = ceil(x) - 1`` and ``r = x - i0`` lies in (0, 1]. Returns (weights [out, n], start)."""
+    if mode == "nearest":
+        if nearest_mode == "round_prefer_ceil":
+            hi = r >= 0.5
+        elif nearest_mode == "floor":
+            hi = r == 1
+        elif nearest_mode == "ceil":
+            hi = torch.ones_like(r, dtype=torch.bool)
+        else:  # round_prefer_floor
+            hi = r > 0.5
+        return torch.stack([(~hi).double(), hi.double()], -1), 0
+    s = min(scale, 1.0) if antialias else 1.0
+    support = 1 if mode == "linear" else 2
+    start = math.floor(-support / s) + 1
+    offsets = torch.arange(start, 2 - start if antialias else support + 1, dtype=torch.float64)
+    if not antialias:
+        start = 1 - support
+        offsets = torch.arange(start, start + 2 * support, dtype=torch.float64)
+    d = (offsets[None, :] - r[:, None]) * s
+    w = (1 - d.abs()).clamp(0, 1) if mode == "linear" else _cubic(d, cubic_a)
+    if antialias:
+        w = w / w.sum(-1, keepdim=True)
+    return w, start
+
+
+@register("resize", O)
+def resize(x, sizes: tuple, scales: tuple, mode: str = "nearest", coordinate_mode: str = "half_pixel",
+           nearest_mode: str = "round_prefer_floor", cubic_coeff_a: float = -0.75, exclude_outside: int = 0,
+           extrapolation_value: float = 0.0, antialias: int = 0, roi: tuple | None = None):
+    """ONNX Resize, one axis at a time (the interpolation is separable): ``sizes`` is the whole output
+    shape, ``scales`` one factor per axis, ``roi`` [starts..., ends...] for tf_crop_and_resize."""
+    y = x.double()
+    rank = x.dim()
+    for axis in range(rank):
+        n, out, scale = x.shape[axis], sizes[axis], scales[axis]
+        ax_roi = None if roi is None else (roi[axis], roi[rank + axis])
+        if out == n and scale == 1.0 and (ax_roi is None or ax_roi == (0.0, 1.0)):
+            continue
+        src = _source_coords(coordinate_mode, out, n, scale, ax_roi)
+        i0 = torch.ceil(src).long() - 1
+        w, start = _resize_weights(mode, src - i0, scale, bool(antialias), cubic_coeff_a, nearest_mode)
+        idx = i0[:, None] + start + torch.arange(w.shape[1])[None, :]
+        if exclude_outside:
+            w = torch.where((idx < 0) | (idx >= n), torch.zeros_like(w), w)
+            total = w.sum(-1, keepdim=True)
+            w = w / torch.where(total == 0, torch.ones_like(total), total)
+        taps = y.index_select(axis, idx.clamp(0, n - 1).reshape(-1).to(x.device))
+        taps = taps.reshape(y.shape[:axis] + (out, w.shape[1]) + y.shape[axis + 1:])
+        w = w.reshape((1,) * axis + tuple(w.shape) + (1,) * (rank - axis - 1)).to(x.device)
+        y = (taps * w).sum(axis + 1)
+        if coordinate_mode == "tf_crop_and_resize":
+            outside = ((src < 0) | (src > n - 1)).reshape((1,) * axis + (out,) + (1,) * (rank - axis - 1))
+            y = torch.where(outside.to(x.device), torch.full_like(y, extrapolation_value), y)
+    if not x.dtype.is_floating_point:
+        info = torch.iinfo(x.dtype)
+        y = torch.round(y).clamp(info.min, info.max)
+    return y.to(x.dtype)
+
+
+def resize_geometry(shape, scales=None, sizes=None, roi=None, axes=None, policy: str = "stretch"):
+    """ONNX Resize's (sizes, scales, roi) over all axes from its scales/sizes/roi tensors over ``axes``
+    (``keep_aspect_ratio_policy`` applied). Returns tuples: output shape, per-axis scales, full roi."""
+    rank = len(shape)
+    axes = list(range(rank)) if axes is None else [a % rank for a in axes]
+    out_scales, out_sizes = [1.0] * rank, list(shape)
+    if sizes is not None and sizes.numel():
+        want = [int(v) for v in sizes.reshape(-1).tolist()]
+        ratio = [want[k] / shape[a] for k, a in enumerate(axes)]
+        if policy != "stretch":
+            s = min(ratio) if policy == "not_larger" else max(ratio)
+            ratio, want = [s] * len(axes), [int(s * shape[a] + 0.5) for a in axes]
+        for k, a in enumerate(axes):
+            out_scales[a], out_sizes[a] = ratio[k], want[k]
+    elif scales is not None and scales.numel():
+        for k, a in enumerate(axes):
+            out_scales[a] = float(scales.reshape(-1)[k])
+            out_sizes[a] = math.floor(out_scales[a] * shape[a])
+    else:
+        raise ValueError("Resize needs scales or sizes")
+    full = None
+    if roi is not None and roi.numel():
+        full = [0.0] * rank + [1.0] * rank
+        vals = [float(v) for v in roi.reshape(-1).tolist()]
+        for k, a in enumerate(axes):
+            full[a], full[rank + a] = vals[k], vals[len(axes) + k]
+        full = tuple(full)
+    return tuple(out_sizes), tuple(out_scales), full
+
+
+@register("resize_dynamic", O, infer=_dynamic(rank_of=0))
+def resize_dynamic(x, roi=None, scales=None, sizes=None, axes: tuple | None = None, policy: str = "stretch",
+                   **attrs):
+    """ONNX Resize whose scales / sizes / roi are runtime tensors."""
+    out_sizes, out_scales, full = resize_geometry(tuple(x.shape), scales, sizes, roi, axes, policy)
+    if attrs.get("coordinate_mode") != "tf_crop_and_resize":
+        full = None
+    return resize(x, out_sizes, out_scales, roi=full, **attrs)
+
+
+# ---- sampling ---------------------------------------------------------------------------------------
+
+@register("grid_sample", O)
+def grid_sample(x, grid, mode: str = "bilinear", padding_mode: str = "zeros", align_corners: int = 0):
+    """ONNX GridSample (PyTorch's semantics); ``mode`` in bilinear, nearest, bicubic."""
+    return F.grid_sample(x, grid.to(x.dtype), mode=mode, padding_mode=padding_mode, align_corners=bool(align_corners))
+
+
+@register("affine_grid", O, infer=_dynamic(len_of=1))
+def affine_grid(theta, size, align_corners: int = 0):
+    """ONNX AffineGrid: the sampling grid of the affine maps ``theta`` for an output of ``size``."""
+    return F.affine_grid(theta, [int(s) for s in size.tolist()], align_corners=bool(align_corners))
+
+
+@register("roi_align", O)
+def roi_align(x, rois, batch_indices, mode: str = "avg", output_height: int = 1, output_width: int = 1,
+              sampling_ratio: int = 0, spatial_scale: float = 1.0, half_pixel: int = 1):
+    """ONNX RoiAlign: bilinear samples averaged (or maxed) over each bin of each region."""
+    out = []
+    h, w = x.shape[2], x.shape[3]
+    offset = 0.5 if half_pixel else 0.0
+    for roi, b in zip(rois.double(), batch_indices.tolist()):
+        x0, y0, x1, y1 = (roi * spatial_scale - offset).tolist()
+        rw, rh = (x1 - x0, y1 - y0) if half_pixel else (max(x1 - x0, 1.0), max(y1 - y0, 1.0))
+        bh, bw = rh / output_height, rw / output_width
+        sh = sampling_ratio or math.ceil(rh / output_height)
+        sw = sampling_ratio or math.ceil(rw / output_width)
+        ys = y0 + torch.arange(output_height, dtype=torch.float64)[:, None] * bh + \
+            (torch.arange(sh, dtype=torch.float64)[None, :] + 0.5) * bh / sh
+        xs = x0 + torch.arange(output_width, dtype=torch.float64)[:, None] * bw + \
+            (torch.arange(sw, dtype=torch.float64)[None, :] + 0.5) * bw / sw
+        img = x[int(b)].double()
+        corners = _bilinear(img, ys.reshape(-1).to(x.device), xs.reshape(-1).to(x.device), h, w)  # 4 x [C, OH*SH, OW*SW]
+        # max mode takes the largest weighted corner of each sample, as onnxruntime does
+        vals = torch.stack(corners).amax(0) if mode == "max" else sum(corners)
+        vals = vals.reshape(x.shape[1], output_height, sh, output_width, sw)
+        out.append(vals.amax((2, 4)) if mode == "max" else vals.mean((2, 4)))
+    return torch.stack(out).to(x.dtype) if out else x.new_zeros((0, x.shape[1], output_height, output_width))
+
+
+def _bilinear(img, ys, xs, h, w):
+    """The four weighted corner terms of bilinear samples of ``img`` [C, H, W] at the grid ys x xs,
+    zero outside [-1, H] x [-1, W] (RoiAlign)."""
+    def axis(coords, n):
+        valid = (coords >= -1.0) & (coords <= n)
+        c = coords.clamp(min=0)
+        lo = c.floor().long().clamp(max=n - 1)
+        hi = (lo + 1).clamp(max=n - 1)
+        c = torch.where(lo >= n - 1, lo.double(), c)
+        frac = c - lo
+        return lo, hi, 1 - frac, frac, valid
+
+    ylo, yhi, wy0, wy1, vy = axis(ys, h)
+    xlo, xhi, wx0, wx1, vx = axis(xs, w)
+    inside = vy[:, None] & vx[None, :]
+    return [img[:, yi][:, :, xi] * (wy[:, None] * wx[None, :]) * inside
+            for yi, wy in ((ylo, wy0), (yhi, wy1)) for xi, wx in ((xlo, wx0), (xhi, wx1))]
+
+
+@register("max_unpool", O, infer=lambda t, a: [TensorType(a["output_shape"], t[0].dtype)] if a.get(
+    "output_shape") else _dynamic(rank_of=0)(t, a))
+def max_unpool(x, indices, shape=None, inferred_shape: tuple = (), output_shape: tuple | None = None):
+    """ONNX MaxUnpool: scatter ``x`` to the flat ``indices`` of a zero tensor of ``inferred_shape``
+    (the pooling's input shape), placed at the start of ``output_shape`` (or the runtime ``shape``)."""
+    output_shape = output_shape or tuple(int(v) for v in shape.tolist())
+    y = torch.zeros(math.prod(inferred_shape), dtype=x.dtype, device=x.device)
+    y = y.scatter(0, indices.reshape(-1).long(), x.reshape(-1)).reshape(inferred_shape)
+    out = torch.zeros(output_shape, dtype=x.dtype, device=x.device)
+    out[tuple(slice(0, d) for d in inferred_shape)] = y
+    return out
+
+
+@register("col2im", O, infer=lambda t, a: [TensorType(None if t[1].shape is None else ("?",) * (t[1].shape[0] + 2),
+                                                      t[0].dtype)])
+def col2im(x, image_shape, block_shape, dilations: tuple = (), pads: tuple = (), strides: tuple = ()):
+    """ONNX Col2Im: sum the columns [N, C*prod(block), L] back into images [N, C, *image_shape]."""
+    image_shape, block_shape = [int(v) for v in image_shape.tolist()], [int(v) for v in block_shape.tolist()]
+    nd = len(image_shape)
+    dilations, pads, strides = dilations or (1,) * nd, pads or (0,) * 2 * nd, strides or (1,) * nd
+    n, cb, _ = x.shape
+    c = cb // math.prod(block_shape)
+    counts = [(image_shape[i] + pads[i] + pads[nd + i] - dilations[i] * (block_shape[i] - 1) - 1) // strides[i] + 1
+              for i in range(nd)]
+    k = torch.stack(torch.meshgrid(*[torch.arange(b) for b in block_shape], indexing="ij"), -1).reshape(-1, nd)
+    loc = torch.stack(torch.meshgrid(*[torch.arange(m) for m in counts], indexing="ij"), -1).reshape(-1, nd)
+    pos = loc[None, :, :] * torch.tensor(strides) - torch.tensor(pads[:nd]) + k[:, None, :] * torch.tensor(dilations)
+    inside = ((pos >= 0) & (pos < torch.tensor(image_shape))).all(-1)
+    flat = torch.zeros_like(pos[..., 0])
+    for i in range(nd):
+        flat = flat * image_shape[i] + pos[..., i].clamp(0, image_shape[i] - 1)
+    cols = x.reshape(n, c, k.shape[0], loc.shape[0]) * inside.to(x.dtype).to(x.device)
+    out = torch.zeros(n, c, math.prod(image_shape), dtype=x.dtype, device=x.device)
+    out.index_add_(2, flat.reshape(-1).to(x.device), cols.reshape(n, c, -1))
+    return out.reshape(n, c, *image_shape)
+
+
+@register("tensor_scatter", I)
+def tensor_scatter(cache, update, write_indices=None, mode: str = "linear", axis: int = -2):
+    """ONNX TensorScatter: write ``update`` into ``cache`` along ``axis`` from each batch entry's
+    write index (wrapping around when ``mode`` is circular)."""
+    axis %= cache.dim()
+    out = cache.clone()
+    starts = [0] * cache.shape[0] if write_indices is None else write_indices.tolist()
+    for b, start in enumerate(starts):
+        pos = torch.arange(update.shape[axis]) + int(start)
+        if mode == "circular":
+            pos = pos % cache.shape[axis]
+        out[b].index_copy_(axis - 1, pos.to(cache.device), update[b])
+    return out
+
+
+# ---- quantization -----------------------------------------------------------------------------------
+
+def _per_axis(scale, x, axis: int, block_size: int):
+    """``scale`` (or a zero point) broadcast against ``x``: scalar, per-axis 1-D, or blocked."""
+    if scale.dim() == 0 or scale.numel() == 1 and not block_size:
+        return scale.reshape(())
+    axis %= x.dim()
+    if block_size:
+        return scale.repeat_interleave(block_size, dim=axis).narrow(axis, 0, x.shape[axis])
+    return scale.reshape([-1 if i == axis else 1 for i in range(x.dim())])
+
+
+@register("quantize_linear", E)
+def quantize_linear(x, scale, zero_point=None, axis: int = 1, block_size: int = 0, dtype: str = "uint8",
+                    saturate: int = 1):
+    """round(x / scale) + zero_point, saturated to ``dtype`` (ties to even); float8 outputs cast."""
+    s = _per_axis(scale, x, axis, block_size)
+    work = torch.promote_types(x.dtype, s.dtype)
+    y = x.to(work) / s.to(work)  # ONNX divides in the input's precision
+    out = torch_dtype(dtype)
+    if out.is_floating_point:
+        return cast_float8(y.float(), dtype, bool(saturate)) if dtype.startswith("float8") else y.to(out)
+    y = torch.round(y).double()
+    if zero_point is not None:
+        y = y + _per_axis(zero_point, x, axis, block_size).double()
+    info = torch.iinfo(out)
+    return torch.round(y).clamp(info.min, info.max).to(out)
+
+
+@register("dequantize_linear", E)
+def dequantize_linear(x, scale, zero_point=None, axis: int = 1, block_size: int = 0, dtype: str | None = None):
+    """(x - zero_point) * scale in the scale's dtype (or ``dtype``)."""
+    s = _per_axis(scale, x, axis, block_size)
+    y = x.double() if not x.dtype.is_floating_point or x.dtype.itemsize > 1 else x.float().double()
+    if zero_point is not None:
+        y = y - _per_axis(zero_point, x, axis, block_size).double()
+    return (y * s.double()).to(torch_dtype(dtype) if dtype else scale.dtype)
+
+
+@register("qlinear_matmul", OpKind.GEMM)
+def qlinear_matmul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+    """Quantized matmul: dequantize, multiply exactly, requantize to ``y_zp``'s dtype."""
+    af = (a.double() - a_zp.double()) * a_scale.double()
+    bf = (b.double() - _per_axis(b_zp, b, -1, 0).double()) * _per_axis(b_scale, b, -1, 0).double()
+    return quantize_linear(torch.matmul(af, bf), y_scale, y_zp, dtype=str(y_zp.dtype).removeprefix("torch."))
+
+
+@register("qlinear_conv", OpKind.CONV)
+def qlinear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None, stride: tuple = (1, 1),
+                 padding: tuple = (0, 0), dilation: tuple = (1, 1), groups: int = 1):
+    """Quantized convolution: dequantize, convolve in float64, add the int32 bias, requantize."""
+    xf = (x.double() - x_zp.double()) * x_scale.double()
+    wf = (w.double() - _per_axis(w_zp, w, 0, 0).double()) * _per_axis(w_scale, w, 0, 0).double()
+    fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[w.dim()]
+    y = fn(xf, wf, None, tuple(stride), tuple(padding), tuple(dilation), groups)
+    if bias is not None:
+        scale = (x_scale.double() * w_scale.double()).reshape(-1)
+        y = y + (bias.double() * scale).reshape(1, -1, *([1] * (w.dim() - 2)))
+    return quantize_linear(y, y_scale, y_zp, dtype=str(y_zp.dtype).removeprefix("torch."))
+
+
+@register("conv_integer", OpKind.CONV)
+def conv_integer(x, w, x_zp=None, w_zp=None, stride: tuple = (1, 1), padding: tuple = (0, 0),
+                 dilation: tuple = (1, 1), groups: int = 1):
+    """Integer convolution with zero points, int32 result (exact through float64)."""
+    xf = x.double() - (x_zp.double() if x_zp is not None else 0)
+    wf = w.double() - (_per_axis(w_zp, w, 0, 0).double() if w_zp is not None else 0)
+    fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[w.dim()]
+    return fn(xf, wf, None, tuple(stride), tuple(padding), tuple(dilation), groups).round().to(torch.int32)
+
+
+@register("bitcast", E)
+def bitcast(x, dtype: str):
+    """Reinterpret the bits of ``x`` as ``dtype`` (same width)."""
+    return x.view(torch_dtype(dtype))
+
+
+# ---- signal processing --------------------------------------------------------------------------
+
+@register("window", O, infer=_dynamic(rank=1))
+def window(size, kind: str = "hann", periodic: int = 1, dtype: str = "float32"):
+    """Hann / Hamming / Blackman window of runtime ``size``."""
+    n = int(size.reshape(-1)[0].item())
+    denom = n if periodic else n - 1
+    k = torch.arange(n, dtype=torch.float64) * (2 * math.pi / max(denom, 1))
+    if kind == "blackman":
+        w = 0.42 - 0.5 * torch.cos(k) + 0.08 * torch.cos(2 * k)
+    else:
+        a0 = 0.5 if kind == "hann" else 25 / 46
+        w = a0 - (1 - a0) * torch.cos(k)
+    return w.to(device=size.device, dtype=torch_dtype(dtype))
+
+
+def _as_complex(x):
+    """[..., 2] (or [..., 1] real) -> complex, in the input's precision (complex64 below float64)."""
+    x = x if x.dtype == torch.float64 else x.float()
+    return torch.complex(x[..., 0], x[..., 1]) if x.shape[-1] == 2 else x[..., 0].to(
+        torch.complex128 if x.dtype == torch.float64 else torch.complex64)
+
+
+@register("dft", O, infer=_dynamic(rank_of=0))
+def dft(x, length=None, axis_tensor=None, axis: int = 1, inverse: int = 0, onesided: int = 0):
+    """ONNX DFT on [..., 1] (real) or [..., 2] (complex) signals; the result is [..., 2] (or [..., 1]
+    for an inverse one-sided transform)."""
+    if axis_tensor is not None:
+        axis = int(axis_tensor.reshape(-1)[0].item())
+    axis %= x.dim()
+    n = int(length.reshape(-1)[0].item()) if length is not None and length.numel() else None
+    sig = _as_complex(x)
+    if inverse:
+        if onesided:
+            return torch.fft.irfft(sig, n=n or 2 * (sig.shape[axis] - 1), dim=axis).unsqueeze(-1).to(x.dtype)
+        y = torch.fft.ifft(sig, n=n, dim=axis)
+    else:
+        y = torch.fft.fft(sig, n=n, dim=axis)
+        if onesided:
+            y = y.narrow(axis, 0, y.shape[axis] // 2 + 1)
+    return torch.stack([y.real, y.imag], -1).to(x.dtype)
+
+
+@register("stft", O, infer=_dynamic(rank=4))
+def stft(signal, frame_step, window=None, frame_length=None, onesided: int = 1):
+    """ONNX STFT: [batch, frames, bins, 2] from [batch, length, 1 or 2]."""
+    step = int(frame_step.reshape(-1)[0].item())
+    size = int(frame_length.reshape(-1)[0].item()) if frame_length is not None else window.shape[0]
+    sig = _as_complex(signal)
+    frames = sig.unfold(1, size, step)
+    if window is not None:
+        frames = frames * window.to(frames.real.dtype)
+    y = torch.fft.fft(frames, dim=-1)
+    if onesided:
+        y = y[..., : size // 2 + 1]
+    return torch.stack([y.real, y.imag], -1).to(signal.dtype)
+
+
+@register("mel_weight_matrix", O, infer=_dynamic(rank=2))
+def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz,
+                      dtype: str = "float32"):
+    """ONNX MelWeightMatrix: triangular filters on the mel scale, [dft_length // 2 + 1, num_mel_bins]."""
+    bins, n, rate = int(num_mel_bins.item()), int(dft_length.item()), int(sample_rate.item())
+    lo, hi = float(lower_edge_hertz.item()), float(upper_edge_hertz.item())
+    spectrogram = n // 2 + 1
+    mel = lambda f: 2595 * math.log10(1 + f / 700)
+    step = (mel(hi) - mel(lo)) / (bins + 2)
+    points = [int((n + 1) * (700 * math.expm1((mel(lo) + i * step) / 2595 * math.log(10))) // rate)
+              for i in range(bins + 2)]
+    out = torch.zeros(spectrogram, bins, dtype=torch.float64)
+    for i in range(bins):
+        low, center, high = points[i], points[i + 1], points[i + 2]
+        if center == low:
+            out[center, i] = 1
+        for j in range(low, center + 1 if center > low else low):
+            out[j, i] = (j - low) / (center - low)
+        if high > center:
+            for j in range(center, high):
+                out[j, i] = (high - j) / (high - center)
+    return out.to(device=num_mel_bins.device, dtype=torch_dtype(dtype))
+
+
+# ---- detection ------------------------------------------------------------------------------------
+
+@register("non_max_suppression", O, infer=_dynamic(rank=2, dtype="int64"))
+def non_max_suppression(boxes, scores, max_output=None, iou_threshold=None, score_threshold=None,
+                        center_point_box: int = 0):
+    """ONNX NonMaxSuppression: greedy per batch and class; rows (batch, class, box) as int64."""
+    limit = int(max_output.reshape(-1)[0].item()) if max_output is not None and max_output.numel() else 0
+    iou_t = float(iou_threshold.reshape(-1)[0].item()) if iou_threshold is not None and iou_threshold.numel() else 0.0
+    score_t = float(score_threshold.reshape(-1)[0].item()) if score_threshold is not None and \
+        score_threshold.numel() else None
+    b = boxes.double()
+    if center_point_box:
+        xc, yc, w, h = b.unbind(-1)
+        y1, x1, y2, x2 = yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
+    else:
+        y1, x1, y2, x2 = b.unbind(-1)
+        y1, y2 = torch.minimum(y1, y2), torch.maximum(y1, y2)
+        x1, x2 = torch.minimum(x1, x2), torch.maximum(x1, x2)
+    area = (y2 - y1) * (x2 - x1)
+    rows = []
+    for bi in range(scores.shape[0]):
+        for ci in range(scores.shape[1]):
+            s = scores[bi, ci].double()
+            order = [int(i) for i in torch.sort(s, descending=True, stable=True).indices.tolist()
+                     if score_t is None or s[i] > score_t]
+            kept: list[int] = []
+            for i in order:
+                if len(kept) >= limit:
+                    break
+                ok = True
+                for j in kept:
+                    ih = (torch.minimum(y2[bi, i], y2[bi, j]) - torch.maximum(y1[bi, i], y1[bi, j])).clamp(min=0)
+                    iw = (torch.minimum(x2[bi, i], x2[bi, j]) - torch.maximum(x1[bi, i], x1[bi, j])).clamp(min=0)
+                    inter = ih * iw
+                    union = area[bi, i] + area[bi, j] - inter
+                    if union > 0 and inter / union > iou_t:
+                        ok = False
+                        break
+                if ok:
+                    kept.append(i)
+            rows += [[bi, ci, i] for i in kept]
+    return torch.tensor(rows, dtype=torch.int64, device=boxes.device).reshape(-1, 3)
+
+
+def _unique_infer(in_types, attrs):
+    x = in_types[0]
+    axis = attrs.get("axis")
+    y_rank = 1 if axis is None else x.rank
+    return [TensorType(("?",) * y_rank, x.dtype)] + [TensorType(("?",), "int64")] * 3
+
+
+@register("unique", O, infer=_unique_infer, num_outputs=4)
+def unique(x, axis: int | None = None, sorted: int = 1):
+    """ONNX Unique: (values, first-occurrence indices, inverse indices, counts), sorted or in
+    order of first occurrence."""
+    flat = x.reshape(-1) if axis is None else x.movedim(axis, 0).reshape(x.shape[axis], -1)
+    values, inverse, counts = torch.unique(flat, sorted=True, return_inverse=True, return_counts=True, dim=0)
+    n = flat.shape[0]
+    dev = x.device
+    first = torch.full((values.shape[0],), n, dtype=torch.int64, device=dev).scatter_reduce(
+        0, inverse, torch.arange(n, device=dev), "amin")
+    order = torch.arange(values.shape[0], device=dev) if sorted else torch.argsort(first)
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0], device=dev))
+    values = values[order]
+    if axis is not None:
+        axis %= x.dim()
+        values = values.reshape(-1, *[s for i, s in enumerate(x.shape) if i != axis]).movedim(0, axis)
+    return values, first[order], rank[inverse], counts[order]
+
+
+# ---- recurrent networks -------------------------------------------------------------------------
+
+def _activation(name: str, alpha: float | None, beta: float | None):
+    name = name.lower()
+    table = {
+        "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "softsign": F.softsign,
+        "softplus": lambda x: torch.log1p(torch.exp(x)),
+        "affine": lambda x: (1.0 if alpha is None else alpha) * x + (0.0 if beta is None else beta),
+        "leakyrelu": lambda x: F.leaky_relu(x, 0.01 if alpha is None else alpha),
+        "thresholdedrelu": lambda x: torch.where(x > (1.0 if alpha is None else alpha), x, torch.zeros_like(x)),
+        "scaledtanh": lambda x: (1.0 if alpha is None else alpha) * torch.tanh((1.0 if beta is None else beta) * x),
+        "hardsigmoid": lambda x: ((0.2 if alpha is None else alpha) * x + (0.5 if beta is None else beta)).clamp(0, 1),
+        "elu": lambda x: F.elu(x, 1.0 if alpha is None else alpha),
+    }
+    return table[name]
+
+
+def _rnn_infer(in_types, attrs):
+    x = in_types[0]
+    layout, dirs, hidden = attrs.get("layout", 0), attrs["num_directions"], attrs["hidden_size"]
+    seq, batch = (x.shape[0], x.shape[1]) if layout == 0 else (x.shape[1], x.shape[0])
+    y = (seq, dirs, batch, hidden) if layout == 0 else (batch, seq, dirs, hidden)
+    h = (dirs, batch, hidden) if layout == 0 else (batch, dirs, hidden)
+    return [TensorType(y, x.dtype), TensorType(h, x.dtype)] + ([TensorType(h, x.dtype)] if attrs["kind"] == "lstm"
+                                                                else [])
+
+
+@register("rnn", O, infer=_rnn_infer, num_outputs=-1)
+def rnn(x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None, kind: str = "rnn", hidden_size: int = 1,
+        num_directions: int = 1, direction: str = "forward", activations: tuple = (), alphas: tuple = (),
+        betas: tuple = (), clip: float | None = None, layout: int = 0, linear_before_reset: int = 0,
+        input_forget: int = 0):
+    """ONNX RNN / GRU / LSTM (``kind``): outputs Y, Y_h (and Y_c for LSTM)."""
+    if layout:
+        x = x.transpose(0, 1)
+        h0 = None if h0 is None else h0.transpose(0, 1)
+        c0 = None if c0 is None else c0.transpose(0, 1)
+    seq, batch, hs = x.shape[0], x.shape[1], hidden_size
+    gates = {"rnn": 1, "gru": 3, "lstm": 4}[kind]
+    per_dir = {"rnn": 1, "gru": 2, "lstm": 3}[kind]
+    lens = torch.full((batch,), seq, dtype=torch.long) if seq_lens is None else seq_lens.long().cpu()
+    ys, hs_out, cs_out = [], [], []
+    for d in range(num_directions):
+        acts = [_activation(a, alphas[k] if k < len(alphas) else None, betas[k] if k < len(betas) else None)
+                for k, a in enumerate(activations[d * per_dir:(d + 1) * per_dir])]
+        wd, rd = w[d], r[d]
+        bias = b[d] if b is not None else x.new_zeros(2 * gates * hs)
+        wb, rb = bias[:gates * hs], bias[gates * hs:]
+        h = h0[d] if h0 is not None else x.new_zeros(batch, hs)
+        c = c0[d] if c0 is not None else x.new_zeros(batch, hs)
+        peep = p[d] if p is not None else x.new_zeros(3 * hs)
+        reverse = direction == "reverse" or d == 1
+        y = x.new_zeros(seq, batch, hs)
+        for t in range(seq):
+            live = (t < lens).to(x.device)[:, None]
+            steps = torch.where(lens > t, lens - 1 - t, torch.zeros_like(lens)) if reverse else torch.full_like(lens, t)
+            xt = x[steps.to(x.device), torch.arange(batch, device=x.device)]
+            clipf = (lambda v: v.clamp(-clip, clip)) if clip else (lambda v: v)
+            gx = xt @ wd.T + wb
+            if kind == "rnn":
+                h_new = acts[0](clipf(gx + h @ rd.T + rb))
+            elif kind == "gru":
+                gh = h @ rd.T
+                z = acts[0](clipf(gx[:, :hs] + gh[:, :hs] + rb[:hs]))
+                rr = acts[0](clipf(gx[:, hs:2 * hs] + gh[:, hs:2 * hs] + rb[hs:2 * hs]))
+                if linear_before_reset:
+                    hh = acts[1](clipf(gx[:, 2 * hs:] + rr * (gh[:, 2 * hs:] + rb[2 * hs:])))
+                else:
+                    hh = acts[1](clipf(gx[:, 2 * hs:] + (rr * h) @ rd[2 * hs:].T + rb[2 * hs:]))
+                h_new = (1 - z) * hh + z * h
+            else:
+                g = gx + h @ rd.T + rb
+                i = acts[0](clipf(g[:, :hs] + peep[:hs] * c))
+                f = 1 - i if input_forget else acts[0](clipf(g[:, 2 * hs:3 * hs] + peep[2 * hs:] * c))
+                cc = acts[1](clipf(g[:, 3 * hs:]))
+                c_new = f * c + i * cc
+                o = acts[0](clipf(g[:, hs:2 * hs] + peep[hs:2 * hs] * c_new))
+                h_new = o * acts[2](c_new)
+                c = torch.where(live, c_new, c)
+            h = torch.where(live, h_new, h)
+            y[steps.to(x.device), torch.arange(batch, device=x.device)] = torch.where(live, h_new, torch.zeros_like(h))
+        ys.append(y)
+        hs_out.append(h)
+        cs_out.append(c)
+    y = torch.stack(ys, 1)
+    h, c = torch.stack(hs_out), torch.stack(cs_out)
+    if layout:
+        y, h, c = y.permute(2, 0, 1, 3), h.transpose(0, 1), c.transpose(0, 1)
+    return (y, h, c) if kind == "lstm" else (y, h)
+
+
+@register("deform_conv", OpKind.CONV)
+def deform_conv(x, w, offset, bias=None, mask=None, stride: tuple = (1, 1), padding: tuple = (0, 0),
+                dilation: tuple = (1, 1), groups: int = 1, offset_groups: int = 1):
+    """ONNX DeformConv (2-D): each kernel tap samples ``x`` bilinearly at its offset position (zero
+    outside), scaled by ``mask``, then a grouped convolution over the samples."""
+    n, c, h, wd = x.shape
+    m, _, kh, kw = w.shape
+    oh, ow = offset.shape[-2:]
+    k = kh * kw
+    off = offset.double().reshape(n, offset_groups, kh, kw, 2, oh, ow)
+    f64 = {"dtype": torch.float64, "device": x.device}
+    base_h = (torch.arange(oh, **f64) * stride[0] - padding[0])[:, None]
+    base_w = (torch.arange(ow, **f64) * stride[1] - padding[1])[None, :]
+    tap_h = (torch.arange(kh, **f64) * dilation[0])[:, None, None, None]
+    tap_w = (torch.arange(kw, **f64) * dilation[1])[None, :, None, None]
+    py = base_h + tap_h + off[:, :, :, :, 0]  # [N, G, kh, kw, oh, ow]
+    px = base_w + tap_w + off[:, :, :, :, 1]
+    grid = torch.stack([px / max(wd - 1, 1) * 2 - 1, py / max(h - 1, 1) * 2 - 1], -1)
+    per = c // offset_groups
+    msk = torch.ones(n, offset_groups, k, oh, ow, **f64) if mask is None else \
+        mask.double().reshape(n, offset_groups, k, oh, ow)
+    cols = []
+    for g in range(offset_groups):
+        sampled = F.grid_sample(x[:, g * per:(g + 1) * per].double(), grid[:, g].reshape(n, k * oh, ow, 2),
+                                mode="bilinear", padding_mode="zeros", align_corners=True)
+        cols.append(sampled.reshape(n, per, k, oh, ow) * msk[:, g, None])
+    cols = torch.cat(cols, 1)  # [N, C, K, oh, ow]
+    cg, mg = c // groups, m // groups
+    out = torch.cat([torch.einsum("nckhw,mck->nmhw", cols[:, gi * cg:(gi + 1) * cg],
+                                  w[gi * mg:(gi + 1) * mg].double().reshape(mg, cg, k)) for gi in range(groups)], 1)
+    if bias is not None:
+        out = out + bias.double().reshape(1, -1, 1, 1)
+    return out.to(x.dtype)
