@@ -10,6 +10,7 @@ kind (the cache key does not include the host ISA). CUDA targets need an explici
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,10 @@ from typing import Any
 import tilelang
 
 from tilefuse.lowering.templates.common import CPU_KINDS, target_kind
+
+# TileLang logs every compile at INFO; tilefuse reports compile counts and times itself.
+if os.environ.get("TILEFUSE_VERBOSE", "0") == "0":
+    logging.getLogger("TileLang").setLevel(logging.WARNING)
 
 C_FLAGS = ("-O3", "-march=native")
 # TileLang's own vectorizer emits vector casts the C templates lack (float2 -> half2 fails to

@@ -14,16 +14,42 @@ from tilefuse.ir import Graph
 class CompiledModel:
     """A graph compiled for a target: call it with torch tensors, get a tuple of tensors back."""
 
-    def __init__(self, graph: Graph, options: Options):
+    MAX_SPECIALIZATIONS = 8
+
+    def __init__(self, graph: Graph, options: Options, runner=None):
         from tilefuse.runtime.plan_runner import build_runner
+        from tilefuse.specialize import is_static
 
         self.graph = graph
         self.options = options
-        self.runner = build_runner(graph, options)
+        # A given runner comes from a loaded artifact. A graph with symbolic input dims is planned
+        # and compiled per concrete input signature (bounded, least recently used out first); a
+        # static graph once, now.
+        if runner is None and is_static(graph):
+            runner = build_runner(graph, options)
+        self.runner = runner
+        self._specialized: dict[tuple, object] = {}
+
+    def runner_for(self, args) -> object:
+        """The runner for these inputs: the static one, or a cached specialization."""
+        if self.runner is not None:
+            return self.runner
+        from tilefuse.runtime.plan_runner import build_runner
+        from tilefuse.specialize import signature, specialize
+
+        key = signature(args)
+        runner = self._specialized.pop(key, None)
+        if runner is None:
+            runner = build_runner(specialize(self.graph, [a.shape for a in args]), self.options)
+            if len(self._specialized) >= self.MAX_SPECIALIZATIONS:
+                self._specialized.pop(next(iter(self._specialized)))
+        self._specialized[key] = runner
+        return runner
 
     @property
     def plan(self):
-        return getattr(self.runner, "plan", None)
+        runner = self.runner or next(reversed(self._specialized.values()), None)
+        return getattr(runner, "plan", None)
 
     @property
     def input_names(self) -> list[str]:
@@ -34,27 +60,56 @@ class CompiledModel:
         return list(self.graph.outputs)
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.runner(*args)
+        from tilefuse.runtime.executor import check_inputs
+
+        if self.runner is None:
+            check_inputs(self.graph, args)  # names the input whose rank, static dim or dtype is off
+        return self.runner_for(args)(*args)
 
     def summary(self) -> str:
-        fn = getattr(self.runner, "summary", None)
-        return fn() if fn else f"{len(self.graph.nodes)} nodes"
+        p = self.plan
+        if p is None:
+            return f"{self.graph.name}: {len(self.graph.nodes)} nodes; symbolic input dims: planned per input shape"
+        return p.summary()
 
 
 def _options(target: str | dict | None, **kw: Any) -> Options:
     return Options(target=parse_target(target), **kw)
 
 
-def compile_onnx(model: str | os.PathLike | Any, *, target: str | dict | None = None, **kw: Any) -> CompiledModel:
-    """Import an ONNX model (a path or an ``onnx.ModelProto``) and compile it for ``target``."""
+def compile_onnx(model: str | os.PathLike | Any, *, target: str | dict | None = None,
+                 save: str | os.PathLike | None = None, **kw: Any) -> CompiledModel:
+    """Import an ONNX model (a path or an ``onnx.ModelProto``) and compile it for ``target``; with ``save``,
+    also write the artifact there (see ``tilefuse.save``)."""
     from tilefuse.frontends.onnx import import_onnx
 
-    return CompiledModel(import_onnx(model), _options(target, **kw))
+    return _saved(CompiledModel(import_onnx(model), _options(target, **kw)), save)
 
 
-def compile_graph(graph: Graph, *, target: str | dict | None = None, **kw: Any) -> CompiledModel:
-    """Compile a tilefuse ``Graph`` directly."""
-    return CompiledModel(graph, _options(target, **kw))
+def compile_graph(graph: Graph, *, target: str | dict | None = None, save: str | os.PathLike | None = None,
+                  **kw: Any) -> CompiledModel:
+    """Compile a tilefuse ``Graph`` directly (e.g. one from ``frontends.capture.capture_graphs``)."""
+    return _saved(CompiledModel(graph, _options(target, **kw)), save)
+
+
+def save(compiled: CompiledModel, path: str | os.PathLike):
+    """Write ``compiled`` to the artifact ``path`` (one ``.tfz`` zip: graph, plan, weights, kernels)."""
+    from tilefuse.runtime import artifact
+
+    return artifact.save(compiled, path)
+
+
+def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: bool = False) -> CompiledModel:
+    """Load an artifact without compiling (``tilefuse.runtime.artifact.load`` says what else it checks)."""
+    from tilefuse.runtime import artifact
+
+    return artifact.load(path, target=target, strict=strict)
+
+
+def _saved(compiled: CompiledModel, path: str | os.PathLike | None) -> CompiledModel:
+    if path is not None:
+        save(compiled, path)
+    return compiled
 
 
 def compile(model: torch.nn.Module, *, target: str | dict | None = None, dynamic: bool | None = False,
