@@ -77,6 +77,16 @@ def bench_model(name: str, size: str, peers: list[str], reps: int) -> dict:
         torch.cuda.synchronize()
         row["tilefuse"] = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": time.perf_counter() - t0,
                            "max_rel_err": _max_rel(out, ref)}
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(*inputs)
+        torch.cuda.synchronize()
+        row["tilefuse"]["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        torch.cuda.reset_peak_memory_stats()
+        model(*inputs)
+        torch.cuda.synchronize()
+        row.setdefault("eager_peak", {})["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         for r in runners:
             r.record = True
         fn(*inputs)
@@ -136,13 +146,14 @@ def _flops(plan, region) -> float:
 
 def print_tables(rows: list[dict], peers: list[str]) -> None:
     hdr = f"{'model':8} " + " ".join(f"{p:>15}" for p in peers) + f" {'tilefuse':>10} " + " ".join(
-        f"{'x ' + p:>17}" for p in peers) + f" {'kernels':>9} {'TileLang':>8} {'compile s':>9} {'err':>8}"
+        f"{'x ' + p:>17}" for p in peers) + f" {'kernels':>9} {'TileLang':>8} {'compile s':>9} {'err':>8} {'peak MB':>8} {'eager MB':>8}"
     print(hdr)
     for r in rows:
         t = r["tilefuse"]
         line = f"{r['model']:8} " + " ".join(f"{r['peers'][p]['ms']:15.3f}" for p in peers)
         line += f" {t['ms']:10.3f} " + " ".join(f"{r['peers'][p]['ms'] / t['ms']:17.2f}" for p in peers)
         line += f" {t['kernels']:9d} {t['tilelang_kernels']:8d} {t['compile_s']:9.1f} {t['max_rel_err']:8.1e}"
+        line += f" {t.get('peak_mb', 0):8.0f} {r.get('eager_peak', {}).get('peak_mb', 0):8.0f}"
         print(line)
     for r in rows:
         print(f"\nkernels of {r['model']} (distinct regions; torch = the region's ops run by torch, unfused):")
@@ -175,7 +186,7 @@ def main() -> int:
     for name in args.models.split(","):
         try:
             rows.append(bench_model(name, args.size, peers, args.reps))
-        except Exception as e:  # one model failing must not hide the others' numbers
+        except Exception as e:  # noqa: BLE001  (one model failing must not hide the others' numbers)
             print(f"  {name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
         if args.json:  # after every model: a run cut short still leaves what it measured
             with open(args.json, "w") as f:
