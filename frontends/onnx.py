@@ -42,7 +42,7 @@ from tilefuse.frontends.onnx_tensors import (
     tensor_from_proto,
     type_from_proto,
 )
-from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value, freeze
+from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value, freeze, prune  # noqa: F401  (prune: public here too)
 
 FOLD_LIMIT = 1 << 16  # fold a node on constants only if its outputs have at most this many elements
 # Ops with data-dependent output shapes that are still folded on constant inputs: shape arithmetic
@@ -518,18 +518,6 @@ def fold_constants(graph: Graph) -> Graph:
             continue
         consts.update({v.name: t for v, t in zip(n.outputs, outs)})
     return prune(graph.replace(nodes=tuple(nodes), constants=consts))
-
-
-def prune(graph: Graph) -> Graph:
-    """A new graph without the nodes and constants that no graph output depends on."""
-    live = set(graph.outputs)
-    keep: list[Node] = []
-    for n in reversed(graph.nodes):
-        if any(o.name in live for o in n.outputs):
-            keep.append(n)
-            live.update(i for i in n.inputs if i)
-    consts = {k: t for k, t in graph.constants.items() if k in live}
-    return graph.replace(nodes=tuple(reversed(keep)), constants=consts)
 
 
 def _rename_values(graph: Graph, wanted: Mapping[str, str]) -> Graph:

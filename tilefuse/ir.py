@@ -229,6 +229,18 @@ class Graph:
         return counts
 
 
+def prune(graph: Graph) -> Graph:
+    """A new graph without the nodes and constants that no graph output depends on."""
+    live = set(graph.outputs)
+    keep: list[Node] = []
+    for n in reversed(graph.nodes):
+        if any(o.name in live for o in n.outputs):
+            keep.append(n)
+            live.update(i for i in n.inputs if i)
+    consts = {k: t for k, t in graph.constants.items() if k in live}
+    return graph.replace(nodes=tuple(reversed(keep)), constants=consts)
+
+
 class GraphError(ValueError):
     """A graph broke one of its invariants."""
 

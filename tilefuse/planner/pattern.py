@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Union
 
 import torch
 
-from tilefuse.ir import Graph, GraphBuilder, Node, TensorType
+from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, prune
 
 
 @dataclass(frozen=True)
@@ -301,13 +301,6 @@ def toposort(graph: Graph) -> Graph:
 
 
 def eliminate_dead(graph: Graph) -> Graph:
-    """Drop nodes whose outputs nobody reads, and constants nobody reads."""
-    live = set(graph.outputs)
-    keep: list[Node] = []
-    for n in reversed(graph.nodes):
-        if any(o.name in live for o in n.outputs):
-            keep.append(n)
-            live.update(i for i in n.inputs if i)
-    consts = {k: v for k, v in graph.constants.items() if k in live}
-    return graph.replace(nodes=tuple(reversed(keep)), constants=consts).verify()
+    """Drop nodes whose outputs nobody reads, and constants nobody reads; verify the result."""
+    return prune(graph).verify()
 
