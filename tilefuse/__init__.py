@@ -1,7 +1,8 @@
 """tilefuse: a graph-level fusion compiler for deep-learning models, built on TileLang.
 
 Public API: ``tilefuse.compile`` (torch modules, through ``torch.compile``), ``tilefuse.compile_onnx``
-(ONNX files or ``ModelProto``), the ``tilefuse`` command line (``tilefuse.cli``).
+(ONNX files or ``ModelProto``), ``tilefuse.save``/``tilefuse.load`` (``.tfz`` artifacts), the
+``tilefuse`` command line (``tilefuse.cli``).
 """
 
 from __future__ import annotations
@@ -18,4 +19,5 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(_o
 
 __version__ = "0.1.0"
 
-from tilefuse.api import compile, compile_onnx, CompiledModel  # noqa: E402,F401,A004
+from tilefuse.api import CompiledModel, compile, compile_onnx, load, save  # noqa: E402,F401,A004
+from tilefuse.runtime.artifact import ArtifactError  # noqa: E402,F401
