@@ -21,7 +21,9 @@ from tilefuse.lowering.templates.common import CPU_KINDS, target_kind
 
 # TileLang logs every compile at INFO; tilefuse reports compile counts and times itself.
 if os.environ.get("TILEFUSE_VERBOSE", "0") == "0":
-    logging.getLogger("TileLang").setLevel(logging.WARNING)
+    logging.getLogger("tilelang").setLevel(logging.WARNING)
+    # "Found kernel in memory cache": expected here (identical regions share one kernel).
+    logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
 
 C_FLAGS = ("-O3", "-march=native")
 # TileLang's own vectorizer emits vector casts the C templates lack (float2 -> half2 fails to

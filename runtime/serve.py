@@ -10,24 +10,26 @@ Requests are batched along dim 0 by ``runtime.batching.Batcher``; Prometheus met
 ``GET /metrics``. Scale-out is KServe replicas of this server (docs/serving.md), not a cluster here.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: FastAPI reads the route functions' annotations
+# (``request: Request``) at run time, and Request is imported inside create_app.
 import asyncio
 import contextlib
 import gzip
 import json
+import logging
 import math
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from tilefuse.ir import TensorType, torch_dtype
-from tilefuse.runtime.batching import Batcher, QueueFullError, ShuttingDownError, batch_mode
+from tilefuse.runtime.batching import Batcher, QueueFullError, ShuttingDownError, batch_mode, default_buckets
 
 # v2 datatype names <-> tilefuse (torch) dtype names.
 DATATYPES: dict[str, str] = {
@@ -61,7 +63,7 @@ class ModelSpec:
     static_batch: int | None = None
 
     @classmethod
-    def of(cls, model: Any, name: str, pad_batch: bool = False, version: str = "1") -> ModelSpec:
+    def of(cls, model: Any, name: str, pad_batch: bool = False, version: str = "1") -> "ModelSpec":
         """Describe a CompiledModel (``graph.inputs`` values, ``graph.output_values()``)."""
         ins = tuple((v.name, v.type) for v in model.graph.inputs)
         outs = tuple((v.name, v.type) for v in model.graph.output_values())
@@ -81,6 +83,20 @@ class ModelSpec:
 
         return {"name": self.name, "versions": [self.version], "platform": "tilefuse",
                 "inputs": tensors(self.inputs), "outputs": tensors(self.outputs)}
+
+    def buckets(self, max_batch_size: int, sizes: Sequence[int] | None = None) -> list[int] | None:
+        """The batch sizes the model runs at: ``sizes`` or powers of two up to ``max_batch_size``
+        (a symbolic batch dim), the static dim 0 (``pad``), or None (no batching)."""
+        if self.mode == "dynamic":
+            return sorted(set(sizes)) if sizes else default_buckets(max_batch_size)
+        return [self.static_batch] if self.mode == "pad" else None
+
+    def example(self) -> list[torch.Tensor] | None:
+        """One row of zeros per input for warm-up, or None when a dim after dim 0 is symbolic or unknown."""
+        if self.mode == "none" or any(t.shape is None or not all(isinstance(d, int) for d in t.shape[1:])
+                                      for _, t in self.inputs):
+            return None
+        return [torch.zeros((1, *t.shape[1:]), dtype=torch_dtype(t.dtype)) for _, t in self.inputs]
 
 
 @dataclass
@@ -124,7 +140,7 @@ def _split_body(body: bytes, headers: Any) -> tuple[dict, bytes]:
 def _tensor(entry: dict, want: TensorType, binary: memoryview, offset: int) -> tuple[torch.Tensor, int]:
     """Decode one input entry (JSON data or a slice of the binary section); returns (tensor, new offset)."""
     name, datatype, shape = entry.get("name"), entry.get("datatype"), entry.get("shape")
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise _bad(f"input {name!r}: unknown datatype {datatype!r}; known: {', '.join(DATATYPES)}")
     expect = V2_NAMES.get(want.dtype, want.dtype)
     if DATATYPES[datatype] != want.dtype:
@@ -134,6 +150,8 @@ def _tensor(entry: dict, want: TensorType, binary: memoryview, offset: int) -> t
         raise _bad(f"input {name!r}: 'shape' must be a list of non-negative ints, got {shape!r}")
     dtype, numel = torch_dtype(want.dtype), math.prod(shape)
     params = entry.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise _bad(f"input {name!r}: 'parameters' must be an object")
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         nbytes = numel * dtype.itemsize
@@ -188,6 +206,8 @@ def decode_request(body: bytes, headers: Any, spec: ModelSpec) -> InferRequest:
         raise _bad("the request needs an 'inputs' list of tensor objects")
     by_name: dict[str, dict] = {}
     for e in entries:
+        if not isinstance(e.get("name"), str):
+            raise _bad(f"every input needs a 'name' string; got {e.get('name')!r}")
         if e.get("name") in by_name:
             raise _bad(f"input {e.get('name')!r} appears twice")
         by_name[e.get("name")] = e
@@ -220,6 +240,8 @@ def decode_request(body: bytes, headers: Any, spec: ModelSpec) -> InferRequest:
             if o.get("name") not in out_names:
                 raise _bad(f"unknown output {o.get('name')!r}; model {spec.name!r} has outputs {', '.join(out_names)}")
             p = o.get("parameters") or {}
+            if not isinstance(p, dict):
+                raise _bad(f"output {o['name']!r}: 'parameters' must be an object")
             if "classification" in p:
                 raise _bad("the classification extension is not supported")
             outputs.append((o["name"], bool(p.get("binary_data", default_binary))))
@@ -276,6 +298,14 @@ def model_device(model: Any) -> torch.device:
 
 
 
+def _require_serve_extra() -> None:
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise NotImplementedError(f"serving needs {', '.join(missing)}: pip install 'tilefuse[serve]'")
+
+
 class Metrics:
     """Prometheus metrics of one server, in their own registry (no process-global state)."""
 
@@ -297,11 +327,14 @@ class Metrics:
         self.run_seconds = Histogram("tilefuse_model_run_seconds", "Model run time per batch", ["model"],
                                      registry=self.registry,
                                      buckets=(.0001, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5))
+        self.padding = Counter("tilefuse_padding_rows", "Zero rows added to fill batches to a bucket size",
+                               ["model"], registry=self.registry)
         self.queue = Gauge("tilefuse_queue_depth", "Requests waiting for a batch", ["model"], registry=self.registry)
 
-    def observe_batch(self, rows: int, requests: int, seconds: float) -> None:
+    def observe_batch(self, rows: int, padded: int, requests: int, seconds: float) -> None:
         """Record one model run (called by the batcher's worker thread)."""
         self.batch_rows.labels(self.model).observe(rows)
+        self.padding.labels(self.model).inc(padded - rows)
         self.batch_requests.labels(self.model).observe(requests)
         self.run_seconds.labels(self.model).observe(seconds)
 
@@ -312,11 +345,15 @@ class Metrics:
 
 
 def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: float = 5.0, max_queue: int = 256,
-               pad_batch: bool = False, device: torch.device | str | None = None):
+               pad_batch: bool = False, batch_buckets: Sequence[int] | None = None, warm_up: bool = True,
+               device: torch.device | str | None = None):
     """A FastAPI app serving ``model`` (a CompiledModel or anything with its ``graph`` and ``__call__``) as ``name``.
 
-    The batcher starts with the app's lifespan and drains its queue when the app shuts down.
+    The batcher starts with the app's lifespan, first running the model once at every bucket size
+    (``warm_up``: compiles each specialization before the server reports ready), and drains its queue
+    when the app shuts down.
     """
+    _require_serve_extra()
     from fastapi import FastAPI, Request, Response
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
@@ -324,15 +361,27 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
     import tilefuse
 
     spec = ModelSpec.of(model, name, pad_batch)
+    buckets = spec.buckets(max_batch_size, batch_buckets)
     metrics = Metrics(name)
+    log = logging.getLogger("uvicorn.error")
+    cache = getattr(getattr(model, "options", None), "max_specializations", None)
+    if spec.mode == "dynamic" and cache and len(buckets) > cache:
+        log.warning("%d batch sizes %s but the model keeps %d compiled shapes: batches will recompile",
+                    len(buckets), buckets, cache)
     state: dict[str, Any] = {"batcher": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        batcher = Batcher(model, mode=spec.mode, static_batch=spec.static_batch, max_batch_size=max_batch_size,
-                          max_delay_s=max_delay_ms / 1e3, max_queue=max_queue,
-                          device=device if device is not None else model_device(model),
-                          observe=metrics.observe_batch)
+        batcher = Batcher(model, buckets=buckets, max_delay_s=max_delay_ms / 1e3, max_queue=max_queue,
+                          device=device if device is not None else model_device(model), observe=metrics.observe_batch)
+        example = spec.example()
+        if warm_up and example is not None:
+            t0 = time.perf_counter()
+            try:
+                await asyncio.to_thread(batcher.warm_up, example)
+                log.info("warmed up %s at batch sizes %s in %.2f s", name, buckets, time.perf_counter() - t0)
+            except Exception as e:  # noqa: BLE001 - requests will report the same failure; keep serving
+                log.warning("warm-up of %s failed: %s: %s", name, type(e).__name__, e)
         state["batcher"] = batcher
         metrics.queue.labels(name).set_function(lambda: batcher.depth)
         try:
@@ -342,7 +391,7 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
             await asyncio.to_thread(batcher.close, True)
 
     app = FastAPI(title="tilefuse", version=tilefuse.__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.spec, app.state.metrics = spec, metrics
+    app.state.spec, app.state.metrics, app.state.buckets = spec, metrics, buckets
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
@@ -399,18 +448,22 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
             if batcher is None:
                 raise ShuttingDownError("the server is not serving (starting or shutting down)")
             req = decode_request(await request.body(), request.headers, spec)
-            outs = await asyncio.wrap_future(batcher.submit(req.inputs))
+            try:
+                future = batcher.submit(req.inputs)
+            except ValueError as e:  # more rows than the largest batch
+                raise ProtocolError(400, str(e)) from None
+            outs = await asyncio.wrap_future(future)
             body, headers = encode_response(spec, req, outs)
             return Response(body, headers=headers)
         except ProtocolError as e:
             status = e.status
             return error(status, str(e))
-        except ValueError as e:  # the batcher refused the request (e.g. more rows than a static batch)
-            status = 400
-            return error(status, str(e))
         except (QueueFullError, ShuttingDownError) as e:
             status = 503
             return error(status, str(e))
+        except asyncio.CancelledError:  # the client went away; its request is dropped if not yet run
+            status = 499
+            raise
         except Exception as e:  # noqa: BLE001 - the model failed on this request: say how, keep serving
             status = 500
             return error(status, f"model {spec.name!r} failed: {type(e).__name__}: {e}")
@@ -428,17 +481,20 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
 
 
 def serve(model: Any, *, name: str, host: str = "127.0.0.1", port: int = 8000, max_batch_size: int = 8,
-          max_delay_ms: float = 5.0, max_queue: int = 256, pad_batch: bool = False, access_log: bool = False,
+          max_delay_ms: float = 5.0, max_queue: int = 256, pad_batch: bool = False,
+          batch_buckets: Sequence[int] | None = None, access_log: bool = False,
           graceful_timeout_s: float | None = 30.0, log_level: str = "info") -> None:
     """Serve ``model`` until SIGINT/SIGTERM; then finish the requests in flight and drain the queue."""
+    _require_serve_extra()
     import uvicorn
 
     app = create_app(model, name, max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, max_queue=max_queue,
-                     pad_batch=pad_batch)
-    spec = app.state.spec
-    print(f"tilefuse serve: model {name!r} ({spec.mode} batching, max batch "
-          f"{spec.static_batch if spec.mode == 'pad' else max_batch_size if spec.mode == 'dynamic' else 1}, "
+                     pad_batch=pad_batch, batch_buckets=batch_buckets)
+    print(f"tilefuse serve: model {name!r} ({app.state.spec.mode} batching, batch sizes {app.state.buckets or [1]}, "
           f"max delay {max_delay_ms:g} ms, queue {max_queue}) on http://{host}:{port}", flush=True)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_level=log_level,
                             timeout_graceful_shutdown=graceful_timeout_s)
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()  # re-raises SIGTERM after the graceful shutdown (exit status 143)
+    except KeyboardInterrupt:  # SIGINT, re-raised the same way: the shutdown is done, exit quietly
+        pass

@@ -14,8 +14,6 @@ from tilefuse.ir import Graph
 class CompiledModel:
     """A graph compiled for a target: call it with torch tensors, get a tuple of tensors back."""
 
-    MAX_SPECIALIZATIONS = 8
-
     def __init__(self, graph: Graph, options: Options, runner=None):
         from tilefuse.runtime.plan_runner import build_runner
         from tilefuse.specialize import is_static
@@ -41,7 +39,7 @@ class CompiledModel:
         runner = self._specialized.pop(key, None)
         if runner is None:
             runner = build_runner(specialize(self.graph, [a.shape for a in args]), self.options)
-            if len(self._specialized) >= self.MAX_SPECIALIZATIONS:
+            if len(self._specialized) >= self.options.max_specializations:
                 self._specialized.pop(next(iter(self._specialized)))
         self._specialized[key] = runner
         return runner

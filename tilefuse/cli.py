@@ -110,7 +110,24 @@ def cmd_compile(args) -> int:
     print(compiled.summary())
     print(f"compiled {args.model} for {compiled.options.target} in {time.perf_counter() - t0:.2f} s")
     if args.output:
-        raise SystemExit("tilefuse: saving artifacts (-o) is not implemented yet")
+        path = tilefuse.save(compiled, args.output)
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB); load it with tilefuse.load")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    """Serve a .tfz artifact or an .onnx file over the Open Inference Protocol (KServe v2 REST)."""
+    from tilefuse.runtime.serve import load_model, serve
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model = load_model(args.model, target=args.target)
+    print(f"loaded {args.model} in {time.perf_counter() - t0:.2f} s", flush=True)
+    serve(model, name=args.name or Path(args.model).stem, host=args.host, port=args.port,
+          max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
+          pad_batch=args.pad_batch, access_log=args.access_log,
+          batch_buckets=[int(b) for b in args.batch_buckets.split(",")] if args.batch_buckets else None)
     return 0
 
 
@@ -132,9 +149,25 @@ def main(argv: list[str] | None = None) -> int:
     e.set_defaults(fn=cmd_explain)
     c = sub.add_parser("compile", help="compile an ONNX model")
     c.add_argument("model")
-    c.add_argument("-o", "--output")
+    c.add_argument("-o", "--output", help="write the compiled model to this artifact (.tfz)")
     c.add_argument("--target", default=None)
     c.set_defaults(fn=cmd_compile)
+    s = sub.add_parser("serve", help="serve a .tfz artifact or an .onnx file over KServe v2 REST (HTTP)")
+    s.add_argument("model", help="path to a .tfz artifact or an .onnx file")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--name", help="model name in URLs (default: the file name without extension)")
+    s.add_argument("--max-batch-size", type=int, default=8, help="rows per model run (1 turns batching off)")
+    s.add_argument("--max-delay-ms", type=float, default=5.0, help="how long a batch may wait to fill")
+    s.add_argument("--max-queue", type=int, default=256, help="queued requests before answering 503")
+    s.add_argument("--pad-batch", action="store_true",
+                   help="the model has a static dim 0: pad batches to it and accept 1..B rows per request")
+    s.add_argument("--batch-buckets", metavar="1,2,4,8",
+                   help="batch sizes the model runs at (batches are padded up to one); default: powers of two")
+    s.add_argument("--target", default=None, help="compile target for an .onnx file (default: local)")
+    s.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's choice)")
+    s.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    s.set_defaults(fn=cmd_serve)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -55,5 +55,7 @@ class Options:
     lower: bool = _env("LOWER", "1") != "0"
     verbose: bool = _env("VERBOSE", "0") != "0"
     cuda_graphs: bool = _env("CUDA_GRAPHS", "1") != "0"
+    # Graphs with symbolic input dims compile once per input signature; this many are kept.
+    max_specializations: int = int(_env("MAX_SPECIALIZATIONS", "16"))
     # Called with each runner built (one per compiled graph): lets callers see plans and timings.
     observer: Callable[[Any], None] | None = field(default=None, compare=False)

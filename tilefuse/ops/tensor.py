@@ -74,6 +74,8 @@ def _split_infer(in_types, attrs):
 
     (t,) = in_types
     dim, sizes = attrs["dim"], attrs["sizes"]
+    if t is None or t.shape is None:
+        return [TensorType(None, t.dtype if t else "float32") for _ in sizes]
     shape = list(t.shape)
     out = []
     for s in sizes:
