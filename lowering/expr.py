@@ -11,6 +11,14 @@ Numerics: every floating value is computed in fp32 (fp16/bf16 leaves are widened
 way the templates compute; ``cast`` rounds to its dtype and the result is widened again, so a cast
 in the middle of a chain behaves the same in the kernel and in ``evaluate``. float64 stays float64,
 integers stay integers until an op needs a float, comparisons give bool.
+
+Indexed reads: ``Coord(d)`` is coordinate ``d`` of the element being produced (in its output's
+shape) and ``Load(i, index)`` reads input ``i`` at ``index`` (one integer expression per dim of the
+input). Index arithmetic is ordinary ``Call`` nodes on integers (``add``, ``mul``,
+``floor_divide``, ``remainder``, ``minimum``...), so an output element can read an input at a
+computed place: a transpose, a slice, a gather by an index tensor. A ``Load`` trusts its index:
+whoever builds one keeps it inside the input (``lowering.index`` clamps where a branch of a
+``where`` may compute an index outside it).
 """
 
 from __future__ import annotations
@@ -89,6 +97,30 @@ class Const(Expr):
 
 
 @dataclass(frozen=True)
+class Coord(Expr):
+    """Coordinate ``dim`` of the element being produced, in its output's shape (an integer)."""
+
+    dim: int
+
+    def __str__(self) -> str:
+        return f"i{self.dim}"
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    """Input ``arg`` read at ``index`` (one integer expression per dim; kept inside its bounds by the builder)."""
+
+    arg: int
+    index: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "index", tuple(self.index))
+
+    def __str__(self) -> str:
+        return f"arg{self.arg}[{', '.join(str(i) for i in self.index)}]"
+
+
+@dataclass(frozen=True)
 class Call(Expr):
     """``op(*args, **attrs)`` with ``op`` a name of tilefuse's op registry; attrs kept sorted."""
 
@@ -130,11 +162,16 @@ def walk(expr: Expr):
     if isinstance(expr, Call):
         for a in expr.args:
             yield from walk(a)
+    elif isinstance(expr, Load):
+        for i in expr.index:
+            yield from walk(i)
 
 
 def args_used(expr: Expr | None) -> frozenset[int]:
     """Indices of the extra inputs that ``expr`` reads."""
-    return frozenset(n.index for n in walk(expr) if isinstance(n, Arg)) if expr is not None else frozenset()
+    if expr is None:
+        return frozenset()
+    return frozenset(n.index if isinstance(n, Arg) else n.arg for n in walk(expr) if isinstance(n, (Arg, Load)))
 
 
 def ops_used(expr: Expr | None) -> frozenset[str]:
@@ -155,10 +192,13 @@ def is_lowerable(expr: Expr | None) -> bool:
 
 @dataclass(frozen=True)
 class Env:
-    """What ``emit`` binds the leaves to: ``acc`` a PrimExpr, ``arg(i)`` the i-th extra input's load."""
+    """What ``emit`` binds the leaves to: ``acc`` a PrimExpr, ``arg(i)`` the i-th extra input's load,
+    ``coord(d)`` the produced element's coordinate ``d``, ``load(i, index)`` input ``i`` at ``index``."""
 
     acc: Any = None
     arg: Callable[[int], Any] | None = None
+    coord: Callable[[int], Any] | None = None
+    load: Callable[[int, list], Any] | None = None
 
 
 def emit(expr: Expr, env: Env):
@@ -168,21 +208,35 @@ def emit(expr: Expr, env: Env):
     if isinstance(expr, Acc):
         if env.acc is None:
             raise ValueError("expression reads acc but the template binds no accumulator here")
-        return _widen(T, env.acc)
+        return _widen(T, prim(env.acc))
     if isinstance(expr, Arg):
         if env.arg is None:
             raise ValueError(f"expression reads {expr} but the template binds no extra inputs here")
-        return _widen(T, env.arg(expr.index))
+        return _widen(T, prim(env.arg(expr.index)))
     if isinstance(expr, Const):
         return _const(T, expr)
+    if isinstance(expr, Coord):
+        if env.coord is None:
+            raise ValueError(f"expression reads {expr} but the template binds no coordinates here")
+        return env.coord(expr.dim)
+    if isinstance(expr, Load):
+        if env.load is None:
+            raise ValueError(f"expression reads {expr} but the template binds no indexed loads here")
+        return _widen(T, prim(env.load(expr.arg, [emit(i, env) for i in expr.index])))
     if isinstance(expr, Call):
         fn = _EMIT.get(expr.op)
         if fn is None:
             raise NotImplementedError(
                 f"op {expr.op!r} has no TileLang emitter (supported: {sorted(_EMIT)}); "
                 "the planner should keep this op out of the fused region")
-        return fn(T, [emit(a, env) for a in expr.args], dict(expr.attrs))
+        return prim(fn(T, [emit(a, env) for a in expr.args], dict(expr.attrs)))
     raise TypeError(f"not an expression node: {expr!r}")
+
+
+def prim(x):
+    """A PrimExpr for ``x``: TVM's ``a == b`` / ``a != b`` give lazy EqualOp/NotEqualOp objects
+    (they have no ``dtype`` until converted)."""
+    return x.asobject() if hasattr(x, "asobject") else x
 
 
 def _widen(T, v):
@@ -277,13 +331,49 @@ def _clamp(T, x, attrs):
 
 def _cast(T, a, attrs):
     dtype = attrs["dtype"]
-    v = a[0] if str(a[0].dtype) == dtype else T.Cast(dtype, a[0])
+    x = a[0]
+    if dtype in _HALF and str(x.dtype) not in _FLOAT_RANK:
+        # Integers reach fp16/bf16 through fp32 (exact below 2**24): cutlass's half_t has no
+        # unambiguous int64 constructor.
+        x = T.Cast("float32", x)
+    v = x if str(x.dtype) == dtype else T.Cast(dtype, x)
     return _widen(T, v)
 
 
 def _where(T, a, attrs):
     x, y = _unify(T, a[1], a[2])
     return T.Select(_as_bool(T, a[0]), x, y)
+
+
+def _is_float(x) -> bool:
+    return str(x.dtype) in _FLOAT_RANK
+
+
+def _floor_divide(T, a, b):
+    return T.floor(a / b) if _is_float(a) else T.floordiv(a, b)
+
+
+def _remainder(T, a, b):
+    # torch.remainder: the sign of the divisor (floor modulo), for floats and integers alike.
+    return a - b * T.floor(a / b) if _is_float(a) else T.floormod(a, b)
+
+
+def _bitwise(logical, bitwise):
+    """An op that is logical on bools and bitwise on integers (torch's bitwise_* on bool tensors)."""
+    def fn(T, a, attrs):
+        xs = _unify(T, *a)
+        if str(xs[0].dtype) == "bool":
+            return logical(T, *xs)
+        return bitwise(T, *xs)
+    return fn
+
+
+def _masked_fill(T, a, attrs):
+    x, mask = a[0], _as_bool(T, a[1])
+    v = attrs["value"]
+    dt = str(x.dtype)
+    fill = T.bool(bool(v)) if dt == "bool" else T.FloatImm(dt, float(v)) if dt in _FLOAT_RANK else T.IntImm(dt, int(v))
+    return T.Select(mask, fill, x)
 
 
 # One table: op name -> emitter(T, lowered args, attrs). Unary float ops widen ints/bools first.
@@ -337,15 +427,37 @@ _EMIT: dict[str, Callable] = {
     "ceil": _unary(lambda T, x, at: T.ceil(x)),
     "sign": _unary(lambda T, x, at: T.Cast(str(x.dtype), x > _c(x, 0.0)) - T.Cast(str(x.dtype), x < _c(x, 0.0))),
     "isnan": lambda T, a, attrs: T.isnan(a[0]) if str(a[0].dtype) in _FLOAT_RANK else T.bool(False),
+    "floor_divide": _binary(_floor_divide),
+    "remainder": _binary(_remainder),
+    "bitwise_and": _bitwise(lambda T, a, b: T.And(a, b), lambda T, a, b: T.bitwise_and(a, b)),
+    "bitwise_or": _bitwise(lambda T, a, b: T.Or(a, b), lambda T, a, b: T.bitwise_or(a, b)),
+    "bitwise_xor": _bitwise(lambda T, a, b: a != b, lambda T, a, b: T.bitwise_xor(a, b)),
+    "bitwise_not": _bitwise(lambda T, a: T.Not(a), lambda T, a: T.bitwise_not(a)),
+    "logical_xor": lambda T, a, attrs: _as_bool(T, a[0]) != _as_bool(T, a[1]),
+    "masked_fill": _masked_fill,
 }
 
 
 # ---- torch evaluation (the reference) ---------------------------------------------------------------
 
-def evaluate(expr: Expr, acc: torch.Tensor | None, args: Sequence[torch.Tensor] = ()) -> torch.Tensor:
-    """Evaluate ``expr`` with torch, through the op registry's references, computing as ``emit`` does."""
+def evaluate(expr: Expr, acc: torch.Tensor | None, args: Sequence[torch.Tensor] = (),
+             shape: Sequence[int] | None = None) -> torch.Tensor:
+    """Evaluate ``expr`` with torch, through the op registry's references, computing as ``emit`` does.
+
+    ``shape`` is the produced output's shape, which ``Coord`` nodes range over (an int64 arange
+    along their dim, broadcast against the others)."""
     from tilefuse import ops
 
+    if isinstance(expr, Coord):
+        if shape is None:
+            raise ValueError(f"expression reads {expr} but no output shape was given")
+        view = [1] * len(shape)
+        view[expr.dim] = int(shape[expr.dim])
+        device = args[0].device if args else None
+        return torch.arange(int(shape[expr.dim]), device=device).reshape(view)
+    if isinstance(expr, Load):
+        index = tuple(evaluate(i, acc, args, shape).long() for i in expr.index)
+        return _widen_t(args[expr.arg][index])
     if isinstance(expr, Acc):
         if acc is None:
             raise ValueError("expression reads acc but no accumulator was given")
@@ -355,7 +467,7 @@ def evaluate(expr: Expr, acc: torch.Tensor | None, args: Sequence[torch.Tensor] 
     if isinstance(expr, Const):
         return _widen_t(torch.tensor(expr.value, dtype=getattr(torch, expr.dtype)))
     if isinstance(expr, Call):
-        vals = [evaluate(a, acc, args) for a in expr.args]
+        vals = [evaluate(a, acc, args, shape) for a in expr.args]
         attrs = dict(expr.attrs)
         if expr.op in _FLOAT_ONLY:
             vals = [v if v.is_floating_point() else v.float() for v in vals]

@@ -6,8 +6,13 @@ expressions (``lowering.expr``) are built from the region's elementwise nodes; *
 give each region output its shape. Elementwise values inside a GEMM or reduction region live in
 one 2-D iteration domain (rows, cols) — the planner's legality guarantees every extra operand is
 the full domain, a vector over the last dim, or a scalar — so interior reshapes are free too.
-``build(region, graph, target)`` returns a ``KernelSpec`` or the reason the region runs through
-torch; ``lower_plan`` compiles every distinct spec once (repeated layers share kernels).
+Elementwise regions may also hold injective ops (layouts, slices, concat, gathers, pads, rotary
+embeddings...): each output element is pulled through the nodes' index maps (``lowering.index``),
+so every output keeps its own shape and inputs are read where the maps say. Reductions run as row
+reductions over their trailing dims (rows = the dims before); pooling has its own template, except
+a global average pool, which is a mean. ``build(region, graph, target)`` returns a ``KernelSpec``
+or the reason the region runs through torch; ``lower_plan`` compiles every distinct spec once
+(repeated layers share kernels).
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import torch
 
 from tilefuse import ops
 from tilefuse.ir import Graph, Node, TensorType
-from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, ops_supported
+from tilefuse.lowering import index
+from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, Load, ops_supported
+from tilefuse.lowering.index import NotLowerable
+from tilefuse.lowering.templates.common import check_dtype
 from tilefuse.planner.plan import VIEW_OPS, FusionPlan, Region
 
 PASS_VIEWS = VIEW_OPS - {"expand"}
@@ -34,7 +42,7 @@ TEMPLATE_DTYPES = ("float32", "float16", "bfloat16")
 class KernelSpec:
     """One template instance and how the region's tensors map onto its parameters."""
 
-    template: str  # gemm | row_reduction | elementwise | conv2d
+    template: str  # gemm | row_reduction | elementwise | conv2d | pool2d
     params: tuple[tuple[str, Any], ...]  # factory keyword arguments (hashable)
     out_idx: tuple[int, ...]
     inputs: tuple[tuple[str, tuple | None], ...]  # (value, reshape-to) in parameter order
@@ -43,10 +51,6 @@ class KernelSpec:
 
     def factory_kwargs(self) -> dict:
         return dict(self.params)
-
-
-class NotLowerable(Exception):
-    """Why a region cannot run as a TileLang kernel (caught by ``build``)."""
 
 
 def _require(cond: bool, why: str) -> None:
@@ -68,7 +72,6 @@ class _Builder:
         self.args: list[str] = []  # outside values read as Arg(i), in order
         self.pre: list[str] = []
         self.available: set[str] = set(region.inputs)  # values torch has before the kernel
-        self.arg_shapes: dict[str, tuple] = {}  # operands read with another shape (batch_norm's (C,1,1))
 
     def leaf(self, value: str) -> Expr:
         c = self.graph.constants.get(value)
@@ -92,12 +95,7 @@ class _Builder:
                     self.pre.append(n.name)
                     self.available.add(n.outputs[0].name)
                 continue
-            if n.op == "batch_norm":
-                rank = len(self.types[n.inputs[0]].shape)
-                for i in n.inputs[1:]:  # per-channel vectors broadcast along dim 1
-                    if i not in env and i not in self.graph.constants or i in self.graph.constants and \
-                            self.graph.constants[i].numel() > 1:
-                        self.arg_shapes[i] = tuple(self.types[i].shape) + (1,) * (rank - 2)
+            if n.op == "batch_norm":  # after a convolution, whose template reads (C,) vectors as (C, 1, 1)
                 x, w, b, mean, var = (env[i] if i in env else self.leaf(i) for i in n.inputs)
                 eps = n.attr.get("eps", 1e-5)
                 env[n.outputs[0].name] = (x - mean) * Call("rsqrt", (var + Const(float(eps)),)) * w + b
@@ -137,35 +135,71 @@ def _static(region: Region, types: dict[str, TensorType], target: dict) -> None:
     for v in (*region.inputs, *region.outputs):
         t = types[v]
         _require(t.is_static, f"{v} has a symbolic or unknown shape {t}")
-        # TileLang's C code generator declares bool buffers as int8_t and then fails to compile.
-        _require(not (target.get("kind") == "c" and t.dtype == "bool"), f"{v} is bool, which the c target cannot take")
+        # TileLang's C code generator types a bool buffer int8_t in the kernel and bool in its host
+        # wrapper, which fails to compile; the elementwise template stores bools as int8, the others not yet.
+        _require(region.kind == "elementwise" or not (target.get("kind") == "c" and t.dtype == "bool"),
+                 f"{v} is bool, which the {region.kind} template cannot take on the c target")
 
 
 # ---- per kind ---------------------------------------------------------------------------------
 
+def _check_dtypes(dtypes, target: dict, what: str) -> None:
+    for dt in dtypes:
+        try:
+            check_dtype(dt, target, what)
+        except NotImplementedError as e:
+            raise NotLowerable(str(e)) from None
+
+
 def _elementwise(b: _Builder, target: dict) -> KernelSpec:
-    env = b.pointwise(b.members, {})
-    exprs, mapping = _outputs(b, env, b.region)
-    shapes = {m[2] for m in mapping}
-    base = max(shapes, key=_numel)
-    _require(all(_numel(s) == _numel(base) for s in shapes), "outputs of different sizes")
-    has_views = any(n.op in PASS_VIEWS and n.inputs[0] in b.produced for n in b.members)
-    if has_views:
-        rows, cols = _numel(base[:-1]) if base else 1, base[-1] if base else 1
-        out_shape = (rows, cols)
-        in_shapes = [_domain_shape(b.types[a], rows, cols) for a in b.args]
-    else:
-        out_shape = base
-        in_shapes = [b.arg_shapes.get(a, tuple(b.types[a].shape)) for a in b.args]
-        _require(all(torch.broadcast_shapes(s, out_shape) == out_shape for s in in_shapes),
-                 "operands do not broadcast to the output")
-    out_dtypes = tuple(b.types[b.region.outputs[[m[0] for m in mapping].index(k)]].dtype
-                       for k in range(len(exprs)))
-    params = dict(in_shapes=tuple(in_shapes), in_dtypes=tuple(b.types[a].dtype for a in b.args),
-                  exprs=tuple(exprs), out_dtypes=out_dtypes, out_shape=tuple(out_shape))
+    """Pointwise and injective nodes as one elementwise kernel, each output element pulled through
+    the nodes' index maps (``lowering.index``)."""
+    types = b.types
+    for n in b.members:  # views of values torch already has: free, before the kernel
+        if n.op in PASS_VIEWS and n.inputs[0] in b.available:
+            b.pre.append(n.name)
+            b.available.add(n.outputs[0].name)
+    computed = {v.name: (n, k) for n in b.members if n.name not in b.pre for k, v in enumerate(n.outputs)}
+    base_of = {}  # region output -> the kernel value it is a plain reshape of
+    for o in b.region.outputs:
+        v = o
+        while v in computed and computed[v][0].op in PASS_VIEWS and computed[v][0].inputs[0] in computed:
+            v = computed[v][0].inputs[0]
+        base_of[o] = v
+    bases = list(dict.fromkeys(base_of.values()))
+    shapes = [tuple(types[v].shape) for v in bases]
+    _require(all(_numel(s) > 0 for s in shapes), "an empty output")
+    current: list[tuple] = [()]
+
+    def leaf(value: str, idx: tuple) -> Expr:
+        e = b.leaf(value)
+        if isinstance(e, Const):
+            return e
+        shape, out = tuple(types[value].shape), current[0]
+        if len(shape) <= len(out) and all(d in (1, o) for d, o in zip(shape[::-1], out[::-1])) and \
+                idx == index.broadcast(shape, index.coords(out)):
+            return e
+        return Load(e.index, idx)
+
+    ib = index.IndexBuilder(computed, types, leaf, ops_supported())
+    exprs = []
+    for v, shape in zip(bases, shapes):
+        current[0] = shape
+        ib.reset()
+        exprs.append(ib.at(v, index.coords(shape)))
+    n_nodes = index.size(exprs)
+    _require(n_nodes <= index.MAX_EXPR_NODES,
+             f"the region's expressions unfold to {n_nodes} nodes (limit {index.MAX_EXPR_NODES})")
+    in_dtypes = tuple(types[a].dtype for a in b.args)
+    out_dtypes = tuple(types[v].dtype for v in bases)
+    _check_dtypes((*in_dtypes, *out_dtypes), target, "elementwise")
+    in_shapes = tuple(tuple(types[a].shape) for a in b.args)
+    params = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "exprs": tuple(exprs), "out_dtypes": out_dtypes,
+              "out_shapes": tuple(shapes)}
+    mapping = tuple((bases.index(base_of[o]), o, tuple(types[o].shape)) for o in b.region.outputs)
     n = len(exprs)
     return KernelSpec("elementwise", tuple(params.items()), tuple(range(-n, 0)),
-                      tuple(zip(b.args, in_shapes)), tuple(mapping), tuple(b.pre))
+                      tuple((a, None) for a in b.args), mapping, tuple(b.pre))
 
 
 def _trace_operand(b: _Builder, value: str, env_nodes: dict[str, Node]) -> tuple[str, bool, list[Node]]:
@@ -233,10 +267,10 @@ def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
                          else tuple(b.types[a].shape) for a in extra)
     out_dtype = b.types[b.region.outputs[0]].dtype
     epi = exprs[0] if exprs[0] != Acc() else None
-    params = dict(M=M, N=N, K=K, trans_A=trans_a, trans_B=trans_b, batch_A=batch_a, batch_B=batch_b,
-                  A_dtype=b.types[a_val].dtype, B_dtype=b.types[b_val].dtype, out_dtype=out_dtype,
-                  prologue=pro, epilogue=epi, extra_shapes=extra_shapes,
-                  extra_dtypes=tuple(b.types[a].dtype for a in extra))
+    params = {"M": M, "N": N, "K": K, "trans_A": trans_a, "trans_B": trans_b, "batch_A": batch_a, "batch_B": batch_b,
+              "A_dtype": b.types[a_val].dtype, "B_dtype": b.types[b_val].dtype, "out_dtype": out_dtype,
+              "prologue": pro, "epilogue": epi, "extra_shapes": extra_shapes,
+              "extra_dtypes": tuple(b.types[a].dtype for a in extra)}
     inputs = ((a_val, a_shape), (b_val, None), *zip(extra, extra_shapes))
     return KernelSpec("gemm", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
@@ -246,22 +280,85 @@ def broadcast(a: tuple, b: tuple) -> tuple:
 
 
 _REDUCTION_OPS = {"softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "amax", "amin", "var"}
+_NORMALIZING = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+POOL_OPS = ("max_pool", "avg_pool", "adaptive_avg_pool")
+
+
+def _reduced_from(anchor: Node, rank: int) -> int:
+    """The first reduced dim ``k``: the anchor reduces dims ``k..rank-1``, a row reduction over
+    their product (rows = the product of the dims before)."""
+    a = anchor.attr
+    _require(rank > 0, "a reduction of a 0-d tensor")
+    if anchor.op in ("softmax", "log_softmax"):
+        _require(a.get("dim", -1) % rank == rank - 1, "softmax over another axis than the last")
+        return rank - 1
+    if anchor.op in ("layer_norm", "rms_norm"):
+        return a.get("axis", -1) % rank
+    dims = a.get("dims")
+    dims = sorted({d % rank for d in dims}) if dims is not None else list(range(rank))
+    _require(bool(dims) and dims == list(range(dims[0], rank)), f"a reduction over dims {dims}, not trailing ones")
+    return dims[0]
+
+
+def _row_operand(shape: tuple, x_shape: tuple, k: int, flat: bool) -> tuple | None:
+    """How a producer operand (broadcast against X's shape) reads in the reduction's domain:
+    ``(rows, cols)``, ``(cols,)``, ``(rows, 1)`` or ``()`` when ``flat``, else X's leading dims
+    kept, ``(*lead, cols)`` or ``(*lead, 1)``; None when it does not fit."""
+    rank = len(x_shape)
+    if len(shape) > rank:
+        return None
+    padded = (1,) * (rank - len(shape)) + tuple(shape)
+    lead, tail = padded[:k], padded[k:]
+    cols = _numel(x_shape[k:])
+    if tail == tuple(x_shape[k:]):
+        last = cols
+    elif all(d == 1 for d in tail):
+        last = 1
+    else:
+        return None
+    if not flat:
+        return (*lead, last)
+    if all(d == 1 for d in lead):
+        return (last,) if last > 1 else ()
+    return (_numel(x_shape[:k]), last) if lead == tuple(x_shape[:k]) else None
+
+
+def _result_operand(shape: tuple, domain: tuple) -> tuple | None:
+    """How a consumer operand reads against the result ``domain``: the planner lets only the full
+    result (any view of it), a vector over its last dim or a scalar through."""
+    n = _numel(shape)
+    if n == 1:
+        return ()
+    if n == _numel(domain):
+        return domain
+    stripped = tuple(shape)
+    while stripped[:1] == (1,):
+        stripped = stripped[1:]
+    return (domain[-1],) if n == domain[-1] and len(stripped) == 1 else None
+
+
+def _splits_at(shape: tuple, cols: int) -> bool:
+    """Whether ``shape``'s trailing dims multiply to ``cols`` (its rows are whole rows of the domain)."""
+    return any(_numel(shape[j:]) == cols for j in range(len(shape) + 1))
+
+
+def _global_pool(anchor: Node) -> bool:
+    """adaptive_avg_pool to all-ones: a mean over the pooled dims, which the row reduction does best."""
+    return anchor.op == "adaptive_avg_pool" and all(d == 1 for d in anchor.attr["output_size"])
 
 
 def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
-    _require(anchor.op in _REDUCTION_OPS, f"no row-reduction template for {anchor.op}")
+    if anchor.op in POOL_OPS and not _global_pool(anchor):
+        return _pool(b, anchor, target)
+    _require(anchor.op in _REDUCTION_OPS or _global_pool(anchor), f"no row-reduction template for {anchor.op}")
+    kind = "mean" if _global_pool(anchor) else anchor.op
     x = anchor.inputs[0]
     xt = b.types[x]
-    rank = len(xt.shape)
+    xs = tuple(xt.shape)
+    k = len(xs) - len(anchor.attr["output_size"]) if _global_pool(anchor) else _reduced_from(anchor, len(xs))
+    rows, cols = _numel(xs[:k]), _numel(xs[k:])
+    norm = anchor.op in ("layer_norm", "rms_norm")
     a = anchor.attr
-    if anchor.op in ("softmax", "log_softmax"):
-        _require(a.get("dim", -1) % rank == rank - 1, "softmax over another axis than the last")
-    elif anchor.op in ("layer_norm", "rms_norm"):
-        _require(a.get("axis", -1) % rank == rank - 1, "a norm over more than the last axis")
-    else:
-        dims = a.get("dims")
-        _require(dims is not None and [d % rank for d in dims] == [rank - 1], "a reduction over other axes")
-    rows, cols = _numel(xt.shape[:-1]), xt.shape[-1]
     pos = b.members.index(anchor)
     before, after = b.members[:pos], b.members[pos + 1:]
     # The loaded tensor: the producer chain's first outside operand with X's full size.
@@ -269,7 +366,7 @@ def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     loaded = x
     if x in b.produced:
         outside = [i for n in before for i in n.inputs if i and i not in b.produced and i in b.available
-                   and _numel(b.types[i].shape) == rows * cols and b.types[i].shape[-1:] == (cols,)]
+                   and _numel(b.types[i].shape) == rows * cols and _splits_at(b.types[i].shape, cols)]
         _require(bool(outside), "the norm's input is not built from a full-size operand")
         loaded = outside[0]
         env[loaded] = Acc()
@@ -277,12 +374,10 @@ def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     producer = env.get(x) if x in b.produced else None
     pre_values = [o for o in b.region.outputs if o in env]
     extra_pro = list(b.args)
-    # consumer
-    has_w = len(anchor.inputs) > 1 and bool(anchor.inputs[1]) and anchor.op in ("layer_norm", "rms_norm")
-    has_b = len(anchor.inputs) > 2 and bool(anchor.inputs[2]) and anchor.op == "layer_norm"
-    for i in anchor.inputs[1:3]:
-        if i:
-            _require(b.types[i].shape == (cols,), "norm weight/bias is not a vector over the last axis")
+    weights = [anchor.inputs[i] for i in ((1, 2) if anchor.op == "layer_norm" else (1,) if norm else ())
+               if len(anchor.inputs) > i and anchor.inputs[i]]
+    for i in weights:
+        _require(tuple(b.types[i].shape) == xs[k:], "norm weight/bias is not shaped like the normalized dims")
     cenv = b.pointwise(after, {anchor.outputs[0].name: Acc()})
     outs = [o for o in b.region.outputs if o not in pre_values]
     _require(len({cenv[o] for o in outs if o in cenv}) == 1 and all(o in cenv for o in outs),
@@ -291,27 +386,95 @@ def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
         _require(env[o] == producer, "the region writes an intermediate other than the norm's input")
     consumer = cenv[outs[0]] if cenv[outs[0]] != Acc() else None
     out_t = b.types[outs[0]]
-    out_rows_cols = (rows, cols) if anchor.op in ("softmax", "log_softmax", "layer_norm", "rms_norm") else (rows, 1)
-    extra = [a for a in b.args if a != loaded and a not in anchor.inputs[1:3]]
-    extra_shapes = []
-    for e in extra:
-        dom = out_rows_cols if e not in extra_pro else (rows, cols)
-        extra_shapes.append(_domain_shape(b.types[e], *dom))
+    normalizing = kind in _NORMALIZING
+    extra = [e for e in b.args if e != loaded and e not in weights]
+    _require(extra == b.args, "the norm's input or weight is also read by the fused expressions")
+    extra_shapes = None
+    for flat in (True, False):  # the 2-D (rows, cols) domain, else X's leading dims kept
+        shape = (rows, cols) if flat else (*xs[:k], cols)
+        result = shape if normalizing else (*shape[:-1], 1)
+        found = [_row_operand(b.types[e].shape, xs, k, flat) if e in extra_pro else
+                 _result_operand(b.types[e].shape, result) for e in extra]
+        if all(f is not None for f in found):
+            extra_shapes = found
+            break
+    _require(extra_shapes is not None, "an operand broadcasts against the reduction's input in a way the "
+             f"row-reduction template cannot read: {[str(b.types[e]) for e in extra]}")
     _require(xt.dtype in TEMPLATE_DTYPES and b.types[loaded].dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
-    params = dict(shape=(rows, cols), kind=anchor.op, x_dtype=b.types[loaded].dtype, out_dtype=out_t.dtype,
-                  eps=float(a.get("eps", 1e-5)), correction=int(a.get("correction", 1)), keepdim=True,
-                  has_weight=has_w, has_bias=has_b,
-                  weight_dtype=b.types[anchor.inputs[1]].dtype if has_w else None,
-                  producer=producer if producer != Acc() else None, consumer=consumer,
-                  extra_shapes=tuple(extra_shapes), extra_dtypes=tuple(b.types[e].dtype for e in extra),
-                  write_pre=bool(pre_values), pre_dtype=b.types[pre_values[0]].dtype if pre_values else None)
-    inputs = [(loaded, (rows, cols))]
-    inputs += [(i, None) for i in anchor.inputs[1:3] if i and anchor.op in ("layer_norm", "rms_norm")
-               and (i != anchor.inputs[2] or has_b)]
-    inputs += list(zip(extra, extra_shapes))
+    params = {"shape": shape, "kind": kind, "x_dtype": b.types[loaded].dtype, "out_dtype": out_t.dtype,
+              "eps": float(a.get("eps", 1e-5)), "correction": int(a.get("correction", 1)), "keepdim": True,
+              "has_weight": len(weights) > 0, "has_bias": len(weights) > 1,
+              "weight_dtype": b.types[weights[0]].dtype if weights else None,
+              "producer": producer if producer != Acc() else None, "consumer": consumer,
+              "extra_shapes": tuple(extra_shapes), "extra_dtypes": tuple(b.types[e].dtype for e in extra),
+              "write_pre": bool(pre_values), "pre_dtype": b.types[pre_values[0]].dtype if pre_values else None}
+    inputs = [(loaded, shape), *[(w, (cols,)) for w in weights], *zip(extra, extra_shapes)]
     mapping = [(1 if o in pre_values else 0, o, tuple(b.types[o].shape)) for o in b.region.outputs]
     out_idx = (-2, -1) if pre_values else (-1,)
     return KernelSpec("row_reduction", tuple(params.items()), out_idx, tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+def _pool(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+    """max_pool / avg_pool / adaptive_avg_pool over the last two dims, with elementwise producers
+    (same shape as the input) and consumers (the pooled result, any view of it)."""
+    from tilefuse.lowering.templates import pool
+
+    x, a = anchor.inputs[0], anchor.attr
+    xs = tuple(b.types[x].shape)
+    kind = {"max_pool": "max", "avg_pool": "avg", "adaptive_avg_pool": "adaptive_avg"}[anchor.op]
+    dims = len(a["output_size"]) if kind == "adaptive_avg" else len(a["kernel"])
+    _require(dims == 2 and len(xs) >= 3, f"{anchor.op} over {dims} dims (the pool template does 2-D)")
+    if kind == "adaptive_avg":
+        geometry = {"output_size": tuple(a["output_size"])}
+    else:
+        geometry = {"kernel": tuple(a["kernel"]), "stride": tuple(a.get("stride") or a["kernel"]),
+                    "padding": tuple(a.get("padding", (0, 0))), "ceil_mode": bool(a.get("ceil_mode", False))}
+    if kind == "max":
+        geometry["dilation"] = tuple(a.get("dilation", (1, 1)))
+    if kind == "avg":
+        geometry["count_include_pad"] = bool(a.get("count_include_pad", True))
+    out_shape = tuple(anchor.outputs[0].type.shape)
+    _require(pool.output_shape(xs, kind, **{k: v for k, v in geometry.items() if k != "count_include_pad"})
+             == out_shape, f"{anchor.op} output {out_shape} differs from the template's")
+    pos = b.members.index(anchor)
+    before, after = b.members[:pos], b.members[pos + 1:]
+    env: dict[str, Expr] = {}
+    loaded = x
+    if x in b.produced:
+        outside = [i for n in before for i in n.inputs if i and i not in b.produced and i in b.available
+                   and tuple(b.types[i].shape) == xs]
+        _require(bool(outside), f"the {anchor.op} input is not built from an operand of its shape")
+        loaded = outside[0]
+        env[loaded] = Acc()
+    env = b.pointwise(before, env)
+    producer = env.get(x) if x in b.produced else None
+    pre_values = [o for o in b.region.outputs if o in env]
+    for o in pre_values:
+        _require(env[o] == producer, f"the {anchor.op} region writes an intermediate other than its input")
+    n_pro = len(b.args)
+    cenv = b.pointwise(after, {anchor.outputs[0].name: Acc()})
+    outs = [o for o in b.region.outputs if o not in pre_values]
+    _require(all(o in cenv for o in outs) and len({cenv[o] for o in outs}) == 1,
+             f"the {anchor.op} region writes more than its pooled result")
+    consumer = cenv[outs[0]]
+    extra_shapes = []
+    for i, e in enumerate(b.args):
+        t = tuple(b.types[e].shape)
+        shape = t if i < n_pro and broadcast(t, xs) == xs else _result_operand(t, out_shape) if i >= n_pro else None
+        _require(shape is not None, f"operand {e} ({b.types[e]}) does not broadcast against the {anchor.op}")
+        extra_shapes.append(shape)
+    pre_dtype = b.types[pre_values[0]].dtype if pre_values else None
+    dtypes = (b.types[loaded].dtype, b.types[outs[0]].dtype, *(b.types[e].dtype for e in b.args))
+    _require(dtypes[0] in TEMPLATE_DTYPES, f"input dtype {dtypes[0]}")
+    _check_dtypes((*dtypes, pre_dtype or dtypes[0]), target, "pool2d")
+    params = {"x_shape": xs, "kind": kind, **geometry, "x_dtype": dtypes[0], "out_dtype": dtypes[1],
+              "producer": producer if producer != Acc() else None,
+              "consumer": consumer if consumer != Acc() else None, "extra_shapes": tuple(extra_shapes),
+              "extra_dtypes": dtypes[2:], "write_pre": bool(pre_values), "pre_dtype": pre_dtype}
+    inputs = ((loaded, xs), *zip(b.args, extra_shapes))
+    mapping = tuple((1 if o in pre_values else 0, o, tuple(b.types[o].shape)) for o in b.region.outputs)
+    return KernelSpec("pool2d", tuple(params.items()), (-2, -1) if pre_values else (-1,), inputs, mapping,
+                      tuple(b.pre))
 
 
 def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
@@ -333,11 +496,11 @@ def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
         t = tuple(b.types[e].shape)
         extra_shapes.append((t[0], 1, 1) if len(t) == 1 and len(out_shape) == 4 and t[0] == out_shape[1] else t)
     a = anchor.attr
-    params = dict(x_shape=tuple(xt.shape), w_shape=tuple(wt.shape), stride=tuple(a.get("stride", (1, 1))),
-                  padding=tuple(a.get("padding", (0, 0))), dilation=tuple(a.get("dilation", (1, 1))),
-                  in_dtype=xt.dtype, out_dtype=b.types[b.region.outputs[0]].dtype,
-                  epilogue=exprs[0] if exprs[0] != Acc() else None, extra_shapes=tuple(extra_shapes),
-                  extra_dtypes=tuple(b.types[e].dtype for e in extra))
+    params = {"x_shape": tuple(xt.shape), "w_shape": tuple(wt.shape), "stride": tuple(a.get("stride", (1, 1))),
+              "padding": tuple(a.get("padding", (0, 0))), "dilation": tuple(a.get("dilation", (1, 1))),
+              "in_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
+              "epilogue": exprs[0] if exprs[0] != Acc() else None, "extra_shapes": tuple(extra_shapes),
+              "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
     inputs = ((x, None), (w, None), *zip(extra, extra_shapes))
     return KernelSpec("conv2d", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
@@ -346,13 +509,18 @@ def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
 
 def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None) -> KernelSpec | str:
     """The kernel spec for ``region`` on ``target``, or the reason it runs through torch."""
-    if region.kind in ("view", "opaque"):
-        return f"{region.kind} regions run through torch"
+    if region.kind == "view":
+        return "view regions run through torch (metadata only, no kernel)"
+    if region.kind == "opaque":
+        ops_ = " ".join(dict.fromkeys(region.ops))
+        return f"opaque region ({ops_}): no template takes opaque ops; it runs through torch"
     if region.kind == "attention":
         return "the attention template is not written yet (fused attention issue)"
     if target.get("kind") not in ("c", "cuda"):
         return f"target {target.get('kind')!r} compiles only with its vendor toolchain"
-    nodes, types = facts if facts else ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
+    if facts is None:
+        facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
+    nodes, types = facts
     try:
         _static(region, types, target)
         b = _Builder(region, graph, nodes, types)
@@ -383,24 +551,33 @@ class RegionKernel:
     def __init__(self, spec: KernelSpec, kernel, pre_nodes: list[Node], region: Region):
         self.spec, self.kernel, self.region = spec, kernel, region
         self.pre = [(n, ops.get(n.op), n.attr) for n in pre_nodes]
+        # Bool tensors cross the kernel boundary as int8 (see templates/elementwise.py).
+        self.bool_outputs = {k for k, dt in enumerate(spec.factory_kwargs().get("out_dtypes") or ()) if dt == "bool"}
 
     def __call__(self, args):
         env = dict(zip(self.region.inputs, args))
         for node, spec, attrs in self.pre:
             env[node.outputs[0].name] = spec.run([env[i] for i in node.inputs], attrs)[0]
-        tensors = [(env[v].reshape(s) if s is not None else env[v]).contiguous() for v, s in self.spec.inputs]
+        tensors = [_as_storage((env[v].reshape(s) if s is not None else env[v]).contiguous())
+                   for v, s in self.spec.inputs]
         outs = self.kernel(*tensors)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        outs = [o.view(torch.bool) if k in self.bool_outputs else o for k, o in enumerate(outs)]
         return [outs[k].reshape(shape) for k, _, shape in self.spec.outputs]
+
+
+def _as_storage(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int8) if t.dtype == torch.bool else t
 
 
 def make_prim_func(spec: KernelSpec, target: dict, config: dict | None = None):
     """The template's ``T.prim_func`` for ``spec`` (with tile ``config`` or the template default)."""
-    from tilefuse.lowering.templates import conv, elementwise, gemm, reduction
+    from tilefuse.lowering.templates import conv, elementwise, gemm, pool, reduction
 
     factory = {"gemm": gemm.gemm, "row_reduction": reduction.row_reduction, "elementwise": elementwise.elementwise,
-               "conv2d": conv.conv2d}[spec.template]
-    module = {"gemm": gemm, "row_reduction": reduction, "elementwise": elementwise, "conv2d": conv}[spec.template]
+               "conv2d": conv.conv2d, "pool2d": pool.pool2d}[spec.template]
+    module = {"gemm": gemm, "row_reduction": reduction, "elementwise": elementwise, "conv2d": conv,
+              "pool2d": pool}[spec.template]
     kw = spec.factory_kwargs()
     if config is None:
         dtype = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
@@ -437,9 +614,16 @@ def lower_plan(plan: FusionPlan, target: dict, log=None) -> dict[str, RegionKern
     distinct = list(dict.fromkeys((s.template, s.params, s.out_idx) for s in specs.values()))
     t0 = time.perf_counter()
     by_key = {(s.template, s.params, s.out_idx): s for s in specs.values()}
-    funcs = [(make_prim_func(by_key[k], target), list(k[2])) for k in distinct]
+    kernels_failed: dict = {}
+    funcs, built = [], []
+    for k in distinct:
+        try:
+            funcs.append((make_prim_func(by_key[k], target), list(k[2])))
+            built.append(k)
+        except Exception as e:  # noqa: BLE001 -- a template refusing the spec is reported like a compile failure
+            kernels_failed[k] = e
     compiled = compile_many(funcs, target, return_exceptions=True) if funcs else []
-    kernels = dict(zip(distinct, compiled))
+    kernels = {**kernels_failed, **dict(zip(built, compiled))}
     if log is not None:
         log(f"compiled {len(distinct)} distinct kernels for {len(specs)} regions in {time.perf_counter() - t0:.1f} s")
     nodes, out = facts[0], {}

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from tilefuse.lowering import expr as E
+from tilefuse.lowering import index as ix
 from tilefuse.lowering.compile import compile_kernel, kernel_source
-from tilefuse.lowering.expr import Acc, Arg, call
-from tilefuse.lowering.templates import conv, elementwise, gemm, reduction
+from tilefuse.lowering.expr import Acc, Arg, Coord, Load, call
+from tilefuse.lowering.templates import conv, elementwise, gemm, pool, reduction
 
 C = {"kind": "c"}
 TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.float16: {"rtol": 1e-2, "atol": 1e-2}}
@@ -61,6 +62,14 @@ OP_CASES = {
     "isnan": call("isnan", call("log", _X)), "logical_not": call("logical_not", call("gt", _X, 0.0)),
     "logical_and": call("logical_and", call("gt", _X, 0.0), call("gt", _Y, 0.0)),
     "logical_or": call("logical_or", call("gt", _X, 0.0), call("gt", _Y, 0.0)),
+    "logical_xor": call("logical_xor", call("gt", _X, 0.0), call("gt", _Y, 0.0)),
+    "bitwise_and": call("bitwise_and", call("gt", _X, 0.0), call("gt", _Y, 0.0)),
+    "bitwise_or": call("bitwise_or", call("gt", _X, 0.0), call("gt", _Y, 0.0)),
+    "bitwise_xor": call("bitwise_xor", call("gt", _X, 0.0), call("gt", _Y, 0.0)),
+    "bitwise_not": call("bitwise_not", call("gt", _X, 0.0)),
+    "floor_divide": call("floor_divide", _X * 4.0, call("abs", _Y) + 0.5),
+    "remainder": call("remainder", _X * 4.0, _Y + call("sign", _Y) * 0.5),
+    "masked_fill": call("masked_fill", _X, call("gt", _Y, 0.0), value=-2.5),
 }
 
 
@@ -93,6 +102,38 @@ def test_elementwise_broadcast_several_outputs(rng, dtype):
     for out, ref in zip(kernel(*ins), elementwise.reference(ins, exprs, out_dtypes)):
         assert out.shape == (3, 5, 37) and out.dtype == ref.dtype
         torch.testing.assert_close(out, ref, **TOL[ref.dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_elementwise_indexed_loads_and_shapes(rng, dtype):
+    """Outputs of different shapes, each reading inputs at computed indices; bools travel as int8."""
+    i0, i1, i2 = Coord(0), Coord(1), Coord(2)
+    shapes, dtypes = [(3, 5), (5,), (2, 4), (7, 4)], [dtype, dtype, "int64", dtype]
+    ids = ix.wrap_clamp(Load(2, (i0, i1)), 7)
+    exprs = [Load(0, (i1, i0)),  # (5, 3): a transpose
+             Arg(0) + Arg(1),  # (3, 5): plain broadcast, read flat
+             Load(3, (ids, i2)) * Load(1, (ix.mod(i2, 5),)),  # (2, 4, 4): rows gathered by signed ids
+             call("gt", Load(0, (i0, ix.sub(ix.lit(4), i1))), 0.0)]  # (3, 5): flipped, compared: bool
+    out_shapes, out_dtypes = [(5, 3), (3, 5), (2, 4, 4), (3, 5)], [dtype, "float32", dtype, "bool"]
+    f = elementwise.elementwise(shapes, dtypes, exprs, out_dtypes, out_shapes=out_shapes, block=8, target=C)
+    kernel = compile_kernel(f, C, out_idx=[-4, -3, -2, -1])
+    ins = [randn(rng, (3, 5), dt(dtype)), randn(rng, (5,), dt(dtype)),
+           torch.randint(-7, 7, (2, 4), generator=rng), randn(rng, (7, 4), dt(dtype))]
+    outs = kernel(*[elementwise.as_storage(t) for t in ins])
+    for out, ref, d in zip(outs, elementwise.reference(ins, exprs, out_dtypes, out_shapes=out_shapes), out_dtypes):
+        out = elementwise.from_storage(out, d)
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        torch.testing.assert_close(out, ref, **TOL.get(ref.dtype, {"rtol": 0, "atol": 0}))
+
+
+def test_elementwise_bool_inputs_travel_as_int8(rng):
+    m, x = torch.rand(4, 9, generator=rng) > 0.5, randn(rng, (4, 9))
+    exprs = [call("where", Acc(), Arg(1), -Arg(1)), call("logical_not", Acc())]
+    f = elementwise.elementwise([(4, 9), (4, 9)], ["bool", "float32"], exprs, ["float32", "bool"], target=C)
+    got = compile_kernel(f, C, out_idx=[-2, -1])(elementwise.as_storage(m), x)
+    want = elementwise.reference([m, x], exprs, ["float32", "bool"])
+    torch.testing.assert_close(got[0], want[0])
+    assert torch.equal(elementwise.from_storage(got[1], "bool"), want[1])
 
 
 def test_zero_dim_operands_and_outputs(rng):
@@ -215,6 +256,36 @@ def test_rms_norm_fp16_weight(rng):
     x, w = randn(rng, shape, torch.float16), randn(rng, (130,), torch.float16)
     out = compile_kernel(f, C, out_idx=[-1])(x, w)
     torch.testing.assert_close(out, reduction.reference(x, "rms_norm", weight=w, eps=1e-6)[0], rtol=1e-2, atol=1e-2)
+
+
+# ---- pooling --------------------------------------------------------------------------------------
+
+POOL_CASES = {
+    "max_pad_stride": ("max", {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1)}),
+    "max_dilated_ceil": ("max", {"kernel": (3, 2), "stride": (2, 3), "padding": (1, 1), "dilation": (2, 1),
+                                 "ceil_mode": True}),
+    "avg_ceil_exclude_pad": ("avg", {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": True,
+                                     "count_include_pad": False}),
+    "avg_include_pad": ("avg", {"kernel": (2, 4), "stride": (2, 2), "padding": (1, 2)}),
+    "adaptive": ("adaptive_avg", {"output_size": (3, 4)}),
+    "global": ("adaptive_avg", {"output_size": (1, 1)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOL_CASES))
+def test_pool2d(rng, name):
+    kind, geometry = POOL_CASES[name]
+    shape = (2, 3, 10, 11)
+    producer, consumer = call("relu", Acc() + Arg(0)), Acc() * Arg(1)
+    f = pool.pool2d(shape, kind, **geometry, producer=producer, consumer=consumer, extra_shapes=[(3, 1, 1), ()],
+                    extra_dtypes=["float32", "float32"], write_pre=True, block=16, target=C)
+    x, b, s = randn(rng, shape), randn(rng, (3, 1, 1)), randn(rng, ())
+    out, pre = compile_kernel(f, C, out_idx=[-2, -1])(x, b, s)
+    ref = pool.reference(x, kind, **geometry, extras=[b, s], producer=producer, consumer=consumer)
+    assert out.shape == pool.output_shape(shape, kind, **{k: v for k, v in geometry.items()
+                                                          if k != "count_include_pad"})
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pre, torch.relu(x + b))
 
 
 # ---- conv2d ---------------------------------------------------------------------------------------

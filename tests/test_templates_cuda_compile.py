@@ -8,10 +8,14 @@ import shutil
 import time
 
 import pytest
+import torch
 
+from tilefuse.ir import GraphBuilder, TensorType
 from tilefuse.lowering.compile import compile_many
 from tilefuse.lowering.expr import Acc, Arg, call
-from tilefuse.lowering.templates import conv, elementwise, gemm, reduction
+from tilefuse.lowering.registry import KernelSpec, build, make_prim_func
+from tilefuse.lowering.templates import conv, elementwise, gemm, pool, reduction
+from tilefuse.planner import plan
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -73,3 +77,69 @@ def test_templates_compile_for_cuda(arch):
         elif fragment not in kernel.get_kernel_source():
             failures.append(f"{name}: {fragment!r} is not in the generated source")
     assert not failures, "\n".join(failures)
+
+
+# ---- the index layer and pooling, through the registry (region -> spec -> PrimFunc) ------------------
+
+def _region_graphs(dtype):
+    """name -> graph, each one region family of ``dtype`` (fp16/bf16 values, int64 ids, bool masks)."""
+    graphs = {}
+    b = GraphBuilder("rotary")  # LLaMA's q: a transpose into heads, then rotate_half
+    x = b.input("x", TensorType((2, 128, 8, 64), dtype))
+    cos, sin = (b.input(n, TensorType((128, 64), dtype)) for n in ("cos", "sin"))
+    graphs["rotary"] = b.build([b.add1("rotary_embedding", [b.add1("transpose", [x], dim0=1, dim1=2), cos, sin])])
+    b = GraphBuilder("embeddings")  # GPT-2's token + position embeddings, a class-token concat, a causal mask
+    wte, wpe = b.input("wte", TensorType((1000, 64), dtype)), b.input("wpe", TensorType((128, 64), dtype))
+    ids, pos = b.input("ids", TensorType((4, 128), "int64")), b.input("pos", TensorType((1, 128), "int64"))
+    h = b.add1("add", [b.add1("embedding", [wte, ids]), b.add1("embedding", [wpe, pos])])
+    cls = b.input("cls", TensorType((4, 1, 64), dtype))
+    keep = b.input("keep", TensorType((4, 129), "bool"))
+    cat = b.add1("concat", [cls, h], dim=1)
+    graphs["embeddings"] = b.build([b.add1("masked_fill", [b.add1("tril", [cat]), b.add1("logical_not", [
+        b.add1("unsqueeze", [keep], dims=(2,))])], value=0.0), b.add1("slice", [cat], dim=1, start=1, end=None,
+                                                                        step=2)])
+    b = GraphBuilder("mask")  # BERT's additive mask: int64 -> half (through fp32: half_t has no int64 constructor)
+    m = b.add1("cast", [b.input("m", TensorType((4, 1, 1, 128), "int64"))], dtype=dtype)
+    graphs["mask"] = b.build([b.add1("mul", [b.add1("sub", [b.constant("one", torch.tensor(1.0)), m]),
+                                             b.constant("big", torch.tensor(-1e4))])])
+    b = GraphBuilder("pools")  # ResNet's stem pool and its head
+    x = b.input("x", TensorType((8, 64, 56, 56), dtype))
+    r = b.add1("relu", [x])
+    graphs["max_pool_pre"] = b.build([r, b.add1("max_pool", [r], kernel=(3, 3), stride=(2, 2), padding=(1, 1))])
+    b = GraphBuilder("avg")
+    x = b.input("x", TensorType((8, 64, 28, 28), dtype))
+    graphs["avg_adaptive"] = b.build([b.add1("avg_pool", [x], kernel=(3, 3), stride=(2, 2), padding=(1, 1),
+                                             ceil_mode=True, count_include_pad=False),
+                                      b.add1("adaptive_avg_pool", [x], output_size=(3, 5))])
+    return graphs
+
+
+@pytest.mark.parametrize("arch", ["sm_90a"])
+def test_region_kernels_compile_for_cuda(arch):
+    target = {"kind": "cuda", "arch": arch}
+    funcs = {}
+    for dtype in ("float16", "bfloat16"):
+        for name, graph in _region_graphs(dtype).items():
+            p = plan(graph, target)
+            for r in p.regions:
+                if r.kind == "view":
+                    continue
+                spec = build(r, p.graph, target)
+                assert isinstance(spec, KernelSpec), f"{name} {r.name}: {spec}"
+                funcs[f"{name}_{dtype}_{r.name}"] = (make_prim_func(spec, target), list(spec.out_idx))
+    start = time.perf_counter()
+    built = compile_many(list(funcs.values()), target, return_exceptions=True)
+    print(f"{arch}: {len(funcs)} region kernels in {time.perf_counter() - start:.1f}s")
+    failures = [f"{name}: {type(k).__name__}: {str(k).strip().splitlines()[-1][:300]}"
+                for name, k in zip(funcs, built) if isinstance(k, BaseException)]
+    assert not failures, "\n".join(failures)
+    assert any(s in k.get_kernel_source() for k in built for s in ("min(", "max("))  # clamped gathers, pooling
+
+
+def test_pool_template_compiles_for_sm_80():
+    target = {"kind": "cuda", "arch": "sm_80"}
+    f = pool.pool2d((2, 32, 17, 19), "max", kernel=(3, 3), stride=(2, 2), padding=(1, 1), dilation=(2, 1),
+                    ceil_mode=True, x_dtype="float16", producer=call("relu", Acc() + Arg(0)), extra_shapes=[(32, 1, 1)],
+                    extra_dtypes=["float16"], write_pre=True, target=target)
+    (k,) = compile_many([(f, [-2, -1])], target)
+    assert "max(min(" in k.get_kernel_source()  # clamped taps

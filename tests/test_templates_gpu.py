@@ -8,9 +8,10 @@ fp32 GEMM/conv run an exact FMA loop by default; with ``allow_tf32`` they use TF
 import pytest
 import torch
 
+from tilefuse.lowering import index as ix
 from tilefuse.lowering.compile import compile_kernel
-from tilefuse.lowering.expr import Acc, Arg, call
-from tilefuse.lowering.templates import conv, elementwise, gemm, reduction
+from tilefuse.lowering.expr import Acc, Arg, Coord, Load, call
+from tilefuse.lowering.templates import conv, elementwise, gemm, pool, reduction
 
 pytestmark = pytest.mark.gpu
 
@@ -155,3 +156,44 @@ def test_conv2d(rng, target, dtype, layout):
     ref = conv.reference(x.cpu(), w.cpu(), [bias.cpu()], stride=(2, 1), padding=(1, 1), dilation=(1, 2),
                          layout=layout, epilogue=epi)
     torch.testing.assert_close(out.cpu(), ref, **MMA_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_indexed_reads(rng, target, dtype):
+    """Loads at computed indices (a transpose, an embedding gather, a rotate-half partner), outputs of
+    different shapes, a bool output stored as int8."""
+    shapes, dtypes = [(64, 200), (300, 48), (4, 37), (200,)], [dtype, dtype, "int64", dtype]
+    i0, i1, i2 = Coord(0), Coord(1), Coord(2)
+    partner = ix.mod(ix.add(i1, ix.lit(100)), 200)
+    exprs = [Load(0, (i1, i0)) * Load(3, (i0,)),  # (200, 64): x transposed, scaled per row
+             Load(1, (ix.clamp(Load(2, (i0, i1)), 0, 299), i2)),  # (4, 37, 48): embedding rows
+             Arg(0) + call("where", call("lt", i1, ix.lit(100)), -Load(0, (i0, partner)), Load(0, (i0, partner))),
+             call("gt", Arg(0), 0.0)]
+    out_shapes = [(200, 64), (4, 37, 48), (64, 200), (64, 200)]
+    out_dtypes = [dtype, dtype, "float32", "bool"]
+    f = elementwise.elementwise(shapes, dtypes, exprs, out_dtypes, out_shapes=out_shapes, target=target)
+    ins = [randn(rng, shapes[0], dtype), randn(rng, shapes[1], dtype),
+           torch.randint(0, 300, shapes[2], generator=rng).cuda(), randn(rng, shapes[3], dtype)]
+    outs = compile_kernel(f, target, out_idx=[-4, -3, -2, -1])(*ins)
+    refs = elementwise.reference([t.cpu() for t in ins], exprs, out_dtypes, out_shapes=out_shapes)
+    for out, ref, dt in zip(outs, refs, out_dtypes):
+        torch.testing.assert_close(elementwise.from_storage(out, dt).cpu(), ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", pool.KINDS)
+def test_pool2d(rng, target, kind, dtype):
+    shape = (4, 64, 28, 30)
+    geometry = {"output_size": (5, 7)} if kind == "adaptive_avg" else {
+        "kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": True}
+    if kind == "avg":
+        geometry["count_include_pad"] = False
+    producer, consumer = call("relu", Acc() + Arg(0)), Acc() * Arg(1)
+    extra_shapes = [(64, 1, 1), (64, 1, 1)]
+    f = pool.pool2d(shape, kind, **geometry, x_dtype=dtype, producer=producer, consumer=consumer,
+                    extra_shapes=extra_shapes, extra_dtypes=[dtype, dtype], write_pre=True, target=target)
+    x, b, s = randn(rng, shape, dtype), randn(rng, extra_shapes[0], dtype), randn(rng, extra_shapes[1], dtype)
+    out, pre = compile_kernel(f, target, out_idx=[-2, -1])(x, b, s)
+    ref = pool.reference(x.cpu(), kind, **geometry, extras=[b.cpu(), s.cpu()], producer=producer, consumer=consumer)
+    torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
+    torch.testing.assert_close(pre.cpu(), torch.relu(x + b).cpu(), **TOL[dtype])

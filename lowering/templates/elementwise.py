@@ -1,11 +1,20 @@
-"""Elementwise/broadcast chains as one kernel: N inputs, several outputs, one flat index space.
+"""Elementwise, broadcast and injective chains as one kernel: N inputs, several outputs, one flat index space.
 
-Note: every output has the same shape (the broadcast of the inputs, or a given ``out_shape``) and is
-computed by its own expression over the inputs (``Arg(i)`` is input ``i``; ``Acc()`` means input 0,
-so a single-input chain reads naturally). The index space is the output flattened to 1-D; an input
-of the output's shape is read at the flat index, any other through its broadcast coordinates
-(constant strides, so the divisions are by constants). Each program handles ``block`` elements; on
-GPUs ``threads`` threads share them (TileLang vectorizes the parallel loop), on CPU a serial loop.
+Note: output ``k`` has shape ``out_shapes[k]`` (by default every output has the broadcast of the
+inputs, or a given ``out_shape``) and is computed by its own expression over the inputs: ``Arg(i)``
+is input ``i`` read under numpy broadcasting against that output (``Acc()`` means input 0, so a
+single-input chain reads naturally); ``Coord(d)`` is the output element's coordinate ``d`` and
+``Load(i, index)`` reads input ``i`` at computed coordinates, which is how transposes, slices,
+concats, gathers and rotary embeddings read their inputs (``lowering.index`` builds them). The index
+space is the largest output flattened to 1-D; smaller outputs are guarded. An input of the output's
+shape read by ``Arg`` uses the flat index, any other read goes through coordinates (constant
+strides, so the divisions are by constants). Each program handles ``block`` elements; on GPUs
+``threads`` threads share them (TileLang vectorizes the parallel loop), on CPU a serial loop.
+
+Note: bool tensors are stored as int8 (0/1) at the kernel boundary — TileLang's C codegen types a
+bool buffer ``int8_t`` in the kernel and ``bool`` in its host wrapper, which does not compile — so
+callers pass ``as_storage(t)`` and view bool outputs back (``from_storage``); inside, reads compare
+with 0 and stores cast the bool to int8, on every target alike.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from collections.abc import Sequence
 import tilelang.language as T
 import torch
 
-from tilefuse.lowering.expr import Env, Expr, emit, evaluate
+from tilefuse.lowering.expr import Acc, Arg, Env, Expr, Load, emit, evaluate, walk
 from tilefuse.lowering.templates.common import (
     broadcast_index,
     broadcast_shapes,
@@ -29,6 +38,21 @@ from tilefuse.lowering.templates.common import (
 )
 
 
+def storage_dtype(dtype: str) -> str:
+    """The dtype a tensor of ``dtype`` has at the kernel boundary (bool travels as int8)."""
+    return "int8" if dtype == "bool" else dtype
+
+
+def as_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the kernel takes it (a bool tensor viewed as int8, no copy)."""
+    return t.view(torch.int8) if t.dtype == torch.bool else t
+
+
+def from_storage(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """A kernel output of logical ``dtype`` back in that dtype (int8 viewed as bool)."""
+    return t.view(torch.bool) if dtype == "bool" and t.dtype != torch.bool else t
+
+
 def elementwise(
     in_shapes: Sequence[Sequence[int]],
     in_dtypes: Sequence[str],
@@ -36,64 +60,131 @@ def elementwise(
     out_dtypes: Sequence[str],
     out_shape: Sequence[int] | None = None,
     *,
+    out_shapes: Sequence[Sequence[int]] | None = None,
     block: int = 1024,
     threads: int = 256,
     target: dict | str = "cuda",
 ):
-    """A ``T.prim_func`` computing ``out_k = exprs[k](inputs)`` elementwise.
+    """A ``T.prim_func`` computing ``out_k = exprs[k](inputs)`` for every element of output ``k``.
 
     Parameters are the inputs in order, then the outputs (``out_idx`` = the last ``len(exprs)``); a
     0-d output is declared ``(1,)`` since TileLang cannot allocate 0-d outputs (0-d inputs are fine).
-    ``in_shapes`` broadcast (numpy rules) to ``out_shape`` (default: their broadcast). Floating
-    values compute in fp32 and are cast to ``out_dtypes[k]`` on store. ``block`` elements per program.
+    ``out_shapes`` gives each output its shape; without it every output has ``out_shape`` (default:
+    the broadcast of ``in_shapes``). Inputs read by ``Arg`` must broadcast (numpy rules) to their
+    output's shape. Floating values compute in fp32 and are cast to ``out_dtypes[k]`` on store.
+    ``block`` elements per program.
     """
     in_shapes = normalize_shapes(in_shapes)
     if len(in_dtypes) != len(in_shapes) or len(out_dtypes) != len(exprs):
         raise ValueError("elementwise: one dtype per input and one per output expression")
-    out_shape = tuple(int(d) for d in out_shape) if out_shape is not None else broadcast_shapes(*in_shapes)
-    if broadcast_shapes(out_shape, *in_shapes) != out_shape:
-        raise ValueError(f"elementwise: inputs {in_shapes} do not broadcast to the output shape {out_shape}")
+    if out_shapes is None:
+        shape = tuple(int(d) for d in out_shape) if out_shape is not None else broadcast_shapes(*in_shapes)
+        if broadcast_shapes(shape, *in_shapes) != shape:
+            raise ValueError(f"elementwise: inputs {in_shapes} do not broadcast to the output shape {shape}")
+        out_shapes = (shape,) * len(exprs)
+    out_shapes = normalize_shapes(out_shapes)
+    if len(out_shapes) != len(exprs):
+        raise ValueError("elementwise: one shape per output expression")
+    for e, s in zip(exprs, out_shapes):
+        read = {n.index for n in walk(e) if isinstance(n, Arg)} | ({0} if any(isinstance(n, Acc) for n in walk(e))
+                                                                   else set())
+        if any(i >= len(in_shapes) or broadcast_shapes(s, in_shapes[i]) != s for i in read):
+            raise ValueError(f"elementwise: {e} reads inputs that do not broadcast to its output shape {s}")
     for dt in (*in_dtypes, *out_dtypes):
         check_dtype(dt, target, "elementwise")
     d = dialect(target)
-    total = numel(out_shape)
+    sizes = [numel(s) for s in out_shapes]
+    total = max(sizes, default=1)
     block = max(1, min(block, total))
     n_in = len(in_shapes)
-    out_param_shape = out_shape or (1,)  # outside the kernel body, where `or` would become a TIR bool op
+    flat_in = [s in out_shapes for s in in_shapes]  # read flat where an output has the same shape
+    # Outside the kernel body, where `or` would become a TIR bool op.
+    out_params = [(s or (1,), storage_dtype(dt)) for s, dt in zip(out_shapes, out_dtypes)]
+    # A gather (an index read from data) broadcasts its index load across TileLang's vector lanes,
+    # and int64 vectors have no CUDA type: such kernels walk their block SIMT-style instead
+    # (thread t takes elements t, t + threads, ...: still coalesced, never vectorized).
+    simt = not d.cpu and (any(_gathers(e) for e in exprs) or any(dt in _WIDE_INTS for dt in (*in_dtypes, *out_dtypes)))
+    steps = -(-block // threads)
 
-    def store_all(ins, outs, idx):
-        """Every output at flat index idx; operands of the output's shape are read flat."""
-        coords = unravel(idx, out_shape)
+    def read(buf, dtype):
+        return buf != T.int8(0) if dtype == "bool" else buf
+
+    def store_one(ins, flats, out, k, idx):
+        """Output k at flat index idx."""
+        shape = out_shapes[k]
+        c = unravel(idx, shape)
 
         def arg(i):
-            return ins[i][idx] if in_shapes[i] == out_shape else ins[i][broadcast_index(in_shapes[i], coords)]
+            if in_shapes[i] == shape:
+                return read(flats[i][idx], in_dtypes[i])
+            return read(ins[i][broadcast_index(in_shapes[i], c)], in_dtypes[i])
 
-        env = Env(acc=arg(0) if n_in else None, arg=arg)
-        for out, e, dt in zip(outs, exprs, out_dtypes):
-            T.buffer_store(out, T.Cast(dt, emit(e, env)), [idx])
+        def load(i, index):
+            index = tuple(x if str(x.dtype) == "int32" else T.Cast("int32", x) for x in index)
+            return read(ins[i][index], in_dtypes[i])
+
+        uses_acc = n_in and any(isinstance(n, Acc) for n in walk(exprs[k]))
+        env = Env(acc=arg(0) if uses_acc else None, arg=arg, coord=lambda dim: c[dim], load=load)
+        v = emit(exprs[k], env)
+        if out_dtypes[k] == "bool":
+            v = T.Cast("int8", v if str(v.dtype) == "bool" else v != T.Cast(str(v.dtype), 0))
+        else:
+            if out_dtypes[k] in ("float16", "bfloat16") and not str(v.dtype).startswith("float"):
+                v = T.Cast("float32", v)  # cutlass's half_t has no unambiguous int64 constructor
+            v = T.Cast(out_dtypes[k], v)
+        T.buffer_store(out, v, [idx])
+
+    def store_all(ins, flats, outs, idx):
+        for k, out in enumerate(outs):
+            if sizes[k] == total:
+                store_one(ins, flats, out, k, idx)
+            else:
+                with T.If(idx < sizes[k]), T.Then():
+                    store_one(ins, flats, out, k, idx)
 
     @T.prim_func
     def elementwise_kernel():
-        ins = [param(f"in{i}", s, dt) for i, (s, dt) in enumerate(zip(in_shapes, in_dtypes))]
-        outs = [param(f"out{k}", out_param_shape, dt) for k, dt in enumerate(out_dtypes)]
-        flat_ins = [view(b, (total,)) if s == out_shape else b for b, s in zip(ins, in_shapes)]
-        flat_outs = [view(b, (total,)) for b in outs]
+        ins = [param(f"in{i}", s, storage_dtype(dt)) for i, (s, dt) in enumerate(zip(in_shapes, in_dtypes))]
+        outs = [param(f"out{k}", s, dt) for k, (s, dt) in enumerate(out_params)]
+        flats = [view(b, (numel(s),)) if f else None for b, s, f in zip(ins, in_shapes, flat_in)]
+        flat_outs = [view(b, (n,)) for b, n in zip(outs, sizes)]
         with d.kernel(T.ceildiv(total, block), threads=threads) as bx:
-            for i in d.tile_loop(block):
-                idx = bx * block + i
-                if idx < total:
-                    store_all(flat_ins, flat_outs, idx)
+            if simt:
+                tx = T.get_thread_binding()
+                for j in T.serial(steps):
+                    if T.And(j * threads + tx < block, bx * block + j * threads + tx < total):
+                        store_all(ins, flats, flat_outs, bx * block + j * threads + tx)
+            else:
+                for i in d.tile_loop(block):
+                    idx = bx * block + i
+                    if idx < total:
+                        store_all(ins, flats, flat_outs, idx)
 
     return elementwise_kernel
 
 
+_WIDE_INTS = ("int64", "uint64")
+
+
+def _gathers(e: Expr) -> bool:
+    """Whether ``e`` reads an input at an index computed from data (an embedding, a gather)."""
+    return any(isinstance(n, Load) and any(isinstance(m, (Load, Arg, Acc)) for i in n.index for m in walk(i))
+               for n in walk(e))
+
+
 def reference(inputs: Sequence[torch.Tensor], exprs: Sequence[Expr], out_dtypes: Sequence[str],
-              out_shape: Sequence[int] | None = None) -> list[torch.Tensor]:
-    """Torch reference of ``elementwise``: the same expressions through ``evaluate`` (0-d as ``(1,)``)."""
-    shape = tuple(out_shape) if out_shape is not None else tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
+              out_shape: Sequence[int] | None = None, *,
+              out_shapes: Sequence[Sequence[int]] | None = None) -> list[torch.Tensor]:
+    """Torch reference of ``elementwise``: the same expressions through ``evaluate`` (0-d as ``(1,)``).
+
+    Takes and returns tensors in their logical dtypes (bool as bool)."""
+    if out_shapes is None:
+        shape = tuple(out_shape) if out_shape is not None else tuple(torch.broadcast_shapes(*[t.shape for t in inputs]))
+        out_shapes = [shape] * len(exprs)
     outs = []
-    for e, dt in zip(exprs, out_dtypes):
-        v = evaluate(e, inputs[0] if inputs else None, inputs)
+    for e, dt, shape in zip(exprs, out_dtypes, out_shapes):
+        shape = tuple(shape)
+        v = evaluate(e, inputs[0] if inputs else None, inputs, shape=shape)
         outs.append(v.to(getattr(torch, dt)).expand(shape).reshape(shape or (1,)).contiguous())
     return outs
 

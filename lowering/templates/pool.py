@@ -1,0 +1,229 @@
+"""2-D pooling over the last two dims: max, average and adaptive average, with a fused producer and consumer.
+
+Note: one program owns ``block`` output elements (flattened ``(*lead, OH, OW)``, lead = batch and
+channels, so NCHW and unbatched CHW alike) and keeps one fp32 accumulator per element in a
+fragment; it walks the window (``KH x KW`` taps, the largest window for adaptive pooling) as an
+outer serial loop and all its elements in an inner parallel loop, so on GPUs the threads read
+neighbouring outputs' taps together. A tap outside the input (padding, or past an adaptive
+window's end) does not count: max pooling skips it (so padding behaves as -inf, as torch's does)
+and average pooling adds nothing, dividing by torch's divisor (the window clipped to the padded
+input with ``count_include_pad``, else to the input). Max pooling propagates NaN as torch does.
+The producer maps each loaded input element (``Acc``; extras broadcast against the input shape),
+the consumer maps each pooled value (``Acc``; extras broadcast against the output shape). With
+``write_pre`` the producer's result is stored too (another region reads it): each program also
+writes its share of the input elements, so the kernel reads X once more instead of launching again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import tilelang.language as T
+import torch
+import torch.nn.functional as F
+
+from tilefuse.lowering.expr import Acc, Env, Expr, emit, evaluate
+from tilefuse.lowering.templates.common import (
+    arg_loader,
+    check_dtype,
+    dialect,
+    normalize_shapes,
+    numel,
+    param,
+    unravel,
+    view,
+)
+
+KINDS = ("max", "avg", "adaptive_avg")
+
+
+def _out_len(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch's pooled length (``pooling_output_shape``)."""
+    span = n + 2 * p - d * (k - 1) - 1
+    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= n + p:  # the last window must start inside the input or left padding
+        out -= 1
+    return out
+
+
+def output_shape(x_shape: Sequence[int], kind: str, kernel=(1, 1), stride=None, padding=(0, 0), dilation=(1, 1),
+                 ceil_mode: bool = False, output_size=None) -> tuple[int, ...]:
+    """The shape ``pool2d`` produces for an input of ``x_shape``."""
+    *lead, h, w = (int(v) for v in x_shape)
+    if kind == "adaptive_avg":
+        return (*lead, *(int(v) for v in output_size))
+    stride = tuple(stride or kernel)
+    return (*lead, *(_out_len(n, k, s, p, d, ceil_mode)
+                     for n, k, s, p, d in zip((h, w), kernel, stride, padding, dilation)))
+
+
+def _adaptive_span(n: int, out: int) -> int:
+    """The largest adaptive window over ``n`` inputs for ``out`` outputs."""
+    return max(-(-(i + 1) * n // out) - i * n // out for i in range(out))
+
+
+def pool2d(
+    x_shape: Sequence[int],
+    kind: str,
+    *,
+    kernel: Sequence[int] = (1, 1),
+    stride: Sequence[int] | None = None,
+    padding: Sequence[int] = (0, 0),
+    dilation: Sequence[int] = (1, 1),
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    output_size: Sequence[int] | None = None,
+    x_dtype: str = "float32",
+    out_dtype: str | None = None,
+    producer: Expr | None = None,
+    consumer: Expr | None = None,
+    extra_shapes: Sequence[Sequence[int]] = (),
+    extra_dtypes: Sequence[str] = (),
+    write_pre: bool = False,
+    pre_dtype: str | None = None,
+    block: int = 256,
+    threads: int = 128,
+    target: dict | str = "cuda",
+):
+    """A ``T.prim_func`` pooling ``X`` of ``x_shape`` (``(*lead, H, W)``) over its last two dims.
+
+    ``kind``: ``max`` (``kernel``, ``stride`` (default: the kernel), ``padding``, ``dilation``,
+    ``ceil_mode``), ``avg`` (the same but dilation, plus ``count_include_pad``) or ``adaptive_avg``
+    (``output_size``). Parameters: ``X``, ``extra_0..``, ``Out`` (``output_shape``), then ``Pre``
+    (the producer's result, X's shape) if ``write_pre``. ``Arg(i)`` is ``extra_i``: in ``producer``
+    broadcast against X's shape, in ``consumer`` against Out's.
+    """
+    if kind not in KINDS:
+        raise NotImplementedError(f"pool2d: kind {kind!r} is not one of {KINDS}")
+    x_shape = tuple(int(v) for v in x_shape)
+    if len(x_shape) < 3:
+        raise ValueError(f"pool2d: input {x_shape} needs (channels, H, W) at least")
+    kernel, padding, dilation = tuple(kernel), tuple(padding), tuple(dilation)
+    stride = tuple(stride or kernel)
+    if kind == "avg" and dilation != (1, 1):
+        raise ValueError("pool2d: average pooling has no dilation")
+    out_dtype, pre_dtype = out_dtype or x_dtype, pre_dtype or x_dtype
+    extra_shapes = normalize_shapes(extra_shapes)
+    for dt in (x_dtype, out_dtype, pre_dtype, *extra_dtypes):
+        check_dtype(dt, target, "pool2d")
+    d = dialect(target)
+    lead, (H, W) = x_shape[:-2], x_shape[-2:]
+    out_shape = output_shape(x_shape, kind, kernel, stride, padding, dilation, ceil_mode, output_size)
+    OH, OW = out_shape[-2:]
+    planes, total = numel(lead), numel(out_shape)
+    KH, KW = (_adaptive_span(H, OH), _adaptive_span(W, OW)) if kind == "adaptive_avg" else kernel
+    # A GPU fragment splits evenly over the threads: a short output still gets whole thread rows.
+    block = max(1, min(block, total if d.cpu else -(-total // threads) * threads))
+    grid = -(-total // block)
+    pre_share = -(-numel(x_shape) // grid)  # input elements each program stores with write_pre
+    pre_tiles = -(-pre_share // block)
+    producer = producer if producer is not None else Acc()
+    consumer = consumer if consumer is not None else Acc()
+    f32 = "float32"
+
+    def place(idx):
+        """(plane, oh, ow) of output element idx (clamped: tail elements are never stored)."""
+        idx = T.min(idx, total - 1)
+        return idx // (OH * OW), (idx // OW) % OH, idx % OW
+
+    def span(o, n, n_out, k, s, p):
+        """The window of output o along one dim: [first, end) in input coordinates."""
+        if kind == "adaptive_avg":
+            return (o * n) // n_out, ((o + 1) * n + n_out - 1) // n_out
+        return o * s - p, o * s - p + k
+
+    def tap(Xv, extras, idx, kh, kw):
+        """(inside?, producer value) of window tap (kh, kw) of output element idx."""
+        plane, oh, ow = place(idx)
+        (h0, h1), (w0, w1) = span(oh, H, OH, KH, stride[0], padding[0]), span(ow, W, OW, KW, stride[1], padding[1])
+        h, w = (h0 + kh, w0 + kw) if kind == "adaptive_avg" else (h0 + kh * dilation[0], w0 + kw * dilation[1])
+        if kind == "adaptive_avg":  # a tap past a short window's end does not count
+            inside = T.And(h < h1, w < w1)
+        else:
+            inside = T.And(T.And(h >= 0, h < H), T.And(w >= 0, w < W))
+        hc, wc = T.max(T.min(h, H - 1), 0), T.max(T.min(w, W - 1), 0)
+        coords = [*unravel(plane, lead), hc, wc]
+        v = emit(producer, Env(acc=Xv[plane, hc, wc], arg=arg_loader(extras, extra_shapes, coords)))
+        return inside, T.Cast(f32, v)
+
+    def pre_value(Xv, extras, e):
+        """The producer at flat input element e (clamped; tails are never stored)."""
+        e = T.min(e, numel(x_shape) - 1)
+        plane, hw = e // (H * W), e % (H * W)
+        coords = [*unravel(plane, lead), hw // W, hw % W]
+        v = emit(producer, Env(acc=Xv[plane, hw // W, hw % W], arg=arg_loader(extras, extra_shapes, coords)))
+        return T.Cast(pre_dtype, v)
+
+    def merged(acc, Xv, extras, idx, kh, kw):
+        inside, v = tap(Xv, extras, idx, kh, kw)
+        if kind == "max":
+            return T.if_then_else(T.And(inside, T.Or(v > acc, T.isnan(v))), v, acc)
+        return acc + T.if_then_else(inside, v, T.float32(0))
+
+    def finished(acc, extras, idx):
+        plane, oh, ow = place(idx)
+        if kind != "max":
+            (h0, h1), (w0, w1) = span(oh, H, OH, KH, stride[0], padding[0]), span(ow, W, OW, KW, stride[1], padding[1])
+            if kind == "avg" and count_include_pad:
+                h1, w1 = T.min(h1, H + padding[0]), T.min(w1, W + padding[1])
+            else:
+                h0, h1, w0, w1 = T.max(h0, 0), T.min(h1, H), T.max(w0, 0), T.min(w1, W)
+            acc = acc / T.Cast(f32, (h1 - h0) * (w1 - w0))
+        coords = [*unravel(plane, lead), oh, ow]
+        return T.Cast(out_dtype, emit(consumer, Env(acc=acc, arg=arg_loader(extras, extra_shapes, coords))))
+
+    fill = -math.inf if kind == "max" else 0.0
+
+    @T.prim_func
+    def pool2d_kernel():
+        X_nd = param("X", x_shape, x_dtype)
+        extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
+        Out_nd = param("Out", out_shape, out_dtype)
+        Pre_nd = param("Pre", x_shape, pre_dtype) if write_pre else None
+        with d.kernel(grid, threads=threads) as bx:
+            io = {"X": view(X_nd, (planes, H, W)), "Out": view(Out_nd, (total,))}  # see common.view
+            if write_pre:
+                io["Pre"] = view(Pre_nd, (numel(x_shape),))
+                for t in T.serial(pre_tiles):
+                    for i in d.tile_loop(block):
+                        if T.And(t * block + i < pre_share, bx * pre_share + t * block + i < numel(x_shape)):
+                            io["Pre"][bx * pre_share + t * block + i] = pre_value(io["X"], extras,
+                                                                                  bx * pre_share + t * block + i)
+            acc = d.fragment((block,), f32)
+            for i in d.tile_loop(block):
+                acc[i] = T.float32(fill)
+            for kh in T.serial(KH):
+                for kw in T.serial(KW):
+                    for i in d.tile_loop(block):
+                        acc[i] = merged(acc[i], io["X"], extras, bx * block + i, kh, kw)
+            for i in d.tile_loop(block):
+                if bx * block + i < total:
+                    io["Out"][bx * block + i] = finished(acc[i], extras, bx * block + i)
+
+    return pool2d_kernel
+
+
+def reference(x: torch.Tensor, kind: str, *, kernel=(1, 1), stride=None, padding=(0, 0), dilation=(1, 1),
+              ceil_mode: bool = False, count_include_pad: bool = True, output_size=None,
+              extras: Sequence[torch.Tensor] = (), producer: Expr | None = None, consumer: Expr | None = None,
+              out_dtype: str | None = None) -> torch.Tensor:
+    """Torch reference of ``pool2d``, computed in fp32 (the ``Pre`` output is ``evaluate(producer, x)``)."""
+    pre = evaluate(producer, x, list(extras)).float() if producer is not None else x.float()
+    stride = tuple(stride or kernel)
+    if kind == "max":
+        y = F.max_pool2d(pre, tuple(kernel), stride, tuple(padding), tuple(dilation), ceil_mode)
+    elif kind == "avg":
+        y = F.avg_pool2d(pre, tuple(kernel), stride, tuple(padding), ceil_mode, count_include_pad)
+    else:
+        y = F.adaptive_avg_pool2d(pre, tuple(output_size))
+    if consumer is not None:
+        y = evaluate(consumer, y, list(extras)).float()
+    return y.to(getattr(torch, out_dtype) if out_dtype else x.dtype)
+
+
+def get_configs(target: dict | str) -> list[dict]:
+    """Seed configs; keys are ``pool2d``'s tunables."""
+    if dialect(target).cpu:
+        return [{"block": 256, "threads": 1}, {"block": 1024, "threads": 1}]
+    return [{"block": b, "threads": t} for b, t in ((256, 128), (512, 256), (128, 128))]
