@@ -424,6 +424,8 @@ def _pool(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     kind = {"max_pool": "max", "avg_pool": "avg", "adaptive_avg_pool": "adaptive_avg"}[anchor.op]
     dims = len(a["output_size"]) if kind == "adaptive_avg" else len(a["kernel"])
     _require(dims == 2 and len(xs) >= 3, f"{anchor.op} over {dims} dims (the pool template does 2-D)")
+    _require(not (target.get("kind") == "cuda" and "bfloat16" in {b.types[v].dtype for v in b.region.inputs}),
+             "bf16 pooling on CUDA: TileLang 0.1.15 emits an undefined __pack_bfloat162 (seen on the H200)")
     if kind == "adaptive_avg":
         geometry = {"output_size": tuple(a["output_size"])}
     else:

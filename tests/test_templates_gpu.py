@@ -183,6 +183,8 @@ def test_elementwise_indexed_reads(rng, target, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", pool.KINDS)
 def test_pool2d(rng, target, kind, dtype):
+    if dtype == "bfloat16":  # the registry refuses these regions with the same reason
+        pytest.skip("bf16 pooling on CUDA: TileLang 0.1.15 emits an undefined __pack_bfloat162 (seen on the H200)")
     shape = (4, 64, 28, 30)
     geometry = {"output_size": (5, 7)} if kind == "adaptive_avg" else {
         "kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": True}
