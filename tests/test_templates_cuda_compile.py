@@ -125,6 +125,8 @@ def test_region_kernels_compile_for_cuda(arch):
                 if r.kind == "view":
                     continue
                 spec = build(r, p.graph, target)
+                if dtype == "bfloat16" and isinstance(spec, str) and spec.startswith("bf16 pooling on CUDA"):
+                    continue  # refused on purpose: nvcc on the H200 rejects TileLang's bf16 pooling code
                 assert isinstance(spec, KernelSpec), f"{name} {r.name}: {spec}"
                 funcs[f"{name}_{dtype}_{r.name}"] = (make_prim_func(spec, target), list(spec.out_idx))
     start = time.perf_counter()
