@@ -42,7 +42,7 @@ from tilefuse.frontends.onnx_tensors import (
     tensor_from_proto,
     type_from_proto,
 )
-from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value, freeze, prune  # noqa: F401  (prune: public here too)
+from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value, freeze, prune
 
 FOLD_LIMIT = 1 << 16  # fold a node on constants only if its outputs have at most this many elements
 # Ops with data-dependent output shapes that are still folded on constant inputs: shape arithmetic

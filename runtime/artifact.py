@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from tilefuse.ir import dtype_name, torch_dtype
-from tilefuse.runtime.serialize import (  # noqa: F401  (re-exported: the artifact API)
+from tilefuse.runtime.serialize import (
     _type_json,
     _weights_bytes,
     _weights_from,

@@ -7,7 +7,7 @@ built, not on every call.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -43,9 +43,9 @@ def check_inputs(graph: Graph, args: Sequence[torch.Tensor]) -> None:
         if not isinstance(a, torch.Tensor):
             raise TypeError(f"{graph.name}: input {v.name!r} must be a torch.Tensor, got {type(a).__name__}")
         t = v.type
-        if t.shape is not None:
-            if a.dim() != len(t.shape) or any(isinstance(d, int) and d != s for d, s in zip(t.shape, a.shape)):
-                raise ValueError(f"{graph.name}: input {v.name!r} has shape {tuple(a.shape)}, expected {t}")
+        if t.shape is not None and (
+                a.dim() != len(t.shape) or any(isinstance(d, int) and d != s for d, s in zip(t.shape, a.shape))):
+            raise ValueError(f"{graph.name}: input {v.name!r} has shape {tuple(a.shape)}, expected {t}")
         if a.dtype != torch_dtype(t.dtype):
             raise ValueError(f"{graph.name}: input {v.name!r} has dtype {a.dtype}, expected {t.dtype}")
 

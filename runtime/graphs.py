@@ -9,7 +9,7 @@ caller can keep results across calls.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

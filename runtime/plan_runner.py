@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from tilefuse import ops
 from tilefuse.config import Options
 from tilefuse.ir import Graph
-from tilefuse.planner import FusionPlan, plan as make_plan
+from tilefuse.planner import FusionPlan
+from tilefuse.planner import plan as make_plan
 from tilefuse.runtime.executor import check_inputs, run_node
 
 RegionFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]

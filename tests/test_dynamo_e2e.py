@@ -9,13 +9,13 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from tilefuse.frontends import dynamo
-from tilefuse.frontends.dynamo import make_backend
 from torch import nn
 
 import tilefuse
 from tilefuse import models
 from tilefuse.config import Options, parse_target
+from tilefuse.frontends import dynamo
+from tilefuse.frontends.dynamo import make_backend
 
 CPU = Options(target=parse_target("c"))
 # Whole models: fp32 with room for reordered reductions (fused GEMMs, norms) once kernels are lowered.

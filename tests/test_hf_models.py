@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tilefuse.frontends.dynamo import make_backend
 
 from tilefuse.config import Options, parse_target
+from tilefuse.frontends.dynamo import make_backend
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,9 +7,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
 
-from tilefuse.frontends.onnx import import_onnx  # noqa: E402
-from tilefuse.planner import plan  # noqa: E402
-from tilefuse.runtime.plan_runner import PlanRunner  # noqa: E402
+from tilefuse.frontends.onnx import import_onnx
+from tilefuse.planner import plan
+from tilefuse.runtime.plan_runner import PlanRunner
 
 
 def _model(name):

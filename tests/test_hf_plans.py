@@ -5,8 +5,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tilefuse.frontends.capture import capture_graphs  # noqa: E402
-from tilefuse.planner import plan  # noqa: E402
+from tilefuse.frontends.capture import capture_graphs
+from tilefuse.planner import plan
 
 
 def _hf(name):

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+
 from tilefuse.models import ZOO, build, example_inputs, export_onnx, input_names, output_names
 
 ort = pytest.importorskip("onnxruntime")

@@ -15,9 +15,9 @@ import os as _os
 # root puts it first on sys.path), extend __path__ so that those folders resolve the same way.
 _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(_os.path.join(_root, "frontends")):
-    __path__.append(_root)  # type: ignore[name-defined]  # noqa: F821
+    __path__.append(_root)  # type: ignore[name-defined]
 
 __version__ = "0.1.0"
 
-from tilefuse.api import CompiledModel, compile, compile_onnx, load, save  # noqa: E402,F401,A004
-from tilefuse.runtime.artifact import ArtifactError  # noqa: E402,F401
+from tilefuse.api import CompiledModel, compile, compile_onnx, load, save  # noqa: F401
+from tilefuse.runtime.artifact import ArtifactError  # noqa: F401

@@ -31,8 +31,8 @@ def to_svg(plan: FusionPlan) -> str:
             pos[n] = (20 + x * DX, 60 + y * DY)
     width = max([p[0] for p in pos.values()] + [600]) + W + 40
     height = max([p[1] for p in pos.values()] + [100]) + H + 40
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
-           f'font-size="11">',
+    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
+            f'font-size="11">'),
            f'<text x="20" y="24" font-size="14">{html.escape(plan.summary())}</text>']
     x0 = 20
     for kind in ("gemm", "attention", "reduction", "elementwise", "opaque"):

@@ -9,8 +9,9 @@ inputs, outputs and constants (weights). Everything is frozen: passes build new 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import networkx as nx
 import torch
@@ -75,7 +76,7 @@ class TensorType:
         return None if n is None else n * torch_dtype(self.dtype).itemsize
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "TensorType":
+    def of(cls, t: torch.Tensor) -> TensorType:
         return cls(tuple(t.shape), dtype_name(t.dtype))
 
     def __str__(self) -> str:
@@ -176,7 +177,7 @@ class Graph:
         vals = self.values()
         return [vals[o] for o in self.outputs]
 
-    def replace(self, **changes: Any) -> "Graph":
+    def replace(self, **changes: Any) -> Graph:
         return dataclasses.replace(self, **changes)
 
     # -- algorithms ---------------------------------------------------------------------------
@@ -191,7 +192,7 @@ class Graph:
                     g.add_edge(prod[i].name, n.name, value=i)
         return g
 
-    def verify(self) -> "Graph":
+    def verify(self) -> Graph:
         """Check the graph's invariants; raise ``GraphError`` naming the first broken one."""
         defined: set[str] = set()
         for v in self.inputs:

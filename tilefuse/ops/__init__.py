@@ -5,6 +5,7 @@ Declarations live in modules by meaning (pointwise math, tensor manipulation, ne
 importing this package registers them all.
 """
 
+from tilefuse.ops import fallback, nn, onnx_extra, onnx_more, pointwise, tensor  # noqa: F401  (registers the ops)
 from tilefuse.ops.registry import (  # noqa: F401
     FUSIBLE_POINTWISE,
     InferenceError,
@@ -17,4 +18,3 @@ from tilefuse.ops.registry import (  # noqa: F401
     infer_types,
     register,
 )
-from tilefuse.ops import pointwise, tensor, nn, onnx_extra, onnx_more, fallback  # noqa: F401,E402  (registers the ops)

@@ -10,8 +10,9 @@ a runtime tensor) gets an unknown shape; the runtime still executes it through i
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 

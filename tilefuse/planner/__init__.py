@@ -9,7 +9,7 @@ from tilefuse.planner.canonicalize import canonicalize, simplify  # noqa: F401
 from tilefuse.planner.cost import CostModel
 from tilefuse.planner.partition import partition
 from tilefuse.planner.pattern import RewriteLog
-from tilefuse.planner.plan import FusionPlan, Region, compute_nodes  # noqa: F401
+from tilefuse.planner.plan import FusionPlan, Region, compute_nodes
 
 
 def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None, fuse: bool = True) -> FusionPlan:

@@ -41,7 +41,7 @@ class Facts:
     outputs: frozenset[str]
 
     @classmethod
-    def of(cls, graph: Graph) -> "Facts":
+    def of(cls, graph: Graph) -> Facts:
         return cls(graph, graph.to_networkx(), {n.name: n for n in graph.nodes}, graph.producers(),
                    graph.users(), {k: v.type for k, v in graph.values().items()}, frozenset(graph.outputs))
 

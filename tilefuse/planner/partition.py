@@ -18,8 +18,7 @@ from tilefuse import ops
 from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.ops import OpKind
 from tilefuse.planner.cost import CostModel
-from tilefuse.planner.legality import (NORM_OPS, Facts, can_fuse_epilogue, can_fuse_prologue, creates_cycle,
-                                      escaping)
+from tilefuse.planner.legality import NORM_OPS, Facts, can_fuse_epilogue, can_fuse_prologue, creates_cycle, escaping
 from tilefuse.planner.plan import VIEW_OPS, Region
 
 ANCHOR_KIND = {OpKind.GEMM: "gemm", OpKind.CONV: "gemm", OpKind.ATTENTION: "attention",
@@ -130,9 +129,9 @@ def _take_siblings(f: Facts, node: Node, rid: int, regions, region_of, refusals)
 
 def _reserved(f: Facts, node: Node, r: _Open) -> str | None:
     """GROUPS: a residual add that feeds a norm goes with the norm, not with the GEMM before it."""
-    if r.kind in ("gemm", "gemm_sp") and node.op == "add":
-        if any(u.op in NORM_OPS for u in f.users.get(node.outputs[0].name, ())):
-            return "kept for its norm (norm.residual: the residual add goes with the norm)"
+    if r.kind in ("gemm", "gemm_sp") and node.op == "add" and any(
+            u.op in NORM_OPS for u in f.users.get(node.outputs[0].name, ())):
+        return "kept for its norm (norm.residual: the residual add goes with the norm)"
     return None
 
 

@@ -10,8 +10,9 @@ Matched interior nodes are removed when nothing else reads them (dead-code elimi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Union
 
 import torch
 
@@ -27,7 +28,7 @@ class Op:
     """
 
     op: str | tuple[str, ...]
-    inputs: tuple["PatternLike", ...] = ()
+    inputs: tuple[PatternLike, ...] = ()
     name: str | None = None
     commutative: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)
@@ -41,7 +42,7 @@ class Opt:
     """Optional unary step: matches ``Op(op, (inner,))`` or ``inner`` itself (a cast, a contiguous...)."""
 
     op: str | tuple[str, ...]
-    inner: "PatternLike"
+    inner: PatternLike
     name: str | None = None
 
 
@@ -50,11 +51,11 @@ class Prod:
     """A product of ``factors`` in any order and any nesting of binary ``mul`` nodes:
     ``Prod("x", "half", y)`` matches ``(x * 0.5) * y``, ``x * (0.5 * y)``, ``0.5 * (y * x)``..."""
 
-    factors: tuple["PatternLike", ...]
+    factors: tuple[PatternLike, ...]
     name: str | None = None
 
 
-PatternLike = Union[Op, Opt, Prod, str]
+PatternLike = Union[Op, Opt, Prod, str]  # noqa: UP007  (a runtime alias of forward-declared classes)
 
 
 class Context:

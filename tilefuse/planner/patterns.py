@@ -299,7 +299,7 @@ def _rotary_check(caps: dict, ctx: Context) -> str | None:
         return "the rotated dim is not static and even"
     d, half = len(xt.shape), xt.shape[-1] // 2
     hi, lo, cat = caps["hi"].attr, caps["lo"].attr, caps["cat"].attr
-    last = lambda a: a.get("dim") % d == d - 1  # noqa: E731
+    last = lambda a: a.get("dim") % d == d - 1
     if not (last(hi) and last(lo) and cat.get("dim") % d == d - 1):
         return "slices/concat are not along the last dim"
     if hi.get("start") != half or hi.get("step", 1) != 1 or (hi.get("end") or xt.shape[-1]) < xt.shape[-1]:
