@@ -1,0 +1,496 @@
+"""Per-kind region builders: a region's nodes -> one template instance (``KernelSpec``).
+
+See ``lowering.registry`` for the model (pre views, kernel, post reshapes; the (rows, cols) domain).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tilefuse.ir import Graph, Node, TensorType
+from tilefuse.lowering import index
+from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, Load, ops_supported
+from tilefuse.lowering.index import NotLowerable
+from tilefuse.lowering.templates.common import check_dtype
+from tilefuse.planner.plan import VIEW_OPS, Region
+
+PASS_VIEWS = VIEW_OPS - {"expand"}
+_log = logging.getLogger("tilefuse")
+TEMPLATE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One template instance and how the region's tensors map onto its parameters."""
+
+    template: str  # gemm | row_reduction | elementwise | conv2d | pool2d
+    params: tuple[tuple[str, Any], ...]  # factory keyword arguments (hashable)
+    out_idx: tuple[int, ...]
+    inputs: tuple[tuple[str, tuple | None], ...]  # (value, reshape-to) in parameter order
+    outputs: tuple[tuple[int, str, tuple], ...]  # (kernel output #, region output value, its shape)
+    pre: tuple[str, ...] = ()  # names of view nodes torch runs before the kernel
+
+    def factory_kwargs(self) -> dict:
+        return dict(self.params)
+
+
+def _require(cond: bool, why: str) -> None:
+    if not cond:
+        raise NotLowerable(why)
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+class _Builder:
+    """Builds the expressions of one region: leaves for outside values, Calls for its nodes."""
+
+    def __init__(self, region: Region, graph: Graph, nodes: dict[str, Node], types: dict[str, TensorType]):
+        self.region, self.graph, self.types = region, graph, types
+        self.members = [nodes[m] for m in region.nodes]
+        self.produced = {v.name for n in self.members for v in n.outputs}
+        self.args: list[str] = []  # outside values read as Arg(i), in order
+        self.pre: list[str] = []
+        self.available: set[str] = set(region.inputs)  # values torch has before the kernel
+
+    def leaf(self, value: str) -> Expr:
+        c = self.graph.constants.get(value)
+        if c is not None and c.numel() == 1:
+            return Const(c.reshape(()).item(), str(c.dtype).removeprefix("torch."))
+        _require(value in self.available, f"{value} is computed inside the region before the kernel could read it")
+        if value not in self.args:
+            self.args.append(value)
+        return Arg(self.args.index(value))
+
+    def pointwise(self, nodes: list[Node], env: dict[str, Expr]) -> dict[str, Expr]:
+        """Expressions for ``nodes`` (elementwise ops and views) over ``env``; views of outside values
+        become pre nodes."""
+        supported = ops_supported()
+        for n in nodes:
+            if n.op in PASS_VIEWS:
+                if n.inputs[0] in env:
+                    env[n.outputs[0].name] = env[n.inputs[0]]
+                else:
+                    _require(n.inputs[0] in self.available, f"view {n.name} reads a value the kernel computes")
+                    self.pre.append(n.name)
+                    self.available.add(n.outputs[0].name)
+                continue
+            if n.op == "batch_norm":  # after a convolution, whose template reads (C,) vectors as (C, 1, 1)
+                x, w, b, mean, var = (env[i] if i in env else self.leaf(i) for i in n.inputs)
+                eps = n.attr.get("eps", 1e-5)
+                env[n.outputs[0].name] = (x - mean) * Call("rsqrt", (var + Const(float(eps)),)) * w + b
+                continue
+            _require(n.op in supported, f"the templates' expressions cannot compute {n.op} ({n.name})")
+            _require(len(n.outputs) == 1, f"{n.op} has several outputs")
+            args = tuple(env[i] if i in env else self.leaf(i) for i in n.inputs if i)
+            env[n.outputs[0].name] = Call(n.op, args, n.attrs)
+        return env
+
+
+def _domain_shape(t: TensorType, rows: int, cols: int) -> tuple:
+    """How an extra operand reads in the (rows, cols) domain: full, a row vector, or a scalar."""
+    n = _numel(t.shape)
+    if n == rows * cols and t.shape[-1:] == (cols,):
+        return (rows, cols)
+    if n == cols and (not t.shape or t.shape[-1] == cols):
+        return (cols,)
+    _require(n == 1, f"operand {t} does not fit the ({rows}, {cols}) domain")
+    return ()
+
+
+def _outputs(b: _Builder, env: dict[str, Expr], region: Region) -> tuple[list[Expr], list[tuple]]:
+    """Distinct output expressions, and for each region output (kernel output #, its shape)."""
+    exprs: list[Expr] = []
+    mapping = []
+    for o in region.outputs:
+        _require(o in env, f"output {o} is not computed by the kernel")
+        e = env[o]
+        if e not in exprs:
+            exprs.append(e)
+        mapping.append((exprs.index(e), o, tuple(b.types[o].shape)))
+    return exprs, mapping
+
+
+def _static(region: Region, types: dict[str, TensorType], target: dict) -> None:
+    for v in (*region.inputs, *region.outputs):
+        t = types[v]
+        _require(t.is_static, f"{v} has a symbolic or unknown shape {t}")
+        # TileLang's C code generator types a bool buffer int8_t in the kernel and bool in its host
+        # wrapper, which fails to compile; the elementwise template stores bools as int8, the others not yet.
+        _require(region.kind == "elementwise" or not (target.get("kind") == "c" and t.dtype == "bool"),
+                 f"{v} is bool, which the {region.kind} template cannot take on the c target")
+
+
+# ---- per kind ---------------------------------------------------------------------------------
+
+def _check_dtypes(dtypes, target: dict, what: str) -> None:
+    for dt in dtypes:
+        try:
+            check_dtype(dt, target, what)
+        except NotImplementedError as e:
+            raise NotLowerable(str(e)) from None
+
+
+def _elementwise(b: _Builder, target: dict) -> KernelSpec:
+    """Pointwise and injective nodes as one elementwise kernel, each output element pulled through
+    the nodes' index maps (``lowering.index``)."""
+    types = b.types
+    for n in b.members:  # views of values torch already has: free, before the kernel
+        if n.op in PASS_VIEWS and n.inputs[0] in b.available:
+            b.pre.append(n.name)
+            b.available.add(n.outputs[0].name)
+    computed = {v.name: (n, k) for n in b.members if n.name not in b.pre for k, v in enumerate(n.outputs)}
+    base_of = {}  # region output -> the kernel value it is a plain reshape of
+    for o in b.region.outputs:
+        v = o
+        while v in computed and computed[v][0].op in PASS_VIEWS and computed[v][0].inputs[0] in computed:
+            v = computed[v][0].inputs[0]
+        base_of[o] = v
+    bases = list(dict.fromkeys(base_of.values()))
+    shapes = [tuple(types[v].shape) for v in bases]
+    _require(all(_numel(s) > 0 for s in shapes), "an empty output")
+    current: list[tuple] = [()]
+
+    def leaf(value: str, idx: tuple) -> Expr:
+        e = b.leaf(value)
+        if isinstance(e, Const):
+            return e
+        shape, out = tuple(types[value].shape), current[0]
+        if len(shape) <= len(out) and all(d in (1, o) for d, o in zip(shape[::-1], out[::-1])) and \
+                idx == index.broadcast(shape, index.coords(out)):
+            return e
+        return Load(e.index, idx)
+
+    ib = index.IndexBuilder(computed, types, leaf, ops_supported())
+    exprs = []
+    for v, shape in zip(bases, shapes):
+        current[0] = shape
+        ib.reset()
+        exprs.append(ib.at(v, index.coords(shape)))
+    n_nodes = index.size(exprs)
+    _require(n_nodes <= index.MAX_EXPR_NODES,
+             f"the region's expressions unfold to {n_nodes} nodes (limit {index.MAX_EXPR_NODES})")
+    in_dtypes = tuple(types[a].dtype for a in b.args)
+    out_dtypes = tuple(types[v].dtype for v in bases)
+    _check_dtypes((*in_dtypes, *out_dtypes), target, "elementwise")
+    in_shapes = tuple(tuple(types[a].shape) for a in b.args)
+    params = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "exprs": tuple(exprs), "out_dtypes": out_dtypes,
+              "out_shapes": tuple(shapes)}
+    mapping = tuple((bases.index(base_of[o]), o, tuple(types[o].shape)) for o in b.region.outputs)
+    n = len(exprs)
+    return KernelSpec("elementwise", tuple(params.items()), tuple(range(-n, 0)),
+                      tuple((a, None) for a in b.args), mapping, tuple(b.pre))
+
+
+def _trace_operand(b: _Builder, value: str, env_nodes: dict[str, Node]) -> tuple[str, bool, list[Node]]:
+    """Follow a GEMM operand back through the region: (outside value, transposed?, prologue nodes)."""
+    trans, prologue = False, []
+    while value in b.produced:
+        n = env_nodes[value]
+        rank = len(b.types[n.inputs[0]].shape)
+        if n.op == "transpose":
+            _require(sorted(d % rank for d in (n.attr["dim0"], n.attr["dim1"])) == [rank - 2, rank - 1],
+                     "a transpose of other than the last two dims")
+            trans = not trans
+        elif n.op == "permute":
+            perm = [p % rank for p in n.attr["perm"]]
+            _require(perm == list(range(rank - 2)) + [rank - 1, rank - 2], f"permute {perm} before the GEMM")
+            trans = not trans
+        elif n.op in ("cast", "scale"):
+            prologue.insert(0, n)
+        elif n.op in PASS_VIEWS:
+            pass
+        else:
+            raise NotLowerable(f"{n.op} before the GEMM")
+        value = n.inputs[0]
+    return value, trans, prologue
+
+
+def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+    by_out = {v.name: n for n in b.members for v in n.outputs}
+    pos = b.members.index(anchor)
+    _require(all(n.op in PASS_VIEWS or n.op in ("cast", "scale", "transpose", "permute")
+                 for n in b.members[:pos]), "the GEMM prologue holds more than casts, scales and layouts")
+    a_val, trans_a, pro_a = _trace_operand(b, anchor.inputs[0], by_out)
+    b_val, trans_b, pro_b = _trace_operand(b, anchor.inputs[1], by_out)
+    _require(not pro_b, "a prologue on the weight operand")
+    at, bt = b.types[a_val].shape, b.types[b_val].shape
+    if anchor.op == "linear":
+        _require(len(bt) == 2 and not trans_b, "linear weight is not a plain (N, K) matrix")
+        trans_b = True
+        _require(not trans_a, "a transposed linear input")
+    _require(len(at) >= 2 and len(bt) >= 2, "1-D GEMM operands")
+    if trans_a:
+        M, K = at[-1], at[-2]
+    else:
+        M, K = at[-2], at[-1]
+    N = bt[-2] if trans_b else bt[-1]
+    batch_a, batch_b = tuple(at[:-2]), tuple(bt[:-2])
+    a_shape = None
+    if not batch_b and not trans_a:  # fold A's batch into M: (..., M, K) -> (M', K)
+        M, batch_a, a_shape = _numel(at[:-1]), (), (_numel(at[:-1]), K)
+    for v in (a_val, b_val):
+        _require(b.types[v].dtype in TEMPLATE_DTYPES, f"{v} is {b.types[v].dtype}")
+    pro = None
+    for n in pro_a:
+        pro = Call(n.op, (pro or Acc(),), n.attrs)
+    env: dict[str, Expr] = {anchor.outputs[0].name: Acc()}
+    b.available.discard(anchor.outputs[0].name)
+    if anchor.op == "linear" and len(anchor.inputs) > 2 and anchor.inputs[2]:
+        env[anchor.outputs[0].name] = Call("add", (Acc(), b.leaf(anchor.inputs[2])))
+    env = b.pointwise(b.members[pos + 1:], env)
+    exprs, mapping = _outputs(b, env, b.region)
+    _require(len(exprs) == 1, "a GEMM region with several outputs")
+    rows, cols = (_numel((*broadcast(batch_a, batch_b), M)), N)
+    extra = [a for a in b.args if a not in (a_val, b_val)]
+    extra_shapes = tuple(_domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
+                         else tuple(b.types[a].shape) for a in extra)
+    out_dtype = b.types[b.region.outputs[0]].dtype
+    epi = exprs[0] if exprs[0] != Acc() else None
+    params = {"M": M, "N": N, "K": K, "trans_A": trans_a, "trans_B": trans_b, "batch_A": batch_a, "batch_B": batch_b,
+              "A_dtype": b.types[a_val].dtype, "B_dtype": b.types[b_val].dtype, "out_dtype": out_dtype,
+              "prologue": pro, "epilogue": epi, "extra_shapes": extra_shapes,
+              "extra_dtypes": tuple(b.types[a].dtype for a in extra)}
+    inputs = ((a_val, a_shape), (b_val, None), *zip(extra, extra_shapes))
+    return KernelSpec("gemm", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+def broadcast(a: tuple, b: tuple) -> tuple:
+    return tuple(torch.broadcast_shapes(a, b)) if (a or b) else ()
+
+
+_REDUCTION_OPS = {"softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "amax", "amin", "var"}
+_NORMALIZING = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+POOL_OPS = ("max_pool", "avg_pool", "adaptive_avg_pool")
+
+
+def _reduced_from(anchor: Node, rank: int) -> int:
+    """The first reduced dim ``k``: the anchor reduces dims ``k..rank-1``, a row reduction over
+    their product (rows = the product of the dims before)."""
+    a = anchor.attr
+    _require(rank > 0, "a reduction of a 0-d tensor")
+    if anchor.op in ("softmax", "log_softmax"):
+        _require(a.get("dim", -1) % rank == rank - 1, "softmax over another axis than the last")
+        return rank - 1
+    if anchor.op in ("layer_norm", "rms_norm"):
+        return a.get("axis", -1) % rank
+    dims = a.get("dims")
+    dims = sorted({d % rank for d in dims}) if dims is not None else list(range(rank))
+    _require(bool(dims) and dims == list(range(dims[0], rank)), f"a reduction over dims {dims}, not trailing ones")
+    return dims[0]
+
+
+def _row_operand(shape: tuple, x_shape: tuple, k: int, flat: bool) -> tuple | None:
+    """How a producer operand (broadcast against X's shape) reads in the reduction's domain:
+    ``(rows, cols)``, ``(cols,)``, ``(rows, 1)`` or ``()`` when ``flat``, else X's leading dims
+    kept, ``(*lead, cols)`` or ``(*lead, 1)``; None when it does not fit."""
+    rank = len(x_shape)
+    if len(shape) > rank:
+        return None
+    padded = (1,) * (rank - len(shape)) + tuple(shape)
+    lead, tail = padded[:k], padded[k:]
+    cols = _numel(x_shape[k:])
+    if tail == tuple(x_shape[k:]):
+        last = cols
+    elif all(d == 1 for d in tail):
+        last = 1
+    else:
+        return None
+    if not flat:
+        return (*lead, last)
+    if all(d == 1 for d in lead):
+        return (last,) if last > 1 else ()
+    return (_numel(x_shape[:k]), last) if lead == tuple(x_shape[:k]) else None
+
+
+def _result_operand(shape: tuple, domain: tuple) -> tuple | None:
+    """How a consumer operand reads against the result ``domain``: the planner lets only the full
+    result (any view of it), a vector over its last dim or a scalar through."""
+    n = _numel(shape)
+    if n == 1:
+        return ()
+    if n == _numel(domain):
+        return domain
+    stripped = tuple(shape)
+    while stripped[:1] == (1,):
+        stripped = stripped[1:]
+    return (domain[-1],) if n == domain[-1] and len(stripped) == 1 else None
+
+
+def _splits_at(shape: tuple, cols: int) -> bool:
+    """Whether ``shape``'s trailing dims multiply to ``cols`` (its rows are whole rows of the domain)."""
+    return any(_numel(shape[j:]) == cols for j in range(len(shape) + 1))
+
+
+def _global_pool(anchor: Node) -> bool:
+    """adaptive_avg_pool to all-ones: a mean over the pooled dims, which the row reduction does best."""
+    return anchor.op == "adaptive_avg_pool" and all(d == 1 for d in anchor.attr["output_size"])
+
+
+def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+    if anchor.op in POOL_OPS and not _global_pool(anchor):
+        return _pool(b, anchor, target)
+    _require(anchor.op in _REDUCTION_OPS or _global_pool(anchor), f"no row-reduction template for {anchor.op}")
+    kind = "mean" if _global_pool(anchor) else anchor.op
+    x = anchor.inputs[0]
+    xt = b.types[x]
+    xs = tuple(xt.shape)
+    k = len(xs) - len(anchor.attr["output_size"]) if _global_pool(anchor) else _reduced_from(anchor, len(xs))
+    rows, cols = _numel(xs[:k]), _numel(xs[k:])
+    norm = anchor.op in ("layer_norm", "rms_norm")
+    a = anchor.attr
+    pos = b.members.index(anchor)
+    before, after = b.members[:pos], b.members[pos + 1:]
+    # The loaded tensor: the producer chain's first outside operand with X's full size.
+    env: dict[str, Expr] = {}
+    loaded = x
+    if x in b.produced:
+        outside = [i for n in before for i in n.inputs if i and i not in b.produced and i in b.available
+                   and _numel(b.types[i].shape) == rows * cols and _splits_at(b.types[i].shape, cols)]
+        _require(bool(outside), "the norm's input is not built from a full-size operand")
+        loaded = outside[0]
+        env[loaded] = Acc()
+    env = b.pointwise(before, env)
+    producer = env.get(x) if x in b.produced else None
+    pre_values = [o for o in b.region.outputs if o in env]
+    extra_pro = list(b.args)
+    weights = [anchor.inputs[i] for i in ((1, 2) if anchor.op == "layer_norm" else (1,) if norm else ())
+               if len(anchor.inputs) > i and anchor.inputs[i]]
+    for i in weights:
+        _require(tuple(b.types[i].shape) == xs[k:], "norm weight/bias is not shaped like the normalized dims")
+    cenv = b.pointwise(after, {anchor.outputs[0].name: Acc()})
+    outs = [o for o in b.region.outputs if o not in pre_values]
+    _require(len({cenv[o] for o in outs if o in cenv}) == 1 and all(o in cenv for o in outs),
+             "the reduction region's outputs are not its result")
+    for o in pre_values:
+        _require(env[o] == producer, "the region writes an intermediate other than the norm's input")
+    consumer = cenv[outs[0]] if cenv[outs[0]] != Acc() else None
+    out_t = b.types[outs[0]]
+    normalizing = kind in _NORMALIZING
+    extra = [e for e in b.args if e != loaded and e not in weights]
+    _require(extra == b.args, "the norm's input or weight is also read by the fused expressions")
+    extra_shapes = None
+    for flat in (True, False):  # the 2-D (rows, cols) domain, else X's leading dims kept
+        shape = (rows, cols) if flat else (*xs[:k], cols)
+        result = shape if normalizing else (*shape[:-1], 1)
+        found = [_row_operand(b.types[e].shape, xs, k, flat) if e in extra_pro else
+                 _result_operand(b.types[e].shape, result) for e in extra]
+        if all(f is not None for f in found):
+            extra_shapes = found
+            break
+    _require(extra_shapes is not None, "an operand broadcasts against the reduction's input in a way the "
+             f"row-reduction template cannot read: {[str(b.types[e]) for e in extra]}")
+    _require(xt.dtype in TEMPLATE_DTYPES and b.types[loaded].dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
+    params = {"shape": shape, "kind": kind, "x_dtype": b.types[loaded].dtype, "out_dtype": out_t.dtype,
+              "eps": float(a.get("eps", 1e-5)), "correction": int(a.get("correction", 1)), "keepdim": True,
+              "has_weight": len(weights) > 0, "has_bias": len(weights) > 1,
+              "weight_dtype": b.types[weights[0]].dtype if weights else None,
+              "producer": producer if producer != Acc() else None, "consumer": consumer,
+              "extra_shapes": tuple(extra_shapes), "extra_dtypes": tuple(b.types[e].dtype for e in extra),
+              "write_pre": bool(pre_values), "pre_dtype": b.types[pre_values[0]].dtype if pre_values else None}
+    inputs = [(loaded, shape), *[(w, (cols,)) for w in weights], *zip(extra, extra_shapes)]
+    mapping = [(1 if o in pre_values else 0, o, tuple(b.types[o].shape)) for o in b.region.outputs]
+    out_idx = (-2, -1) if pre_values else (-1,)
+    return KernelSpec("row_reduction", tuple(params.items()), out_idx, tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+def _pool(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+    """max_pool / avg_pool / adaptive_avg_pool over the last two dims, with elementwise producers
+    (same shape as the input) and consumers (the pooled result, any view of it)."""
+    from tilefuse.lowering.templates import pool
+
+    x, a = anchor.inputs[0], anchor.attr
+    xs = tuple(b.types[x].shape)
+    kind = {"max_pool": "max", "avg_pool": "avg", "adaptive_avg_pool": "adaptive_avg"}[anchor.op]
+    dims = len(a["output_size"]) if kind == "adaptive_avg" else len(a["kernel"])
+    _require(dims == 2 and len(xs) >= 3, f"{anchor.op} over {dims} dims (the pool template does 2-D)")
+    _require(not (target.get("kind") == "cuda" and "bfloat16" in {b.types[v].dtype for v in b.region.inputs}),
+             "bf16 pooling on CUDA: TileLang 0.1.15 emits an undefined __pack_bfloat162 (seen on the H200)")
+    if kind == "adaptive_avg":
+        geometry = {"output_size": tuple(a["output_size"])}
+    else:
+        geometry = {"kernel": tuple(a["kernel"]), "stride": tuple(a.get("stride") or a["kernel"]),
+                    "padding": tuple(a.get("padding", (0, 0))), "ceil_mode": bool(a.get("ceil_mode", False))}
+    if kind == "max":
+        geometry["dilation"] = tuple(a.get("dilation", (1, 1)))
+    if kind == "avg":
+        geometry["count_include_pad"] = bool(a.get("count_include_pad", True))
+    out_shape = tuple(anchor.outputs[0].type.shape)
+    _require(pool.output_shape(xs, kind, **{k: v for k, v in geometry.items() if k != "count_include_pad"})
+             == out_shape, f"{anchor.op} output {out_shape} differs from the template's")
+    pos = b.members.index(anchor)
+    before, after = b.members[:pos], b.members[pos + 1:]
+    env: dict[str, Expr] = {}
+    loaded = x
+    if x in b.produced:
+        outside = [i for n in before for i in n.inputs if i and i not in b.produced and i in b.available
+                   and tuple(b.types[i].shape) == xs]
+        _require(bool(outside), f"the {anchor.op} input is not built from an operand of its shape")
+        loaded = outside[0]
+        env[loaded] = Acc()
+    env = b.pointwise(before, env)
+    producer = env.get(x) if x in b.produced else None
+    pre_values = [o for o in b.region.outputs if o in env]
+    for o in pre_values:
+        _require(env[o] == producer, f"the {anchor.op} region writes an intermediate other than its input")
+    n_pro = len(b.args)
+    cenv = b.pointwise(after, {anchor.outputs[0].name: Acc()})
+    outs = [o for o in b.region.outputs if o not in pre_values]
+    _require(all(o in cenv for o in outs) and len({cenv[o] for o in outs}) == 1,
+             f"the {anchor.op} region writes more than its pooled result")
+    consumer = cenv[outs[0]]
+    extra_shapes = []
+    for i, e in enumerate(b.args):
+        t = tuple(b.types[e].shape)
+        shape = t if i < n_pro and broadcast(t, xs) == xs else _result_operand(t, out_shape) if i >= n_pro else None
+        _require(shape is not None, f"operand {e} ({b.types[e]}) does not broadcast against the {anchor.op}")
+        extra_shapes.append(shape)
+    pre_dtype = b.types[pre_values[0]].dtype if pre_values else None
+    dtypes = (b.types[loaded].dtype, b.types[outs[0]].dtype, *(b.types[e].dtype for e in b.args))
+    _require(dtypes[0] in TEMPLATE_DTYPES, f"input dtype {dtypes[0]}")
+    _check_dtypes((*dtypes, pre_dtype or dtypes[0]), target, "pool2d")
+    params = {"x_shape": xs, "kind": kind, **geometry, "x_dtype": dtypes[0], "out_dtype": dtypes[1],
+              "producer": producer if producer != Acc() else None,
+              "consumer": consumer if consumer != Acc() else None, "extra_shapes": tuple(extra_shapes),
+              "extra_dtypes": dtypes[2:], "write_pre": bool(pre_values), "pre_dtype": pre_dtype}
+    inputs = ((loaded, xs), *zip(b.args, extra_shapes))
+    mapping = tuple((1 if o in pre_values else 0, o, tuple(b.types[o].shape)) for o in b.region.outputs)
+    return KernelSpec("pool2d", tuple(params.items()), (-2, -1) if pre_values else (-1,), inputs, mapping,
+                      tuple(b.pre))
+
+
+def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+    x, w = anchor.inputs[0], anchor.inputs[1]
+    _require(b.members.index(anchor) == 0, "a prologue before the convolution")
+    xt, wt = b.types[x], b.types[w]
+    _require(len(wt.shape) == 4 and anchor.attr.get("groups", 1) == 1, "only 2-D convolutions with groups=1")
+    _require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
+    env: dict[str, Expr] = {anchor.outputs[0].name: Acc()}
+    if len(anchor.inputs) > 2 and anchor.inputs[2]:
+        env[anchor.outputs[0].name] = Call("add", (Acc(), b.leaf(anchor.inputs[2])))
+    env = b.pointwise(b.members[1:], env)
+    exprs, mapping = _outputs(b, env, b.region)
+    _require(len(exprs) == 1, "a convolution region with several outputs")
+    out_shape = tuple(anchor.outputs[0].type.shape)
+    extra = list(b.args)
+    extra_shapes = []
+    for e in extra:
+        t = tuple(b.types[e].shape)
+        extra_shapes.append((t[0], 1, 1) if len(t) == 1 and len(out_shape) == 4 and t[0] == out_shape[1] else t)
+    a = anchor.attr
+    params = {"x_shape": tuple(xt.shape), "w_shape": tuple(wt.shape), "stride": tuple(a.get("stride", (1, 1))),
+              "padding": tuple(a.get("padding", (0, 0))), "dilation": tuple(a.get("dilation", (1, 1))),
+              "in_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
+              "epilogue": exprs[0] if exprs[0] != Acc() else None, "extra_shapes": tuple(extra_shapes),
+              "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
+    inputs = ((x, None), (w, None), *zip(extra, extra_shapes))
+    return KernelSpec("conv2d", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+# ---- entry points -------------------------------------------------------------------------------
