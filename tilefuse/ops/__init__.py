@@ -5,7 +5,7 @@ Declarations live in modules by meaning (pointwise math, tensor manipulation, ne
 importing this package registers them all.
 """
 
-from tilefuse.ops import fallback, nn, onnx_extra, onnx_more, pointwise, tensor  # noqa: F401  (registers the ops)
+from tilefuse.ops import fallback, nn, onnx_extra, onnx_more, onnx_seq, pointwise, tensor  # noqa: F401  (registers the ops)
 from tilefuse.ops.registry import (  # noqa: F401
     FUSIBLE_POINTWISE,
     InferenceError,
