@@ -10,13 +10,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.lowering import index
 from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, Load, ops_supported
 from tilefuse.lowering.index import NotLowerable
-from tilefuse.lowering.templates.common import check_dtype
+from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype
 from tilefuse.planner.plan import VIEW_OPS, Region
 
 PASS_VIEWS = VIEW_OPS - {"expand"}
@@ -262,7 +260,7 @@ def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
 
 
 def broadcast(a: tuple, b: tuple) -> tuple:
-    return tuple(torch.broadcast_shapes(a, b)) if (a or b) else ()
+    return broadcast_shapes(a, b) if (a or b) else ()
 
 
 _REDUCTION_OPS = {"softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "amax", "amin", "var"}

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-import torch
-
 from tilefuse import ops
 from tilefuse.ir import Node, TensorType
 from tilefuse.lowering.expr import Call, Const, Coord, Expr, Load
+from tilefuse.lowering.templates.common import broadcast_shapes
 
 INDEX_DTYPE = "int32"
 MAX_EXPR_NODES = 4096  # a region whose expressions unfold larger runs through torch
@@ -386,7 +385,7 @@ def _index(b, n, out, idx):
     pos = [k for k, i in enumerate(indices) if i]
     require(bool(pos) and all(b.types[indices[k]].dtype not in ("bool", "uint8") for k in pos),
             f"{n.name} indexes with a mask (a data-dependent shape)")
-    bshape = tuple(torch.broadcast_shapes(*[b.shape(indices[k]) for k in pos]))
+    bshape = broadcast_shapes(*[b.shape(indices[k]) for k in pos])
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     at_ = pos[0] if adjacent else 0
     rest = [k for k in range(len(xs)) if k not in pos]

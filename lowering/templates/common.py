@@ -92,8 +92,18 @@ def numel(shape: Sequence[int]) -> int:
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> Shape:
-    """numpy broadcasting of static shapes."""
-    return tuple(int(d) for d in __import__("torch").broadcast_shapes(*[tuple(s) for s in shapes]))
+    """numpy broadcasting of static shapes (plain Python: torch.broadcast_shapes imports torch._dynamo,
+    half a second on the first call, which artifact loading would pay)."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        for i, d in enumerate(s, start=rank - len(s)):
+            d = int(d)
+            if d != 1:
+                if out[i] not in (1, d):
+                    raise ValueError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+                out[i] = d
+    return tuple(out)
 
 
 def unravel(flat, shape: Sequence[int]) -> list:
