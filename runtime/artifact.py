@@ -70,6 +70,9 @@ REQUIRED = (GRAPH, PLAN, TUNING, WEIGHTS)
 _LIBS = ("kernel_lib.so", "executable.so")
 _KERNEL_FILES = (*_LIBS, "params.json", "manifest.json", "device_kernel.cu", "host_kernel.cu", "resource_usage.json")
 _KERNEL_MEMBER = re.compile(r"kernels/([0-9a-f]{64})/(" + "|".join(map(re.escape, _KERNEL_FILES)) + ")")
+# Each kernel's PrimFunc as TVM JSON (IR data, no code): loading it takes milliseconds where rebuilding it
+# from the template takes ~0.15 s a kernel, and it hashes to the same cache key.
+_FUNC_MEMBER = re.compile(r"funcs/([0-9a-f]{64})\.json")
 _SHA = re.compile(r"[0-9a-f]{64}")
 _RAW_DTYPES = frozenset({"complex128"})  # safetensors has no such dtype: stored as bytes
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member dates: the same model saves to the same bytes
@@ -151,12 +154,12 @@ def _cache_entry(kernel) -> tuple[str, Path] | None:
     return None
 
 
-def _kernel_entries(runner, target: dict, scratch: Path) -> tuple[dict, dict[str, Path]]:
-    """``runner``'s tuning decisions by region, and the cache entry directory of each of its kernels."""
+def _kernel_entries(runner, target: dict, scratch: Path) -> tuple[dict, dict[str, Path], dict]:
+    """``runner``'s tuning decisions by region, the cache entry directory and the PrimFunc of each kernel."""
     from tilefuse.lowering.compile import compile_kernel
     from tilefuse.lowering.registry import RegionKernel, make_prim_func
 
-    regions, entries, configs = {}, {}, {}
+    regions, entries, configs, funcs = {}, {}, {}, {}
     for name, rk in sorted(runner.kernels.items()):
         if not isinstance(rk, RegionKernel):
             raise TypeError(f"region {name} runs a {type(rk).__name__}, not a TileLang kernel; it cannot be saved")
@@ -172,8 +175,17 @@ def _kernel_entries(runner, target: dict, scratch: Path) -> tuple[dict, dict[str
             if found is None:
                 raise RuntimeError(f"region {name}: TileLang wrote no cache entry for its kernel; cannot save it")
         entries[found[0]] = found[1]
-        regions[name] = {"template": spec.template, "config": configs[sk], "kernel": found[0]}
-    return {"regions": regions}, entries
+        regions[name] = {"template": spec.template, "config": configs[sk], "kernel": found[0],
+                         "spec": _spec_digest(spec, configs[sk])}
+        func = getattr(rk.kernel, "prim_func", None)
+        if func is not None:
+            funcs[found[0]] = func
+    return {"regions": regions}, entries, funcs
+
+
+def _spec_digest(spec, config) -> str:
+    """What a kernel was built from: a saved PrimFunc stands in for a rebuild only while this matches."""
+    return hashlib.sha256(repr((spec.template, spec.params, spec.out_idx, config)).encode()).hexdigest()
 
 
 def _json_bytes(doc: Any) -> bytes:
@@ -201,10 +213,11 @@ def save(compiled, path: str | os.PathLike) -> Path:
         for k, t in runner.plan.graph.constants.items():
             if constants.setdefault(k, t) is not t and not torch.equal(constants[k], t):
                 raise ValueError(f"{graph.name}: constant {k!r} differs between the graph and a plan's graph")
-    plans, tunings, entries = [], [], {}
+    plans, tunings, entries, funcs = [], [], {}, {}
     with tempfile.TemporaryDirectory(prefix="tilefuse-save-") as scratch:
         for sig, runner in runners:
-            tuning, found = _kernel_entries(runner, target, Path(scratch))
+            tuning, found, prim_funcs = _kernel_entries(runner, target, Path(scratch))
+            funcs.update(prim_funcs)
             sig = None if sig is None else [[list(shape), dtype_name(dtype), device] for shape, dtype, device in sig]
             plans.append({"signature": sig, **plan_to_json(runner.plan)})
             tunings.append({"signature": sig, **tuning})
@@ -219,6 +232,10 @@ def save(compiled, path: str | os.PathLike) -> Path:
                     raise ValueError(f"TileLang cache entry {entry} holds {f.name}, which artifacts do not carry "
                                      "(use the default execution backend)")
                 members[f"kernels/{key}/{f.name}"] = f.read_bytes()
+    import tvm
+
+    for key, func in sorted(funcs.items()):
+        members[f"funcs/{key}.json"] = tvm.ir.save_json(func).encode()
     members[WEIGHTS] = _weights_bytes(constants)
     signature = [{"name": v.name, **_type_json(v.type)} for v in graph.inputs]
     manifest = {
@@ -262,7 +279,7 @@ def _blame(path: Path, member: str):
 
 
 def _check_name(path: Path, name: str) -> None:
-    if name in (MANIFEST, *REQUIRED) or _KERNEL_MEMBER.fullmatch(name):
+    if name in (MANIFEST, *REQUIRED) or _KERNEL_MEMBER.fullmatch(name) or _FUNC_MEMBER.fullmatch(name):
         return
     parts = name.replace("\\", "/").split("/")
     if name.startswith(("/", "\\")) or ".." in parts or re.match(r"[A-Za-z]:", name):
@@ -396,7 +413,7 @@ def _mismatches(manifest: dict, target: dict, strict: bool) -> list[str]:
     return why
 
 
-def _tuning(doc: dict, keys: set[str]) -> dict[str, tuple[str, dict | None, str]]:
+def _tuning(doc: dict, keys: set[str]) -> dict[str, tuple[str, dict | None, str, str | None]]:
     out = {}
     for name, r in doc["regions"].items():
         config = r["config"]
@@ -405,11 +422,11 @@ def _tuning(doc: dict, keys: set[str]) -> dict[str, tuple[str, dict | None, str]
             raise ValueError(f"region {name}: bad tile config {config!r}")
         if r["kernel"] not in keys:
             raise ValueError(f"region {name}: kernel {r['kernel']} is not in the artifact")
-        out[str(name)] = (str(r["template"]), config, r["kernel"])
+        out[str(name)] = (str(r["template"]), config, r["kernel"], r.get("spec"))
     return out
 
 
-def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path):
+def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path, funcs: dict[str, bytes] | None = None):
     """Each tilelang region's kernel, built from its stored config and loaded from the unpacked cache."""
     from tilefuse.lowering.compile import compile_many
     from tilefuse.lowering.registry import KernelSpec, RegionKernel, build, make_prim_func
@@ -420,7 +437,7 @@ def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path):
     for r in plan.regions:
         if r.backend != "tilelang":
             continue
-        s, (template, config, _) = build(r, graph, target, facts), tuning.get(r.name, (None, None, None))
+        s, (template, config, _) = build(r, graph, target, facts), tuning.get(r.name, (None, None, None, None))[:3]
         if not isinstance(s, KernelSpec) or s.template != template:
             raise _Mismatch(f"region {r.name} lowers differently here ({getattr(s, 'template', s)}) "
                             f"than when it was saved ({template})")
@@ -430,12 +447,21 @@ def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path):
         return s.template, s.params, s.out_idx, json.dumps(c, sort_keys=True)
 
     distinct = {key(s, c): (s, c) for s, c in specs.values()}
-    funcs = []
-    for s, c in distinct.values():
+    stored = {key(s, c): tuning[name][2] for name, (s, c) in specs.items()}
+    same = {key(s, c): tuning[name][3] == _spec_digest(s, c) for name, (s, c) in specs.items()}
+    items = []
+    for k, (s, c) in distinct.items():
+        blob = (funcs or {}).get(stored[k]) if same[k] else None
+        if blob is not None:  # the saved PrimFunc: same cache key, milliseconds to read
+            import tvm
+
+            with _blame(path, f"funcs/{stored[k]}.json"):
+                items.append((tvm.ir.load_json(blob.decode()), list(s.out_idx)))
+            continue
         with _blame(path, TUNING):  # a stored config the template rejects
-            funcs.append((make_prim_func(s, target, c), list(s.out_idx)))
+            items.append((make_prim_func(s, target, c), list(s.out_idx)))
     with _tilelang_cache(scratch):
-        compiled = dict(zip(distinct, compile_many(funcs, target, return_exceptions=True))) if funcs else {}
+        compiled = dict(zip(distinct, compile_many(items, target, return_exceptions=True))) if items else {}
     kernels, failed = {}, []
     nodes = facts[0]
     for name, (s, c) in specs.items():
@@ -483,7 +509,8 @@ def _restore(path: Path, plans: list[tuple], options, data: dict[str, bytes]):
             (root / m[1] / m[2]).write_bytes(blob)
     runners, keys = [], []
     for sig, plan, tuning in plans:
-        kernels, failed, loaded = _lower(path, plan, options.target, tuning, Path(scratch.name)) \
+        funcs = {m[1]: blob for name, blob in data.items() for m in [_FUNC_MEMBER.fullmatch(name)] if m}
+        kernels, failed, loaded = _lower(path, plan, options.target, tuning, Path(scratch.name), funcs) \
             if options.lower else ({}, [], [])
         plan = dataclasses.replace(plan, regions=tuple(dataclasses.replace(r, backend="torch") if r.name in failed
                                                        else r for r in plan.regions))

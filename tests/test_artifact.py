@@ -408,3 +408,17 @@ def test_cuda_artifact_loads_in_a_fresh_process_without_compiling(name, tmp_path
     assert r["max_diff"] <= 1e-6, r
     if r["load_s"] >= 2.0:  # the bar (issue 7); seen on the H200: 3.8-4.4 s, most of it rebuilding PrimFuncs
         pytest.xfail(f"loading took {r['load_s']:.2f} s, over the 2 s bar")
+
+
+def test_load_reads_saved_primfuncs_instead_of_rebuilding(saved, monkeypatch):
+    from tilefuse.lowering import registry
+
+    def no_rebuild(*a, **kw):
+        raise AssertionError("load rebuilt a PrimFunc from its template")
+
+    monkeypatch.setattr(registry, "make_prim_func", no_rebuild)
+    tfz = saved["gpt2"]["tfz"]
+    with zipfile.ZipFile(tfz) as zf:
+        assert any(n.startswith("funcs/") and n.endswith(".json") for n in zf.namelist())
+    model = tilefuse.load(tfz)
+    assert model.load_report.compiled == 0 and model.load_report.kernels > 0
