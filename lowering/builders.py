@@ -26,12 +26,14 @@ TEMPLATE_DTYPES = ("float32", "float16", "bfloat16")
 class KernelSpec:
     """One template instance and how the region's tensors map onto its parameters."""
 
-    template: str  # gemm | row_reduction | elementwise | conv2d | pool2d
+    template: str  # gemm | row_reduction | elementwise | conv2d | pool2d | flash_attention
     params: tuple[tuple[str, Any], ...]  # factory keyword arguments (hashable)
     out_idx: tuple[int, ...]
     inputs: tuple[tuple[str, tuple | None], ...]  # (value, reshape-to) in parameter order
     outputs: tuple[tuple[int, str, tuple], ...]  # (kernel output #, region output value, its shape)
     pre: tuple[str, ...] = ()  # names of view nodes torch runs before the kernel
+    post: tuple[str, ...] = ()  # names of layout nodes torch runs on the kernel's outputs (then ``outputs``
+    # names the values the kernel computes, and the region's outputs are read after the post nodes)
 
     def factory_kwargs(self) -> dict:
         return dict(self.params)
@@ -492,3 +494,52 @@ def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
 
 
 # ---- entry points -------------------------------------------------------------------------------
+
+
+# Layout ops an attention region may hold around its sdpa: torch runs them as views before the kernel
+# (head split of a fused QKV projection) and as the output's layout after it (heads merged back).
+ATTENTION_LAYOUTS = PASS_VIEWS | {"transpose", "permute", "split", "contiguous"}
+
+
+def _attention(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+    """The sdpa node as one ``flash_attention`` kernel on contiguous (B, H, S, D) q/k/v; the region's
+    layout ops run through torch before (views of the inputs) and after (the output's layout)."""
+    pos = b.members.index(anchor)
+    others = [n for n in b.members if n is not anchor]
+    bad = sorted({n.op for n in others if n.op not in ATTENTION_LAYOUTS})
+    _require(not bad, f"the attention region holds {' '.join(bad)} besides layouts; only layouts run around sdpa")
+    pre, post = b.members[:pos], b.members[pos + 1:]
+    produced_pre = {v.name for n in pre for v in n.outputs}
+    _require(all(i in b.available or i in produced_pre for n in pre for i in n.inputs if i),
+             "a layout before sdpa reads a value the region computes after it")
+    q, k, v, *rest = anchor.inputs
+    mask = rest[0] if rest and rest[0] else None
+    qt, kt, vt = (b.types[x] for x in (q, k, v))
+    _require(len(qt.shape) == 4 and len(kt.shape) == 4 and kt.shape == vt.shape,
+             f"sdpa on q {qt.shape}, k {kt.shape}, v {vt.shape}: the template takes (B, H, S, D) with equal k/v")
+    B, Hq, Sq, D = qt.shape
+    _, Hkv, Skv, Dk = kt.shape
+    _require(Dk == D and kt.shape[0] == B and Hq % Hkv == 0, f"sdpa shapes q {qt.shape}, k {kt.shape} do not pair")
+    dtype = qt.dtype
+    _require(kt.dtype == dtype and vt.dtype == dtype, "q, k and v differ in dtype")
+    if target.get("kind") == "c":
+        _require(dtype == "float32", f"attention on the c target computes float32, not {dtype}")
+    else:
+        _require(dtype in ("float16", "bfloat16"), f"attention on GPUs takes fp16/bf16 (MMA), not {dtype}")
+    params = {"B": B, "Hq": Hq, "Sq": Sq, "Skv": Skv, "D": D, "Hkv": Hkv,
+              "is_causal": bool(anchor.attr.get("is_causal", False)), "scale": anchor.attr.get("scale"),
+              "dtype": dtype}
+    inputs = [(q, None), (k, None), (v, None)]
+    if mask is not None:
+        mt = b.types[mask]
+        _require(mt.dtype in TEMPLATE_DTYPES, f"an sdpa mask of {mt.dtype} (only additive float masks lower)")
+        _require(len(mt.shape) <= 4 and broadcast_shapes((B, Hq, Sq, Skv), mt.shape) == (B, Hq, Sq, Skv),
+                 f"sdpa mask {mt.shape} does not broadcast to {(B, Hq, Sq, Skv)}")
+        _require(mask in b.available or mask in produced_pre, "the sdpa mask is computed inside the region")
+        if target.get("kind") == "c":
+            _require(mt.dtype == "float32", f"an sdpa mask of {mt.dtype} on the c target")
+        params.update(mask_shape=tuple(mt.shape), mask_dtype=mt.dtype)
+        inputs.append((mask, None))
+    out = anchor.outputs[0].name
+    return KernelSpec("flash_attention", tuple(params.items()), (-1,), tuple(inputs),
+                      ((0, out, tuple(b.types[out].shape)),), tuple(n.name for n in pre), tuple(n.name for n in post))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 
 import torch
@@ -29,6 +30,7 @@ from tilefuse.lowering.builders import (  # noqa: F401  (KernelSpec and friends 
     PASS_VIEWS,
     TEMPLATE_DTYPES,
     KernelSpec,
+    _attention,
     _Builder,
     _conv,
     _elementwise,
@@ -52,8 +54,6 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
     if region.kind == "opaque":
         ops_ = " ".join(dict.fromkeys(region.ops))
         return f"opaque region ({ops_}): no template takes opaque ops; it runs through torch"
-    if region.kind == "attention":
-        return "the attention template is not written yet (fused attention issue)"
     if target.get("kind") not in ("c", "cuda"):
         return f"target {target.get('kind')!r} compiles only with its vendor toolchain"
     if facts is None:
@@ -72,6 +72,14 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
             return _gemm(b, anchor, target)
         if region.kind == "reduction":
             return _reduction(b, anchor, target)
+        if region.kind == "attention":
+            _require(anchor is not None and anchor.op == "sdpa", "an attention region without an sdpa anchor")
+            # Not yet seen running on a GPU: opt in until the gpu tests have passed on the H200 (fused
+            # attention issue); on c its numerics are checked in CI.
+            _require(target.get("kind") != "cuda" or os.environ.get("TILEFUSE_CUDA_ATTENTION", "0") == "1",
+                     "the flash-attention template has not been verified on a GPU yet (TILEFUSE_CUDA_ATTENTION=1 "
+                     "opts in)")
+            return _attention(b, anchor, target)
         return f"no template for {region.kind} regions"
     except NotLowerable as e:
         return str(e)
@@ -86,40 +94,66 @@ def can_lower(region: Region, graph: Graph, target: dict) -> bool:
 class RegionKernel:
     """A compiled region: views torch runs first, the kernel, the output reshapes."""
 
-    def __init__(self, spec: KernelSpec, kernel, pre_nodes: list[Node], region: Region):
+    def __init__(self, spec: KernelSpec, kernel, region: Region, nodes: dict[str, Node]):
         self.spec, self.kernel, self.region = spec, kernel, region
-        self.pre = [(n, ops.get(n.op), n.attr) for n in pre_nodes]
+        self.pre = [(nodes[p], ops.get(nodes[p].op), nodes[p].attr) for p in spec.pre]
+        self.post = [(nodes[p], ops.get(nodes[p].op), nodes[p].attr) for p in spec.post]
         # Bool tensors cross the kernel boundary as int8 (see templates/elementwise.py).
         self.bool_outputs = {k for k, dt in enumerate(spec.factory_kwargs().get("out_dtypes") or ()) if dt == "bool"}
 
     def __call__(self, args):
         env = dict(zip(self.region.inputs, args))
-        for node, spec, attrs in self.pre:
-            env[node.outputs[0].name] = spec.run([env[i] for i in node.inputs], attrs)[0]
+        _run_nodes(self.pre, env)
         tensors = [_as_storage((env[v].reshape(s) if s is not None else env[v]).contiguous())
                    for v, s in self.spec.inputs]
         outs = self.kernel(*tensors)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         outs = [o.view(torch.bool) if k in self.bool_outputs else o for k, o in enumerate(outs)]
-        return [outs[k].reshape(shape) for k, _, shape in self.spec.outputs]
+        if not self.post:
+            return [outs[k].reshape(shape) for k, _, shape in self.spec.outputs]
+        env.update({v: outs[k].reshape(shape) for k, v, shape in self.spec.outputs})
+        _run_nodes(self.post, env)
+        return [env[o] for o in self.region.outputs]
+
+
+def _run_nodes(nodes, env: dict) -> None:
+    """Run layout nodes through torch, every output (a split has several)."""
+    for node, spec, attrs in nodes:
+        for v, t in zip(node.outputs, spec.run([env[i] for i in node.inputs], attrs)):
+            env[v.name] = t
 
 
 def _as_storage(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int8) if t.dtype == torch.bool else t
 
 
+def _template(name: str):
+    """(module, factory) of a template by its KernelSpec name."""
+    from tilefuse.lowering.templates import attention, conv, elementwise, gemm, pool, reduction
+
+    return {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.row_reduction),
+            "elementwise": (elementwise, elementwise.elementwise), "conv2d": (conv, conv.conv2d),
+            "pool2d": (pool, pool.pool2d), "flash_attention": (attention, attention.flash_attention)}[name]
+
+
+def config_space(spec: KernelSpec, target: dict) -> list[dict]:
+    """The tile configs ``spec``'s template offers for ``target`` (its ``get_configs`` seeds)."""
+    module, _ = _template(spec.template)
+    kw = spec.factory_kwargs()
+    # gemm/conv seeds depend on the operand dtype, flash attention's on the head dim
+    arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype"), "flash_attention": kw.get("D")}.get(spec.template)
+    return module.get_configs(target, arg) if arg else module.get_configs(target)
+
+
 def make_prim_func(spec: KernelSpec, target: dict, config: dict | None = None):
     """The template's ``T.prim_func`` for ``spec`` (with tile ``config`` or the template default)."""
-    from tilefuse.lowering.templates import conv, elementwise, gemm, pool, reduction
+    from tilefuse.lowering.tune import best_config
 
-    factory = {"gemm": gemm.gemm, "row_reduction": reduction.row_reduction, "elementwise": elementwise.elementwise,
-               "conv2d": conv.conv2d, "pool2d": pool.pool2d}[spec.template]
-    module = {"gemm": gemm, "row_reduction": reduction, "elementwise": elementwise, "conv2d": conv,
-              "pool2d": pool}[spec.template]
+    _, factory = _template(spec.template)
     kw = spec.factory_kwargs()
+    config = best_config(spec, target) if config is None else config  # a tuned config, while tuning applies
     if config is None:
-        dtype = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
-        configs = module.get_configs(target, dtype) if dtype else module.get_configs(target)
+        configs = config_space(spec, target)
         config = _pick_gemm_config(configs, kw, target) if spec.template == "gemm" else (configs[0] if configs else {})
     return factory(**kw, **config, target=target)
 
@@ -175,5 +209,5 @@ def lower_plan(plan: FusionPlan, target: dict, log=None) -> dict[str, RegionKern
             _log.warning("%s: region %s did not compile for %s (%s); it runs through torch", plan.graph.name,
                          r.name, target, str(k).strip().splitlines()[0][:300] if str(k).strip() else type(k).__name__)
             continue
-        out[r.name] = RegionKernel(s, k, [nodes[p] for p in s.pre], r)
+        out[r.name] = RegionKernel(s, k, r, nodes)
     return out

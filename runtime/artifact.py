@@ -119,16 +119,11 @@ def host_info(target: Mapping) -> dict:
 
 def _candidate_configs(spec, target: dict) -> list[dict]:
     """The configs make_prim_func chooses among for ``spec`` (its template's seeds)."""
-    import importlib
+    from tilefuse.lowering.registry import config_space
+    from tilefuse.lowering.tune import best_config
 
-    name = {"row_reduction": "reduction", "conv2d": "conv", "pool2d": "pool"}.get(spec.template, spec.template)
-    try:
-        module = importlib.import_module(f"tilefuse.lowering.templates.{name}")
-    except ImportError:
-        return []
-    kw = spec.factory_kwargs()
-    dtype = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
-    return module.get_configs(target, dtype) if dtype else module.get_configs(target)
+    tuned = best_config(spec, target)
+    return ([tuned] if tuned else []) + config_space(spec, target)
 
 
 def _tile_config(spec, target: dict, func) -> dict | None:
@@ -472,7 +467,7 @@ def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path, funcs: d
                           "it runs through torch", ArtifactWarning, stacklevel=3)
             continue
         region = next(r for r in plan.regions if r.name == name)
-        kernels[name] = RegionKernel(s, k, [nodes[p] for p in s.pre], region)
+        kernels[name] = RegionKernel(s, k, region, nodes)
     keys = [getattr(k, "_tilelang_cache_key", None) for k in compiled.values() if not isinstance(k, BaseException)]
     return kernels, failed, keys
 

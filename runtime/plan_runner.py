@@ -123,10 +123,12 @@ def build_runner(graph: Graph, options: Options) -> PlanRunner:
     if options.lower:
         try:
             from tilefuse.lowering.registry import lower_plan
+            from tilefuse.lowering.tune import tuned
         except ImportError:
             lower_plan = None
         if lower_plan is not None:
-            kernels = lower_plan(p, options.target)
+            with tuned(p, options):  # a no-op unless options.tune: winners apply while lowering
+                kernels = lower_plan(p, options.target)
         # Regions whose kernel did not compile run through torch: the plan must say so.
         p = dataclasses.replace(p, regions=tuple(
             r if r.backend != "tilelang" or r.name in kernels else dataclasses.replace(r, backend="torch")

@@ -58,5 +58,10 @@ class Options:
     cuda_graphs: bool = _env("CUDA_GRAPHS", "1") != "0"
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = int(_env("MAX_SPECIALIZATIONS", "16"))
+    # Measure tile configs before lowering: "none", "fast" (a few seeds) or "max" (every candidate); winners
+    # are kept in TILEFUSE_TUNING_DB (default ~/.cache/tilefuse/tuning.json), see lowering/tune.py.
+    tune: str = _env("TUNE", "none")
+    # The most seconds tuning may spend on one model; specs left over keep their default config.
+    tune_seconds: float = float(_env("TUNE_SECONDS", "600"))
     # Called with each runner built (one per compiled graph): lets callers see plans and timings.
     observer: Callable[[Any], None] | None = field(default=None, compare=False)

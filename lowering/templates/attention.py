@@ -1,0 +1,189 @@
+"""Fused flash-attention forward: ``O = softmax(Q K^T * scale + mask) V`` in one pass over K/V tiles.
+
+Note: each program owns ``block_M`` query rows of one (batch, query head) and walks the keys in
+tiles of ``block_N`` with the online softmax (running row max and sum in fp32, rescaling the
+output accumulator as the max grows). Scores are kept in the log2 domain (``scale * log2(e)``, the
+mask times ``log2(e)``) so the exponent is ``T.exp2``. Grouped-query attention reads kv head
+``h // (Hq / Hkv)``; nothing is repeated in memory. Tails: ``T.copy`` zero-fills K/V/Q tile
+elements past the sequence ends (so ``0 * V`` never meets garbage) and guards the store; scores
+past ``Skv`` (and above the diagonal when causal, top-left aligned as torch) are ``-inf``. Causal
+programs stop at the last key tile their rows can see. A row whose scores are all ``-inf`` so far
+uses 0 as its max, so ``exp2(-inf - max)`` is 0 and never NaN; a row masked entirely gives 0, as
+torch's fused SDPA kernels do (its math path gives NaN). The mask is read at clamped coordinates (values computed for rows and
+columns past the edge are never stored).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import tilelang.language as T
+import torch
+import torch.nn.functional as F
+
+from tilefuse.lowering.templates.common import broadcast_index, broadcast_shapes, check_dtype, dialect, param
+
+LOG2E = 1.4426950408889634
+
+
+def flash_attention(
+    B: int,
+    Hq: int,
+    Sq: int,
+    Skv: int,
+    D: int,
+    *,
+    Hkv: int | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    mask_shape: Sequence[int] | None = None,
+    mask_dtype: str | None = None,
+    dtype: str = "float16",
+    out_dtype: str | None = None,
+    accum_dtype: str = "float32",
+    block_M: int = 64,
+    block_N: int = 64,
+    num_stages: int = 1,
+    threads: int = 128,
+    target: dict | str = "cuda",
+):
+    """A ``T.prim_func`` for scaled dot-product attention; parameters ``Q, K, V[, Mask], O``.
+
+    ``Q`` is ``(B, Hq, Sq, D)``, ``K``/``V`` are ``(B, Hkv, Skv, D)`` with ``Hq % Hkv == 0``, ``O`` is
+    ``(B, Hq, Sq, D)`` in ``out_dtype`` (default ``dtype``). ``scale`` defaults to ``1/sqrt(D)``.
+    ``mask_shape`` (rank <= 4, broadcastable to ``(B, Hq, Sq, Skv)``) adds an additive mask of
+    ``mask_dtype`` to the scaled scores. Tunables are TileLang's: ``block_M`` (query rows per program),
+    ``block_N`` (keys per step), ``num_stages``, ``threads``; CPU targets ignore the last two.
+    GPUs take fp16/bf16 (the MMAs); fp32 runs only on CPU targets (``T.gemm`` on GPUs would be TF32).
+    """
+    Hkv = Hkv or Hq
+    out_dtype = out_dtype or dtype
+    if Hq % Hkv:
+        raise ValueError(f"flash_attention: {Hq} query heads are not a multiple of {Hkv} kv heads")
+    mask_dtype = mask_dtype or dtype
+    d = dialect(target)
+    for dt in (dtype, out_dtype, *([mask_dtype] if mask_shape is not None else [])):
+        check_dtype(dt, target, "flash_attention")
+    if dtype not in ("float16", "bfloat16", "float32"):
+        raise NotImplementedError(f"flash_attention: dtype {dtype!r}; use float16, bfloat16 or float32")
+    if dtype == "float32" and not d.cpu:
+        raise NotImplementedError("flash_attention: float32 on GPUs would run as TF32; cast q/k/v to fp16 or bf16")
+    groups = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale_log2 = scale * LOG2E
+    q_shape, kv_shape = (B, Hq, Sq, D), (B, Hkv, Skv, D)
+    if mask_shape is not None:
+        mask_shape = tuple(int(s) for s in mask_shape)
+        if len(mask_shape) > 4 or broadcast_shapes(q_shape[:3] + (Skv,), mask_shape) != (B, Hq, Sq, Skv):
+            raise ValueError(f"flash_attention: mask {mask_shape} does not broadcast to {(B, Hq, Sq, Skv)}")
+    tail_n = Skv % block_N != 0
+    neg_inf = -T.infinity(accum_dtype)
+
+    def score(acc, mask, bz, by, m, n):
+        """One scaled, masked score in the log2 domain; -inf where the key is past the end or causal-hidden."""
+        s = acc * scale_log2
+        if mask is not None:
+            mi = broadcast_index(mask_shape, (bz, by, T.min(m, Sq - 1), T.min(n, Skv - 1)))
+            s = s + T.Cast(accum_dtype, mask[mi]) * LOG2E
+        valid = None
+        if tail_n:
+            valid = n < Skv
+        if is_causal:
+            valid = n <= m if valid is None else T.And(valid, n <= m)
+        return s if valid is None else T.if_then_else(valid, s, neg_inf)
+
+    @T.prim_func
+    def flash_attention_kernel():
+        Q = param("Q", q_shape, dtype)
+        K = param("K", kv_shape, dtype)
+        V = param("V", kv_shape, dtype)
+        masks = [param("Mask", mask_shape, mask_dtype)] if mask_shape is not None else []
+        O = param("O", q_shape, out_dtype)
+        with d.kernel(T.ceildiv(Sq, block_M), Hq, B, threads=threads) as (bx, by, bz):
+            Q_s = d.shared((block_M, D), dtype)
+            K_s = d.shared((block_N, D), dtype)
+            V_s = d.shared((block_N, D), dtype)
+            S_f = d.fragment((block_M, block_N), accum_dtype)
+            P_c = d.fragment((block_M, block_N), dtype)
+            O_f = d.fragment((block_M, D), accum_dtype)
+            m_prev = d.fragment((block_M,), accum_dtype)
+            m_cur = d.fragment((block_M,), accum_dtype)
+            m_use = d.fragment((block_M,), accum_dtype)
+            r_scale = d.fragment((block_M,), accum_dtype)
+            r_sum = d.fragment((block_M,), accum_dtype)
+            l_sum = d.fragment((block_M,), accum_dtype)
+            mask = (masks + [None])[0]
+            hk = by // groups
+            m0 = bx * block_M
+            T.copy(Q[bz, by, m0, 0], Q_s)
+            T.fill(O_f, 0)
+            T.fill(l_sum, 0)
+            T.fill(m_cur, neg_inf)
+            if is_causal:
+                n_tiles = T.ceildiv(T.min(Skv, m0 + block_M), block_N)
+            else:
+                n_tiles = T.ceildiv(Skv, block_N)
+            for k in d.pipelined(n_tiles, num_stages):
+                T.copy(K[bz, hk, k * block_N, 0], K_s)
+                T.copy(V[bz, hk, k * block_N, 0], V_s)
+                if d.cpu:
+                    T.clear(S_f)
+                    T.gemm(Q_s, K_s, S_f, transpose_B=True)
+                else:
+                    T.gemm(Q_s, K_s, S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in d.tile_loop(block_M, block_N):
+                    S_f[i, j] = score(S_f[i, j], mask, bz, by, m0 + i, k * block_N + j)
+                T.copy(m_cur, m_prev)
+                T.reduce_max(S_f, m_cur, dim=1, clear=False)
+                for i in d.tile_loop(block_M):
+                    # A row with no visible score yet keeps max -inf; 0 stands in so no exponent is NaN.
+                    m_use[i] = T.if_then_else(m_cur[i] == neg_inf, T.Cast(accum_dtype, 0), m_cur[i])
+                    r_scale[i] = T.exp2(m_prev[i] - m_use[i])
+                for i, j in d.tile_loop(block_M, block_N):
+                    S_f[i, j] = T.exp2(S_f[i, j] - m_use[i])
+                T.reduce_sum(S_f, r_sum, dim=1)
+                for i in d.tile_loop(block_M):
+                    l_sum[i] = l_sum[i] * r_scale[i] + r_sum[i]
+                for i, j in d.tile_loop(block_M, D):
+                    O_f[i, j] = O_f[i, j] * r_scale[i]
+                T.copy(S_f, P_c)
+                if d.cpu:
+                    T.gemm(P_c, V_s, O_f)
+                else:
+                    T.gemm(P_c, V_s, O_f, policy=T.GemmWarpPolicy.FullRow)
+            for i, j in d.tile_loop(block_M, D):
+                O_f[i, j] = T.if_then_else(l_sum[i] == 0, T.Cast(accum_dtype, 0), O_f[i, j] / l_sum[i])
+            T.copy(O_f, O[bz, by, m0, 0])
+
+    return flash_attention_kernel
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+              is_causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """Torch reference of ``flash_attention`` (fp32 math, kv heads repeated for grouped-query attention)."""
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    m = mask.float() if mask is not None else None
+    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, is_causal=is_causal,
+                                         scale=scale)
+    return out.to(q.dtype)
+
+
+def get_configs(target: dict | str, D: int = 128) -> list[dict]:
+    """Seed configs for head dim ``D``; keys are exactly ``flash_attention``'s tunables. The device decides."""
+    if dialect(target).cpu:
+        return [_config(32, 32, 0, 1), _config(64, 64, 0, 1)]
+    arch = target.get("arch", "") if isinstance(target, dict) else ""
+    if arch.startswith("sm_90"):
+        # TileLang's Hopper example shapes: 128 query rows, 128 keys, 2 stages, 256 threads.
+        seeds = [(128, 128, 2, 256), (128, 64, 2, 256), (64, 64, 1, 128)] if D <= 128 else [(64, 64, 1, 128)]
+    else:
+        # sm_80: causal with num_stages >= 2 crashes codegen (TILELANG.md); one stage is safe for both.
+        seeds = [(128, 64, 1, 128), (64, 64, 1, 128)]
+    return [_config(*s) for s in seeds]
+
+
+def _config(block_M, block_N, num_stages, threads) -> dict:
+    return {"block_M": block_M, "block_N": block_N, "num_stages": num_stages, "threads": threads}

@@ -1,0 +1,430 @@
+"""Measured tile configs: tune a ``KernelSpec`` once per target and TileLang version, remember the winner.
+
+Note: candidates are the template's ``get_configs`` seeds, the default pick first (so tuning never
+loses to the untuned build on the same inputs), plus Carver's hints for GEMMs on CUDA (Carver needs
+a GPU to describe the device; the H200's numbers are filled in by hand, see TILELANG.md). Every
+candidate compiles in parallel, runs once as warm-up (its output checked against the first
+candidate's within the dtype's tolerance), then is timed: ``time.perf_counter`` on ``c``, CUDA
+events on ``cuda``. The fastest correct one goes to a JSON database keyed by template, a digest of
+the spec, the target and the TileLang version, so identical specs (and a second compile of the same
+model) measure nothing. ``make_prim_func`` reads the winner through ``best_config`` only inside
+``applying(db)`` (``build_runner`` enters it when ``Options.tune`` is not ``"none"``), so untuned
+compiles never depend on what a database holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_log = logging.getLogger("tilefuse")
+DB_ENV = "TILEFUSE_TUNING_DB"
+# Candidates per spec: "fast" measures a few seeds, "max" everything (seeds and Carver hints) up to this.
+BUDGETS = {"none": 0, "fast": 4, "max": 16}
+WARMUP, REPS = {"c": 1, "cuda": 5}, {"c": 3, "cuda": 20}
+# Outputs of two configs differ only by summation order: relative to the output's magnitude.
+TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+class TuningDBError(RuntimeError):
+    """The tuning database file cannot be read or written."""
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get(DB_ENV) or Path.home() / ".cache" / "tilefuse" / "tuning.json")
+
+
+def spec_digest(spec) -> str:
+    """What a kernel is built from, as ``runtime.artifact`` digests it (its tile config aside)."""
+    return hashlib.sha256(repr((spec.template, spec.params, spec.out_idx)).encode()).hexdigest()
+
+
+def db_key(spec, target: dict) -> str:
+    import tilelang
+
+    return "|".join((spec.template, spec_digest(spec)[:32], json.dumps(target, sort_keys=True),
+                     f"tilelang-{tilelang.__version__}"))
+
+
+class TuningDB:
+    """A JSON file of ``db_key -> {"config", "seconds", "candidates", "template", "tuned_at"}``.
+
+    Writes go through a temporary file and ``os.replace`` (a reader never sees half a file) and merge
+    with what is on disk under a lock file (two processes tuning at once both keep their entries).
+    A file that is not a tuning database is moved aside to ``<name>.corrupt`` with a warning."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else default_db_path()
+        self._entries: dict | None = None
+
+    def entries(self) -> dict:
+        if self._entries is None:
+            self._entries = self._read()
+        return self._entries
+
+    def get(self, spec, target: dict) -> dict | None:
+        return self.entries().get(db_key(spec, target))
+
+    def put(self, spec, target: dict, entry: dict) -> None:
+        key = db_key(spec, target)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._locked():
+                entries = {**self._read(), key: entry}
+                fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+                try:
+                    with os.fdopen(fd, "w") as f:
+                        json.dump(entries, f, indent=1, sort_keys=True)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, self.path)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+        except OSError as e:
+            raise TuningDBError(f"tuning database {self.path}: cannot write it ({e}); set {DB_ENV} to a "
+                                "writable file") from e
+        self._entries = entries
+
+    def _read(self) -> dict:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            raise TuningDBError(f"tuning database {self.path}: cannot read it ({e})") from e
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("config"), dict)
+                                                     for v in data.values()):
+                raise ValueError("not an object of {key: {'config': {...}, ...}}")
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            aside = self.path.with_name(self.path.name + ".corrupt")
+            _log.warning("tuning database %s is not valid (%s); moved to %s, starting empty", self.path, e, aside)
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
+            return {}
+        return data
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: atomic replace still holds, concurrent merges may drop an entry
+            yield
+            return
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@dataclass
+class TuneResult:
+    """The config chosen for one spec; ``source`` is ``"db"`` (nothing measured) or ``"measured"``."""
+
+    config: dict
+    seconds: float | None
+    source: str
+    measured: int = 0  # candidates timed in this call
+    failed: dict = field(default_factory=dict)  # candidate index -> why it was dropped
+
+
+# ---- candidates ---------------------------------------------------------------------------------------------
+
+def candidates(spec, target: dict, limit: int = BUDGETS["max"]) -> list[dict]:
+    """Configs to measure for ``spec``: the template's default pick first, its other seeds, then (GEMMs
+    on CUDA) Carver's hints; at most ``limit``, no duplicates."""
+    import importlib
+
+    from tilefuse.lowering.registry import _pick_gemm_config
+
+    name = {"row_reduction": "reduction", "conv2d": "conv", "pool2d": "pool",
+            "flash_attention": "attention"}.get(spec.template, spec.template)
+    module = importlib.import_module(f"tilefuse.lowering.templates.{name}")
+    kw = spec.factory_kwargs()
+    dtype = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype"), "flash_attention": kw.get("D")}.get(
+        spec.template)  # as make_prim_func chooses
+    seeds = list(module.get_configs(target, dtype) if dtype else module.get_configs(target))
+    if seeds and spec.template == "gemm":
+        seeds.insert(0, _pick_gemm_config(seeds, kw, target))
+    if spec.template == "gemm" and target.get("kind") == "cuda":
+        seeds += carver_gemm_configs(kw, target)
+    out, seen = [], set()
+    for c in seeds:
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(dict(c))
+    return out[:limit]
+
+
+def carver_gemm_configs(kw: dict, target: dict, topk: int = 10) -> list[dict]:
+    """Carver's GEMM hints as ``gemm`` configs; [] where Carver cannot answer (it models sm_90 like sm_80:
+    seeds, not final configs)."""
+    from tilefuse.lowering.templates.gemm import SMEM_LIMIT, shared_memory_bytes
+
+    dtype = kw.get("B_dtype") or kw.get("A_dtype") or "float16"
+    arch = target.get("arch", "sm_90a")
+    try:
+        from unittest import mock
+
+        from tilelang import carver
+        from tilelang.carver import matmul_analysis
+
+        device = _carver_arch(arch)
+        with mock.patch.object(matmul_analysis, "get_arch", lambda _target: device):
+            tmpl = carver.MatmulTemplate(M=kw["M"], N=kw["N"], K=kw["K"], in_dtype=dtype,
+                                         out_dtype=kw.get("out_dtype") or dtype, accum_dtype="float32")
+            hints = tmpl.with_arch(device).recommend_hints(topk=topk)
+    except Exception as e:  # noqa: BLE001 -- Carver is an optional source of seeds
+        _log.info("carver gave no GEMM hints for %s (%s: %s)", arch, type(e).__name__, e)
+        return []
+    limit = SMEM_LIMIT.get(arch.rstrip("a")[:5], 99 * 1024)
+    out = []
+    for h in hints:
+        (bm, bn), (wm, wn), bk = h.block, h.warp, h.rstep[0]
+        threads = (bm // wm) * (bn // wn) * 32
+        stages = max(int(h.pipeline_stage), 1)
+        if threads <= 1024 and shared_memory_bytes(bm, bn, bk, stages, dtype) <= limit:
+            out.append({"block_M": bm, "block_N": bn, "block_K": bk, "num_stages": stages, "threads": threads,
+                        "enable_rasterization": "NoRaster" not in type(h.rasterization_plan).__name__})
+    return out
+
+
+def _carver_arch(arch: str):
+    """A Carver CUDA device described by hand (``carver.arch.CUDA`` queries a GPU): the H200's numbers
+    for sm_90, an A100's for sm_80, else the sm_80 numbers with that arch's shared memory."""
+    from tilelang.backend.target import determine_target
+    from tilelang.carver.arch.cuda import CUDA
+
+    from tilefuse.lowering.templates.gemm import SMEM_LIMIT
+
+    sm = int("".join(ch for ch in arch if ch.isdigit()) or 80)
+    d = object.__new__(CUDA)
+    d.target = determine_target({"kind": "cuda", "arch": arch}, return_object=True)
+    d.sm_version, d.compute_capability = sm, str(sm)
+    d.name, d.device, d.platform = f"offline {arch}", None, "CUDA"
+    d.smem_cap = SMEM_LIMIT.get(arch.rstrip("a")[:5], 99 * 1024)
+    d.compute_max_core = 132 if sm >= 90 else 108
+    d.warp_size, d.reg_cap, d.sm_partition = 32, 65536, 4
+    d.max_smem_usage = 2 * d.smem_cap
+    d.l2_cache_size_bytes = (50 if sm >= 90 else 40) * 1024 * 1024
+    d.transaction_size, d.bandwidth = [32, 128], [750, 12080]
+    d.available_tensor_instructions = None
+    return d
+
+
+# ---- measuring ----------------------------------------------------------------------------------------------
+
+def _inputs(func, out_idx, device: str, seed: int = 0) -> list:
+    """Random tensors for ``func``'s input parameters (integers are zeros: always valid indices)."""
+    import torch
+
+    params = list(func.params)
+    outs = {i % len(params) for i in out_idx}
+    g = torch.Generator().manual_seed(seed)
+    args = []
+    for i, p in enumerate(params):
+        if i in outs:
+            continue
+        if p not in func.buffer_map:
+            raise TypeError(f"parameter {p} is not a buffer; tuning needs static tensor parameters")
+        buf = func.buffer_map[p]
+        shape = [int(s) for s in buf.shape]
+        dt = getattr(torch, str(buf.dtype))
+        t = torch.randn(shape, generator=g) if dt.is_floating_point else torch.zeros(shape)
+        args.append(t.to(dtype=dt, device=device))
+    return args
+
+
+def _outputs(result) -> list:
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def _measure(kernel, args, kind: str) -> float:
+    """Seconds per call of ``kernel(*args)``: the median of ``REPS`` after ``WARMUP`` calls."""
+    reps = REPS.get(kind, 3)
+    for _ in range(WARMUP.get(kind, 1)):
+        kernel(*args)
+    if kind == "cuda":
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(reps):
+            kernel(*args)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        kernel(*args)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _close(got: list, want: list) -> bool:
+    import torch
+
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return False
+        if not g.dtype.is_floating_point:
+            if not torch.equal(g, w):
+                return False
+            continue
+        tol = TOLERANCE.get(str(w.dtype).removeprefix("torch."), 1e-3)
+        g32, w32 = g.float(), w.float()
+        scale = max(1.0, float(w32.nan_to_num(0, 0, 0).abs().max())) if w32.numel() else 1.0
+        if not torch.allclose(g32, w32, rtol=tol, atol=tol * scale, equal_nan=True):
+            return False
+    return True
+
+
+def tune_spec(spec, target: dict, budget: str | int = "fast", db: TuningDB | None = None,
+              deadline: float | None = None) -> TuneResult:
+    """The fastest correct config of ``spec`` on ``target`` (this machine's device), from ``db`` when it
+    has one; otherwise measured over ``budget`` candidates (``"fast"``, ``"max"`` or a count) and stored.
+    Past ``deadline`` (``time.monotonic()``) no further candidate is timed."""
+    from tilefuse.lowering.compile import compile_many
+    from tilefuse.lowering.registry import make_prim_func
+
+    db = db if db is not None else TuningDB()
+    hit = db.get(spec, target)
+    if hit is not None:
+        return TuneResult(dict(hit["config"]), hit.get("seconds"), "db")
+    limit = BUDGETS[budget] if isinstance(budget, str) else int(budget)
+    configs = candidates(spec, target, max(limit, 1))
+    result = TuneResult(configs[0] if configs else {}, None, "measured")
+    if len(configs) > 1:
+        result = _race(spec, target, configs, deadline, make_prim_func, compile_many)
+    db.put(spec, target, {"template": spec.template, "config": result.config, "seconds": result.seconds,
+                          "candidates": len(configs), "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    return result
+
+
+def _race(spec, target: dict, configs: list[dict], deadline, make_prim_func: Callable, compile_many: Callable):
+    kind = target.get("kind", "c")
+    failed, funcs, idx = {}, [], []
+    for i, c in enumerate(configs):
+        try:
+            funcs.append((make_prim_func(spec, target, c), list(spec.out_idx)))
+            idx.append(i)
+        except Exception as e:  # noqa: BLE001 -- a template refusing a config drops that candidate
+            failed[i] = f"template: {type(e).__name__}: {e}"
+    kernels = compile_many(funcs, target, return_exceptions=True) if funcs else []
+    device = "cuda" if kind == "cuda" else "cpu"
+    args = _inputs(funcs[0][0], spec.out_idx, device) if funcs else []
+    reference, timed = None, []
+    for i, k in zip(idx, kernels):
+        if isinstance(k, BaseException):
+            failed[i] = f"compile: {str(k).strip().splitlines()[0][:200] if str(k).strip() else type(k).__name__}"
+            continue
+        if deadline is not None and time.monotonic() > deadline and timed:
+            failed[i] = "not timed: the model's tuning time is spent"
+            continue
+        try:
+            out = [o.clone() for o in _outputs(k(*args))]
+            if reference is None:
+                reference = out
+            elif not _close(out, reference):
+                failed[i] = "wrong output (differs from the first candidate's)"
+                continue
+            timed.append((_measure(k, args, kind), i))
+        except Exception as e:  # noqa: BLE001 -- a candidate that fails to run is dropped, never fatal
+            failed[i] = f"run: {type(e).__name__}: {e}"
+    if not timed:
+        _log.warning("tuning %s: no candidate ran (%s); keeping the default config", spec.template, failed)
+        return TuneResult(configs[0], None, "measured", 0, failed)
+    seconds, best = min(timed)
+    return TuneResult(configs[best], seconds, "measured", len(timed), failed)
+
+
+# ---- plans and the lookup make_prim_func consults ----------------------------------------------------------
+
+def tune_plan(plan, target: dict, budget: str | int = "fast", db: TuningDB | None = None,
+              seconds: float = math.inf, log: Callable[[str], None] | None = None) -> TuningDB:
+    """Tune every distinct spec of ``plan``'s TileLang regions (at most ``seconds`` in all; specs left
+    over keep their default config); returns the database holding the winners."""
+    from tilefuse.lowering.builders import KernelSpec
+    from tilefuse.lowering.registry import build
+
+    db = db if db is not None else TuningDB()
+    graph, t0 = plan.graph, time.monotonic()
+    facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
+    specs = [s for r in plan.regions if r.backend == "tilelang"
+             for s in [build(r, graph, target, facts)] if isinstance(s, KernelSpec)]
+    distinct = list({(s.template, s.params, s.out_idx): s for s in specs}.values())
+    hits = measured = 0
+    for s in distinct:
+        if time.monotonic() - t0 > seconds and db.get(s, target) is None:
+            continue
+        try:
+            r = tune_spec(s, target, budget, db, deadline=t0 + seconds)
+        except TuningDBError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- tuning failing never fails the compile: the default is kept
+            _log.warning("%s: tuning a %s kernel failed (%s: %s); it keeps its default config", graph.name,
+                         s.template, type(e).__name__, e)
+            continue
+        hits += r.source == "db"
+        measured += r.source == "measured"
+    if log is not None:
+        log(f"tuned {len(distinct)} distinct kernels ({hits} from {db.path}, {measured} measured) "
+            f"in {time.monotonic() - t0:.1f} s")
+    return db
+
+
+_ACTIVE: contextvars.ContextVar[tuple[TuningDB, dict] | None] = contextvars.ContextVar("tilefuse_tuning", default=None)
+
+
+@contextlib.contextmanager
+def applying(db: TuningDB, target: dict | None = None) -> Iterator[TuningDB]:
+    """Within this block ``best_config`` answers from ``db`` (for ``target``, or any target asked)."""
+    token = _ACTIVE.set((db, target))
+    try:
+        yield db
+    finally:
+        _ACTIVE.reset(token)
+
+
+def best_config(spec, target: dict) -> dict | None:
+    """The tuned config of ``spec`` on ``target`` inside ``applying(db)``; None outside it or if untuned."""
+    active = _ACTIVE.get()
+    if active is None or (active[1] is not None and active[1] != target):
+        return None
+    entry = active[0].get(spec, target)
+    return dict(entry["config"]) if entry else None
+
+
+@contextlib.contextmanager
+def tuned(plan, options) -> Iterator[TuningDB | None]:
+    """``build_runner``'s hook: tune ``plan`` per ``options.tune`` and apply the winners while lowering;
+    a no-op for ``"none"``."""
+    if options.tune == "none":
+        yield None
+        return
+    if options.tune not in BUDGETS:
+        raise ValueError(f"unknown tune mode {options.tune!r}; use one of {', '.join(BUDGETS)} (TILEFUSE_TUNE)")
+    log = (lambda m: _log.info("%s: %s", plan.graph.name, m)) if options.verbose else None
+    db = tune_plan(plan, options.target, options.tune, seconds=options.tune_seconds, log=log)
+    with applying(db, options.target):
+        yield db

@@ -1,0 +1,131 @@
+"""Tuning on the ``c`` target: the database, candidates measured and stored, database hits measure nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+import torch
+
+from tilefuse.api import compile_graph
+from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.lowering import tune
+from tilefuse.lowering.registry import KernelSpec, build, make_prim_func
+from tilefuse.planner import plan
+
+C = {"kind": "c"}
+
+
+def small_graph():
+    """One GEMM region (linear + relu) and one row reduction (softmax)."""
+    b = GraphBuilder("tune_small")
+    x = b.input("x", TensorType((16, 32), "float32"))
+    z = b.input("z", TensorType((8, 64), "float32"))
+    h = b.add1("relu", [b.add1("linear", [x, b.constant("w", torch.randn(24, 32)), ""])])
+    s = b.add1("softmax", [z], dim=-1)
+    return b.build([h, s])
+
+
+def specs_by_template(graph) -> dict[str, KernelSpec]:
+    p = plan(graph, C)
+    specs = [build(r, p.graph, C) for r in p.regions if r.backend == "tilelang"]
+    return {s.template: s for s in specs if isinstance(s, KernelSpec)}
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts timed candidates."""
+    calls = []
+    real = tune._measure
+
+    def measure(kernel, args, kind):
+        calls.append(kind)
+        return real(kernel, args, kind)
+
+    monkeypatch.setattr(tune, "_measure", measure)
+    return calls
+
+
+def test_db_round_trip_and_atomic_writes(tmp_path):
+    spec = specs_by_template(small_graph())["gemm"]
+    db = tune.TuningDB(tmp_path / "sub" / "tuning.json")
+    assert db.get(spec, C) is None
+    db.put(spec, C, {"config": {"block_M": 32}, "seconds": 1e-3})
+    again = tune.TuningDB(db.path)
+    assert again.get(spec, C)["config"] == {"block_M": 32}
+    assert again.get(spec, {"kind": "cuda", "arch": "sm_90a"}) is None  # keyed by target
+    key = tune.db_key(spec, C)
+    assert key.startswith("gemm|") and "tilelang-" in key
+    # Concurrent writers of different entries: the file is always whole JSON and keeps every entry.
+    other = [tune.TuningDB(db.path) for _ in range(8)]
+    threads = [threading.Thread(target=o.put, args=(spec, {"kind": "c", "n": i}, {"config": {"i": i}}))
+               for i, o in enumerate(other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    data = json.loads(db.path.read_text())
+    assert len(data) == 9
+    assert not [p for p in db.path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_corrupt_db_is_reset_with_a_warning(tmp_path, caplog):
+    spec = specs_by_template(small_graph())["row_reduction"]
+    path = tmp_path / "tuning.json"
+    path.write_text('{"half a file": ')
+    with caplog.at_level(logging.WARNING, logger="tilefuse"):
+        db = tune.TuningDB(path)
+        assert db.get(spec, C) is None
+    assert "not valid" in caplog.text and (tmp_path / "tuning.json.corrupt").exists()
+    db.put(spec, C, {"config": {"block_rows": 1}})
+    assert tune.TuningDB(path).get(spec, C)["config"] == {"block_rows": 1}
+
+
+@pytest.mark.parametrize("template", ["gemm", "row_reduction"])
+def test_tune_spec_measures_then_hits(tmp_path, counted, template):
+    spec = specs_by_template(small_graph())[template]
+    db = tune.TuningDB(tmp_path / "tuning.json")
+    configs = tune.candidates(spec, C, 3)
+    assert 2 <= len(configs) <= 3
+    first = tune.tune_spec(spec, C, 3, db)
+    assert first.source == "measured" and first.measured == len(configs) == len(counted), first.failed
+    assert first.config in configs and first.seconds > 0
+    make_prim_func(spec, C, first.config)  # a config the template takes
+    assert tune.TuningDB(db.path).get(spec, C)["config"] == first.config
+    second = tune.tune_spec(spec, C, 3, tune.TuningDB(db.path))
+    assert (second.source, second.config, second.measured) == ("db", first.config, 0)
+    assert len(counted) == len(configs)  # the hit timed nothing
+
+
+def test_best_config_only_while_applying(tmp_path):
+    spec = specs_by_template(small_graph())["gemm"]
+    db = tune.TuningDB(tmp_path / "tuning.json")
+    db.put(spec, C, {"config": {"block_M": 64}})
+    assert tune.best_config(spec, C) is None  # untuned compiles never read a database
+    with tune.applying(db, C):
+        assert tune.best_config(spec, C) == {"block_M": 64}
+        assert tune.best_config(spec, {"kind": "cuda", "arch": "sm_90a"}) is None
+    assert tune.best_config(spec, C) is None
+
+
+def test_second_compile_is_a_db_hit(tmp_path, monkeypatch, counted):
+    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
+    graph = small_graph()
+    args = [torch.randn(16, 32), torch.randn(8, 64)]
+    first = compile_graph(graph, target="c", tune="fast")
+    n = len(counted)
+    assert n >= 2  # both kernels had several candidates
+    entries = json.loads((tmp_path / "tuning.json").read_text())
+    assert sorted(e["template"] for e in entries.values()) == ["gemm", "row_reduction"]
+    second = compile_graph(graph, target="c", tune="fast")
+    assert len(counted) == n
+    for g, w in zip(second(*args), first(*args)):
+        torch.testing.assert_close(g, w)
+
+
+def test_unknown_tune_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
+    with pytest.raises(ValueError, match="unknown tune mode 'fastest'"):
+        compile_graph(small_graph(), target="c", tune="fastest")
