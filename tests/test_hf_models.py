@@ -7,29 +7,12 @@ import torch
 
 from tilefuse.config import Options, parse_target
 from tilefuse.frontends.dynamo import make_backend
+from tilefuse.models.hf import VOCAB
+from tilefuse.models.hf import build_hf as build
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 256
 SEQ = 11
-
-
-def build(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """A tiny model of the family ``name`` (2 layers, hidden 64) with random weights, in eval mode."""
-    t = transformers
-    common = {"vocab_size": VOCAB, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
-    if name == "gpt2":
-        cls, cfg = t.GPT2LMHeadModel, t.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, **common)
-    elif name == "bert":
-        cls, cfg = t.BertModel, t.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                             intermediate_size=128, max_position_embeddings=64, **common)
-    else:
-        cls, cfg = t.LlamaForCausalLM, t.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                                     num_key_value_heads=2, intermediate_size=128,
-                                                     max_position_embeddings=64, **common)
-    torch.manual_seed(0)
-    model = cls._from_config(cfg, attn_implementation="sdpa")
-    return model.to(device=device, dtype=dtype).eval()
 
 
 def batch(rng: torch.Generator, device: str = "cpu"):
@@ -46,7 +29,7 @@ def main_output(out) -> torch.Tensor:
 
 def run(name: str, rng, options: Options, dtype: torch.dtype, device: str, tol: dict):
     torch._dynamo.reset()
-    model = build(name, dtype, device)
+    model = build(name, dtype=dtype, device=device)
     backend = make_backend(options)
     compiled = torch.compile(model, backend=backend)
     with torch.no_grad():

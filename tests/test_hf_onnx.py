@@ -8,37 +8,15 @@ transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
 
 from tilefuse.frontends.onnx import import_onnx
+from tilefuse.models.hf import MainOutput, build_hf
 from tilefuse.planner import plan
 from tilefuse.runtime.plan_runner import PlanRunner
-
-
-def _model(name):
-    T = transformers
-    if name == "gpt2":
-        return T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,
-                                              bos_token_id=0, eos_token_id=0, attn_implementation="sdpa"))
-    if name == "bert":
-        return T.BertModel(T.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                        intermediate_size=128, vocab_size=100, attn_implementation="sdpa"))
-    return T.LlamaForCausalLM(T.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                            num_key_value_heads=2, intermediate_size=128, vocab_size=100,
-                                            attn_implementation="sdpa"))
-
-
-class _Out0(torch.nn.Module):
-    def __init__(self, m, name):
-        super().__init__()
-        self.m, self.name = m, name
-
-    def forward(self, ids, mask):
-        kw = {} if self.name == "bert" else {"use_cache": False}
-        return self.m(input_ids=ids, attention_mask=mask, **kw)[0]
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
 def test_hf_onnx_matches_onnxruntime(name, tmp_path, rng):
     torch.manual_seed(0)
-    model = _Out0(_model(name).eval(), name).eval()
+    model = MainOutput(build_hf(name))
     ids = torch.randint(0, 100, (2, 13), generator=rng)
     mask = torch.ones(2, 13, dtype=torch.int64)
     mask[1, 9:] = 0  # a padded sequence

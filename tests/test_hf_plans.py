@@ -6,32 +6,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from tilefuse.frontends.capture import capture_graphs
+from tilefuse.models.hf import MainOutput, build_hf
 from tilefuse.planner import plan
-
-
-def _hf(name):
-    T = transformers
-    if name == "gpt2":
-        return T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,
-                                              bos_token_id=0, eos_token_id=0, attn_implementation="sdpa"))
-    return T.LlamaForCausalLM(T.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                            num_key_value_heads=2, intermediate_size=128, vocab_size=100,
-                                            attn_implementation="sdpa"))
-
-
-class _Logits(torch.nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids):
-        return self.m(input_ids=ids, use_cache=False).logits
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_hf_plan_structure(name):
     torch.manual_seed(0)
-    model = _Logits(_hf(name).eval())
+    model = MainOutput(build_hf(name))
     graphs = capture_graphs(model, (torch.randint(0, 100, (2, 17)),))
     p = plan(max(graphs, key=lambda g: len(g.nodes)))
     print(p.to_text(reasons=False))

@@ -18,6 +18,7 @@ from tilefuse import models
 from tilefuse.api import compile_graph
 from tilefuse.ir import GraphBuilder, TensorType
 from tilefuse.lowering.registry import KernelSpec, build
+from tilefuse.models.hf import MainOutput, build_hf
 from tilefuse.planner import plan
 from tilefuse.runtime.executor import Executor
 
@@ -72,29 +73,11 @@ def test_zoo_onnx_every_region_is_a_kernel(name, tmp_path):
     assert torch_regions(compiled.plan) == [], compiled.plan.to_text(reasons=False)
 
 
-class _Logits(torch.nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids):
-        return self.m(input_ids=ids, use_cache=False).logits
-
-
-def _hf(name):
-    T = pytest.importorskip("transformers")
-    if name == "gpt2":
-        return T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,
-                                              bos_token_id=0, eos_token_id=0, attn_implementation="sdpa"))
-    return T.LlamaForCausalLM(T.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                                            num_key_value_heads=2, intermediate_size=128, vocab_size=100,
-                                            attn_implementation="sdpa"))
-
-
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_hf_model_every_region_is_a_kernel_but_the_scan(name, rng):
     torch.manual_seed(0)
-    model = _Logits(_hf(name).eval())
+    pytest.importorskip("transformers")
+    model = MainOutput(build_hf(name))
     runners = []
     compiled = tilefuse.compile(model, target="c", observer=runners.append)
     with torch.no_grad():
@@ -108,20 +91,11 @@ def test_hf_model_every_region_is_a_kernel_but_the_scan(name, rng):
     assert by_design == {"cumsum"}  # keep TORCH_BY_DESIGN honest: each entry is really met
 
 
-class _Out0(torch.nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids, mask):
-        return self.m(input_ids=ids, attention_mask=mask, use_cache=False)[0]
-
-
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_hf_onnx_every_region_is_a_kernel(name, tmp_path, rng):
     ort = pytest.importorskip("onnxruntime")
     torch.manual_seed(0)
-    model = _Out0(_hf(name).eval())
+    model = MainOutput(build_hf(name))
     ids, mask = torch.randint(0, 100, (2, 13), generator=rng), torch.ones(2, 13, dtype=torch.int64)
     mask[1, 9:] = 0  # a padded sequence
     path = str(tmp_path / f"{name}.onnx")
