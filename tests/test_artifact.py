@@ -406,8 +406,8 @@ def test_cuda_artifact_loads_in_a_fresh_process_without_compiling(name, tmp_path
           f"{r['compiles']} compilations, max diff {r['max_diff']:.1e}")
     assert r["compiles"] == 0 and r["reported_compiled"] == 0 and r["cache_hits"] == r["kernels"] > 0, r
     assert r["max_diff"] <= 1e-6, r
-    if r["load_s"] >= 2.0:  # the bar (issue 7); seen on the H200: 3.8-4.4 s, most of it rebuilding PrimFuncs
-        pytest.xfail(f"loading took {r['load_s']:.2f} s, over the 2 s bar")
+    # The bar (issue 7), after torch and tilelang are imported: seen on the H200 0.21 s (mlp), 0.25 s (gpt2).
+    assert r["load_s"] < 2.0, f"loading took {r['load_s']:.2f} s, over the 2 s bar"
 
 
 def test_load_reads_saved_primfuncs_instead_of_rebuilding(saved, monkeypatch):

