@@ -51,7 +51,8 @@ def _max_rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
 
 
-def bench_model(name: str, size: str, peers: list[str], reps: int) -> dict:
+def bench_model(name: str, size: str, peers: list[str], reps: int, tune: str = "none",
+                tune_seconds: float = 120.0) -> dict:
     import tilefuse
     from tilefuse import models
 
@@ -96,8 +97,37 @@ def bench_model(name: str, size: str, peers: list[str], reps: int) -> dict:
                                                   if r.launches and r.backend == "tilelang")
         row["tilefuse"]["compute_nodes"] = sum(p.source_nodes for p in plans)
         row["regions"] = kernel_table(runners)
-    print(f"  {name}: tilefuse {row['tilefuse']['ms']:.3f} ms, err {row['tilefuse']['max_rel_err']:.1e}", flush=True)
+        print(f"  {name}: tilefuse {row['tilefuse']['ms']:.3f} ms, err {row['tilefuse']['max_rel_err']:.1e}",
+              flush=True)
+        if tune != "none":
+            try:
+                row["tilefuse_tuned"] = bench_tuned(model, inputs, ref, tune, tune_seconds, reps)
+            except Exception as e:  # noqa: BLE001  (keep the untuned numbers of this model)
+                print(f"  {name}: tuned compile FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
     return row
+
+
+def bench_tuned(model, inputs, ref, tune: str, tune_seconds: float, reps: int) -> dict:
+    """tilefuse with ``tune``: cold compile (measures candidates into the tuning database), its time,
+    then a second compile of the same model in this process (database and kernel cache hit)."""
+    import tilefuse
+
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    fn = tilefuse.compile(model, tune=tune, tune_seconds=tune_seconds)
+    out = fn(*inputs)
+    torch.cuda.synchronize()
+    res = {"tune": tune, "cold_compile_s": time.perf_counter() - t0, "max_rel_err": _max_rel(out, ref)}
+    res["ms"] = cuda_time_ms(fn, *inputs, reps=reps)
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    fn = tilefuse.compile(model, tune=tune, tune_seconds=tune_seconds)
+    fn(*inputs)
+    torch.cuda.synchronize()
+    res["warm_compile_s"] = time.perf_counter() - t0
+    print(f"    tuned ({tune}): {res['ms']:.3f} ms, cold compile {res['cold_compile_s']:.1f} s, "
+          f"warm {res['warm_compile_s']:.1f} s, err {res['max_rel_err']:.1e}", flush=True)
+    return res
 
 
 def kernel_table(runners) -> list[dict]:
@@ -155,6 +185,11 @@ def print_tables(rows: list[dict], peers: list[str]) -> None:
         line += f" {t['kernels']:9d} {t['tilelang_kernels']:8d} {t['compile_s']:9.1f} {t['max_rel_err']:8.1e}"
         line += f" {t.get('peak_mb', 0):8.0f} {r.get('eager_peak', {}).get('peak_mb', 0):8.0f}"
         print(line)
+        tt = r.get("tilefuse_tuned")
+        if tt:
+            best = min(r["peers"][p]["ms"] for p in peers) if peers else float("nan")
+            print(f"{'':8} tuned ({tt['tune']}): {tt['ms']:.3f} ms, x best peer {best / tt['ms']:.2f}, cold compile "
+                  f"{tt['cold_compile_s']:.1f} s, warm {tt['warm_compile_s']:.1f} s, err {tt['max_rel_err']:.1e}")
     for r in rows:
         print(f"\nkernels of {r['model']} (distinct regions; torch = the region's ops run by torch, unfused):")
         print(f"  {'region':42} {'kind':10} {'tilefuse ms':>11} {'torch ms':>9} {'x':>6} {'TB/s':>6} {'TFLOP/s':>8}")
@@ -171,6 +206,9 @@ def main() -> int:
     ap.add_argument("--peers", default="eager,default,reduce-overhead")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json")
+    ap.add_argument("--tune", default="none", choices=["none", "fast", "max"],
+                    help="also compile with this tuning mode and report its time and compile costs")
+    ap.add_argument("--tune-seconds", type=float, default=120.0)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_models: needs a CUDA GPU", file=sys.stderr)
@@ -185,7 +223,7 @@ def main() -> int:
     rows = []
     for name in args.models.split(","):
         try:
-            rows.append(bench_model(name, args.size, peers, args.reps))
+            rows.append(bench_model(name, args.size, peers, args.reps, args.tune, args.tune_seconds))
         except Exception as e:  # noqa: BLE001  (one model failing must not hide the others' numbers)
             print(f"  {name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
         if args.json:  # after every model: a run cut short still leaves what it measured
