@@ -31,6 +31,8 @@ from tilefuse.lowering.templates import attention  # noqa: E402
 # (B, Hq, Hkv, S, D, causal)
 ISSUE = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True)]
 LLM = [(b, 32, 8, s, 128, c) for b, s in ((16, 1024), (4, 4096), (2, 8192)) for c in (True, False)]
+# The zoo's attention at benchmark size (head dim 64): GPT-2 b8x1024 causal, BERT b32x512, ViT b64 (197 tokens)
+ZOO = [(8, 12, 12, 1024, 64, True), (32, 12, 12, 512, 64, False), (64, 12, 12, 197, 64, False)]
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -77,14 +79,14 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default="all", choices=["issue", "llm", "all"])
+    p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "all"])
     p.add_argument("--configs", default="all", choices=["all", "seeds"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--json")
     a = p.parse_args(argv)
     major, minor = torch.cuda.get_device_capability()
     target = {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
-    shapes = {"issue": ISSUE, "llm": LLM, "all": ISSUE + LLM}[a.shapes]
+    shapes = {"issue": ISSUE, "llm": LLM, "zoo": ZOO, "all": ISSUE + ZOO + LLM}[a.shapes]
     import tilelang
 
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),

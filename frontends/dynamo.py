@@ -25,6 +25,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tilefuse.config import Options, parse_target
+from tilefuse.planner.sparsity import SparsityLog
 
 from .fx import FxProgram, import_fx_program, is_symbolic
 
@@ -68,6 +69,8 @@ class TilefuseBackend:
         self.options = options or Options()
         self.programs: list[FxProgram] = []
         self.failures: list[str] = []
+        self.sparsity = SparsityLog()  # the sparsity report of every graph compiled (Options.sparsity)
+        self.param_names: dict[int, str] = {}  # id(parameter) -> its name in the module: frozen weights' names
         self._ids = itertools.count()
         self.__name__ = "tilefuse"
 
@@ -77,9 +80,16 @@ class TilefuseBackend:
         from torch._dynamo.backends.common import aot_autograd
 
         graph_id = next(self._ids)
+        # Sparsity prunes constant weights: the inference graph's parameters are frozen into constants, so
+        # keep the real tensors dynamo passes here (AOTAutograd hands the compilers fake ones).
+        real = [list(example_inputs)] if self.options.sparsity else []
 
         def compiler(kind: str) -> Callable:
-            return lambda g, ex: self.compile_graph(g, ex, f"graph{graph_id}_{kind}")
+            def compile_one(g, ex):
+                frozen = real.pop() if real else None
+                frozen = frozen if kind == "inference" else None
+                return self.compile_graph(g, ex, f"graph{graph_id}_{kind}", frozen)
+            return compile_one
 
         aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                            inference_compiler=compiler("inference"), decompositions=decompositions())
@@ -91,8 +101,10 @@ class TilefuseBackend:
             self._fail(f"graph{graph_id}: AOTAutograd failed ({type(e).__name__}: {_first_line(e)})")
             return gm.forward
 
-    def compile_graph(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str) -> Callable:
-        """Compile one ATen graph; returns a boxed callable (AOTAutograd's calling convention)."""
+    def compile_graph(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
+                      real_inputs: Sequence[Any] | None = None) -> Callable:
+        """Compile one ATen graph; returns a boxed callable (AOTAutograd's calling convention). With
+        ``Options.sparsity``, ``real_inputs`` (dynamo's, parameters included) let it freeze linear weights."""
         if is_symbolic(gm):
             return _Specializing(self, gm, name)
         try:
@@ -103,8 +115,13 @@ class TilefuseBackend:
         try:
             from tilefuse.runtime.plan_runner import build_runner
 
+            inputs = None
             with unset_fake_temporarily():
-                runner = build_runner(program.graph, self.options)
+                if self.options.sparsity:
+                    program, inputs = self._freeze(gm, program, real_inputs, name)
+                runner = build_runner(program.graph, self.options, inputs)
+            if getattr(runner, "sparsity_report", None) is not None:
+                self.sparsity.reports.append(runner.sparsity_report)
         except Exception as e:  # noqa: BLE001
             self._fail(f"{name}: cannot plan ({type(e).__name__}: {_first_line(e)})")
             return _boxed(gm)
@@ -112,6 +129,28 @@ class TilefuseBackend:
         if self.options.verbose:
             log.info("tilefuse: %s", getattr(runner, "summary", lambda: name)())
         return _Compiled(program, runner)
+
+    def _freeze(self, gm: fx.GraphModule, program: FxProgram, real: Sequence[Any] | None, name: str):
+        """``program`` with its parameters that are read only as linear weights made constants (sparsity
+        prunes constants), and the real inputs left to it; unchanged (with a warning) when that is not safe."""
+        from tilefuse.planner.sparsity import freeze_linear_weights
+
+        if real is None:
+            log.warning("tilefuse: %s: sparsity applies to static-shape inference graphs (run the model under "
+                        "torch.no_grad(), without dynamic shapes); this graph keeps its dense weights", name)
+            return program, None
+        vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(vals) != len(real) or not all(_same_tensor_type(v, r) for v, r in zip(vals, real)):
+            log.warning("tilefuse: %s: cannot match AOTAutograd's inputs to the module's parameters; sparsity is "
+                        "not applied to this graph", name)
+            return program, None
+        names = [v.name for v in program.graph.inputs]
+        params = {v: real[i] for v, i in zip(names, program.input_indices) if isinstance(real[i], torch.nn.Parameter)}
+        labels = {v: self.param_names[id(t)] for v, t in params.items() if id(t) in self.param_names}
+        graph = freeze_linear_weights(program.graph, params, labels)
+        kept = {v.name for v in graph.inputs}
+        indices = tuple(i for v, i in zip(names, program.input_indices) if v in kept)
+        return dataclasses.replace(program, graph=graph, input_indices=indices), [real[i] for i in indices]
 
     def _fail(self, why: str) -> None:
         self.failures.append(why)
@@ -177,6 +216,11 @@ class _Specializing:
             self.backend._fail(f"{name}: cannot specialize symbolic shapes ({type(e).__name__}: {_first_line(e)})")
             return _boxed(self.gm)
         return self.backend.compile_graph(static, args, name)
+
+
+def _same_tensor_type(fake: Any, real: Any) -> bool:
+    return isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and \
+        tuple(fake.shape) == tuple(real.shape) and fake.dtype == real.dtype
 
 
 def _boxed(gm: fx.GraphModule) -> Callable:

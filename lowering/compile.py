@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tilelang
@@ -64,15 +64,19 @@ def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int |
 
 
 def compile_many(items: Sequence[tuple[Any, Sequence[int] | int | None]], target: dict | str,
-                 num_workers: int | None = None, return_exceptions: bool = False, **kwargs) -> list:
+                 num_workers: int | None = None, return_exceptions: bool = False,
+                 on_done: Callable[[], None] | None = None, **kwargs) -> list:
     """Compile ``(prim_func, out_idx)`` pairs in parallel threads (lowering releases the GIL and nvcc
     is a subprocess), as ``tilelang.par_compile`` does, but with an ``out_idx`` per kernel.
 
-    With ``return_exceptions`` a failed compile gives its exception in place of the kernel."""
+    With ``return_exceptions`` a failed compile gives its exception in place of the kernel. ``on_done`` is
+    called (in this thread) as each compile finishes, failed or not: a progress report's ``tick``."""
     workers = num_workers or min(len(items), os.cpu_count() or 1) or 1
     with concurrent.futures.ThreadPoolExecutor(workers, "tilefuse-compile") as pool:
         futures = [pool.submit(compile_kernel, f, target, idx, **kwargs) for f, idx in items]
-        concurrent.futures.wait(futures)
+        for _ in concurrent.futures.as_completed(futures):
+            if on_done is not None:
+                on_done()
     if not return_exceptions:
         return [f.result() for f in futures]
     return [f.exception() or f.result() for f in futures]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 
 import torch
@@ -70,15 +69,14 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
         if region.kind == "gemm":
             _require(anchor.op in ("linear", "matmul"), f"no GEMM template for {anchor.op}")
             return _gemm(b, anchor, target)
+        if region.kind == "gemm_sp":  # 2:4 sparse weight (lowering/sparse_builder.py)
+            from tilefuse.lowering.sparse_builder import build_gemm_sp
+
+            return build_gemm_sp(b, anchor, target)
         if region.kind == "reduction":
             return _reduction(b, anchor, target)
         if region.kind == "attention":
             _require(anchor is not None and anchor.op == "sdpa", "an attention region without an sdpa anchor")
-            # Not yet seen running on a GPU: opt in until the gpu tests have passed on the H200 (fused
-            # attention issue); on c its numerics are checked in CI.
-            _require(target.get("kind") != "cuda" or os.environ.get("TILEFUSE_CUDA_ATTENTION", "0") == "1",
-                     "the flash-attention template has not been verified on a GPU yet (TILEFUSE_CUDA_ATTENTION=1 "
-                     "opts in)")
             return _attention(b, anchor, target)
         return f"no template for {region.kind} regions"
     except NotLowerable as e:
@@ -129,17 +127,20 @@ def _as_storage(t: torch.Tensor) -> torch.Tensor:
 
 def _template(name: str):
     """(module, factory) of a template by its KernelSpec name."""
-    from tilefuse.lowering.templates import attention, conv, elementwise, gemm, pool, reduction
+    from tilefuse.lowering.templates import attention, conv, elementwise, gemm, gemm_sp, pool, reduction
 
     return {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.row_reduction),
             "elementwise": (elementwise, elementwise.elementwise), "conv2d": (conv, conv.conv2d),
-            "pool2d": (pool, pool.pool2d), "flash_attention": (attention, attention.flash_attention)}[name]
+            "pool2d": (pool, pool.pool2d), "flash_attention": (attention, attention.flash_attention),
+            "gemm_sp": (gemm_sp, gemm_sp.gemm_sp)}[name]
 
 
 def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     """The tile configs ``spec``'s template offers for ``target`` (its ``get_configs`` seeds)."""
     module, _ = _template(spec.template)
     kw = spec.factory_kwargs()
+    if spec.template == "gemm_sp":  # block_K must divide the padded K; the output tile's bytes count too
+        return module.get_configs(target, kw["K"], kw.get("out_dtype"))
     # gemm/conv seeds depend on the operand dtype, flash attention's on the head dim
     arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype"), "flash_attention": kw.get("D")}.get(spec.template)
     return module.get_configs(target, arg) if arg else module.get_configs(target)
@@ -154,7 +155,8 @@ def make_prim_func(spec: KernelSpec, target: dict, config: dict | None = None):
     config = best_config(spec, target) if config is None else config  # a tuned config, while tuning applies
     if config is None:
         configs = config_space(spec, target)
-        config = _pick_gemm_config(configs, kw, target) if spec.template == "gemm" else (configs[0] if configs else {})
+        config = _pick_gemm_config(configs, kw, target) if spec.template in ("gemm", "gemm_sp") else \
+            (configs[0] if configs else {})
     return factory(**kw, **config, target=target)
 
 
@@ -175,9 +177,11 @@ def _pick_gemm_config(configs: list[dict], kw: dict, target: dict) -> dict:
     return min(configs, key=cost)
 
 
-def lower_plan(plan: FusionPlan, target: dict, log=None) -> dict[str, RegionKernel]:
-    """Compile every lowerable region of ``plan`` (each distinct spec once, in parallel)."""
+def lower_plan(plan: FusionPlan, target: dict, log=None, progress: bool = False) -> dict[str, RegionKernel]:
+    """Compile every lowerable region of ``plan`` (each distinct spec once, in parallel); with ``progress``,
+    report kernels compiled and the time left on stderr (``tilefuse.progress``)."""
     from tilefuse.lowering.compile import compile_many
+    from tilefuse.progress import Progress
 
     graph = plan.graph
     facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
@@ -194,7 +198,8 @@ def lower_plan(plan: FusionPlan, target: dict, log=None) -> dict[str, RegionKern
             built.append(k)
         except Exception as e:  # noqa: BLE001 -- a template refusing the spec is reported like a compile failure
             kernels_failed[k] = e
-    compiled = compile_many(funcs, target, return_exceptions=True) if funcs else []
+    with Progress(f"compiling {graph.name}", len(funcs), "kernels", enabled=progress) as bar:
+        compiled = compile_many(funcs, target, return_exceptions=True, on_done=bar.tick) if funcs else []
     kernels = {**kernels_failed, **dict(zip(built, compiled))}
     if log is not None:
         log(f"compiled {len(distinct)} distinct kernels for {len(specs)} regions in {time.perf_counter() - t0:.1f} s")

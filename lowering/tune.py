@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 _log = logging.getLogger("tilefuse")
 DB_ENV = "TILEFUSE_TUNING_DB"
@@ -57,7 +58,8 @@ def db_key(spec, target: dict) -> str:
 
 
 class TuningDB:
-    """A JSON file of ``db_key -> {"config", "seconds", "candidates", "template", "tuned_at"}``.
+    """A JSON file of ``db_key -> {"config", "seconds", "candidates", "template", "tuned_at"}`` (and of
+    ``db_key|choice -> {"torch", "kernel_ms", "torch_ms"}``, see ``choose_backends``).
 
     Writes go through a temporary file and ``os.replace`` (a reader never sees half a file) and merge
     with what is on disk under a lock file (two processes tuning at once both keep their entries).
@@ -72,11 +74,13 @@ class TuningDB:
             self._entries = self._read()
         return self._entries
 
-    def get(self, spec, target: dict) -> dict | None:
-        return self.entries().get(db_key(spec, target))
+    def get(self, spec, target: dict, what: str = "") -> dict | None:
+        """The entry of ``spec`` on ``target``: its tuned config, or with ``what="choice"`` the measured
+        choice between its kernel and the region's torch ops (``choose_backends``)."""
+        return self.entries().get(db_key(spec, target) + (f"|{what}" if what else ""))
 
-    def put(self, spec, target: dict, entry: dict) -> None:
-        key = db_key(spec, target)
+    def put(self, spec, target: dict, entry: dict, what: str = "") -> None:
+        key = db_key(spec, target) + (f"|{what}" if what else "")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._locked():
@@ -106,9 +110,10 @@ class TuningDB:
             raise TuningDBError(f"tuning database {self.path}: cannot read it ({e})") from e
         try:
             data = json.loads(text)
-            if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("config"), dict)
-                                                     for v in data.values()):
-                raise ValueError("not an object of {key: {'config': {...}, ...}}")
+            if not isinstance(data, dict) or not all(
+                    isinstance(v, dict) and (isinstance(v.get("config"), dict) if not k.endswith("|choice")
+                                             else isinstance(v.get("torch"), bool)) for k, v in data.items()):
+                raise ValueError("not an object of {key: {'config': {...}, ...}} (choices: {'torch': bool, ...})")
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             aside = self.path.with_name(self.path.name + ".corrupt")
             _log.warning("tuning database %s is not valid (%s); moved to %s, starting empty", self.path, e, aside)
@@ -158,8 +163,13 @@ def candidates(spec, target: dict, limit: int = BUDGETS["max"]) -> list[dict]:
     kw = spec.factory_kwargs()
     dtype = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype"), "flash_attention": kw.get("D")}.get(
         spec.template)  # as make_prim_func chooses
-    seeds = list(module.get_configs(target, dtype) if dtype else module.get_configs(target))
-    if seeds and spec.template == "gemm":
+    space = getattr(module, "config_space", module.get_configs)  # a wider space where a template offers one
+    seeds = list(space(target, dtype) if dtype else space(target))
+    if spec.template == "gemm_sp":
+        from tilefuse.lowering.registry import config_space
+
+        seeds = config_space(spec, target)
+    if seeds and spec.template in ("gemm", "gemm_sp"):
         seeds.insert(0, _pick_gemm_config(seeds, kw, target))
     if spec.template == "gemm" and target.get("kind") == "cuda":
         seeds += carver_gemm_configs(kw, target)
@@ -279,6 +289,31 @@ def _measure(kernel, args, kind: str) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _device_time(fn, args, kind: str) -> float:
+    """Seconds of device time per ``fn(*args)``: on CUDA, replays of a CUDA graph of ``REPS`` calls (what the
+    runtime replays, free of Python's launch cost, which would otherwise favour one kernel over several
+    torch ops); ``_measure`` where capture fails (a region reading values on the host) or off CUDA."""
+    if kind != "cuda":
+        return _measure(fn, args, kind)
+    import torch
+
+    try:
+        reps = REPS["cuda"]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(*args)  # warm-up outside the graph (lazy initialisation must not be captured)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn(*args)
+        return _measure(lambda: graph.replay(), (), kind) / reps
+    except Exception:  # noqa: BLE001 -- not capturable: time it plainly
+        torch.cuda.synchronize()
+        return _measure(fn, args, kind)
+
+
 def _close(got: list, want: list) -> bool:
     import torch
 
@@ -304,37 +339,68 @@ def tune_spec(spec, target: dict, budget: str | int = "fast", db: TuningDB | Non
     """The fastest correct config of ``spec`` on ``target`` (this machine's device), from ``db`` when it
     has one; otherwise measured over ``budget`` candidates (``"fast"``, ``"max"`` or a count) and stored.
     Past ``deadline`` (``time.monotonic()``) no further candidate is timed."""
-    from tilefuse.lowering.compile import compile_many
-    from tilefuse.lowering.registry import make_prim_func
-
     db = db if db is not None else TuningDB()
     hit = db.get(spec, target)
     if hit is not None:
         return TuneResult(dict(hit["config"]), hit.get("seconds"), "db")
+    (job,) = _compile_jobs([spec], target, budget)
+    return _finish(job, target, db, deadline)
+
+
+@dataclass
+class _Job:
+    """One spec's candidates: their prim funcs (or why a template refused), then their kernels."""
+
+    spec: Any
+    configs: list[dict]
+    idx: list[int] = field(default_factory=list)  # candidates with a prim func, in order
+    funcs: list[tuple] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    kernels: list = field(default_factory=list)
+
+
+def _compile_jobs(specs, target: dict, budget, on_done: Callable[[], None] | None = None) -> list[_Job]:
+    """Candidates of every spec, compiled together in one parallel batch (the slow part: nvcc), so that
+    a model's kernels tune in about the time of its largest batch of compiles, not one spec after another."""
+    from tilefuse.lowering.compile import compile_many
+    from tilefuse.lowering.registry import make_prim_func
+
     limit = BUDGETS[budget] if isinstance(budget, str) else int(budget)
-    configs = candidates(spec, target, max(limit, 1))
-    result = TuneResult(configs[0] if configs else {}, None, "measured")
-    if len(configs) > 1:
-        result = _race(spec, target, configs, deadline, make_prim_func, compile_many)
-    db.put(spec, target, {"template": spec.template, "config": result.config, "seconds": result.seconds,
-                          "candidates": len(configs), "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    jobs = []
+    for spec in specs:
+        job = _Job(spec, candidates(spec, target, max(limit, 1)))
+        if len(job.configs) > 1:  # one candidate needs no measuring
+            for i, c in enumerate(job.configs):
+                try:
+                    job.funcs.append((make_prim_func(spec, target, c), list(spec.out_idx)))
+                    job.idx.append(i)
+                except Exception as e:  # noqa: BLE001 -- a template refusing a config drops that candidate
+                    job.failed[i] = f"template: {type(e).__name__}: {e}"
+        jobs.append(job)
+    funcs = [f for j in jobs for f in j.funcs]
+    kernels = compile_many(funcs, target, return_exceptions=True, on_done=on_done) if funcs else []
+    for j in jobs:
+        j.kernels, kernels = kernels[:len(j.funcs)], kernels[len(j.funcs):]
+    return jobs
+
+
+def _finish(job: _Job, target: dict, db: TuningDB, deadline) -> TuneResult:
+    """Time ``job``'s compiled candidates, store the winner in ``db``."""
+    result = TuneResult(job.configs[0] if job.configs else {}, None, "measured")
+    if job.funcs:
+        result = _race(job, target, deadline)
+    db.put(job.spec, target, {"template": job.spec.template, "config": result.config, "seconds": result.seconds,
+                              "candidates": len(job.configs), "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return result
 
 
-def _race(spec, target: dict, configs: list[dict], deadline, make_prim_func: Callable, compile_many: Callable):
+def _race(job: _Job, target: dict, deadline) -> TuneResult:
     kind = target.get("kind", "c")
-    failed, funcs, idx = {}, [], []
-    for i, c in enumerate(configs):
-        try:
-            funcs.append((make_prim_func(spec, target, c), list(spec.out_idx)))
-            idx.append(i)
-        except Exception as e:  # noqa: BLE001 -- a template refusing a config drops that candidate
-            failed[i] = f"template: {type(e).__name__}: {e}"
-    kernels = compile_many(funcs, target, return_exceptions=True) if funcs else []
+    failed = dict(job.failed)
     device = "cuda" if kind == "cuda" else "cpu"
-    args = _inputs(funcs[0][0], spec.out_idx, device) if funcs else []
+    args = _inputs(job.funcs[0][0], job.spec.out_idx, device)
     reference, timed = None, []
-    for i, k in zip(idx, kernels):
+    for i, k in zip(job.idx, job.kernels):
         if isinstance(k, BaseException):
             failed[i] = f"compile: {str(k).strip().splitlines()[0][:200] if str(k).strip() else type(k).__name__}"
             continue
@@ -348,24 +414,28 @@ def _race(spec, target: dict, configs: list[dict], deadline, make_prim_func: Cal
             elif not _close(out, reference):
                 failed[i] = "wrong output (differs from the first candidate's)"
                 continue
-            timed.append((_measure(k, args, kind), i))
+            timed.append((_device_time(k, args, kind), i))
         except Exception as e:  # noqa: BLE001 -- a candidate that fails to run is dropped, never fatal
             failed[i] = f"run: {type(e).__name__}: {e}"
     if not timed:
-        _log.warning("tuning %s: no candidate ran (%s); keeping the default config", spec.template, failed)
-        return TuneResult(configs[0], None, "measured", 0, failed)
+        _log.warning("tuning %s: no candidate ran (%s); keeping the default config", job.spec.template, failed)
+        return TuneResult(job.configs[0], None, "measured", 0, failed)
     seconds, best = min(timed)
-    return TuneResult(configs[best], seconds, "measured", len(timed), failed)
+    return TuneResult(job.configs[best], seconds, "measured", len(timed), failed)
 
 
 # ---- plans and the lookup make_prim_func consults ----------------------------------------------------------
 
 def tune_plan(plan, target: dict, budget: str | int = "fast", db: TuningDB | None = None,
-              seconds: float = math.inf, log: Callable[[str], None] | None = None) -> TuningDB:
-    """Tune every distinct spec of ``plan``'s TileLang regions (at most ``seconds`` in all; specs left
-    over keep their default config); returns the database holding the winners."""
+              seconds: float = math.inf, log: Callable[[str], None] | None = None,
+              progress: bool = False) -> TuningDB:
+    """Tune every distinct spec of ``plan``'s TileLang regions (at most ``seconds`` of timing in all; specs
+    left over keep their default config); returns the database holding the winners. Every candidate of
+    every spec compiles in one parallel batch, then the specs are timed one by one. With ``progress``, the
+    compiles and the specs timed are reported on stderr (``tilefuse.progress``)."""
     from tilefuse.lowering.builders import KernelSpec
     from tilefuse.lowering.registry import build
+    from tilefuse.progress import Progress
 
     db = db if db is not None else TuningDB()
     graph, t0 = plan.graph, time.monotonic()
@@ -373,24 +443,42 @@ def tune_plan(plan, target: dict, budget: str | int = "fast", db: TuningDB | Non
     specs = [s for r in plan.regions if r.backend == "tilelang"
              for s in [build(r, graph, target, facts)] if isinstance(s, KernelSpec)]
     distinct = list({(s.template, s.params, s.out_idx): s for s in specs}.values())
-    hits = measured = 0
-    for s in distinct:
-        if time.monotonic() - t0 > seconds and db.get(s, target) is None:
-            continue
-        try:
-            r = tune_spec(s, target, budget, db, deadline=t0 + seconds)
-        except TuningDBError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- tuning failing never fails the compile: the default is kept
-            _log.warning("%s: tuning a %s kernel failed (%s: %s); it keeps its default config", graph.name,
-                         s.template, type(e).__name__, e)
-            continue
-        hits += r.source == "db"
-        measured += r.source == "measured"
+    todo = [s for s in distinct if db.get(s, target) is None]
+    measured = 0
+    if todo:
+        limit = BUDGETS[budget] if isinstance(budget, str) else int(budget)
+        n = sum(min(max(limit, 1), len(candidates(s, target, max(limit, 1)))) for s in todo)
+        with Progress(f"tuning {graph.name}: compiling candidates", n, "kernels", enabled=progress) as bar:
+            try:
+                jobs = _compile_jobs(todo, target, budget, on_done=bar.tick)
+            except Exception as e:  # noqa: BLE001 -- tuning failing never fails the compile
+                _log.warning("%s: compiling tuning candidates failed (%s: %s); default configs are kept",
+                             graph.name, type(e).__name__, e)
+                jobs = []
+        left = seconds - (time.monotonic() - t0)
+        with Progress(f"tuning {graph.name}: timing", len(jobs), "kernels", enabled=progress, limit_s=left) as bar:
+            for job in jobs:
+                measured += _tune_one(job, graph.name, target, db, t0, seconds) is not None
+                bar.tick()
     if log is not None:
-        log(f"tuned {len(distinct)} distinct kernels ({hits} from {db.path}, {measured} measured) "
-            f"in {time.monotonic() - t0:.1f} s")
+        log(f"tuned {len(distinct)} distinct kernels ({len(distinct) - len(todo)} from {db.path}, {measured} "
+            f"measured) in {time.monotonic() - t0:.1f} s")
     return db
+
+
+def _tune_one(job: _Job, name: str, target: dict, db: TuningDB, t0: float, seconds: float) -> TuneResult | None:
+    """Time one of ``tune_plan``'s compiled jobs: None when the time is spent or timing failed (logged; the
+    spec keeps its default config)."""
+    if time.monotonic() - t0 > seconds:
+        return None
+    try:
+        return _finish(job, target, db, deadline=t0 + seconds)
+    except TuningDBError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- tuning failing never fails the compile: the default is kept
+        _log.warning("%s: tuning a %s kernel failed (%s: %s); it keeps its default config", name,
+                     job.spec.template, type(e).__name__, e)
+        return None
 
 
 _ACTIVE: contextvars.ContextVar[tuple[TuningDB, dict] | None] = contextvars.ContextVar("tilefuse_tuning", default=None)
@@ -424,7 +512,58 @@ def tuned(plan, options) -> Iterator[TuningDB | None]:
         return
     if options.tune not in BUDGETS:
         raise ValueError(f"unknown tune mode {options.tune!r}; use one of {', '.join(BUDGETS)} (TILEFUSE_TUNE)")
+    from tilefuse.progress import wanted
+
     log = (lambda m: _log.info("%s: %s", plan.graph.name, m)) if options.verbose else None
-    db = tune_plan(plan, options.target, options.tune, seconds=options.tune_seconds, log=log)
+    db = tune_plan(plan, options.target, options.tune, seconds=options.tune_seconds, log=log,
+                   progress=wanted(options.quiet))
     with applying(db, options.target):
         yield db
+
+
+# ---- kernel or torch: the measured choice per region ---------------------------------------------------------
+
+# A kernel is kept unless the region's torch ops are this much faster (timing noise must not flip choices).
+KEEP_KERNEL_MARGIN = 0.97
+
+
+def choose_backends(runner, args, db: TuningDB, target: dict, log: Callable[[str], None] | None = None) -> list[str]:
+    """Run ``runner``'s plan once on ``args``, region by region; for each region with a kernel, time the kernel
+    and the region's own ops through torch on the same inputs (answers come from ``db`` when it has them) and
+    keep the faster: a fused kernel that loses is not taken. Returns one line per region given back to
+    torch (also in the plan's notes), e.g. ``"fused_sdpa_3: torch 0.096 ms < kernel 0.197 ms"``."""
+    import dataclasses
+
+    from tilefuse.runtime.plan_runner import reference_region
+
+    plan, kind = runner.plan, target.get("kind", "c")
+    env = dict(runner.constants(args[0].device))
+    env.update({v.name: a for v, a in zip(plan.graph.inputs, args)})
+    lines, regions = [], list(plan.regions)
+    for k, region in enumerate(plan.regions):
+        ins = [env[i] for i in region.inputs]
+        kernel = runner.kernels.get(region.name)
+        spec = getattr(kernel, "spec", None)
+        if spec is not None:
+            choice = db.get(spec, target, "choice")
+            if choice is None:
+                ref = reference_region(plan, region)
+                choice = {"kernel_ms": _device_time(kernel, (ins,), kind) * 1e3,
+                          "torch_ms": _device_time(ref, (ins,), kind) * 1e3}
+                choice["torch"] = choice["torch_ms"] < KEEP_KERNEL_MARGIN * choice["kernel_ms"]
+                db.put(spec, target, choice, "choice")
+            if choice["torch"]:
+                runner.fns[k] = reference_region(plan, region)
+                del runner.kernels[region.name]
+                regions[k] = dataclasses.replace(region, backend="torch")
+                lines.append(f"{region.name}: torch {choice['torch_ms']:.3f} ms < kernel {choice['kernel_ms']:.3f} ms")
+        for name, o in zip(region.outputs, runner.fns[k](ins)):
+            env[name] = o
+        for name in runner.frees.get(k, ()):
+            env.pop(name, None)
+    if lines:
+        runner.plan = dataclasses.replace(plan, regions=tuple(regions), notes=plan.notes + tuple(
+            f"{x} (measured: the region runs through torch)" for x in lines))
+        if log is not None:
+            log(f"{len(lines)} regions run through torch, measured faster than their kernels: " + "; ".join(lines))
+    return lines

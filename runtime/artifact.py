@@ -237,7 +237,8 @@ def save(compiled, path: str | os.PathLike) -> Path:
         "format": FORMAT, "format_version": FORMAT_VERSION, "tilefuse": __version__,
         "tilelang": tilelang.__version__, "torch": torch.__version__, "python": platform.python_version(),
         "target": target, "host": host_info(target), "graph": graph.name,
-        "options": {"fuse": options.fuse, "lower": options.lower, "cuda_graphs": options.cuda_graphs},
+        "options": {"fuse": options.fuse, "lower": options.lower, "cuda_graphs": options.cuda_graphs,
+                    "sparsity": options.sparsity},
         "inputs": signature, "outputs": [{"name": v.name, **_type_json(v.type)} for v in graph.output_values()],
         "kernels": sorted(entries),
         "members": {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for n, b in members.items()},
@@ -544,7 +545,8 @@ def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: b
     with _blame(path, MANIFEST):
         opts = manifest["options"]
         options = Options(target=parse_target(target if target is not None else manifest["target"]),
-                          fuse=bool(opts["fuse"]), lower=bool(opts["lower"]), cuda_graphs=bool(opts["cuda_graphs"]))
+                          fuse=bool(opts["fuse"]), lower=bool(opts["lower"]), cuda_graphs=bool(opts["cuda_graphs"]),
+                          sparsity=opts.get("sparsity"))
     why = _mismatches(manifest, options.target, strict)
     if not why:
         try:

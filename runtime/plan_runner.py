@@ -20,6 +20,7 @@ from tilefuse.config import Options
 from tilefuse.ir import Graph
 from tilefuse.planner import FusionPlan
 from tilefuse.planner import plan as make_plan
+from tilefuse.progress import wanted
 from tilefuse.runtime.executor import check_inputs, run_node
 
 RegionFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
@@ -44,6 +45,12 @@ class _RefRegion:
         return [env[o] for o in self.outputs]
 
 
+def reference_region(plan: FusionPlan, region) -> RegionFn:
+    """``region`` of ``plan`` run node by node through torch (what a region without a kernel runs)."""
+    nodes = {n.name: n for n in plan.graph.nodes}
+    return _RefRegion([nodes[m] for m in region.nodes], region)
+
+
 class PlanRunner:
     """Executes ``plan`` on torch tensors; ``kernels`` maps region names to compiled callables."""
 
@@ -65,6 +72,7 @@ class PlanRunner:
                 self.frees.setdefault(k, []).append(name)
         self._constants: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._graphed = None
+        self.choose = None  # (TuningDB, target): on the first call, keep kernel or torch per region, measured
         self.record = False  # keep the last call's inputs (benchmarks re-run regions on them)
         self.last_inputs: tuple[torch.Tensor, ...] | None = None
 
@@ -82,6 +90,15 @@ class PlanRunner:
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.record:
             self.last_inputs = args
+        if self.choose is not None and args and args[0].is_cuda:
+            from tilefuse.lowering.tune import choose_backends
+
+            (db, target), self.choose = self.choose, None
+            if self.check:
+                check_inputs(self.plan.graph, args)
+            with torch.no_grad():
+                choose_backends(self, args, db, target,
+                                log=lambda m: logging.getLogger("tilefuse").info("%s: %s", self.plan.graph.name, m))
         graphed = self._graphed
         if graphed is not None and args and args[0].is_cuda:
             if self.check:
@@ -115,11 +132,15 @@ class PlanRunner:
         return self.plan.summary()
 
 
-def build_runner(graph: Graph, options: Options) -> PlanRunner:
-    """Plan ``graph`` for ``options.target``, lower what can be lowered, return the runner."""
+def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.Tensor] | None = None) -> PlanRunner:
+    """Plan ``graph`` for ``options.target``, lower what can be lowered, return the runner. With
+    ``options.sparsity`` the runner's ``sparsity_report`` says how much pruning changed the outputs on
+    ``example_inputs`` (random ones when not given)."""
     t0 = time.perf_counter()
-    p = make_plan(graph, options.target, fuse=options.fuse)
-    kernels = {}
+    p = make_plan(graph, options.target, fuse=options.fuse, sparsity=options.sparsity)
+    if p.sparsity is not None:
+        p = dataclasses.replace(p, sparsity=_measure_sparsity(graph, p, options, example_inputs))
+    kernels, db = {}, None
     if options.lower:
         try:
             from tilefuse.lowering.registry import lower_plan
@@ -127,13 +148,16 @@ def build_runner(graph: Graph, options: Options) -> PlanRunner:
         except ImportError:
             lower_plan = None
         if lower_plan is not None:
-            with tuned(p, options):  # a no-op unless options.tune: winners apply while lowering
-                kernels = lower_plan(p, options.target)
+            with tuned(p, options) as db:  # a no-op unless options.tune: winners apply while lowering
+                kernels = lower_plan(p, options.target, progress=wanted(options.quiet))
         # Regions whose kernel did not compile run through torch: the plan must say so.
         p = dataclasses.replace(p, regions=tuple(
             r if r.backend != "tilelang" or r.name in kernels else dataclasses.replace(r, backend="torch")
             for r in p.regions))
     runner = PlanRunner(p, kernels)
+    runner.sparsity_report = p.sparsity
+    if options.lower and kernels and db is not None and options.target.get("kind") == "cuda":
+        runner.choose = (db, options.target)  # tuned: each region keeps the faster of kernel and torch
     if options.cuda_graphs and options.target.get("kind") == "cuda":
         runner.enable_cuda_graphs()
     runner.compile_seconds = time.perf_counter() - t0
@@ -141,3 +165,27 @@ def build_runner(graph: Graph, options: Options) -> PlanRunner:
     if options.observer is not None:
         options.observer(runner)
     return runner
+
+
+def _measure_sparsity(graph: Graph, p: FusionPlan, options: Options, inputs: Sequence[torch.Tensor] | None):
+    """The plan's sparsity report with the outputs' change measured (when pruning changed any weight), and
+    logged: pruning changes what the model computes, so the compile says by how much."""
+    from tilefuse.planner.sparsity import example_inputs, output_change
+
+    report = p.sparsity
+    log = logging.getLogger("tilefuse")
+    if report.pruned:
+        how = "example inputs"
+        if inputs is None:
+            device = "cuda" if options.target.get("kind") == "cuda" and torch.cuda.is_available() else "cpu"
+            inputs, how = example_inputs(graph.inputs, device), "random N(0, 1) inputs"
+        if inputs is not None:
+            try:
+                report = dataclasses.replace(report, max_rel_change=output_change(graph, p.graph, inputs),
+                                             measured_on=how)
+            except Exception as e:  # noqa: BLE001 -- the report says it could not measure, the compile goes on
+                report = dataclasses.replace(report, measured_on=f"not measured ({type(e).__name__}: {e})")
+        log.warning("%s: %s", graph.name, report.summary())
+    elif report.sparse_kernel or report.mode:
+        log.info("%s: %s", graph.name, report.summary())
+    return report

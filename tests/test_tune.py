@@ -129,3 +129,36 @@ def test_unknown_tune_mode(tmp_path, monkeypatch):
     monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
     with pytest.raises(ValueError, match="unknown tune mode 'fastest'"):
         compile_graph(small_graph(), target="c", tune="fastest")
+
+
+def test_choose_backends_gives_losing_kernels_back_to_torch(tmp_path, monkeypatch, rng):
+    """The measured choice: a region whose kernel times slower than its own ops through torch runs through
+    torch (said in the plan's notes, outputs unchanged); the choice is stored, so a second compile measures
+    nothing."""
+    from tilefuse.runtime.plan_runner import build_runner
+    from tilefuse.config import Options
+
+    graph = small_graph()
+    runner = build_runner(graph, Options(target=C, cuda_graphs=False))
+    gemm = next(r.name for r in runner.plan.regions if r.kind == "gemm")
+    timed = []
+
+    def fake_time(fn, args, kind):  # the GEMM kernel "loses", everything else wins
+        is_kernel = hasattr(fn, "spec")
+        timed.append(is_kernel)
+        slow = is_kernel and fn.region.name == gemm
+        return 2e-3 if slow else 1e-3
+
+    monkeypatch.setattr(tune, "_device_time", fake_time)
+    x, z = torch.randn(16, 32, generator=rng), torch.randn(8, 64, generator=rng)
+    want = runner.run(x, z)
+    db = tune.TuningDB(tmp_path / "t.json")
+    lines = tune.choose_backends(runner, (x, z), db, C)
+    assert len(lines) == 1 and lines[0].startswith(f"{gemm}: torch 1.000 ms < kernel 2.000 ms"), lines
+    assert {r.name: r.backend for r in runner.plan.regions}[gemm] == "torch"
+    assert any("measured" in n for n in runner.plan.notes)
+    assert gemm not in runner.kernels and len(timed) == 4  # two regions, kernel and torch each
+    for got, ref in zip(runner.run(x, z), want):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    again = build_runner(graph, Options(target=C, cuda_graphs=False))
+    assert tune.choose_backends(again, (x, z), tune.TuningDB(db.path), C) == lines[:1] and len(timed) == 4

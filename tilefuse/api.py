@@ -50,6 +50,13 @@ class CompiledModel:
         return getattr(runner, "plan", None)
 
     @property
+    def sparsity_report(self):
+        """What ``Options.sparsity`` did (``planner.sparsity.SparsityReport``: weights pruned, the outputs'
+        change), or None when sparsity did not apply."""
+        p = self.plan
+        return getattr(p, "sparsity", None)
+
+    @property
     def input_names(self) -> list[str]:
         return [v.name for v in self.graph.inputs]
 
@@ -72,13 +79,17 @@ class CompiledModel:
 
 
 def _options(target: str | dict | None, **kw: Any) -> Options:
-    return Options(target=parse_target(target), **kw)
+    from tilefuse.planner.sparsity import check_mode
+
+    options = Options(target=parse_target(target), **kw)
+    check_mode(options.sparsity)  # a bad value fails here, not inside a torch.compile backend
+    return options
 
 
 def compile_onnx(model: str | os.PathLike | Any, *, target: str | dict | None = None,
                  save: str | os.PathLike | None = None, **kw: Any) -> CompiledModel:
     """Import an ONNX model (a path or an ``onnx.ModelProto``) and compile it for ``target``; with ``save``,
-    also write the artifact there (see ``tilefuse.save``)."""
+    also write the artifact there (see ``tilefuse.save``). Progress on stderr as ``compile`` says (``quiet``)."""
     from tilefuse.frontends.onnx import import_onnx
 
     return _saved(CompiledModel(import_onnx(model), _options(target, **kw)), save)
@@ -112,7 +123,24 @@ def _saved(compiled: CompiledModel, path: str | os.PathLike | None) -> CompiledM
 
 def compile(model: torch.nn.Module, *, target: str | dict | None = None, dynamic: bool | None = False,
             **kw: Any):
-    """``torch.compile(model, backend=tilefuse)`` with tilefuse options (target, fuse, lower...)."""
+    """``torch.compile(model, backend=tilefuse)`` with tilefuse options (target, fuse, lower, sparsity...).
+
+    With ``sparsity="2:4"`` the result carries ``sparsity_report`` (a ``planner.sparsity.SparsityLog``, filled
+    when the model first runs: weights pruned and the outputs' change on that call's inputs). Sparsity
+    applies to inference (run under ``torch.no_grad()``) and freezes the pruned weights: later changes to
+    those parameters are not seen.
+
+    Tuning and compiling kernels report progress on stderr (``tuning m: 3/10 kernels, ~40 s left``) only
+    when stderr is a terminal, so library use and test logs stay clean; ``quiet=True`` (or
+    ``TILEFUSE_QUIET=1``) silences it, ``quiet=False`` shows it always (the command line does so unless
+    given ``--quiet``)."""
     from tilefuse.frontends.dynamo import make_backend
 
-    return torch.compile(model, backend=make_backend(_options(target, **kw)), dynamic=dynamic)
+    backend = make_backend(_options(target, **kw))
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+    if backend.options.sparsity:
+        if isinstance(model, torch.nn.Module):  # frozen weights keep their parameter names in plans and reports
+            backend.param_names = {id(p): n for n, p in model.named_parameters()}
+        # object.__setattr__: an OptimizedModule forwards attribute writes to the user's module
+        object.__setattr__(compiled, "sparsity_report", backend.sparsity)
+    return compiled

@@ -27,6 +27,13 @@ def _time_ms(fn, *args, reps: int = 10) -> float:
     return statistics.median(times)
 
 
+def _quiet(args) -> bool:
+    """``--quiet``, else ``TILEFUSE_QUIET``; unlike the Python API, a command shows progress even into a log."""
+    from tilefuse.config import Options
+
+    return bool(args.quiet or Options.quiet)
+
+
 def _max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.float(), b.float()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
@@ -45,7 +52,12 @@ def cmd_demo(args) -> int:
     print(f"tilefuse {tilefuse.__version__}: model {args.model} ({args.size}), target {target}, {dtype}")
     runners = []
     t0 = time.perf_counter()
-    compiled = tilefuse.compile(model, target=target, observer=runners.append)
+    compiled = tilefuse.compile(model, target=target, observer=runners.append, sparsity=args.sparsity,
+                                quiet=_quiet(args))
+    if args.sparsity:  # the compiled model is the pruned one: compare with that in eager
+        from tilefuse.planner.sparsity import prune_module
+
+        model = prune_module(model)
     with torch.no_grad():
         out = compiled(*inputs)
         compile_s = time.perf_counter() - t0
@@ -54,6 +66,8 @@ def cmd_demo(args) -> int:
         for r in runners:
             print(r.plan.to_text(reasons=False) if args.verbose else r.plan.summary())
         eager_ms, tf_ms = _time_ms(model, *inputs), _time_ms(compiled, *inputs)
+    if args.sparsity:
+        print(compiled.sparsity_report.summary())
     tol = 1e-2 if dtype == torch.float16 else 1e-4
     print(f"compile (first call) {compile_s:.2f} s; eager {eager_ms:.2f} ms; tilefuse {tf_ms:.2f} ms "
           f"(median of 10)")
@@ -61,8 +75,9 @@ def cmd_demo(args) -> int:
     return 0 if err <= tol else 1
 
 
-def _load_graph(spec: str, size: str):
-    """An ONNX file path or a zoo model name -> tilefuse Graph (the largest captured graph)."""
+def _load_graph(spec: str, size: str, sparsity: str | None = None):
+    """An ONNX file path or a zoo model name -> tilefuse Graph (the largest captured graph; with ``sparsity``
+    its linear weights are frozen into constants, as compiling with it does)."""
     if spec.endswith(".onnx") or Path(spec).is_file():
         from tilefuse.frontends.onnx import import_onnx
 
@@ -74,7 +89,7 @@ def _load_graph(spec: str, size: str):
     from tilefuse.frontends.capture import capture_graphs
 
     model, inputs = models.build(spec, size)
-    graphs = capture_graphs(model, inputs, lower=False)  # planning needs no kernels
+    graphs = capture_graphs(model, inputs, lower=False, sparsity=sparsity)  # planning needs no kernels
     return max(graphs, key=lambda g: len(g.nodes))
 
 
@@ -82,15 +97,21 @@ def cmd_explain(args) -> int:
     from tilefuse.config import parse_target
     from tilefuse.planner import plan
 
-    graph = _load_graph(args.model, args.size)
-    p = plan(graph, parse_target(args.target))
+    graph = _load_graph(args.model, args.size, args.sparsity)
+    p = plan(graph, parse_target(args.target), sparsity=args.sparsity)
     if args.json:
         doc = {"nodes": p.source_nodes, "kernels": p.kernels,
                "regions": [{k: r.to_json()[k] for k in ("name", "kind", "ops", "inputs", "outputs", "backend")}
                            for r in p.regions if r.kind != "view"]}
+        if p.notes:
+            doc["notes"] = list(p.notes)
+        if p.sparsity is not None:
+            doc["sparsity"] = p.sparsity.to_json()
         print(json.dumps(doc, indent=2))
     else:
         print(p.to_text())
+        if p.sparsity is not None:
+            print(p.sparsity.summary())
     from tilefuse import draw
 
     if args.svg:
@@ -106,8 +127,10 @@ def cmd_compile(args) -> int:
     import tilefuse
 
     t0 = time.perf_counter()
-    compiled = tilefuse.compile_onnx(args.model, target=args.target)
+    compiled = tilefuse.compile_onnx(args.model, target=args.target, sparsity=args.sparsity, quiet=_quiet(args))
     print(compiled.summary())
+    if compiled.sparsity_report is not None:
+        print(compiled.sparsity_report.summary())
     print(f"compiled {args.model} for {compiled.options.target} in {time.perf_counter() - t0:.2f} s")
     if args.output:
         path = tilefuse.save(compiled, args.output)
@@ -122,7 +145,7 @@ def cmd_serve(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    model = load_model(args.model, target=args.target)
+    model = load_model(args.model, target=args.target, quiet=_quiet(args))  # an artifact loads without compiling
     print(f"loaded {args.model} in {time.perf_counter() - t0:.2f} s", flush=True)
     serve(model, name=args.name or Path(args.model).stem, host=args.host, port=args.port,
           max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
@@ -138,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--model", default="gpt2")
     d.add_argument("--size", default="tiny")
     d.add_argument("-v", "--verbose", action="store_true", help="print every region")
+    sparsity_help = "2:4: prune linear weights to 2:4 sparsity (2 of every 4 along K; gemm_sp on CUDA)"
+    d.add_argument("--sparsity", choices=["2:4"], help=sparsity_help + "; compares with the pruned model")
+    quiet_help = "no progress lines on stderr while tuning and compiling kernels (also TILEFUSE_QUIET=1)"
+    d.add_argument("-q", "--quiet", action="store_true", help=quiet_help)
     d.set_defaults(fn=cmd_demo)
     e = sub.add_parser("explain", help="print the fusion plan of an ONNX file or a zoo model")
     e.add_argument("model", help="path to an .onnx file, or a zoo model name")
@@ -146,11 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--json", action="store_true")
     e.add_argument("--svg", metavar="FILE")
     e.add_argument("--html", metavar="FILE")
+    e.add_argument("--sparsity", choices=["2:4"], help=sparsity_help)
     e.set_defaults(fn=cmd_explain)
     c = sub.add_parser("compile", help="compile an ONNX model")
     c.add_argument("model")
     c.add_argument("-o", "--output", help="write the compiled model to this artifact (.tfz)")
     c.add_argument("--target", default=None)
+    c.add_argument("--sparsity", choices=["2:4"], help=sparsity_help + "; prints how much the outputs changed")
+    c.add_argument("-q", "--quiet", action="store_true", help=quiet_help)
     c.set_defaults(fn=cmd_compile)
     s = sub.add_parser("serve", help="serve a .tfz artifact or an .onnx file over KServe v2 REST (HTTP)")
     s.add_argument("model", help="path to a .tfz artifact or an .onnx file")
@@ -167,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--target", default=None, help="compile target for an .onnx file (default: local)")
     s.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's choice)")
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    s.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines on stderr while compiling an .onnx file (also TILEFUSE_QUIET=1)")
     s.set_defaults(fn=cmd_serve)
     args = ap.parse_args(argv)
     try:

@@ -55,6 +55,9 @@ class Options:
     fuse: bool = _env("FUSE", "1") != "0"
     lower: bool = _env("LOWER", "1") != "0"
     verbose: bool = _env("VERBOSE", "0") != "0"
+    # Progress lines on stderr while tuning and compiling kernels: True silences them, False shows them
+    # always (the command line's default), None (unset) only when stderr is a terminal (tilefuse/progress.py).
+    quiet: bool | None = field(default={"": None, "0": False}.get(_env("QUIET", ""), True), compare=False)
     cuda_graphs: bool = _env("CUDA_GRAPHS", "1") != "0"
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = int(_env("MAX_SPECIALIZATIONS", "16"))
@@ -63,5 +66,9 @@ class Options:
     tune: str = _env("TUNE", "none")
     # The most seconds tuning may spend on one model; specs left over keep their default config.
     tune_seconds: float = float(_env("TUNE_SECONDS", "600"))
+    # "2:4": prune eligible linear weights to 2:4 sparsity (2 of every 4 along K, by magnitude); the compile
+    # reports the outputs' change. On CUDA, 2:4 weights (pruned or already so) run the gemm_sp kernel. See
+    # tilefuse/planner/sparsity.py for which weights are eligible.
+    sparsity: str | None = _env("SPARSITY", "") or None
     # Called with each runner built (one per compiled graph): lets callers see plans and timings.
     observer: Callable[[Any], None] | None = field(default=None, compare=False)

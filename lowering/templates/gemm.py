@@ -107,8 +107,7 @@ def gemm(
         """The epilogue of accumulator element (i, j); operands read at clamped coordinates."""
         m = T.min(m0 + i, M - 1) if clamp_m else m0 + i
         n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
-        env = Env(acc=C_f[i, j], arg=arg_loader(extras, extra_shapes, [*bcoords, m, n]))
-        return T.Cast(accum_dtype, emit(epilogue, env))
+        return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype)
 
     @T.prim_func
     def gemm_kernel():
@@ -146,6 +145,14 @@ def gemm(
             T.copy(C_f, C[(*bcoords, m0, n0)])
 
     return gemm_kernel
+
+
+def epilogue_at(epilogue: Expr, acc, extras: Sequence, extra_shapes: Sequence[Sequence[int]], coords: Sequence,
+                accum_dtype: str = "float32"):
+    """The epilogue of one accumulator element ``acc`` of the output at ``coords``: extra input ``i`` is
+    read there under broadcasting; computed in ``accum_dtype``. Shared by the GEMM-family templates."""
+    env = Env(acc=acc, arg=arg_loader(extras, extra_shapes, coords))
+    return T.Cast(accum_dtype, emit(epilogue, env))
 
 
 def reference(A: torch.Tensor, B: torch.Tensor, extras: Sequence[torch.Tensor] = (), *, trans_A: bool = False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tilefuse.ir import torch_dtype
+from tilefuse.ir import TensorType, torch_dtype
 from tilefuse.ops.registry import OpKind, register
 
 G, C, R, A, O = OpKind.GEMM, OpKind.CONV, OpKind.REDUCTION, OpKind.ATTENTION, OpKind.OPAQUE
@@ -23,6 +23,22 @@ def matmul(a, b):
 def linear(x, weight, bias=None):
     """x @ weight.T + bias, weight (N, K)."""
     return F.linear(x, weight, bias)
+
+
+def _sparse_linear_type(in_types, attrs):
+    x, values = in_types[0], in_types[1]
+    shape = None if x.shape is None or values.shape is None else (*x.shape[:-1], values.shape[0])
+    return [TensorType(shape, x.dtype)]
+
+
+@register("sparse_linear", G, infer=_sparse_linear_type)
+def sparse_linear(x, values, meta, bias=None, in_features: int = 0):
+    """``linear`` with a 2:4 sparse weight (N, in_features) given compressed: ``values`` (N, Kp/2) and
+    ``meta`` (N, Kp/16) int16 (``lowering.sparse.compress_2_4``). The planner makes it (``Options.sparsity``);
+    CUDA runs it as the ``gemm_sp`` template, this reference decompresses the weight."""
+    from tilefuse.lowering.sparse import decompress_2_4
+
+    return F.linear(x, decompress_2_4(values, meta, in_features).to(x.dtype), bias)
 
 
 @register("conv", C)

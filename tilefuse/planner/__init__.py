@@ -10,20 +10,47 @@ from tilefuse.planner.cost import CostModel
 from tilefuse.planner.partition import partition
 from tilefuse.planner.pattern import RewriteLog
 from tilefuse.planner.plan import FusionPlan, Region, compute_nodes
+from tilefuse.planner.sparsity import SparsityReport, sparsify
 
 
-def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None, fuse: bool = True) -> FusionPlan:
-    """Plan ``graph``: canonicalize it, group its nodes into regions, say how each region runs."""
+def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None, fuse: bool = True,
+         sparsity: str | None = None) -> FusionPlan:
+    """Plan ``graph``: canonicalize it, apply ``sparsity`` (``"2:4"`` prunes linear weights; 2:4 weights take
+    the sparse GEMM where the target has one, see ``planner.sparsity``), group its nodes into regions, say
+    how each region runs."""
     log = RewriteLog()
     canon = canonicalize(graph, log) if fuse else graph
+    canon, sparse = sparsify(canon, target, sparsity)
     regions, refusals = partition(canon, cost) if fuse else _one_per_node(canon)
+    regions, notes = _mark_sparse(regions, canon, sparse)
     backends = [_backend(r, canon, target) for r in regions]
     regions = [dataclasses.replace(r, backend=b) for r, (b, _) in zip(regions, backends)]
     rewrites = [f"{p}: {node}" for p, node in log.applied]
     refusals = refusals + [f"pattern {p} at {node}: {why}" for p, node, why in log.refused]
     refusals += [f"{r.name} runs through torch: {why}" for r, (b, why) in zip(regions, backends)
                  if b == "torch" and r.kind != "view"]
-    return FusionPlan(canon, tuple(regions), tuple(refusals), tuple(rewrites), compute_nodes(graph))
+    return FusionPlan(canon, tuple(regions), tuple(refusals), tuple(rewrites), compute_nodes(graph), notes,
+                      sparse if sparse.mode or sparse.sparse_kernel else None)
+
+
+def _mark_sparse(regions: list[Region], graph: Graph, report: SparsityReport) -> tuple[list[Region], tuple[str, ...]]:
+    """Patterns and notes for the regions of 2:4 weights: ``gemm.sparse_2_4`` (the gemm_sp kernel) or
+    ``gemm.dense_2_4`` (a dense GEMM on the 2:4 weight, with the reason in the plan's notes)."""
+    dense, weight_of = dict(report.dense), dict(report.dense_nodes)
+    if not (dense or report.sparse_kernel):
+        return regions, ()
+    nodes = {n.name: n for n in graph.nodes}
+    out, notes = [], []
+    for r in regions:
+        anchor = nodes.get(r.anchor) if r.anchor else None
+        if anchor is not None and anchor.op == "sparse_linear":
+            r = dataclasses.replace(r, pattern="gemm.sparse_2_4")
+        elif r.anchor in weight_of:
+            w = weight_of[r.anchor]
+            r = dataclasses.replace(r, pattern="gemm.dense_2_4")
+            notes.append(f"{r.name}: 2:4 weight {w}: {dense[w]}")
+        out.append(r)
+    return out, tuple(notes)
 
 
 def _backend(region: Region, graph: Graph, target: dict | None) -> tuple[str, str]:

@@ -193,7 +193,10 @@ def can_fuse_prologue(f: Facts, kind: str, anchor: Node, members: set[str], prod
                 return f"{p.op} is not an elementwise op the reduction template can apply to its input"
             if f.out_type(p).shape != in_type.shape:
                 return f"{p.op} output {f.out_type(p)} is not the reduction's input shape {in_type}"
-        elif kind in ("gemm", "gemm_sp"):
+        elif kind == "gemm_sp":
+            if p.op not in VIEW_OPS or p.op == "expand":
+                return f"the gemm_sp template reads its input as is (views only), not through {p.op}"
+        elif kind == "gemm":
             if p.op not in ("cast", "scale") and p.op not in LAYOUT_OPS:
                 return f"the gemm template takes a cast, a scale or a layout change as prologue, not {p.op}"
         elif kind == "attention":

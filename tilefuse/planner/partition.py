@@ -57,7 +57,8 @@ def partition(graph: Graph, cost: CostModel | None = None) -> tuple[list[Region]
     for node in graph.nodes:
         kind = ops.get(node.op).kind
         if kind in ANCHOR_KIND:
-            rid = open_region(node, ANCHOR_KIND[kind], node.outputs[0].type if node.outputs else None)
+            rkind = "gemm_sp" if node.op == "sparse_linear" else ANCHOR_KIND[kind]  # 2:4 weight: its own template
+            rid = open_region(node, rkind, node.outputs[0].type if node.outputs else None)
             _take_prologue(f, node, rid, regions, region_of, refusals)
         elif kind in ops.FUSIBLE_POINTWISE or kind == OpKind.INJECTIVE or node.op in VIEW_OPS:
             if not _join_producer(f, node, regions, region_of, refusals, cost, place):

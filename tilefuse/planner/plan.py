@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from tilefuse.ir import Graph
 
@@ -50,6 +51,7 @@ class FusionPlan:
     rewrites: tuple[str, ...] = ()
     source_nodes: int = 0  # compute nodes of the graph as imported, before canonicalization
     notes: tuple[str, ...] = field(default_factory=tuple)
+    sparsity: Any = field(default=None, compare=False)  # planner.sparsity.SparsityReport, when sparsity applied
 
     @property
     def kernels(self) -> int:
@@ -77,6 +79,9 @@ class FusionPlan:
         if self.rewrites:
             lines.append("rewrites:")
             lines += [f"  {w}" for w in self.rewrites]
+        if self.notes:
+            lines.append("notes:")
+            lines += [f"  {w}" for w in self.notes]
         if reasons and self.refusals:
             lines.append("refused fusions:")
             lines += [f"  {w}" for w in self.refusals]

@@ -1,0 +1,158 @@
+"""2:4 sparse linear with a fused epilogue: ``Y = epilogue(X @ W^T, extras...)``, W given compressed.
+
+Note: ``T.gemm_sp`` sparsifies its *A* operand along K, while a linear's sparse operand is its weight,
+the right-hand side. So the kernel computes the transposed product ``Y^T = W @ X^T``: the compressed
+weight is A (``W_values`` (N, Kp/2), ``W_meta`` (N, Kp/16) int16, see ``lowering.sparse``), X (M, K) is
+B read K-major (``transpose_B``), and each accumulator tile (block_N weight rows x block_M tokens) is
+transposed through shared memory on its way out, so Y is stored row-major with coalesced writes. The
+epilogue (``gemm.epilogue_at``, the dense template's) reads its extra inputs at Y's coordinates.
+
+Tails: the weight side is padded to Kp (a multiple of 32) by the compressor and ``block_K`` must divide
+Kp; X keeps its K, and ``T.copy`` zero-fills the part of its last K tile past K, as it does for M and N
+tiles past the edge (the store is guarded). Known TileLang 0.1.15 wrong code (TILELANG.md): a tile
+extent of 8 mod 16 on the dense side and a K that is not a multiple of 32, hence ``block_M``/``block_N``
+multiples of 16 and the padded Kp. There is no gemm_sp on CPU targets: there the region's weight is
+decompressed and the dense ``gemm`` template runs (the planner arranges it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tilelang.language as T
+import torch
+
+from tilefuse.lowering.expr import Expr, evaluate
+from tilefuse.lowering.sparse import E_FACTOR, K_ALIGN, SPARSE_DTYPES, decompress_2_4, padded_k
+from tilefuse.lowering.templates.common import check_dtype, dialect, normalize_shapes, param
+from tilefuse.lowering.templates.gemm import SMEM_LIMIT, epilogue_at
+
+META_DTYPE = "int16"
+
+
+def gemm_sp(
+    M: int,
+    N: int,
+    K: int,
+    *,
+    dtype: str = "float16",
+    out_dtype: str | None = None,
+    accum_dtype: str = "float32",
+    epilogue: Expr | None = None,
+    extra_shapes: Sequence[Sequence[int]] = (),
+    extra_dtypes: Sequence[str] = (),
+    block_M: int = 128,
+    block_N: int = 128,
+    block_K: int = 64,
+    num_stages: int = 2,
+    threads: int = 128,
+    enable_rasterization: bool = False,
+    panel_size: int = 10,
+    target: dict | str = "cuda",
+):
+    """A ``T.prim_func`` for ``Y = epilogue(X @ W^T)``; parameters ``X, W_values, W_meta, extra_0.., Y``.
+
+    ``X`` is (M, K) in ``dtype`` (fp16/bf16), the weight W (N, K) arrives as ``compress_2_4(W)``: values
+    (N, Kp/2) in ``dtype`` and metadata (N, Kp/16) int16 with Kp = ``padded_k(K)``. ``epilogue`` reads the
+    fp32 accumulator (``Acc``) and ``Arg(i)`` = ``extra_i`` broadcast against Y (M, N); Y is ``out_dtype``.
+    Tunables: ``block_M`` (tokens per tile), ``block_N`` (weight rows per tile), ``block_K`` (a multiple of
+    32 dividing Kp), ``num_stages``, ``threads``, ``enable_rasterization`` with ``panel_size``.
+    """
+    out_dtype = out_dtype or dtype
+    extra_shapes = normalize_shapes(extra_shapes)
+    if dialect(target).cpu:
+        raise NotImplementedError("gemm_sp: the c target has no sparse tensor cores (no T.gemm_sp); run the dense "
+                                  "gemm template on the decompressed weight")
+    if dtype not in SPARSE_DTYPES:
+        raise NotImplementedError(f"gemm_sp: 2:4 sparse tensor cores multiply {'/'.join(SPARSE_DTYPES)}, not {dtype}")
+    if len(extra_dtypes) != len(extra_shapes):
+        raise ValueError("gemm_sp: one dtype per extra input")
+    for dt in (out_dtype, *extra_dtypes):
+        check_dtype(dt, target, "gemm_sp")
+    Kp = padded_k(K)
+    if block_K % K_ALIGN or Kp % block_K:
+        raise ValueError(f"gemm_sp: block_K={block_K} must be a multiple of {K_ALIGN} dividing the padded K={Kp}")
+    if block_M % 16 or block_N % 16:
+        raise ValueError(f"gemm_sp: block_M={block_M} and block_N={block_N} must be multiples of 16 (TileLang 0.1.15 "
+                         "computes wrong results for tiles of 8 mod 16)")
+    swizzle = bool(enable_rasterization)
+
+    def Y_elem(C_f, extras, i, j, m0, n0):
+        """Accumulator element (weight row i, token j) -> Y[m0 + j, n0 + i] through the epilogue."""
+        if epilogue is None:
+            return T.Cast(out_dtype, C_f[i, j])
+        m, n = T.min(m0 + j, M - 1), T.min(n0 + i, N - 1)  # clamped: values past the edge are never stored
+        return T.Cast(out_dtype, epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [m, n], accum_dtype))
+
+    @T.prim_func
+    def gemm_sp_kernel():
+        X = param("X", (M, K), dtype)
+        W_values = param("W_values", (N, Kp // 2), dtype)
+        W_meta = param("W_meta", (N, Kp // E_FACTOR), META_DTYPE)
+        extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
+        Y = param("Y", (M, N), out_dtype)
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_s = T.alloc_shared((block_N, block_K // 2), dtype)
+            E_s = T.alloc_shared((block_N, block_K // E_FACTOR), META_DTYPE)
+            B_s = T.alloc_shared((block_M, block_K), dtype)
+            C_f = T.alloc_fragment((block_N, block_M), accum_dtype)
+            Y_s = T.alloc_shared((block_M, block_N), out_dtype)
+            if swizzle:
+                T.use_swizzle(panel_size)
+            n0, m0 = bx * block_N, by * block_M
+            T.clear(C_f)
+            for ko in T.Pipelined(Kp // block_K, num_stages=num_stages):
+                T.copy(W_values[n0, ko * (block_K // 2)], A_s)
+                T.copy(W_meta[n0, ko * (block_K // E_FACTOR)], E_s)
+                T.copy(X[m0, ko * block_K], B_s)
+                T.gemm_sp(A_s, E_s, B_s, C_f, transpose_B=True)
+            for i, j in T.Parallel(block_N, block_M):
+                Y_s[j, i] = Y_elem(C_f, extras, i, j, m0, n0)
+            T.copy(Y_s, Y[m0, n0])
+
+    return gemm_sp_kernel
+
+
+def reference(x: torch.Tensor, values: torch.Tensor, meta: torch.Tensor, extras: Sequence[torch.Tensor] = (), *,
+              K: int | None = None, epilogue: Expr | None = None, out_dtype: str | None = None) -> torch.Tensor:
+    """Torch reference of ``gemm_sp``: the decompressed weight in an fp64 matmul, then the epilogue."""
+    K = x.shape[-1] if K is None else K
+    w = decompress_2_4(values, meta, K)
+    acc = (x.double() @ w.double().T).float()
+    if epilogue is not None:
+        acc = evaluate(epilogue, acc, list(extras)).float()
+    return acc.to(getattr(torch, out_dtype) if out_dtype else x.dtype)
+
+
+def shared_memory_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, dtype: str = "float16",
+                        out_dtype: str | None = None) -> int:
+    """Bytes of the pipelined tiles (half-K weight values, metadata, X) plus the transposed output tile."""
+    item = 2 if dtype in SPARSE_DTYPES else 4
+    out_item = {"float32": 4}.get(out_dtype or dtype, 2)
+    stage = block_N * block_K // 2 * item + block_N * block_K // E_FACTOR * 2 + block_M * block_K * item
+    return stage * max(num_stages, 1) + block_M * block_N * out_item
+
+
+def get_configs(target: dict | str, K: int | None = None, out_dtype: str | None = None) -> list[dict]:
+    """Seed configs (keys are exactly ``gemm_sp``'s tunables), each with a ``block_K`` that divides the padded
+    K, that fit in shared memory with an ``out_dtype`` output tile (fp16 by default)."""
+    if dialect(target).cpu:
+        return []
+    arch = target.get("arch", "") if isinstance(target, dict) else ""
+    if arch.startswith("sm_90"):
+        # (block_M tokens, block_N weight rows, block_K, stages, threads); WGMMA.sp: 64 weight rows per warpgroup
+        seeds = [(128, 128, 128, 2, 128), (128, 256, 64, 3, 256), (256, 128, 64, 3, 256), (128, 128, 64, 4, 128),
+                 (256, 128, 128, 2, 256), (128, 256, 128, 2, 256), (64, 128, 128, 3, 128)]
+    else:  # sm_80: mma.sp + cp.async
+        seeds = [(128, 128, 64, 3, 128), (128, 256, 64, 2, 256), (256, 128, 64, 2, 256), (64, 128, 64, 3, 128)]
+    limit = SMEM_LIMIT.get(arch.rstrip("a")[:5], 99 * 1024)
+    out = []
+    for bm, bn, bk, stages, threads in seeds:
+        if K is not None:
+            kp = padded_k(K)
+            bk = next(b for b in (bk, 64, K_ALIGN) if b <= bk and kp % b == 0)
+        cfg = {"block_M": bm, "block_N": bn, "block_K": bk, "num_stages": stages, "threads": threads,
+               "enable_rasterization": True}
+        if shared_memory_bytes(bm, bn, bk, stages, "float16", out_dtype) <= limit and cfg not in out:
+            out.append(cfg)
+    return out
