@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_models import cuda_time_ms  # noqa: E402
+from bench_models import cuda_time_ms
 
-from tilefuse.lowering.compile import compile_many  # noqa: E402
-from tilefuse.lowering.templates import attention  # noqa: E402
+from tilefuse.lowering.compile import compile_many
+from tilefuse.lowering.templates import attention
 
 # (B, Hq, Hkv, S, D, causal)
 ISSUE = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True)]
@@ -51,11 +51,11 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs):
     for name, backend in BACKENDS.items():
         try:
             with sdpa_kernel(backend):
-                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hkv != Hq)  # noqa: E731
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hkv != Hq)
                 out = fn()
                 want = out if want is None else want
                 row["sdpa"][name] = cuda_time_ms(fn, reps=reps)
-        except Exception as e:  # a backend may not take a shape (flash + GQA on some builds)
+        except Exception as e:  # noqa: BLE001  (a backend may not take a shape: flash + GQA on some builds)
             row["sdpa"][name] = None
             print(f"  sdpa {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
     funcs = [attention.flash_attention(B, Hq, S, S, D, Hkv=Hkv, is_causal=causal, target=target, **c) for c in configs]
@@ -104,8 +104,8 @@ def main(argv=None) -> int:
             if "error" in e:
                 print(f"  config {e['config']}: {e['error']}", flush=True)
 
-        def cell(ms):
-            return (f"{ms:.3f}", f"{best['ms'] and ms / best['ms']:.2f}") if ms and best else ("-", "-")
+        def cell(ms, best=best):
+            return (f"{ms:.3f}", f"{ms / best['ms']:.2f}") if ms and best else ("-", "-")
         cu, fl = cell(row["sdpa"].get("cudnn")), cell(row["sdpa"].get("flash"))
         bc = "/".join(str(best["config"][k]) for k in ("block_M", "block_N", "num_stages", "threads")) if best else "-"
         print(f"| {B} | {Hq}/{Hkv} | {S} | {D} | {causal} | {bc} | {best['ms'] if best else float('nan'):.3f} | "

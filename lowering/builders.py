@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilefuse.ir import Graph, Node, TensorType
-from tilefuse.lowering import index
+from tilefuse.lowering import attention_layout, index
 from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, Load, ops_supported
 from tilefuse.lowering.index import NotLowerable
 from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype
@@ -496,14 +496,17 @@ def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
 # ---- entry points -------------------------------------------------------------------------------
 
 
-# Layout ops an attention region may hold around its sdpa: torch runs them as views before the kernel
-# (head split of a fused QKV projection) and as the output's layout after it (heads merged back).
-ATTENTION_LAYOUTS = PASS_VIEWS | {"transpose", "permute", "split", "contiguous"}
+# Layout ops an attention region may hold around its sdpa: the head split of q/k/v and the head merge of
+# the output become the kernel's operand layouts (``attention_layout``); any others run through torch
+# before the kernel (views of the inputs) and after it (the output's layout).
+ATTENTION_LAYOUTS = PASS_VIEWS | {"transpose", "permute", "split", "slice", "contiguous"}
 
 
 def _attention(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
-    """The sdpa node as one ``flash_attention`` kernel on contiguous (B, H, S, D) q/k/v; the region's
-    layout ops run through torch before (views of the inputs) and after (the output's layout)."""
+    """The sdpa node as one ``flash_attention`` kernel. The head split of q, k, v and the head merge of
+    the output become the kernel's operand layouts where they match (``lowering.attention_layout``:
+    a fused QKV projection is read in place, the output written as (B, S, H*D)); the layout ops left
+    run through torch before (views of the inputs) and after (the output's layout)."""
     pos = b.members.index(anchor)
     others = [n for n in b.members if n is not anchor]
     bad = sorted({n.op for n in others if n.op not in ATTENTION_LAYOUTS})
@@ -529,7 +532,11 @@ def _attention(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     params = {"B": B, "Hq": Hq, "Sq": Sq, "Skv": Skv, "D": D, "Hkv": Hkv,
               "is_causal": bool(anchor.attr.get("is_causal", False)), "scale": anchor.attr.get("scale"),
               "dtype": dtype}
-    inputs = [(q, None), (k, None), (v, None)]
+    producers = {o.name: n for n in pre for o in n.outputs}
+    operands = [attention_layout.operand(x, B, s, producers, b.types) for x, s in ((q, Sq), (k, Skv), (v, Skv))]
+    inputs = [(a.value, a.shape) for a in operands]
+    # Layout keys only where a layout applies: contiguous (B, H, S, D) specs (and their cache keys) stay as they were.
+    params.update({f"{name}_layout": a.layout for name, a in zip("qkv", operands) if a.layout is not None})
     if mask is not None:
         mt = b.types[mask]
         _require(mt.dtype in TEMPLATE_DTYPES, f"an sdpa mask of {mt.dtype} (only additive float masks lower)")
@@ -541,5 +548,11 @@ def _attention(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
         params.update(mask_shape=tuple(mt.shape), mask_dtype=mt.dtype)
         inputs.append((mask, None))
     out = anchor.outputs[0].name
-    return KernelSpec("flash_attention", tuple(params.items()), (-1,), tuple(inputs),
-                      ((0, out, tuple(b.types[out].shape)),), tuple(n.name for n in pre), tuple(n.name for n in post))
+    outputs = ((0, out, tuple(b.types[out].shape)),)
+    if attention_layout.merged_output(out, post, b.region.outputs, b.types):
+        params["o_layout"] = attention_layout.TokenRows(Hq * D, 0)
+        outputs, post = tuple((0, o, tuple(b.types[o].shape)) for o in b.region.outputs), []
+    reads = {x for x, _ in inputs} | {i for n in post for i in n.inputs if i} | set(b.region.outputs)
+    pre = attention_layout.needed(pre, reads)
+    return KernelSpec("flash_attention", tuple(params.items()), (-1,), tuple(inputs), outputs,
+                      tuple(n.name for n in pre), tuple(n.name for n in post))

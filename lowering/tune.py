@@ -155,7 +155,7 @@ def candidates(spec, target: dict, limit: int = BUDGETS["max"]) -> list[dict]:
     on CUDA) Carver's hints; at most ``limit``, no duplicates."""
     import importlib
 
-    from tilefuse.lowering.registry import _pick_gemm_config
+    from tilefuse.lowering.registry import _pick_gemm_config, gemm_wave_cost
 
     name = {"row_reduction": "reduction", "conv2d": "conv", "pool2d": "pool",
             "flash_attention": "attention"}.get(spec.template, spec.template)
@@ -171,6 +171,8 @@ def candidates(spec, target: dict, limit: int = BUDGETS["max"]) -> list[dict]:
         seeds = config_space(spec, target)
     if seeds and spec.template in ("gemm", "gemm_sp"):
         seeds.insert(0, _pick_gemm_config(seeds, kw, target))
+        if target.get("kind") == "cuda":  # the budget goes to the seeds that waste the fewest waves
+            seeds.sort(key=lambda c: gemm_wave_cost(c, kw))
     if spec.template == "gemm" and target.get("kind") == "cuda":
         seeds += carver_gemm_configs(kw, target)
     out, seen = [], set()

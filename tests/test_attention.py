@@ -1,6 +1,7 @@
 """The flash-attention template against torch's SDPA: every element on ``c`` (fp32), a CUDA compile for
 sm_90a (fp16/bf16, no GPU needed), and GPU numerics (marked ``gpu``). Sequence lengths are odd so
-every tail path runs."""
+every tail path runs. Each operand layout (``TokenRows``: a fused QKV projection read in place, BSHD
+tensors, the output written as (B, S, H*D)) is checked the same way."""
 
 import shutil
 
@@ -122,3 +123,144 @@ def test_flash_attention_gpu_matches_sdpa(dtype, D, is_causal, rng):
     check(rng, target, 1, 4, 4, 100, 257, D, mask_shape=(1, 1, 1, 257), dtype=dtype, device="cuda", tol=tol,
           **attention.get_configs(target, D)[-1])
 
+
+
+# ---- operand layouts: q/k/v read in place from token rows, o written as (B, S, H*D) ----------------
+
+def layouts(kind, Hq, Hkv, D) -> dict:
+    """Per operand the buffer it lives in, that buffer's row width and the operand's column offset
+    (None: a contiguous (B, H, S, D) tensor)."""
+    q, kv = Hq * D, Hkv * D
+    return {
+        "qkv": {"q": ("qkv", q + 2 * kv, 0), "k": ("qkv", q + 2 * kv, q), "v": ("qkv", q + 2 * kv, q + kv),
+                "o": ("o", q, 0)},  # GPT-2/ViT: one fused projection
+        "bshd": {"q": ("q", q, 0), "k": ("k", kv, 0), "v": ("v", kv, 0), "o": ("o", q, 0)},  # BERT
+        "v_rows": {"q": None, "k": None, "v": ("v", kv, 0), "o": ("o", q, 0)},  # LLaMA: rotary q/k are BHSD
+        "kv_fused": {"q": None, "k": ("kv", 2 * kv, 0), "v": ("kv", 2 * kv, kv), "o": None},  # cross-attention
+        "padded": {"q": ("q", q + 24, 8), "k": ("kv", 2 * kv + 16, 16 + kv), "v": ("kv", 2 * kv + 16, 0),
+                   "o": ("o", q, 0)},  # odd offsets, v before k, columns nobody reads
+    }[kind]
+
+
+def check_layout(rng, target, kind, B, Hq, Hkv, Sq, Skv, D, *, is_causal=False, mask_shape=None, dtype=torch.float32,
+                 device="cpu", tol=None, **config):
+    lay = layouts(kind, Hq, Hkv, D)
+    dt = str(dtype).split(".")[1]
+    kw = {f"{n}_layout": attention.TokenRows(w, off) for n, spec in lay.items() if spec for _, w, off in [spec]}
+    f = attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, is_causal=is_causal, mask_shape=mask_shape,
+                                  mask_dtype=dt, dtype=dt, target=target, **kw, **config)
+    kernel = compile_kernel(f, target, [-1])
+
+    def r(*shape):
+        return torch.randn(shape, generator=rng).to(dtype).to(device)
+
+    for _ in range(2):  # fresh inputs each call; every buffer column random, read or not
+        bufs, args, views = {}, [], []
+        for n, H, S in (("q", Hq, Sq), ("k", Hkv, Skv), ("v", Hkv, Skv)):
+            if lay[n] is None:
+                args.append(r(B, H, S, D))
+                views.append(args[-1])
+                continue
+            name, width, off = lay[n]
+            buf = bufs.setdefault(name, r(B, S, width))
+            args.append(buf)
+            views.append(buf[:, :, off:off + H * D].unflatten(2, (H, D)).transpose(1, 2))
+        m = r(*mask_shape) if mask_shape else None
+        got = kernel(*args, *([m] if m is not None else []))
+        if lay["o"] is not None:
+            assert got.shape == (B, Sq, Hq * D)
+            got = got.unflatten(2, (Hq, D)).transpose(1, 2)
+        want = attention.reference(*views, m, is_causal=is_causal)
+        torch.testing.assert_close(got, want, **(tol or {"rtol": 1e-5, "atol": 1e-5}))
+
+
+LAYOUT_CASES = {  # name: (layout kind, B, Hq, Hkv, Sq, Skv, D, kwargs)
+    "qkv_causal_tail_37": ("qkv", 2, 3, 3, 37, 37, 16, {"is_causal": True}),
+    "qkv_gqa_causal": ("qkv", 2, 4, 2, 37, 37, 16, {"is_causal": True}),
+    "qkv_mask_d64": ("qkv", 1, 2, 2, 33, 33, 64, {"mask_shape": (1, 1, 33, 33)}),
+    "bshd_mask_sq_lt_skv": ("bshd", 2, 2, 2, 21, 37, 16, {"mask_shape": (2, 1, 1, 37)}),
+    "bshd_gqa_causal_d64": ("bshd", 1, 4, 2, 37, 37, 64, {"is_causal": True}),
+    "v_rows_gqa_causal_mask": ("v_rows", 2, 4, 2, 37, 37, 16, {"is_causal": True, "mask_shape": (2, 1, 37, 37)}),
+    "kv_fused_causal_sq_lt_skv": ("kv_fused", 2, 2, 1, 19, 40, 16, {"is_causal": True}),
+    "padded_offsets": ("padded", 2, 3, 3, 29, 29, 16, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_CASES))
+def test_flash_attention_layouts_c_match_sdpa(name, rng):
+    kind, *shape, kw = LAYOUT_CASES[name]
+    check_layout(rng, C, kind, *shape, **kw, **SMALL_C)
+
+
+def test_flash_attention_layouts_c_default_config(rng):
+    check_layout(rng, C, "qkv", 1, 2, 2, 70, 70, 64, is_causal=True, **attention.get_configs(C)[0])
+
+
+def test_output_rows_land_in_place_in_a_wider_buffer(rng):
+    """With O passed in (no ``out_idx``), the heads land at their columns and nothing else is written."""
+    B, H, S, D = 2, 2, 21, 16
+    f = attention.flash_attention(B, H, S, S, D, dtype="float32", target=C, o_layout=attention.TokenRows(H * D + 16, 8),
+                                  **SMALL_C)
+    kernel = compile_kernel(f, C, None)
+    q, k, v, _ = inputs(rng, B, H, H, S, S, D)
+    out = torch.full((B, S, H * D + 16), 7.0)
+    kernel(q, k, v, out)
+    want = attention.reference(q, k, v).transpose(1, 2).reshape(B, S, H * D)
+    torch.testing.assert_close(out[:, :, 8:8 + H * D], want, rtol=1e-5, atol=1e-5)
+    assert (out[:, :, :8] == 7).all() and (out[:, :, 8 + H * D:] == 7).all()
+
+
+def test_layout_refusals():
+    with pytest.raises(ValueError, match="do not fit"):
+        attention.flash_attention(1, 2, 8, 8, 16, dtype="float32", target=C, k_layout=attention.TokenRows(48, 24))
+    with pytest.raises(ValueError, match="do not fit"):
+        attention.flash_attention(1, 2, 8, 8, 16, dtype="float32", target=C, q_layout=attention.TokenRows(32, -1))
+
+
+def _layout_funcs(target, dtype):
+    """(name, prim_func) for each layout kind at GPU shapes: tails, GQA, causal, masks, D 64 and 128."""
+    out = []
+    for name, (kind, B, Hq, Hkv, Sq, Skv, D, kw) in {
+        "qkv": ("qkv", 2, 8, 2, 300, 300, 64, {"is_causal": True}),
+        "qkv_d128": ("qkv", 2, 4, 4, 333, 333, 128, {}),
+        "qkv_tiny": ("qkv", 2, 4, 4, 17, 17, 16, {"is_causal": True}),  # the zoo models' tiny size
+        "bshd_mask": ("bshd", 1, 4, 4, 37, 50, 64, {"mask_shape": (1, 1, 1, 50), "mask_dtype": dtype}),
+        "v_rows": ("v_rows", 2, 8, 2, 300, 300, 128, {"is_causal": True}),
+        "kv_fused": ("kv_fused", 1, 4, 2, 100, 257, 64, {}),
+        "padded": ("padded", 2, 3, 3, 129, 129, 64, {}),
+    }.items():
+        lay = {f"{n}_layout": attention.TokenRows(w, off) for n, spec in layouts(kind, Hq, Hkv, D).items() if spec
+               for _, w, off in [spec]}
+        cfg = attention.get_configs(target, D)[0]
+        out.append((name, attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, dtype=dtype, target=target, **kw,
+                                                    **lay, **cfg)))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_flash_attention_layouts_compile_for_sm90a():
+    funcs = _layout_funcs(SM90, "float16") + [(f"bf16 {n}", f) for n, f in _layout_funcs(SM90, "bfloat16")[:2]]
+    kernels = compile_many([(f, [-1]) for _, f in funcs], SM90, return_exceptions=True)
+    for (name, _), k in zip(funcs, kernels):
+        assert not isinstance(k, BaseException), f"{name}: {k}"
+        src = k.get_kernel_source()
+        assert "wgmma" in src, name
+        if name == "qkv":  # the fused projection is still loaded by TMA (row pitch 16-byte aligned)
+            assert "tma_load" in src, name
+
+
+GPU_LAYOUT_CASES = {  # name: (layout kind, B, Hq, Hkv, Sq, Skv, kwargs)
+    "qkv_gqa_causal": ("qkv", 2, 8, 2, 333, 333, {"is_causal": True}),
+    "bshd_mask": ("bshd", 1, 4, 4, 100, 257, {"mask_shape": (1, 1, 1, 257)}),
+    "v_rows_causal": ("v_rows", 2, 8, 2, 333, 333, {"is_causal": True}),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", sorted(GPU_LAYOUT_CASES))
+def test_flash_attention_layouts_gpu_match_sdpa(name, D, rng):
+    target = _cuda_target()
+    kind, B, Hq, Hkv, Sq, Skv, kw = GPU_LAYOUT_CASES[name]
+    check_layout(rng, target, kind, B, Hq, Hkv, Sq, Skv, D, dtype=torch.float16, device="cuda",
+                 tol={"rtol": 1e-2, "atol": 1e-2}, **kw, **attention.get_configs(target, D)[0])

@@ -4,7 +4,8 @@ Zoo models through ``torch.compile`` and through ONNX, the Hugging Face models o
 ``test_hf_plans.py``, and small graphs for each injective op, pooling form and reduction shape,
 against eager / the reference executor, fresh random inputs, every element checked. The plan each
 run used must show backend ``tilelang`` for every region except view regions (metadata only, no
-kernel), attention included (its layouts run through torch around the flash-attention kernel); ops no template computes are listed in
+kernel), attention included (the head split and merge around it are the flash-attention kernel's
+operand layouts, checked to run no torch node); ops no template computes are listed in
 ``TORCH_BY_DESIGN`` with the reason, never skipped silently.
 """
 
@@ -16,6 +17,7 @@ import torch
 import tilefuse
 from tilefuse import models
 from tilefuse.api import compile_graph
+from tilefuse.frontends.capture import capture_graphs
 from tilefuse.ir import GraphBuilder, TensorType
 from tilefuse.lowering.registry import KernelSpec, build
 from tilefuse.models.hf import MainOutput, build_hf
@@ -293,6 +295,127 @@ def test_zoo_model_every_region_is_a_kernel_on_cuda(name):
             torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-2, atol=1e-2)
     for r in runners:
         assert torch_regions(r.plan) == [], r.plan.to_text(reasons=False)
+
+
+# ---- attention reads the head split and writes the head merge itself ---------------------------------
+
+# Per zoo model, the operands the attention kernel reads or writes in place (TokenRows layouts): GPT-2 and
+# ViT split a fused QKV projection, BERT views three projections as (B, S, H, D), LLaMA's rotary
+# embedding hands q and k over as (B, H, S, D) already (read as they are) and v as (B, S, Hkv, D).
+IN_PLACE = {"gpt2": "qkvo", "vit": "qkvo", "bert": "qkvo", "llama": "vo"}
+
+
+def attention_specs(p) -> list[KernelSpec]:
+    specs = [build(r, p.graph, C) for r in p.regions if r.kind == "attention"]
+    assert specs and all(isinstance(s, KernelSpec) for s in specs), specs
+    return specs
+
+
+def in_place(spec: KernelSpec) -> str:
+    return "".join(n for n in "qkvo" if f"{n}_layout" in spec.factory_kwargs())
+
+
+@pytest.mark.parametrize("source", ["torch.compile", "onnx"])
+@pytest.mark.parametrize("name", sorted(IN_PLACE))
+def test_attention_layouts_run_in_the_kernel(name, source, tmp_path):
+    """No layout node around the zoo models' attention runs through torch: pre and post are empty."""
+    if source == "onnx":
+        from tilefuse.frontends.onnx import import_onnx
+
+        graph = import_onnx(models.export_onnx(name, tmp_path / f"{name}.onnx", "tiny"))
+    else:
+        (graph,) = capture_graphs(*models.build(name, "tiny"))
+    for spec in attention_specs(plan(graph, C)):
+        assert (spec.pre, spec.post) == ((), ()), spec
+        assert in_place(spec) == IN_PLACE[name]
+        if "q" in IN_PLACE[name] and name != "bert":  # one fused projection, read three times, never copied
+            assert len({v for v, _ in spec.inputs[:3]}) == 1
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_hf_attention_layouts_run_in_the_kernel(name):
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    graphs = capture_graphs(MainOutput(build_hf(name)), (torch.randint(0, 100, (2, 17)),))
+    for spec in attention_specs(plan(max(graphs, key=lambda g: len(g.nodes)), C)):
+        assert (spec.pre, spec.post) == ((), ()), spec
+        assert in_place(spec) == IN_PLACE[name]
+
+
+def test_gpt2_attention_without_torch_layouts_matches_eager(rng):
+    model, _ = models.build("gpt2", "tiny")
+    runners = []
+    compiled = tilefuse.compile(model, target="c", observer=runners.append)
+    with torch.no_grad():
+        for _ in range(2):
+            inputs = models.example_inputs("gpt2", "tiny")
+            torch.testing.assert_close(compiled(*inputs), model(*inputs), **FP32)
+    (runner,) = runners
+    kernels = [runner.kernels[r.name] for r in runner.plan.regions if r.kind == "attention"]
+    assert len(kernels) == 2
+    for k in kernels:
+        assert k.pre == [] and k.post == [] and in_place(k.spec) == "qkvo"
+
+
+B_, S_, H_, D_ = 2, 5, 2, 16  # batch != sequence: a layout that mixed them up would show
+
+
+def _heads(b, t, shape=(B_, S_, H_, D_), perm=False):
+    t = b.add1("reshape", [t], shape=shape)
+    return b.add1("permute", [t], perm=(0, 2, 1, 3)) if perm else b.add1("transpose", [t], dim0=1, dim1=2)
+
+
+def qkv_slices(b, rng):
+    """A fused projection cut with slices (not split), permuted heads: all in place."""
+    C_ = H_ * D_
+    x = b.input("x", TensorType((B_ * S_, 3 * C_), "float32"))
+    rows = b.add1("reshape", [x], shape=(B_, S_, 3 * C_))
+    q, k, v = (_heads(b, b.add1("slice", [rows], dim=-1, start=i * C_, end=(i + 1) * C_), perm=True)
+               for i in range(3))
+    o = b.add1("sdpa", [q, k, v], is_causal=True)
+    return [b.add1("reshape", [b.add1("transpose", [o], dim0=1, dim1=2)], shape=(B_ * S_, C_))], \
+        [_f32(rng, B_ * S_, 3 * C_)]
+
+
+def regrouped(b, rng):
+    """q and k reshaped across the (B, S) split: no layout reads that, torch runs their split; v is in place."""
+    C_ = H_ * D_
+    x = b.input("x", TensorType((B_, S_, 2 * C_), "float32"))
+    v = b.input("v", TensorType((S_, B_, H_, D_), "float32"))
+    q, k = (_heads(b, t, (S_, B_, H_, D_)) for t in b.add("split", [x], dim=-1, sizes=(C_, C_)))
+    o = b.add1("sdpa", [q, k, b.add1("transpose", [v], dim0=1, dim1=2)])
+    return [b.add1("reshape", [b.add1("transpose", [o], dim0=1, dim1=2)], shape=(S_, B_, C_))], \
+        [_f32(rng, B_, S_, 2 * C_), _f32(rng, S_, B_, H_, D_)]
+
+
+def unmerged(b, rng):
+    """The output's layout is not a head merge: torch runs it after the kernel; the inputs are in place."""
+    C_ = H_ * D_
+    x = b.input("x", TensorType((B_, S_, 3 * C_), "float32"))
+    q, k, v = (_heads(b, t) for t in b.add("split", [x], dim=2, sizes=(C_, C_, C_)))
+    o = b.add1("sdpa", [q, k, v])
+    return [b.add1("reshape", [b.add1("permute", [o], perm=(0, 2, 3, 1))], shape=(B_, S_, C_))], \
+        [_f32(rng, B_, S_, 3 * C_)]
+
+
+# name: (graph, operands in place, torch nodes before the kernel, after it)
+ATTENTION_GRAPHS = {"qkv_slices": (qkv_slices, "qkvo", 0, 0), "regrouped": (regrouped, "vo", 5, 0),
+                    "unmerged": (unmerged, "qkv", 0, 2)}
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION_GRAPHS))
+def test_attention_layouts_match_or_fall_back(name, rng):
+    fn, want_in_place, n_pre, n_post = ATTENTION_GRAPHS[name]
+    b = GraphBuilder(name)
+    outs, args = fn(b, rng)
+    graph = b.build(outs)
+    (spec,) = attention_specs(plan(graph, C))
+    assert (in_place(spec), len(spec.pre), len(spec.post)) == (want_in_place, n_pre, n_post), spec
+    compiled = compile_graph(graph, target="c")
+    assert torch_regions(compiled.plan) == [], compiled.plan.to_text(reasons=False)
+    for g, w in zip(compiled(*args), Executor(graph, "cpu")(*args)):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, **EXACT)
 
 
 # ---- the index maps are data ---------------------------------------------------------------------

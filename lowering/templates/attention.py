@@ -11,12 +11,22 @@ programs stop at the last key tile their rows can see. A row whose scores are al
 uses 0 as its max, so ``exp2(-inf - max)`` is 0 and never NaN; a row masked entirely gives 0, as
 torch's fused SDPA kernels do (its math path gives NaN). The mask is read at clamped coordinates (values computed for rows and
 columns past the edge are never stored).
+
+Layouts: each of Q, K, V and O is either a contiguous ``(B, H, S, D)`` tensor (the default) or, with
+a ``TokenRows(width, offset)`` layout, a ``(B, S, width)`` buffer whose head ``h`` holds columns
+``offset + h*D`` to ``offset + (h+1)*D`` of each token's row. That reads a fused QKV projection
+``(B, S, 3*H*D)`` in place (q at offset 0, k at ``H*D``, v at ``2*H*D``; the same tensor is passed for
+each) and writes the output straight into ``(B, S, H*D)``, the layout the next projection reads, so
+the head split and merge around attention (``view``/``transpose`` copies in torch) disappear. Tile
+copies are the same in both layouts: one row of ``D`` features per token, rows past ``S`` zero-filled
+on loads and skipped on the store.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import tilelang.language as T
 import torch
@@ -25,6 +35,33 @@ import torch.nn.functional as F
 from tilefuse.lowering.templates.common import broadcast_index, broadcast_shapes, check_dtype, dialect, param
 
 LOG2E = 1.4426950408889634
+
+
+class TokenRows(NamedTuple):
+    """An operand laid out as ``(B, S, width)``: head ``h`` of token ``s`` is ``[s, offset + h*D : offset + (h+1)*D]``.
+
+    ``TokenRows(H * D, 0)`` is a contiguous ``(B, S, H, D)`` tensor; ``TokenRows(3 * H * D, H * D)`` the
+    keys of a fused QKV projection."""
+
+    width: int
+    offset: int
+
+
+def _operand(name: str, layout: TokenRows | None, B: int, H: int, S: int, D: int) -> tuple[int, ...]:
+    """The parameter shape of an operand with ``H`` heads of ``S`` tokens in ``layout`` (None: BHSD)."""
+    if layout is None:
+        return (B, H, S, D)
+    width, offset = (int(x) for x in layout)
+    if offset < 0 or offset + H * D > width:
+        raise ValueError(f"flash_attention: {name} heads at columns {offset}..{offset + H * D} do not fit rows of "
+                         f"{width}")
+    return (B, S, width)
+
+
+def _tile(buf, layout: TokenRows | None, b, h, s, D: int):
+    """The first element of the tile of head ``h`` from token ``s`` on (``T.copy`` takes the extent from
+    the tile it fills or reads)."""
+    return buf[b, h, s, 0] if layout is None else buf[b, s, layout[1] + h * D]
 
 
 def flash_attention(
@@ -47,11 +84,16 @@ def flash_attention(
     num_stages: int = 1,
     threads: int = 128,
     target: dict | str = "cuda",
+    q_layout: TokenRows | None = None,
+    k_layout: TokenRows | None = None,
+    v_layout: TokenRows | None = None,
+    o_layout: TokenRows | None = None,
 ):
     """A ``T.prim_func`` for scaled dot-product attention; parameters ``Q, K, V[, Mask], O``.
 
     ``Q`` is ``(B, Hq, Sq, D)``, ``K``/``V`` are ``(B, Hkv, Skv, D)`` with ``Hq % Hkv == 0``, ``O`` is
-    ``(B, Hq, Sq, D)`` in ``out_dtype`` (default ``dtype``). ``scale`` defaults to ``1/sqrt(D)``.
+    ``(B, Hq, Sq, D)`` in ``out_dtype`` (default ``dtype``); an operand with a ``TokenRows`` layout
+    (``q_layout``...) is a ``(B, S, width)`` buffer instead. ``scale`` defaults to ``1/sqrt(D)``.
     ``mask_shape`` (rank <= 4, broadcastable to ``(B, Hq, Sq, Skv)``) adds an additive mask of
     ``mask_dtype`` to the scaled scores. Tunables are TileLang's: ``block_M`` (query rows per program),
     ``block_N`` (keys per step), ``num_stages``, ``threads``; CPU targets ignore the last two.
@@ -72,10 +114,13 @@ def flash_attention(
     groups = Hq // Hkv
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     scale_log2 = scale * LOG2E
-    q_shape, kv_shape = (B, Hq, Sq, D), (B, Hkv, Skv, D)
+    q_layout, k_layout, v_layout, o_layout = (None if lay is None else TokenRows(*lay)
+                                              for lay in (q_layout, k_layout, v_layout, o_layout))
+    q_shape, k_shape = _operand("q", q_layout, B, Hq, Sq, D), _operand("k", k_layout, B, Hkv, Skv, D)
+    v_shape, o_shape = _operand("v", v_layout, B, Hkv, Skv, D), _operand("o", o_layout, B, Hq, Sq, D)
     if mask_shape is not None:
         mask_shape = tuple(int(s) for s in mask_shape)
-        if len(mask_shape) > 4 or broadcast_shapes(q_shape[:3] + (Skv,), mask_shape) != (B, Hq, Sq, Skv):
+        if len(mask_shape) > 4 or broadcast_shapes((B, Hq, Sq, Skv), mask_shape) != (B, Hq, Sq, Skv):
             raise ValueError(f"flash_attention: mask {mask_shape} does not broadcast to {(B, Hq, Sq, Skv)}")
     tail_n = Skv % block_N != 0
     neg_inf = -T.infinity(accum_dtype)
@@ -99,10 +144,10 @@ def flash_attention(
     @T.prim_func
     def flash_attention_kernel():
         Q = param("Q", q_shape, dtype)
-        K = param("K", kv_shape, dtype)
-        V = param("V", kv_shape, dtype)
+        K = param("K", k_shape, dtype)
+        V = param("V", v_shape, dtype)
         masks = [param("Mask", mask_shape, mask_dtype)] if mask_shape is not None else []
-        O = param("O", q_shape, out_dtype)
+        O = param("O", o_shape, out_dtype)
         with d.kernel(T.ceildiv(Sq, block_M), Hq, B, threads=threads) as (bx, by, bz):
             Q_s = d.shared((block_M, D), dtype)
             K_s = d.shared((block_N, D), dtype)
@@ -119,7 +164,7 @@ def flash_attention(
             mask = (masks + [None])[0]
             hk = by // groups
             m0 = bx * block_M
-            T.copy(Q[bz, by, m0, 0], Q_s)
+            T.copy(_tile(Q, q_layout, bz, by, m0, D), Q_s)
             T.fill(O_f, 0)
             T.fill(l_sum, 0)
             T.fill(m_cur, neg_inf)
@@ -128,8 +173,8 @@ def flash_attention(
             else:
                 n_tiles = T.ceildiv(Skv, block_N)
             for k in d.pipelined(n_tiles, num_stages):
-                T.copy(K[bz, hk, k * block_N, 0], K_s)
-                T.copy(V[bz, hk, k * block_N, 0], V_s)
+                T.copy(_tile(K, k_layout, bz, hk, k * block_N, D), K_s)
+                T.copy(_tile(V, v_layout, bz, hk, k * block_N, D), V_s)
                 if d.cpu:
                     T.clear(S_f)
                     T.gemm(Q_s, K_s, S_f, transpose_B=True)
@@ -157,7 +202,7 @@ def flash_attention(
                     T.gemm(P_c, V_s, O_f, policy=T.GemmWarpPolicy.FullRow)
             for i, j in d.tile_loop(block_M, D):
                 O_f[i, j] = T.if_then_else(l_sum[i] == 0, T.Cast(accum_dtype, 0), O_f[i, j] / l_sum[i])
-            T.copy(O_f, O[bz, by, m0, 0])
+            T.copy(O_f, _tile(O, o_layout, bz, by, m0, D))
 
     return flash_attention_kernel
 
@@ -200,7 +245,10 @@ def config_space(target: dict | str, D: int = 128) -> list[dict]:
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     if dialect(target).cpu or not arch.startswith("sm_90") or D > 128:
         return seeds
-    more = [_config(*c) for c in ((128, 176, 2, 256), (128, 128, 1, 256), (64, 128, 2, 128))]
+    more = [(128, 176, 2, 256), (128, 128, 1, 256), (64, 128, 2, 128)]
+    if D <= 64:  # short rows: smaller programs keep more of them resident
+        more += [(64, 64, 2, 128), (128, 64, 2, 128), (64, 128, 3, 128), (128, 128, 3, 256)]
+    more = [_config(*c) for c in more]
     return seeds + [c for c in more if c not in seeds]
 
 
