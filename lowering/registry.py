@@ -157,7 +157,10 @@ def make_prim_func(spec: KernelSpec, target: dict, config: dict | None = None):
         configs = config_space(spec, target)
         config = _pick_gemm_config(configs, kw, target) if spec.template in ("gemm", "gemm_sp") else \
             (configs[0] if configs else {})
-    return factory(**kw, **config, target=target)
+    from tilefuse.lowering import func_cache
+
+    return func_cache.cached(func_cache.key(spec.template, spec.params, spec.out_idx, config, target),
+                             lambda: factory(**kw, **config, target=target))
 
 
 def _pick_gemm_config(configs: list[dict], kw: dict, target: dict) -> dict:

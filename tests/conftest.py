@@ -1,7 +1,13 @@
-"""Shared test setup: GPU tests are skipped visibly where there is no CUDA device."""
+"""Shared test setup: GPU tests are skipped visibly where there is no CUDA device. The PrimFunc disk cache
+(``lowering/func_cache.py``) is off, so tests that patch templates see their patches; ``test_func_cache``
+turns it on for itself."""
+
+import os
 
 import pytest
 import torch
+
+os.environ.setdefault("TILEFUSE_FUNC_CACHE", "0")
 
 
 def pytest_collection_modifyitems(config, items):

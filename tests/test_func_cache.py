@@ -1,0 +1,74 @@
+"""The PrimFunc disk cache: a warm build loads the stored function (same TVM script, same TileLang cache key),
+keys follow everything the function is built from, and a damaged entry is rebuilt."""
+
+import pytest
+import torch
+
+from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.lowering import func_cache, registry
+from tilefuse.planner import plan
+
+C = {"kind": "c"}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEFUSE_FUNC_CACHE", "1")
+    monkeypatch.setenv("TILEFUSE_FUNC_CACHE_DIR", str(tmp_path / "funcs"))
+    return tmp_path / "funcs"
+
+
+def gemm_spec():
+    b = GraphBuilder("fc")
+    x = b.input("x", TensorType((16, 32), "float32"))
+    y = b.add1("relu", [b.add1("linear", [x, b.constant("w", torch.randn(24, 32)), ""])])
+    p = plan(b.build([y]), C)
+    (spec,) = [s for r in p.regions for s in [registry.build(r, p.graph, C)] if isinstance(s, registry.KernelSpec)]
+    return spec
+
+
+def test_second_build_loads_the_stored_function(cache, monkeypatch):
+    spec = gemm_spec()
+    first = registry.make_prim_func(spec, C)
+    assert len(list(cache.glob("*.json"))) == 1
+    built = []
+    real = registry._template
+
+    def counting(name):
+        module, factory = real(name)
+        return module, lambda **kw: built.append(kw) or factory(**kw)
+
+    monkeypatch.setattr(registry, "_template", counting)
+    again = registry.make_prim_func(spec, C)
+    assert not built  # loaded, not rebuilt
+    assert again.script(show_meta=True) == first.script(show_meta=True)
+    registry.make_prim_func(spec, C, {"block_M": 16, "block_N": 16, "block_K": 16, "num_stages": 0,
+                                   "threads": 1, "enable_rasterization": False})
+    assert built and len(list(cache.glob("*.json"))) == 2  # another config is another entry
+
+
+def test_keys_cover_params_config_target_and_source(cache, monkeypatch):
+    k = func_cache.key("gemm", (("M", 16),), (-1,), {"block_M": 32}, C)
+    assert k != func_cache.key("gemm", (("M", 17),), (-1,), {"block_M": 32}, C)
+    assert k != func_cache.key("gemm", (("M", 16),), (-1,), {"block_M": 64}, C)
+    assert k != func_cache.key("gemm", (("M", 16),), (-1,), {"block_M": 32}, {"kind": "cuda", "arch": "sm_90a"})
+    monkeypatch.setattr(func_cache, "source_digest", lambda: "edited")
+    assert k != func_cache.key("gemm", (("M", 16),), (-1,), {"block_M": 32}, C)
+
+
+def test_a_damaged_entry_is_rebuilt(cache, caplog):
+    spec = gemm_spec()
+    first = registry.make_prim_func(spec, C)
+    (entry,) = cache.glob("*.json")
+    entry.write_text("{ not json")
+    again = registry.make_prim_func(spec, C)
+    assert again.script(show_meta=True) == first.script(show_meta=True)
+    assert "unreadable" in caplog.text
+    registry.make_prim_func(spec, C)  # rewritten: loads cleanly now
+    assert entry.read_text().startswith("{")
+
+
+def test_off_switch(cache, monkeypatch):
+    monkeypatch.setenv("TILEFUSE_FUNC_CACHE", "0")
+    registry.make_prim_func(gemm_spec(), C)
+    assert not cache.exists() or not list(cache.glob("*.json"))
