@@ -142,7 +142,10 @@ def bench_tuned(model, inputs, ref, tune: str, tune_seconds: float, reps: int) -
 
 
 def kernel_table(runners) -> list[dict]:
-    """Each lowered region (distinct signature once) against its torch reference, same inputs."""
+    """Each lowered region (distinct signature once) against its torch reference, same inputs; device time
+    (CUDA-graph replays), with the bytes each kernel moves, so ``bench/calibrate_cost.py`` can fit the
+    planner's cost model to it."""
+    from tilefuse.lowering.tune import _device_time
     from tilefuse.runtime.plan_runner import PlanRunner
 
     rows, seen = [], set()
@@ -160,12 +163,15 @@ def kernel_table(runners) -> list[dict]:
             key = (region.kind, region.ops, tuple(tuple(t.shape) for t in ins))
             if kernel is not None and key not in seen:
                 seen.add(key)
-                t_k = cuda_time_ms(kernel, ins, reps=20)
-                t_r = cuda_time_ms(fn_ref, ins, reps=20)
+                # CUDA-graph replays: device time, as the runtime replays it (single-call event timings
+                # include Python's launch latency, tens of us, which swamps small kernels)
+                t_k = _device_time(kernel, (ins,), "cuda") * 1e3
+                t_r = _device_time(fn_ref, (ins,), "cuda") * 1e3
                 nbytes = sum(t.numel() * t.element_size() for t in ins) + sum(
                     o.numel() * o.element_size() for o in outs)
                 flops = _flops(runner.plan, region)
-                rows.append({"region": region.name, "kind": region.kind, "ops": " ".join(region.ops),
+                rows.append({"region": region.name, "kind": region.kind, "ops": " ".join(region.ops), "bytes": nbytes,
+                             "timing": "cuda_graph",
                              "tilefuse_ms": t_k, "torch_ms": t_r, "speedup": t_r / t_k,
                              "TB_s": nbytes / t_k / 1e9, "TFLOP_s": flops / t_k / 1e9 if flops else None})
             env.update(zip(region.outputs, outs))
