@@ -122,7 +122,10 @@ def test_flash_attention_gpu_matches_sdpa(dtype, D, is_causal, rng):
           **attention.get_configs(target, D)[0])
     check(rng, target, 1, 4, 4, 100, 257, D, mask_shape=(1, 1, 1, 257), dtype=dtype, device="cuda", tol=tol,
           **attention.get_configs(target, D)[-1])
-
+    # multi-query (one kv head) with a per-sequence padding mask, every seed config
+    for cfg in attention.get_configs(target, D):
+        check(rng, target, 2, 4, 1, 150, 150, D, is_causal=is_causal, mask_shape=(2, 1, 1, 150), dtype=dtype,
+              device="cuda", tol=tol, **cfg)
 
 
 # ---- operand layouts: q/k/v read in place from token rows, o written as (B, S, H*D) ----------------
