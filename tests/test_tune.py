@@ -135,8 +135,8 @@ def test_choose_backends_gives_losing_kernels_back_to_torch(tmp_path, monkeypatc
     """The measured choice: a region whose kernel times slower than its own ops through torch runs through
     torch (said in the plan's notes, outputs unchanged); the choice is stored, so a second compile measures
     nothing."""
-    from tilefuse.runtime.plan_runner import build_runner
     from tilefuse.config import Options
+    from tilefuse.runtime.plan_runner import build_runner
 
     graph = small_graph()
     runner = build_runner(graph, Options(target=C, cuda_graphs=False))
