@@ -484,6 +484,8 @@ def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
         t = tuple(b.types[e].shape)
         extra_shapes.append((t[0], 1, 1) if len(t) == 1 and len(out_shape) == 4 and t[0] == out_shape[1] else t)
     a = anchor.attr
+    if _pointwise_conv(xt.shape, wt.shape, a):
+        return _conv_1x1_as_gemm(b, x, w, xt, wt, exprs, mapping, extra, extra_shapes)
     params = {"x_shape": tuple(xt.shape), "w_shape": tuple(wt.shape), "stride": tuple(a.get("stride", (1, 1))),
               "padding": tuple(a.get("padding", (0, 0))), "dilation": tuple(a.get("dilation", (1, 1))),
               "in_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
@@ -491,6 +493,33 @@ def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
               "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
     inputs = ((x, None), (w, None), *zip(extra, extra_shapes))
     return KernelSpec("conv2d", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+def _pointwise_conv(x_shape, w_shape, attr) -> bool:
+    """A 1x1 convolution with unit stride, no padding or dilation on an NCHW batch: a batched GEMM."""
+    return (len(x_shape) == 4 and tuple(w_shape[2:]) == (1, 1) and tuple(attr.get("stride", (1, 1))) == (1, 1)
+            and tuple(attr.get("padding", (0, 0))) == (0, 0) and tuple(attr.get("dilation", (1, 1))) == (1, 1))
+
+
+def _conv_1x1_as_gemm(b: _Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
+    """``out[n] = W (O, C) @ x[n] (C, H*W)``: the NCHW output is the GEMM's (N, O, H*W) output as it lies in
+    memory, and x is read as (N, C, H*W) with H*W contiguous (the tensor-core GEMM template's TMA loads), where
+    the implicit-GEMM convolution gathers element by element. Epilogue operands broadcast against
+    (N, O, H, W) are read as (N, O, H*W); one that broadcasts along only one of H and W cannot be, and the
+    region keeps the convolution template."""
+    Nb, C, H, W = xt.shape
+    O = wt.shape[0]
+    gemm_shapes = []
+    for s in extra_shapes:
+        d0, d1, d2, d3 = (1,) * (4 - len(s)) + tuple(s)
+        _require((d2, d3) in ((1, 1), (H, W)), f"an epilogue operand {tuple(s)} broadcast along H or W alone")
+        gemm_shapes.append((d0, d1, 1 if (d2, d3) == (1, 1) else H * W))
+    params = {"M": O, "N": H * W, "K": C, "trans_A": False, "trans_B": False, "batch_A": (), "batch_B": (Nb,),
+              "A_dtype": wt.dtype, "B_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
+              "prologue": None, "epilogue": exprs[0] if exprs[0] != Acc() else None,
+              "extra_shapes": tuple(gemm_shapes), "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
+    inputs = ((w, (O, C)), (x, (Nb, C, H * W)), *zip(extra, gemm_shapes))
+    return KernelSpec("gemm", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
 
 # ---- entry points -------------------------------------------------------------------------------

@@ -444,3 +444,28 @@ def test_refusals_name_the_op():
     why = [build(r, p.graph, C) for r in p.regions if r.kind == "opaque"]
     assert why == ["opaque region (cumsum): no template takes opaque ops; it runs through torch"]
     assert any("cumsum" in line and "runs through torch" in line for line in p.refusals)
+
+
+# ---- 1x1 convolutions run as batched GEMMs ----------------------------------------------------------
+
+@pytest.mark.parametrize("side", [(6, 1, 1), (1, 6, 1, 1), (2, 6, 5, 7), (1, 1, 5, 1)])
+def test_pointwise_conv_is_a_batched_gemm(side, rng):
+    """conv 1x1 + bias, then ``* side``, ``+ residual``, relu: a GEMM over (N, O, H*W), its epilogue operands
+    read there (a ``side`` broadcast along H alone is left out of the region by the planner; were one in it,
+    the builder would keep the convolution template). Every case matches torch."""
+    b = GraphBuilder("pointwise_conv")
+    x = b.input("x", TensorType((2, 8, 5, 7), "float32"))
+    r = b.input("r", TensorType((2, 6, 5, 7), "float32"))
+    s = b.input("s", TensorType(side, "float32"))
+    w, bias = b.constant("w", torch.randn(6, 8, 1, 1, generator=rng)), b.constant("b", torch.randn(6, generator=rng))
+    y = b.add1("conv", [x, w, bias], stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1)
+    y = b.add1("relu", [b.add1("add", [b.add1("mul", [y, s]), r])])
+    graph = b.build([y])
+    p = plan(graph, C)
+    (spec,) = [build(reg, p.graph, C) for reg in p.regions if "conv" in reg.ops]
+    assert spec.template == "gemm", spec
+    compiled = compile_graph(graph, target="c")
+    assert torch_regions(compiled.plan) == []
+    args = [torch.randn(t, generator=rng) for t in ((2, 8, 5, 7), (2, 6, 5, 7), side)]
+    (got,), (want,) = compiled(*args), Executor(graph, "cpu")(*args)
+    torch.testing.assert_close(got, want, **EXACT)
