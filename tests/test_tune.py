@@ -162,3 +162,53 @@ def test_choose_backends_gives_losing_kernels_back_to_torch(tmp_path, monkeypatc
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     again = build_runner(graph, Options(target=C, cuda_graphs=False))
     assert tune.choose_backends(again, (x, z), tune.TuningDB(db.path), C) == lines[:1] and len(timed) == 4
+
+
+WARM_CHILD = r'''
+import json, sys, time
+from tilelang.jit.kernel import JITKernel
+compiles = []
+_compile = JITKernel._compile_and_create_adapter
+def _counted(self, *args, **kwargs):
+    compiles.append(1)
+    return _compile(self, *args, **kwargs)
+JITKernel._compile_and_create_adapter = _counted
+import torch
+import tilefuse
+from tilefuse import models
+from tilefuse.lowering import tune
+measured = []
+_measure = tune._measure
+tune._measure = lambda *a, **k: measured.append(1) or _measure(*a, **k)
+model, inputs = models.build("mlp", "tiny")
+t = time.perf_counter()
+with torch.no_grad():
+    out = tilefuse.compile(model, target="c", tune="fast")(*inputs)
+print(json.dumps({"compiles": len(compiles), "measured": len(measured), "seconds": time.perf_counter() - t,
+                  "max_err": float((out - model(*inputs)).abs().max())}))
+'''
+
+
+def test_second_compile_in_a_fresh_process_tunes_and_compiles_nothing(tmp_path):
+    """Tuning database, PrimFunc cache and TileLang's kernel cache on disk: a second process compiling the same
+    model with ``tune="fast"`` measures no candidate and compiles no kernel (on ``c``: no gcc; on CUDA: no nvcc)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(WARM_CHILD)
+    env = {**os.environ, "TILEFUSE_TUNING_DB": str(tmp_path / "tuning.json"), "TILEFUSE_FUNC_CACHE": "1",
+           "TILEFUSE_FUNC_CACHE_DIR": str(tmp_path / "funcs"), "TILELANG_CACHE_DIR": str(tmp_path / "tl")}
+
+    def child():
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600,
+                              check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    cold, warm = child(), child()
+    assert cold["compiles"] > 0 and cold["measured"] > 0, cold
+    assert warm["compiles"] == 0 and warm["measured"] == 0, warm
+    assert cold["max_err"] < 1e-4 and warm["max_err"] < 1e-4
+    print(f"cold {cold['seconds']:.2f} s, warm {warm['seconds']:.2f} s")
