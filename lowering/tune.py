@@ -173,6 +173,10 @@ def candidates(spec, target: dict, limit: int = BUDGETS["max"]) -> list[dict]:
         seeds.insert(0, _pick_gemm_config(seeds, kw, target))
         if target.get("kind") == "cuda":  # the budget goes to the seeds that waste the fewest waves
             seeds.sort(key=lambda c: gemm_wave_cost(c, kw))
+            if spec.template == "gemm":
+                from tilefuse.lowering.templates.gemm import staged_twins_next
+
+                seeds = staged_twins_next(seeds)
     if spec.template == "gemm" and target.get("kind") == "cuda":
         seeds += carver_gemm_configs(kw, target)
     out, seen = [], set()

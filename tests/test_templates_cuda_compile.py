@@ -35,6 +35,10 @@ def kernels(target):
             2048, 2048, 1024, trans_B=True, A_dtype="float16",
             epilogue=call("gelu", Acc() + Arg(0), approximate="tanh"), extra_shapes=[(2048,)],
             extra_dtypes=["float16"], **GEMM_16, target=target), [-1], mma),
+        "gemm_stage_C_tail_rows": (gemm.gemm(
+            1000, 776, 768, trans_B=True, A_dtype="float16", epilogue=Acc() + Arg(0), extra_shapes=[(776,)],
+            extra_dtypes=["float16"], **GEMM_16, stage_C=True, target=target), [-1],
+            "tma_store" if target["arch"].startswith("sm_90") else mma),
         "gemm_batched_odd_bf16": (gemm.gemm(
             37, 45, 29, batch_A=(2, 3), batch_B=(3,), trans_A=True, A_dtype="bfloat16", epilogue=Acc() + Arg(0),
             extra_shapes=[(37, 45)], extra_dtypes=["float32"], out_dtype="float32", **SMALL, target=target),

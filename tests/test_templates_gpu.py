@@ -56,6 +56,8 @@ GEMM_CASES = {
                          "epilogue": call("gelu", Acc() + Arg(0), approximate="tanh"),
                          "cfg": _cfg(128, 256, 64, 3, 256, enable_rasterization=True)},  # the H200 seed
     "odd_relu": {"M": 37, "N": 45, "K": 29, "epilogue": call("relu", Acc()), "cfg": _cfg(64, 64, 32, 2, 128)},
+    "stage_C_tails": {"M": 1000, "N": 776, "K": 768, "trans_B": True, "epilogue": Acc() + Arg(0), "extras": [(776,)],
+                      "cfg": {**_cfg(128, 256, 64, 3, 256, enable_rasterization=True), "stage_C": True}},
     "transA_residual": {"M": 200, "N": 136, "K": 72, "trans_A": True, "epilogue": Acc() + Arg(0),
                         "extras": [(200, 136)], "cfg": _cfg(128, 128, 32, 3, 128)},
     "batched_broadcast": {"M": 70, "N": 96, "K": 64, "batch_A": (2, 3), "batch_B": (3,), "epilogue": Acc() * Arg(0),

@@ -55,6 +55,7 @@ def gemm(
     threads: int = 128,
     enable_rasterization: bool = False,
     panel_size: int = 10,
+    stage_C: bool = False,
     allow_tf32: bool = False,
     target: dict | str = "cuda",
 ):
@@ -66,7 +67,10 @@ def gemm(
     ``B_dtype``; an A of another dtype without a prologue is cast. ``epilogue`` reads the
     accumulator (``Acc``) and ``Arg(i)`` = ``extra_i`` broadcast against C's shape.
     Tunables are TileLang's: ``block_M/N/K``, ``num_stages``, ``threads``, ``enable_rasterization``
-    (threadblock swizzle with ``panel_size``); CPU targets ignore ``num_stages``/``threads``/swizzle.
+    (threadblock swizzle with ``panel_size``), ``stage_C`` (store the output tile through shared memory: whole
+    rows per store, a TMA store where rows are 16-byte aligned, instead of the accumulator fragment's
+    scattered 4-byte pieces; it matters when K is short and the store is a large part of the kernel);
+    CPU targets ignore ``num_stages``/``threads``/swizzle/``stage_C``.
     fp32 operands on GPUs: ``T.gemm`` would run them as TF32 (10-bit mantissa, unlike torch's
     default), so unless ``allow_tf32`` the tile product is a plain fp32 FMA loop (exact, slower).
     """
@@ -142,7 +146,12 @@ def gemm(
             if epilogue is not None:
                 for i, j in d.tile_loop(block_M, block_N):
                     C_f[i, j] = C_elem(C_f, extras, bcoords, i, j, m0, n0)
-            T.copy(C_f, C[(*bcoords, m0, n0)])
+            if stage_C and not d.cpu:
+                C_s = T.alloc_shared((block_M, block_N), out_dtype)
+                T.copy(C_f, C_s)
+                T.copy(C_s, C[(*bcoords, m0, n0)])
+            else:
+                T.copy(C_f, C[(*bcoords, m0, n0)])
 
     return gemm_kernel
 
@@ -202,9 +211,28 @@ def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
         # fp32 runs the exact FMA loop (see ``allow_tf32``): modest tiles, as its inner loop is unrolled.
         seeds = [(64, 64, 32, 2, 128), (128, 64, 32, 2, 128), (64, 128, 32, 3, 128)]
     limit = SMEM_LIMIT.get(arch.rstrip("a")[:5], 99 * 1024)
-    return [_config(*seed) for seed in seeds if shared_memory_bytes(*seed[:4], dtype) <= limit]
+    configs = [_config(*seed) for seed in seeds if shared_memory_bytes(*seed[:4], dtype) <= limit]
+    if arch.startswith("sm_90") and dtype != "float32":
+        # The same tiles storing C through shared memory (TMA stores; TileLang reuses the pipeline's buffers
+        # for it). Not yet measured against the fragment stores, so never the default: tuning decides.
+        configs += [{**c, "stage_C": True} for c in configs]
+    return configs
 
 
 def _config(block_M, block_N, block_K, num_stages, threads, rasterize=True) -> dict:
     return {"block_M": block_M, "block_N": block_N, "block_K": block_K, "num_stages": num_stages, "threads": threads,
             "enable_rasterization": rasterize}
+
+
+def staged_twins_next(configs: list[dict]) -> list[dict]:
+    """``configs`` with each one's ``stage_C`` twin moved right after it: a tuning budget of a few candidates
+    then compares the two output stores on the best tiles, not the store alone on worse ones."""
+    plain = [c for c in configs if not c.get("stage_C")]
+    staged = {tuple(sorted((k, v) for k, v in c.items() if k != "stage_C")): c for c in configs if c.get("stage_C")}
+    out = []
+    for c in plain:
+        out.append(c)
+        twin = staged.pop(tuple(sorted(c.items())), None)
+        if twin is not None:
+            out.append(twin)
+    return out + list(staged.values())
