@@ -52,7 +52,7 @@ def _max_rel(a, b) -> float:
 
 
 def bench_model(name: str, size: str, peers: list[str], reps: int, tune: str = "none",
-                tune_seconds: float = 120.0, only_tuned: bool = False) -> dict:
+                tune_seconds: float = 120.0) -> dict:
     import tilefuse
     from tilefuse import models
 
@@ -73,12 +73,11 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tune: str = "
         torch._dynamo.reset()
         runners: list = []
         t0 = time.perf_counter()
-        main_tune = tune if only_tuned else "none"  # --only-tuned: the main row is the tuned compile
-        fn = tilefuse.compile(model, observer=runners.append, tune=main_tune, tune_seconds=tune_seconds)
+        fn = tilefuse.compile(model, observer=runners.append, tune=tune, tune_seconds=tune_seconds)
         out = fn(*inputs)
         torch.cuda.synchronize()
         row["tilefuse"] = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": time.perf_counter() - t0,
-                           "max_rel_err": _max_rel(out, ref), "tune": main_tune}
+                           "max_rel_err": _max_rel(out, ref), "tune": tune}
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -98,7 +97,7 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tune: str = "
                                                   if r.launches and r.backend == "tilelang")
         row["tilefuse"]["compute_nodes"] = sum(p.source_nodes for p in plans)
         row["regions"] = kernel_table(runners)
-        if only_tuned:  # last: a dynamo reset makes ``fn`` recompile (and report a second runner) if called again
+        if tune != "none":  # last: a dynamo reset makes ``fn`` recompile (and report a second runner) if called again
             notes = [n for r in runners for n in r.plan.notes if "measured" in n]
             row["tilefuse"]["given_to_torch"] = notes
             torch._dynamo.reset()
@@ -110,35 +109,7 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tune: str = "
                   f"faster through torch", flush=True)
         print(f"  {name}: tilefuse {row['tilefuse']['ms']:.3f} ms, err {row['tilefuse']['max_rel_err']:.1e}",
               flush=True)
-        if tune != "none" and not only_tuned:
-            try:
-                row["tilefuse_tuned"] = bench_tuned(model, inputs, ref, tune, tune_seconds, reps)
-            except Exception as e:  # noqa: BLE001  (keep the untuned numbers of this model)
-                print(f"  {name}: tuned compile FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
     return row
-
-
-def bench_tuned(model, inputs, ref, tune: str, tune_seconds: float, reps: int) -> dict:
-    """tilefuse with ``tune``: cold compile (measures candidates into the tuning database), its time,
-    then a second compile of the same model in this process (database and kernel cache hit)."""
-    import tilefuse
-
-    torch._dynamo.reset()
-    t0 = time.perf_counter()
-    fn = tilefuse.compile(model, tune=tune, tune_seconds=tune_seconds)
-    out = fn(*inputs)
-    torch.cuda.synchronize()
-    res = {"tune": tune, "cold_compile_s": time.perf_counter() - t0, "max_rel_err": _max_rel(out, ref)}
-    res["ms"] = cuda_time_ms(fn, *inputs, reps=reps)
-    torch._dynamo.reset()
-    t0 = time.perf_counter()
-    fn = tilefuse.compile(model, tune=tune, tune_seconds=tune_seconds)
-    fn(*inputs)
-    torch.cuda.synchronize()
-    res["warm_compile_s"] = time.perf_counter() - t0
-    print(f"    tuned ({tune}): {res['ms']:.3f} ms, cold compile {res['cold_compile_s']:.1f} s, "
-          f"warm {res['warm_compile_s']:.1f} s, err {res['max_rel_err']:.1e}", flush=True)
-    return res
 
 
 def kernel_table(runners) -> list[dict]:
@@ -201,12 +172,9 @@ def print_tables(rows: list[dict], peers: list[str]) -> None:
         line += f" {t['ms']:10.3f} " + " ".join(f"{r['peers'][p]['ms'] / t['ms']:17.2f}" for p in peers)
         line += f" {t['kernels']:9d} {t['tilelang_kernels']:8d} {t['compile_s']:9.1f} {t['max_rel_err']:8.1e}"
         line += f" {t.get('peak_mb', 0):8.0f} {r.get('eager_peak', {}).get('peak_mb', 0):8.0f}"
+        if "warm_compile_s" in t:
+            line += f"  (tune={t['tune']}; warm compile {t['warm_compile_s']:.1f} s)"
         print(line)
-        tt = r.get("tilefuse_tuned")
-        if tt:
-            best = min(r["peers"][p]["ms"] for p in peers) if peers else float("nan")
-            print(f"{'':8} tuned ({tt['tune']}): {tt['ms']:.3f} ms, x best peer {best / tt['ms']:.2f}, cold compile "
-                  f"{tt['cold_compile_s']:.1f} s, warm {tt['warm_compile_s']:.1f} s, err {tt['max_rel_err']:.1e}")
     for r in rows:
         print(f"\nkernels of {r['model']} (distinct regions; torch = the region's ops run by torch, unfused):")
         print(f"  {'region':42} {'kind':10} {'tilefuse ms':>11} {'torch ms':>9} {'x':>6} {'TB/s':>6} {'TFLOP/s':>8}")
@@ -224,9 +192,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json")
     ap.add_argument("--tune", default="none", choices=["none", "fast", "max"],
-                    help="also compile with this tuning mode and report its time and compile costs")
+                    help="compile tilefuse with this tuning mode (its compile time is the cold one) and also "
+                         "report a warm compile (tuning database and caches hit)")
     ap.add_argument("--tune-seconds", type=float, default=120.0)
-    ap.add_argument("--only-tuned", action="store_true", help="measure tilefuse only with --tune (cold and warm)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_models: needs a CUDA GPU", file=sys.stderr)
@@ -241,7 +209,7 @@ def main() -> int:
     rows = []
     for name in args.models.split(","):
         try:
-            rows.append(bench_model(name, args.size, peers, args.reps, args.tune, args.tune_seconds, args.only_tuned))
+            rows.append(bench_model(name, args.size, peers, args.reps, args.tune, args.tune_seconds))
         except Exception as e:  # noqa: BLE001  (one model failing must not hide the others' numbers)
             print(f"  {name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
         if args.json:  # after every model: a run cut short still leaves what it measured

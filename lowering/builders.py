@@ -251,13 +251,21 @@ def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     extra = [a for a in b.args if a not in (a_val, b_val)]
     extra_shapes = tuple(_domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
                          else tuple(b.types[a].shape) for a in extra)
-    out_dtype = b.types[b.region.outputs[0]].dtype
-    epi = exprs[0] if exprs[0] != Acc() else None
-    params = {"M": M, "N": N, "K": K, "trans_A": trans_a, "trans_B": trans_b, "batch_A": batch_a, "batch_B": batch_b,
-              "A_dtype": b.types[a_val].dtype, "B_dtype": b.types[b_val].dtype, "out_dtype": out_dtype,
-              "prologue": pro, "epilogue": epi, "extra_shapes": extra_shapes,
-              "extra_dtypes": tuple(b.types[a].dtype for a in extra)}
-    inputs = ((a_val, a_shape), (b_val, None), *zip(extra, extra_shapes))
+    return _gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
+                      trans_A=trans_a, trans_B=trans_b, batch_A=batch_a, batch_B=batch_b, prologue=pro)
+
+
+def _gemm_spec(b: _Builder, M: int, N: int, K: int, a: tuple, b_: tuple, epilogue: Expr, mapping, extra,
+               extra_shapes, **layout) -> KernelSpec:
+    """The ``gemm`` template's spec: operands ``a`` and ``b_`` as (value, reshape-to), the epilogue over
+    ``extra`` (read with ``extra_shapes``), ``layout`` the transposes, batch dims and prologue."""
+    params = {"M": M, "N": N, "K": K, "trans_A": False, "trans_B": False, "batch_A": (), "batch_B": (),
+              "A_dtype": b.types[a[0]].dtype, "B_dtype": b.types[b_[0]].dtype,
+              "out_dtype": b.types[b.region.outputs[0]].dtype, "prologue": None,
+              "epilogue": epilogue if epilogue != Acc() else None, "extra_shapes": tuple(extra_shapes),
+              "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
+    params.update(layout)
+    inputs = (a, b_, *zip(extra, extra_shapes))
     return KernelSpec("gemm", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
 
@@ -268,6 +276,21 @@ def broadcast(a: tuple, b: tuple) -> tuple:
 _REDUCTION_OPS = {"softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "amax", "amin", "var"}
 _NORMALIZING = ("softmax", "log_softmax", "layer_norm", "rms_norm")
 POOL_OPS = ("max_pool", "avg_pool", "adaptive_avg_pool")
+
+
+def _loaded_operand(b: _Builder, x: str, before: list[Node], fits, why: str) -> tuple[str, dict[str, Expr]]:
+    """The tensor a reduction or pooling kernel loads for its input ``x``: ``x`` itself, or where the region
+    computes ``x`` from a producer chain (``before``), that chain's first outside operand whose type ``fits``
+    (the chain then runs on each loaded element). Returns it with the producer chain's expressions."""
+    env: dict[str, Expr] = {}
+    loaded = x
+    if x in b.produced:
+        outside = [i for n in before for i in n.inputs if i and i not in b.produced and i in b.available
+                   and fits(b.types[i])]
+        _require(bool(outside), why)
+        loaded = outside[0]
+        env[loaded] = Acc()
+    return loaded, b.pointwise(before, env)
 
 
 def _reduced_from(anchor: Node, rank: int) -> int:
@@ -348,15 +371,9 @@ def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     pos = b.members.index(anchor)
     before, after = b.members[:pos], b.members[pos + 1:]
     # The loaded tensor: the producer chain's first outside operand with X's full size.
-    env: dict[str, Expr] = {}
-    loaded = x
-    if x in b.produced:
-        outside = [i for n in before for i in n.inputs if i and i not in b.produced and i in b.available
-                   and _numel(b.types[i].shape) == rows * cols and _splits_at(b.types[i].shape, cols)]
-        _require(bool(outside), "the norm's input is not built from a full-size operand")
-        loaded = outside[0]
-        env[loaded] = Acc()
-    env = b.pointwise(before, env)
+    loaded, env = _loaded_operand(
+        b, x, before, lambda t: _numel(t.shape) == rows * cols and _splits_at(t.shape, cols),
+        "the norm's input is not built from a full-size operand")
     producer = env.get(x) if x in b.produced else None
     pre_values = [o for o in b.region.outputs if o in env]
     extra_pro = list(b.args)
@@ -426,15 +443,8 @@ def _pool(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
              == out_shape, f"{anchor.op} output {out_shape} differs from the template's")
     pos = b.members.index(anchor)
     before, after = b.members[:pos], b.members[pos + 1:]
-    env: dict[str, Expr] = {}
-    loaded = x
-    if x in b.produced:
-        outside = [i for n in before for i in n.inputs if i and i not in b.produced and i in b.available
-                   and tuple(b.types[i].shape) == xs]
-        _require(bool(outside), f"the {anchor.op} input is not built from an operand of its shape")
-        loaded = outside[0]
-        env[loaded] = Acc()
-    env = b.pointwise(before, env)
+    loaded, env = _loaded_operand(b, x, before, lambda t: tuple(t.shape) == xs,
+                                  f"the {anchor.op} input is not built from an operand of its shape")
     producer = env.get(x) if x in b.produced else None
     pre_values = [o for o in b.region.outputs if o in env]
     for o in pre_values:
@@ -514,12 +524,8 @@ def _conv_1x1_as_gemm(b: _Builder, x: str, w: str, xt, wt, exprs, mapping, extra
         d0, d1, d2, d3 = (1,) * (4 - len(s)) + tuple(s)
         _require((d2, d3) in ((1, 1), (H, W)), f"an epilogue operand {tuple(s)} broadcast along H or W alone")
         gemm_shapes.append((d0, d1, 1 if (d2, d3) == (1, 1) else H * W))
-    params = {"M": O, "N": H * W, "K": C, "trans_A": False, "trans_B": False, "batch_A": (), "batch_B": (Nb,),
-              "A_dtype": wt.dtype, "B_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
-              "prologue": None, "epilogue": exprs[0] if exprs[0] != Acc() else None,
-              "extra_shapes": tuple(gemm_shapes), "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
-    inputs = ((w, (O, C)), (x, (Nb, C, H * W)), *zip(extra, gemm_shapes))
-    return KernelSpec("gemm", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
+    return _gemm_spec(b, O, H * W, C, (w, (O, C)), (x, (Nb, C, H * W)), exprs[0], mapping, extra, gemm_shapes,
+                      batch_B=(Nb,))
 
 
 # ---- entry points -------------------------------------------------------------------------------

@@ -18,9 +18,10 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from tilefuse.fileio import write_atomic
 
 _log = logging.getLogger("tilefuse")
 
@@ -67,11 +68,7 @@ def cached(k: str, build: Callable[[], object]):
             _log.warning("prim func cache entry %s is unreadable (%s); rebuilding it", path, type(e).__name__)
     func = build()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(tvm.ir.save_json(func))
-        os.replace(tmp, path)
+        write_atomic(path, tvm.ir.save_json(func))
     except OSError as e:  # a read-only home must not fail the compile
         _log.debug("prim func cache %s: not written (%s)", path, e)
     return func

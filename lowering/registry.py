@@ -136,14 +136,16 @@ def _template(name: str):
 
 
 def config_space(spec: KernelSpec, target: dict) -> list[dict]:
-    """The tile configs ``spec``'s template offers for ``target`` (its ``get_configs`` seeds)."""
+    """The tile configs ``spec``'s template offers for ``target``: its ``config_space`` where it has one wider
+    than its ``get_configs`` seeds (the seeds come first either way; the default pick is made from them)."""
     module, _ = _template(spec.template)
     kw = spec.factory_kwargs()
     if spec.template == "gemm_sp":  # block_K must divide the padded K; the output tile's bytes count too
         return module.get_configs(target, kw["K"], kw.get("out_dtype"))
+    space = getattr(module, "config_space", module.get_configs)
     # gemm/conv seeds depend on the operand dtype, flash attention's on the head dim
     arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype"), "flash_attention": kw.get("D")}.get(spec.template)
-    return module.get_configs(target, arg) if arg else module.get_configs(target)
+    return space(target, arg) if arg else space(target)
 
 
 def make_prim_func(spec: KernelSpec, target: dict, config: dict | None = None):

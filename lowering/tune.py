@@ -21,12 +21,13 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tilefuse.fileio import write_atomic
 
 _log = logging.getLogger("tilefuse")
 DB_ENV = "TILEFUSE_TUNING_DB"
@@ -85,17 +86,7 @@ class TuningDB:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._locked():
                 entries = {**self._read(), key: entry}
-                fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-                try:
-                    with os.fdopen(fd, "w") as f:
-                        json.dump(entries, f, indent=1, sort_keys=True)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, self.path)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
+                write_atomic(self.path, json.dumps(entries, indent=1, sort_keys=True))
         except OSError as e:
             raise TuningDBError(f"tuning database {self.path}: cannot write it ({e}); set {DB_ENV} to a "
                                 "writable file") from e
@@ -151,34 +142,17 @@ class TuneResult:
 # ---- candidates ---------------------------------------------------------------------------------------------
 
 def candidates(spec, target: dict, limit: int = BUDGETS["max"]) -> list[dict]:
-    """Configs to measure for ``spec``: the template's default pick first, its other seeds, then (GEMMs
-    on CUDA) Carver's hints; at most ``limit``, no duplicates."""
-    import importlib
+    """Configs to measure for ``spec``: the template's config space with the default pick first (for GEMMs on
+    CUDA, ordered by wasted waves, which puts the pick first), then Carver's hints for GEMMs on CUDA; at most
+    ``limit``, no duplicates."""
+    from tilefuse.lowering.registry import config_space, gemm_wave_cost
 
-    from tilefuse.lowering.registry import _pick_gemm_config, gemm_wave_cost
-
-    name = {"row_reduction": "reduction", "conv2d": "conv", "pool2d": "pool",
-            "flash_attention": "attention"}.get(spec.template, spec.template)
-    module = importlib.import_module(f"tilefuse.lowering.templates.{name}")
     kw = spec.factory_kwargs()
-    dtype = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype"), "flash_attention": kw.get("D")}.get(
-        spec.template)  # as make_prim_func chooses
-    space = getattr(module, "config_space", module.get_configs)  # a wider space where a template offers one
-    seeds = list(space(target, dtype) if dtype else space(target))
-    if spec.template == "gemm_sp":
-        from tilefuse.lowering.registry import config_space
-
-        seeds = config_space(spec, target)
-    if seeds and spec.template in ("gemm", "gemm_sp"):
-        seeds.insert(0, _pick_gemm_config(seeds, kw, target))
-        if target.get("kind") == "cuda":  # the budget goes to the seeds that waste the fewest waves
-            seeds.sort(key=lambda c: gemm_wave_cost(c, kw))
-            if spec.template == "gemm":
-                from tilefuse.lowering.templates.gemm import staged_twins_next
-
-                seeds = staged_twins_next(seeds)
-    if spec.template == "gemm" and target.get("kind") == "cuda":
-        seeds += carver_gemm_configs(kw, target)
+    seeds = config_space(spec, target)
+    if spec.template in ("gemm", "gemm_sp") and target.get("kind") == "cuda":
+        seeds.sort(key=lambda c: gemm_wave_cost(c, kw))  # stable: ties keep the template's order
+        if spec.template == "gemm":
+            seeds += carver_gemm_configs(kw, target)
     out, seen = [], set()
     for c in seeds:
         key = tuple(sorted(c.items()))
@@ -349,7 +323,7 @@ def tune_spec(spec, target: dict, budget: str | int = "fast", db: TuningDB | Non
     hit = db.get(spec, target)
     if hit is not None:
         return TuneResult(dict(hit["config"]), hit.get("seconds"), "db")
-    (job,) = _compile_jobs([spec], target, budget)
+    (job,) = _compile(_jobs([spec], target, budget), target)
     return _finish(job, target, db, deadline)
 
 
@@ -365,10 +339,8 @@ class _Job:
     kernels: list = field(default_factory=list)
 
 
-def _compile_jobs(specs, target: dict, budget, on_done: Callable[[], None] | None = None) -> list[_Job]:
-    """Candidates of every spec, compiled together in one parallel batch (the slow part: nvcc), so that
-    a model's kernels tune in about the time of its largest batch of compiles, not one spec after another."""
-    from tilefuse.lowering.compile import compile_many
+def _jobs(specs, target: dict, budget) -> list[_Job]:
+    """Each spec's candidates and their prim funcs (a template refusing a config drops that candidate)."""
     from tilefuse.lowering.registry import make_prim_func
 
     limit = BUDGETS[budget] if isinstance(budget, str) else int(budget)
@@ -380,9 +352,17 @@ def _compile_jobs(specs, target: dict, budget, on_done: Callable[[], None] | Non
                 try:
                     job.funcs.append((make_prim_func(spec, target, c), list(spec.out_idx)))
                     job.idx.append(i)
-                except Exception as e:  # noqa: BLE001 -- a template refusing a config drops that candidate
+                except Exception as e:  # noqa: BLE001 -- this candidate is dropped, the others go on
                     job.failed[i] = f"template: {type(e).__name__}: {e}"
         jobs.append(job)
+    return jobs
+
+
+def _compile(jobs: list[_Job], target: dict, on_done: Callable[[], None] | None = None) -> list[_Job]:
+    """Every job's candidates compiled together in one parallel batch (the slow part: nvcc), so that a
+    model's kernels tune in about the time of its largest batch of compiles, not one spec after another."""
+    from tilefuse.lowering.compile import compile_many
+
     funcs = [f for j in jobs for f in j.funcs]
     kernels = compile_many(funcs, target, return_exceptions=True, on_done=on_done) if funcs else []
     for j in jobs:
@@ -452,15 +432,15 @@ def tune_plan(plan, target: dict, budget: str | int = "fast", db: TuningDB | Non
     todo = [s for s in distinct if db.get(s, target) is None]
     measured = 0
     if todo:
-        limit = BUDGETS[budget] if isinstance(budget, str) else int(budget)
-        n = sum(min(max(limit, 1), len(candidates(s, target, max(limit, 1)))) for s in todo)
-        with Progress(f"tuning {graph.name}: compiling candidates", n, "kernels", enabled=progress) as bar:
-            try:
-                jobs = _compile_jobs(todo, target, budget, on_done=bar.tick)
-            except Exception as e:  # noqa: BLE001 -- tuning failing never fails the compile
-                _log.warning("%s: compiling tuning candidates failed (%s: %s); default configs are kept",
-                             graph.name, type(e).__name__, e)
-                jobs = []
+        try:
+            jobs = _jobs(todo, target, budget)
+            n = sum(len(j.funcs) for j in jobs)
+            with Progress(f"tuning {graph.name}: compiling candidates", n, "kernels", enabled=progress) as bar:
+                jobs = _compile(jobs, target, on_done=bar.tick)
+        except Exception as e:  # noqa: BLE001 -- tuning failing never fails the compile
+            _log.warning("%s: compiling tuning candidates failed (%s: %s); default configs are kept",
+                         graph.name, type(e).__name__, e)
+            jobs = []
         left = seconds - (time.monotonic() - t0)
         with Progress(f"tuning {graph.name}: timing", len(jobs), "kernels", enabled=progress, limit_s=left) as bar:
             for job in jobs:
@@ -543,30 +523,27 @@ def choose_backends(runner, args, db: TuningDB, target: dict, log: Callable[[str
     from tilefuse.runtime.plan_runner import reference_region
 
     plan, kind = runner.plan, target.get("kind", "c")
-    env = dict(runner.constants(args[0].device))
-    env.update({v.name: a for v, a in zip(plan.graph.inputs, args)})
     lines, regions = [], list(plan.regions)
-    for k, region in enumerate(plan.regions):
-        ins = [env[i] for i in region.inputs]
+
+    def choose(k, region, ins):
         kernel = runner.kernels.get(region.name)
         spec = getattr(kernel, "spec", None)
-        if spec is not None:
-            choice = db.get(spec, target, "choice")
-            if choice is None:
-                ref = reference_region(plan, region)
-                choice = {"kernel_ms": _device_time(kernel, (ins,), kind) * 1e3,
-                          "torch_ms": _device_time(ref, (ins,), kind) * 1e3}
-                choice["torch"] = choice["torch_ms"] < KEEP_KERNEL_MARGIN * choice["kernel_ms"]
-                db.put(spec, target, choice, "choice")
-            if choice["torch"]:
-                runner.fns[k] = reference_region(plan, region)
-                del runner.kernels[region.name]
-                regions[k] = dataclasses.replace(region, backend="torch")
-                lines.append(f"{region.name}: torch {choice['torch_ms']:.3f} ms < kernel {choice['kernel_ms']:.3f} ms")
-        for name, o in zip(region.outputs, runner.fns[k](ins)):
-            env[name] = o
-        for name in runner.frees.get(k, ()):
-            env.pop(name, None)
+        if spec is None:
+            return
+        choice = db.get(spec, target, "choice")
+        if choice is None:
+            ref = reference_region(plan, region)
+            choice = {"kernel_ms": _device_time(kernel, (ins,), kind) * 1e3,
+                      "torch_ms": _device_time(ref, (ins,), kind) * 1e3}
+            choice["torch"] = choice["torch_ms"] < KEEP_KERNEL_MARGIN * choice["kernel_ms"]
+            db.put(spec, target, choice, "choice")
+        if choice["torch"]:
+            runner.fns[k] = reference_region(plan, region)
+            del runner.kernels[region.name]
+            regions[k] = dataclasses.replace(region, backend="torch")
+            lines.append(f"{region.name}: torch {choice['torch_ms']:.3f} ms < kernel {choice['kernel_ms']:.3f} ms")
+
+    runner.run(*args, before_region=choose)
     if lines:
         runner.plan = dataclasses.replace(plan, regions=tuple(regions), notes=plan.notes + tuple(
             f"{x} (measured: the region runs through torch)" for x in lines))

@@ -58,9 +58,7 @@ class PlanRunner:
         self.plan = plan
         self.check = check
         self.kernels = dict(kernels or {})
-        nodes = {n.name: n for n in plan.graph.nodes}
-        self.fns: list[RegionFn] = [self.kernels.get(r.name) or _RefRegion([nodes[m] for m in r.nodes], r)
-                                    for r in plan.regions]
+        self.fns: list[RegionFn] = [self.kernels.get(r.name) or reference_region(plan, r) for r in plan.regions]
         last: dict[str, int] = {}
         for k, r in enumerate(plan.regions):
             for i in r.inputs:
@@ -94,8 +92,6 @@ class PlanRunner:
             from tilefuse.lowering.tune import choose_backends
 
             (db, target), self.choose = self.choose, None
-            if self.check:
-                check_inputs(self.plan.graph, args)
             with torch.no_grad():
                 choose_backends(self, args, db, target,
                                 log=lambda m: logging.getLogger("tilefuse").info("%s: %s", self.plan.graph.name, m))
@@ -112,16 +108,20 @@ class PlanRunner:
                 self._graphed = None
         return self.run(*args)
 
-    def run(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Execute the plan once, region by region (no CUDA graph)."""
+    def run(self, *args: torch.Tensor, before_region: Callable | None = None) -> tuple[torch.Tensor, ...]:
+        """Execute the plan once, region by region (no CUDA graph). ``before_region(k, region, inputs)`` is
+        called before region ``k`` runs and may replace ``self.fns[k]`` (``tune.choose_backends`` does)."""
         g = self.plan.graph
         if self.check:
             check_inputs(g, args)
         device = args[0].device if args else torch.device("cpu")
         env: dict[str, torch.Tensor] = dict(self.constants(device))
         env.update({v.name: a for v, a in zip(g.inputs, args)})
-        for k, (region, fn) in enumerate(zip(self.plan.regions, self.fns)):
-            outs = fn([env[i] for i in region.inputs])
+        for k, region in enumerate(self.plan.regions):
+            ins = [env[i] for i in region.inputs]
+            if before_region is not None:
+                before_region(k, region, ins)
+            outs = self.fns[k](ins)
             for name, o in zip(region.outputs, outs):
                 env[name] = o
             for name in self.frees.get(k, ()):

@@ -25,3 +25,30 @@ def rng():
     seed = torch.randint(0, 2**31 - 1, ()).item()
     print(f"seed={seed}")
     return torch.Generator().manual_seed(seed)
+
+
+# The first lines of a script run in a fresh interpreter that must count real kernel compilations (TileLang
+# cache misses): imports TileLang first, times that import (``tilelang_import_s``) and appends to ``compiles``
+# on every compile. The artifact and tuning tests start their child scripts with it.
+COUNT_COMPILES = r'''
+import json, sys, time
+t0 = time.perf_counter()
+from tilelang.jit.kernel import JITKernel
+tilelang_import_s = time.perf_counter() - t0
+compiles = []
+_compile = JITKernel._compile_and_create_adapter
+def _counted(self, *args, **kwargs):
+    compiles.append(1)
+    return _compile(self, *args, **kwargs)
+JITKernel._compile_and_create_adapter = _counted
+'''
+
+
+@pytest.fixture
+def child_script(tmp_path):
+    """``child_script(body)`` -> the path of a script: ``COUNT_COMPILES`` then ``body``."""
+    def write(body: str, name: str = "child.py"):
+        path = tmp_path / name
+        path.write_text(COUNT_COMPILES + body)
+        return path
+    return write

@@ -39,17 +39,8 @@ from tilefuse.runtime.artifact import (
 ZOO = ("mlp", "gpt2")
 
 # Runs in a fresh interpreter: loads each artifact, runs the saved inputs, reports JSON on the last line.
+# (After conftest's COUNT_COMPILES, through the ``child_script`` fixture.)
 CHILD = r'''
-import json, sys, time
-t0 = time.perf_counter()
-from tilelang.jit.kernel import JITKernel  # first, so that its compile entry can be counted
-tilelang_import_s = time.perf_counter() - t0
-compiles = []
-_compile = JITKernel._compile_and_create_adapter
-def _counted(self, *args, **kwargs):
-    compiles.append(1)
-    return _compile(self, *args, **kwargs)
-JITKernel._compile_and_create_adapter = _counted
 import torch
 import tilefuse
 from safetensors.torch import load_file
@@ -74,10 +65,9 @@ print(json.dumps(results))
 '''
 
 
-def load_in_fresh_process(pairs: list[tuple[Path, Path | None]], tmp_path: Path) -> list[dict]:
+def load_in_fresh_process(pairs: list[tuple[Path, Path | None]], tmp_path: Path, child_script) -> list[dict]:
     """Load each (artifact, saved inputs/outputs or None) pair in a new interpreter with an empty TileLang cache."""
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
+    script = child_script(CHILD)
     cache = tmp_path / "empty_tilelang_cache"
     cache.mkdir()
     env = {**os.environ, "TILELANG_CACHE_DIR": str(cache)}
@@ -196,8 +186,8 @@ def test_layout_and_manifest(saved):
         assert f"kernels/{key}/kernel_lib.so" in names and f"kernels/{key}/params.json" in names
 
 
-def test_load_in_fresh_process_compiles_nothing(saved, tmp_path):
-    results = load_in_fresh_process([(saved[n]["tfz"], saved[n]["io"]) for n in ZOO], tmp_path)
+def test_load_in_fresh_process_compiles_nothing(saved, tmp_path, child_script):
+    results = load_in_fresh_process([(saved[n]["tfz"], saved[n]["io"]) for n in ZOO], tmp_path, child_script)
     for r in results:
         assert r["compiles"] == 0 and r["reported_compiled"] == 0, r
         assert r["kernels"] > 0 and r["cache_hits"] == r["kernels"], r
@@ -383,12 +373,12 @@ def test_kernel_missing_from_the_artifact_is_detected(saved, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiling for cuda needs no GPU)")
-def test_cuda_artifact_saves_and_loads_without_compiling_even_without_a_gpu(saved, tmp_path):
+def test_cuda_artifact_saves_and_loads_without_compiling_even_without_a_gpu(saved, tmp_path, child_script):
     tfz = tmp_path / "mlp_cuda.tfz"
     tilefuse.compile_onnx(saved["mlp"]["onnx"], target="cuda:sm_90a", save=tfz)
     with zipfile.ZipFile(tfz) as zf:
         assert json.loads(zf.read("manifest.json"))["target"] == {"kind": "cuda", "arch": "sm_90a"}
-    (r,) = load_in_fresh_process([(tfz, None)], tmp_path)
+    (r,) = load_in_fresh_process([(tfz, None)], tmp_path, child_script)
     assert r["compiles"] == 0 and r["reported_compiled"] == 0 and r["cache_hits"] == r["kernels"] > 0, r
 
 
@@ -396,12 +386,12 @@ def test_cuda_artifact_saves_and_loads_without_compiling_even_without_a_gpu(save
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ZOO)
-def test_cuda_artifact_loads_in_a_fresh_process_without_compiling(name, tmp_path):
+def test_cuda_artifact_loads_in_a_fresh_process_without_compiling(name, tmp_path, child_script):
     compiled = tilefuse.compile_onnx(models.export_onnx(name, tmp_path / f"{name}.onnx"), save=tmp_path / "m.tfz")
     assert compiled.options.target["kind"] == "cuda"
     inputs = models.example_inputs(name, device="cuda")
     io = save_io(tmp_path / "io.safetensors", inputs, compiled(*inputs))
-    (r,) = load_in_fresh_process([(tmp_path / "m.tfz", io)], tmp_path)
+    (r,) = load_in_fresh_process([(tmp_path / "m.tfz", io)], tmp_path, child_script)
     print(f"[artifact {name}] load {r['load_s']:.3f} s in a fresh process, {r['kernels']} kernels, "
           f"{r['compiles']} compilations, max diff {r['max_diff']:.1e}")
     assert r["compiles"] == 0 and r["reported_compiled"] == 0 and r["cache_hits"] == r["kernels"] > 0, r

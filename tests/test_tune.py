@@ -164,15 +164,8 @@ def test_choose_backends_gives_losing_kernels_back_to_torch(tmp_path, monkeypatc
     assert tune.choose_backends(again, (x, z), tune.TuningDB(db.path), C) == lines[:1] and len(timed) == 4
 
 
+# (After conftest's COUNT_COMPILES, through the ``child_script`` fixture.)
 WARM_CHILD = r'''
-import json, sys, time
-from tilelang.jit.kernel import JITKernel
-compiles = []
-_compile = JITKernel._compile_and_create_adapter
-def _counted(self, *args, **kwargs):
-    compiles.append(1)
-    return _compile(self, *args, **kwargs)
-JITKernel._compile_and_create_adapter = _counted
 import torch
 import tilefuse
 from tilefuse import models
@@ -189,15 +182,14 @@ print(json.dumps({"compiles": len(compiles), "measured": len(measured), "seconds
 '''
 
 
-def test_second_compile_in_a_fresh_process_tunes_and_compiles_nothing(tmp_path):
+def test_second_compile_in_a_fresh_process_tunes_and_compiles_nothing(tmp_path, child_script):
     """Tuning database, PrimFunc cache and TileLang's kernel cache on disk: a second process compiling the same
     model with ``tune="fast"`` measures no candidate and compiles no kernel (on ``c``: no gcc; on CUDA: no nvcc)."""
     import os
     import subprocess
     import sys
 
-    script = tmp_path / "child.py"
-    script.write_text(WARM_CHILD)
+    script = child_script(WARM_CHILD)
     env = {**os.environ, "TILEFUSE_TUNING_DB": str(tmp_path / "tuning.json"), "TILEFUSE_FUNC_CACHE": "1",
            "TILEFUSE_FUNC_CACHE_DIR": str(tmp_path / "funcs"), "TILELANG_CACHE_DIR": str(tmp_path / "tl")}
 

@@ -213,9 +213,10 @@ def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
     limit = SMEM_LIMIT.get(arch.rstrip("a")[:5], 99 * 1024)
     configs = [_config(*seed) for seed in seeds if shared_memory_bytes(*seed[:4], dtype) <= limit]
     if arch.startswith("sm_90") and dtype != "float32":
-        # The same tiles storing C through shared memory (TMA stores; TileLang reuses the pipeline's buffers
-        # for it). Not yet measured against the fragment stores, so never the default: tuning decides.
-        configs += [{**c, "stage_C": True} for c in configs]
+        # Each tile also storing C through shared memory (TMA stores; TileLang reuses the pipeline's buffers
+        # for it), right after it: not yet measured against the fragment stores, so never the default pick
+        # (ties go to the earlier config), and a tuning budget of a few candidates compares the pair.
+        configs = [v for c in configs for v in (c, {**c, "stage_C": True})]
     return configs
 
 
@@ -223,16 +224,3 @@ def _config(block_M, block_N, block_K, num_stages, threads, rasterize=True) -> d
     return {"block_M": block_M, "block_N": block_N, "block_K": block_K, "num_stages": num_stages, "threads": threads,
             "enable_rasterization": rasterize}
 
-
-def staged_twins_next(configs: list[dict]) -> list[dict]:
-    """``configs`` with each one's ``stage_C`` twin moved right after it: a tuning budget of a few candidates
-    then compares the two output stores on the best tiles, not the store alone on worse ones."""
-    plain = [c for c in configs if not c.get("stage_C")]
-    staged = {tuple(sorted((k, v) for k, v in c.items() if k != "stage_C")): c for c in configs if c.get("stage_C")}
-    out = []
-    for c in plain:
-        out.append(c)
-        twin = staged.pop(tuple(sorted(c.items())), None)
-        if twin is not None:
-            out.append(twin)
-    return out + list(staged.values())
