@@ -1,13 +1,7 @@
-"""Shared test setup: GPU tests are skipped visibly where there is no CUDA device. The PrimFunc disk cache
-(``lowering/func_cache.py``) is off, so tests that patch templates see their patches; ``test_func_cache``
-turns it on for itself."""
-
-import os
+"""Shared test setup: GPU tests are skipped visibly where there is no CUDA device."""
 
 import pytest
 import torch
-
-os.environ.setdefault("TILEFUSE_FUNC_CACHE", "0")
 
 
 def pytest_collection_modifyitems(config, items):
