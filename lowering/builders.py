@@ -212,6 +212,17 @@ def _trace_operand(b: _Builder, value: str, env_nodes: dict[str, Node]) -> tuple
     return value, trans, prologue
 
 
+def _epilogue(b: _Builder, anchor: Node, bias: str | None, after: list[Node], what: str) -> tuple[list[Expr], list]:
+    """The GEMM-family epilogue: the anchor's accumulator plus its ``bias`` (if any), through the elementwise
+    nodes ``after`` it; one output expression and the region outputs' mapping (see ``_outputs``)."""
+    out = anchor.outputs[0].name
+    env: dict[str, Expr] = {out: Call("add", (Acc(), b.leaf(bias))) if bias else Acc()}
+    b.available.discard(out)
+    exprs, mapping = _outputs(b, b.pointwise(after, env), b.region)
+    _require(len(exprs) == 1, f"a {what} region with several outputs")
+    return exprs, mapping
+
+
 def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     by_out = {v.name: n for n in b.members for v in n.outputs}
     pos = b.members.index(anchor)
@@ -240,13 +251,8 @@ def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     pro = None
     for n in pro_a:
         pro = Call(n.op, (pro or Acc(),), n.attrs)
-    env: dict[str, Expr] = {anchor.outputs[0].name: Acc()}
-    b.available.discard(anchor.outputs[0].name)
-    if anchor.op == "linear" and len(anchor.inputs) > 2 and anchor.inputs[2]:
-        env[anchor.outputs[0].name] = Call("add", (Acc(), b.leaf(anchor.inputs[2])))
-    env = b.pointwise(b.members[pos + 1:], env)
-    exprs, mapping = _outputs(b, env, b.region)
-    _require(len(exprs) == 1, "a GEMM region with several outputs")
+    bias = anchor.inputs[2] if anchor.op == "linear" and len(anchor.inputs) > 2 else None
+    exprs, mapping = _epilogue(b, anchor, bias, b.members[pos + 1:], "GEMM")
     rows, cols = (_numel((*broadcast(batch_a, batch_b), M)), N)
     extra = [a for a in b.args if a not in (a_val, b_val)]
     extra_shapes = tuple(_domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
@@ -481,12 +487,8 @@ def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     xt, wt = b.types[x], b.types[w]
     _require(len(wt.shape) == 4 and anchor.attr.get("groups", 1) == 1, "only 2-D convolutions with groups=1")
     _require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
-    env: dict[str, Expr] = {anchor.outputs[0].name: Acc()}
-    if len(anchor.inputs) > 2 and anchor.inputs[2]:
-        env[anchor.outputs[0].name] = Call("add", (Acc(), b.leaf(anchor.inputs[2])))
-    env = b.pointwise(b.members[1:], env)
-    exprs, mapping = _outputs(b, env, b.region)
-    _require(len(exprs) == 1, "a convolution region with several outputs")
+    exprs, mapping = _epilogue(b, anchor, anchor.inputs[2] if len(anchor.inputs) > 2 else None, b.members[1:],
+                               "convolution")
     out_shape = tuple(anchor.outputs[0].type.shape)
     extra = list(b.args)
     extra_shapes = []

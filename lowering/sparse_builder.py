@@ -13,11 +13,11 @@ from tilefuse.lowering.builders import (
     _Builder,
     _check_dtypes,
     _domain_shape,
+    _epilogue,
     _numel,
-    _outputs,
     _require,
 )
-from tilefuse.lowering.expr import Acc, Call, Expr
+from tilefuse.lowering.expr import Acc
 from tilefuse.lowering.sparse import SPARSE_DTYPES
 
 
@@ -43,13 +43,7 @@ def build_gemm_sp(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     M = _numel(xt.shape[:-1])
     _require(xt.dtype == vt.dtype and vt.dtype in SPARSE_DTYPES, f"gemm_sp multiplies fp16/bf16 operands of one "
              f"dtype, not {xt.dtype} x {vt.dtype}")
-    env: dict[str, Expr] = {anchor.outputs[0].name: Acc()}
-    b.available.discard(anchor.outputs[0].name)
-    if bias is not None:
-        env[anchor.outputs[0].name] = Call("add", (Acc(), b.leaf(bias)))
-    env = b.pointwise(b.members[pos + 1:], env)
-    exprs, mapping = _outputs(b, env, b.region)
-    _require(len(exprs) == 1, "a gemm_sp region with several outputs")
+    exprs, mapping = _epilogue(b, anchor, bias, b.members[pos + 1:], "gemm_sp")
     extra = [a for a in b.args if a not in (x, values, meta)]
     extra_shapes = tuple(_domain_shape(b.types[a], M, N) for a in extra)
     out_dtype = b.types[b.region.outputs[0]].dtype

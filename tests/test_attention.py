@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from tilefuse.config import default_target
 from tilefuse.lowering.compile import compile_kernel, compile_many
 from tilefuse.lowering.templates import attention
 
@@ -106,17 +107,12 @@ def test_flash_attention_compiles_for_sm90a():
         assert "wgmma" in k.get_kernel_source(), name
 
 
-def _cuda_target() -> dict:
-    major, minor = torch.cuda.get_device_capability()
-    return {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_flash_attention_gpu_matches_sdpa(dtype, D, is_causal, rng):
-    target = _cuda_target()
+    target = default_target()
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-2, "atol": 1e-2}
     check(rng, target, 2, 8, 2, 333, 333, D, is_causal=is_causal, dtype=dtype, device="cuda", tol=tol,
           **attention.get_configs(target, D)[0])
@@ -263,7 +259,7 @@ GPU_LAYOUT_CASES = {  # name: (layout kind, B, Hq, Hkv, Sq, Skv, kwargs)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("name", sorted(GPU_LAYOUT_CASES))
 def test_flash_attention_layouts_gpu_match_sdpa(name, D, rng):
-    target = _cuda_target()
+    target = default_target()
     kind, B, Hq, Hkv, Sq, Skv, kw = GPU_LAYOUT_CASES[name]
     check_layout(rng, target, kind, B, Hq, Hkv, Sq, Skv, D, dtype=torch.float16, device="cuda",
                  tol={"rtol": 1e-2, "atol": 1e-2}, **kw, **attention.get_configs(target, D)[0])

@@ -17,6 +17,7 @@ import torch
 import tilefuse
 from tilefuse import models
 from tilefuse.api import compile_graph
+from tilefuse.config import default_target
 from tilefuse.frontends.capture import capture_graphs
 from tilefuse.ir import GraphBuilder, TensorType
 from tilefuse.lowering.registry import KernelSpec, build
@@ -272,15 +273,10 @@ def test_region_family_runs_as_kernels(name, rng):
     check_family(name, rng, "c")
 
 
-def _cuda_target() -> dict:
-    major, minor = torch.cuda.get_device_capability()
-    return {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_region_family_runs_as_kernels_on_cuda(name, rng):
-    check_family(name, rng, _cuda_target(), "cuda")
+    check_family(name, rng, default_target(), "cuda")
 
 
 @pytest.mark.gpu
@@ -288,7 +284,7 @@ def test_region_family_runs_as_kernels_on_cuda(name, rng):
 def test_zoo_model_every_region_is_a_kernel_on_cuda(name):
     model, _ = models.build(name, "tiny", dtype=torch.float16, device="cuda")
     runners = []
-    compiled = tilefuse.compile(model, target=_cuda_target(), observer=runners.append)
+    compiled = tilefuse.compile(model, target=default_target(), observer=runners.append)
     with torch.no_grad():
         for _ in range(2):
             inputs = models.example_inputs(name, "tiny", dtype=torch.float16, device="cuda")

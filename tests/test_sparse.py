@@ -11,6 +11,7 @@ import torch
 import tilefuse
 from tilefuse import models, ops
 from tilefuse.api import compile_graph
+from tilefuse.config import default_target
 from tilefuse.ir import GraphBuilder, TensorType
 from tilefuse.lowering.compile import compile_kernel, compile_many
 from tilefuse.lowering.expr import Acc, Arg, call
@@ -320,8 +321,7 @@ GPU_CASES = {
 def gpu_target():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    major, minor = torch.cuda.get_device_capability()
-    return {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
+    return default_target()  # this GPU
 
 
 def _check_gemm_sp(rng, target, M, N, K, epilogue, extra_shapes, dtype, config):

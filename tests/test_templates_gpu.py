@@ -8,6 +8,7 @@ fp32 GEMM/conv run an exact FMA loop by default; with ``allow_tf32`` they use TF
 import pytest
 import torch
 
+from tilefuse.config import default_target
 from tilefuse.lowering import index as ix
 from tilefuse.lowering.compile import compile_kernel
 from tilefuse.lowering.expr import Acc, Arg, Coord, Load, call
@@ -26,8 +27,7 @@ MMA_TOL = {**TOL, "float32": {"rtol": 1e-4, "atol": 1e-4}}
 def target():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    major, minor = torch.cuda.get_device_capability()
-    return {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
+    return default_target()  # this GPU
 
 
 def randn(rng, shape, dtype="float32"):
