@@ -200,7 +200,7 @@ def test_reductions_with_opset18_axes_inputs(rng):
 
 def test_initializers_of_every_storage(tmp_path, rng):
     w16 = randn(rng, 4, 4).astype(np.float16)
-    big = randn(rng, 64, 64)
+    big = randn(rng, 64, 64) / 8  # 4096-term sums stay near 1: fp32 summation order (ORT vs torch) stays under atol
     raw = numpy_helper.from_array(randn(rng, 4), "raw")
     typed = helper.make_tensor("typed", T.FLOAT, [4], randn(rng, 4).tolist(), raw=False)
     mask = rng.random(4) > 0.5
