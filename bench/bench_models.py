@@ -1,10 +1,10 @@
 """Benchmark the zoo on a GPU: tilefuse against torch eager and Inductor, measured in one run.
 
 Usage (on the device machine):  python bench/bench_models.py --models gpt2,bert --size bench
-    [--peers eager,default,reduce-overhead,max-autotune] [--json out.json] [--reps 50]
+    [--peers eager,default,reduce-overhead,max-autotune] [--tune none,fast] [--json out.json] [--reps 50]
 
-Prints a table (median ms over ``--reps`` timed runs after warm-up, CUDA events; speedup of
-tilefuse over each peer; kernels in the plan and how many run as TileLang; compile time) and a
+Prints a table (median ms over ``--reps`` timed runs after warm-up, CUDA events; tilefuse once per
+tuning mode, then each peer, so the slowest to compile goes last; speedup over the best peer; kernels in the plan and how many run as TileLang; compile time) and a
 kernel-level table per model (each lowered GEMM/reduction region against its torch reference,
 with achieved TB/s and TFLOP/s). Writes everything as JSON with the date, device and versions.
 """
@@ -20,6 +20,9 @@ import sys
 import time
 
 import torch
+
+import tilefuse
+from tilefuse import models
 
 PEERS = ("eager", "default", "reduce-overhead", "max-autotune")
 
@@ -51,16 +54,19 @@ def _max_rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
 
 
-def bench_model(name: str, size: str, peers: list[str], reps: int, tune: str = "none",
-                tune_seconds: float = 120.0) -> dict:
-    import tilefuse
-    from tilefuse import models
-
+def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[str],
+                tune_seconds: float = 120.0, flush=lambda row: None) -> dict:
+    """One model: tilefuse once per tuning mode in ``tunes`` (``row["tilefuse"][mode]``), then each peer.
+    ``flush(row)`` runs after every measurement, so a run cut short keeps what it measured (the slowest
+    peer to compile, Inductor max-autotune, goes last when listed last)."""
     torch._dynamo.reset()
     model, inputs = models.build(name, size, dtype=torch.float16, device="cuda")
-    row: dict = {"model": name, "size": size, "peers": {}}
+    row: dict = {"model": name, "size": size, "tilefuse": {}, "peers": {}}
     with torch.no_grad():
         ref = model(*inputs)
+        for mode in tunes:
+            row["tilefuse"][mode] = _bench_tilefuse(row, model, inputs, ref, mode, tune_seconds, reps)
+            flush(row)
         for peer in peers:
             torch._dynamo.reset()
             t0 = time.perf_counter()
@@ -70,46 +76,52 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tune: str = "
             compile_s = time.perf_counter() - t0
             row["peers"][peer] = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": compile_s}
             print(f"  {name}: {peer} {row['peers'][peer]['ms']:.3f} ms (compile {compile_s:.1f} s)", flush=True)
-        torch._dynamo.reset()
-        runners: list = []
-        t0 = time.perf_counter()
-        fn = tilefuse.compile(model, observer=runners.append, tune=tune, tune_seconds=tune_seconds)
-        out = fn(*inputs)
-        torch.cuda.synchronize()
-        row["tilefuse"] = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": time.perf_counter() - t0,
-                           "max_rel_err": _max_rel(out, ref), "tune": tune}
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn(*inputs)
-        torch.cuda.synchronize()
-        row["tilefuse"]["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            flush(row)
+    return row
+
+
+def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: float, reps: int) -> dict:
+    name = row["model"]
+    torch._dynamo.reset()
+    runners: list = []
+    t0 = time.perf_counter()
+    fn = tilefuse.compile(model, observer=runners.append, tune=tune, tune_seconds=tune_seconds)
+    out = fn(*inputs)
+    torch.cuda.synchronize()
+    res = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": time.perf_counter() - t0,
+           "max_rel_err": _max_rel(out, ref), "tune": tune}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn(*inputs)
+    torch.cuda.synchronize()
+    res["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    if "eager_peak" not in row:
         torch.cuda.reset_peak_memory_stats()
         model(*inputs)
         torch.cuda.synchronize()
-        row.setdefault("eager_peak", {})["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-        for r in runners:
-            r.record = True
-        fn(*inputs)
-        plans = [r.plan for r in runners]
-        row["tilefuse"]["kernels"] = sum(p.kernels for p in plans)
-        row["tilefuse"]["tilelang_kernels"] = sum(1 for p in plans for r in p.regions
-                                                  if r.launches and r.backend == "tilelang")
-        row["tilefuse"]["compute_nodes"] = sum(p.source_nodes for p in plans)
-        row["regions"] = kernel_table(runners)
-        if tune != "none":  # last: a dynamo reset makes ``fn`` recompile (and report a second runner) if called again
-            notes = [n for r in runners for n in r.plan.notes if "measured" in n]
-            row["tilefuse"]["given_to_torch"] = notes
-            torch._dynamo.reset()
-            t0 = time.perf_counter()
-            tilefuse.compile(model, tune=tune, tune_seconds=tune_seconds)(*inputs)
-            torch.cuda.synchronize()
-            row["tilefuse"]["warm_compile_s"] = time.perf_counter() - t0
-            print(f"  {name}: warm compile {row['tilefuse']['warm_compile_s']:.1f} s; {len(notes)} regions measured "
-                  f"faster through torch", flush=True)
-        print(f"  {name}: tilefuse {row['tilefuse']['ms']:.3f} ms, err {row['tilefuse']['max_rel_err']:.1e}",
-              flush=True)
-    return row
+        row["eager_peak"] = {"peak_mb": (torch.cuda.max_memory_allocated() - base) / 2**20}
+    for r in runners:
+        r.record = True
+    fn(*inputs)
+    plans = [r.plan for r in runners]
+    res["kernels"] = sum(p.kernels for p in plans)
+    res["tilelang_kernels"] = sum(1 for p in plans for r in p.regions if r.launches and r.backend == "tilelang")
+    res["compute_nodes"] = sum(p.source_nodes for p in plans)
+    res["regions"] = kernel_table(runners)
+    if tune != "none":  # last: a dynamo reset makes ``fn`` recompile (and report a second runner) if called again
+        notes = [n for r in runners for n in r.plan.notes if "measured" in n]
+        res["given_to_torch"] = notes
+        torch._dynamo.reset()
+        t0 = time.perf_counter()
+        tilefuse.compile(model, tune=tune, tune_seconds=tune_seconds)(*inputs)
+        torch.cuda.synchronize()
+        res["warm_compile_s"] = time.perf_counter() - t0
+        print(f"  {name}: tune={tune}: warm compile {res['warm_compile_s']:.1f} s; {len(notes)} regions measured "
+              f"faster through torch", flush=True)
+    print(f"  {name}: tilefuse tune={tune} {res['ms']:.3f} ms (compile {res['compile_s']:.1f} s), "
+          f"err {res['max_rel_err']:.1e}", flush=True)
+    return res
 
 
 def kernel_table(runners) -> list[dict]:
@@ -163,25 +175,36 @@ def _flops(plan, region) -> float:
 
 
 def print_tables(rows: list[dict], peers: list[str]) -> None:
-    hdr = f"{'model':8} " + " ".join(f"{p:>15}" for p in peers) + f" {'tilefuse':>10} " + " ".join(
-        f"{'x ' + p:>17}" for p in peers) + f" {'kernels':>9} {'TileLang':>8} {'compile s':>9} {'err':>8} {'peak MB':>8} {'eager MB':>8}"
-    print(hdr)
+    modes = list(dict.fromkeys(m for r in rows for m in r["tilefuse"]))
+    cols = [f"tilefuse/{m}" for m in modes]
+    print(f"{'model':8} " + " ".join(f"{p:>15}" for p in peers + cols) + " ".join(
+        f" {c + ' x best peer':>26}" for c in cols))
     for r in rows:
-        t = r["tilefuse"]
-        line = f"{r['model']:8} " + " ".join(f"{r['peers'][p]['ms']:15.3f}" for p in peers)
-        line += f" {t['ms']:10.3f} " + " ".join(f"{r['peers'][p]['ms'] / t['ms']:17.2f}" for p in peers)
-        line += f" {t['kernels']:9d} {t['tilelang_kernels']:8d} {t['compile_s']:9.1f} {t['max_rel_err']:8.1e}"
-        line += f" {t.get('peak_mb', 0):8.0f} {r.get('eager_peak', {}).get('peak_mb', 0):8.0f}"
-        if "warm_compile_s" in t:
-            line += f"  (tune={t['tune']}; warm compile {t['warm_compile_s']:.1f} s)"
+        ms = [r["peers"].get(p, {}).get("ms") for p in peers] + [r["tilefuse"].get(m, {}).get("ms") for m in modes]
+        line = f"{r['model']:8} " + " ".join(f"{x:15.3f}" if x else f"{'-':>15}" for x in ms)
+        best = min((r["peers"][p]["ms"] for p in peers if p in r["peers"]), default=None)
+        for m in modes:
+            t = r["tilefuse"].get(m, {}).get("ms")
+            line += f" {best / t:26.2f}" if best and t else f" {'-':>26}"
         print(line)
+    print(f"\n{'model':8} {'tilefuse':16} {'kernels':>8} {'TileLang':>8} {'compile s':>9} {'warm s':>7} {'err':>8} "
+          f"{'peak MB':>8} {'eager MB':>8}   " + " ".join(f"{'compile ' + p:>24}" for p in peers))
     for r in rows:
-        print(f"\nkernels of {r['model']} (distinct regions; torch = the region's ops run by torch, unfused):")
-        print(f"  {'region':42} {'kind':10} {'tilefuse ms':>11} {'torch ms':>9} {'x':>6} {'TB/s':>6} {'TFLOP/s':>8}")
-        for k in r["regions"]:
-            tf = f"{k['TFLOP_s']:8.1f}" if k["TFLOP_s"] else f"{'':8}"
-            print(f"  {k['region'][:42]:42} {k['kind']:10} {k['tilefuse_ms']:11.4f} {k['torch_ms']:9.4f} "
-                  f"{k['speedup']:6.2f} {k['TB_s']:6.2f} {tf}")
+        for m, t in r["tilefuse"].items():
+            warm = f"{t['warm_compile_s']:7.1f}" if "warm_compile_s" in t else f"{'-':>7}"
+            print(f"{r['model']:8} {'tune=' + m:16} {t['kernels']:8d} {t['tilelang_kernels']:8d} {t['compile_s']:9.1f} "
+                  f"{warm} {t['max_rel_err']:8.1e} {t.get('peak_mb', 0):8.0f} "
+                  f"{r.get('eager_peak', {}).get('peak_mb', 0):8.0f}   " + " ".join(
+                      f"{r['peers'][p]['compile_s']:24.1f}" if p in r["peers"] else f"{'-':>24}" for p in peers))
+    for r in rows:
+        for m, t in r["tilefuse"].items():
+            print(f"\nkernels of {r['model']}, tune={m} (distinct regions; torch = the region's ops run by torch, "
+                  "unfused):")
+            print(f"  {'region':42} {'kind':10} {'tilefuse ms':>11} {'torch ms':>9} {'x':>6} {'TB/s':>6} {'TFLOP/s':>8}")
+            for k in t["regions"]:
+                tf = f"{k['TFLOP_s']:8.1f}" if k["TFLOP_s"] else f"{'':8}"
+                print(f"  {k['region'][:42]:42} {k['kind']:10} {k['tilefuse_ms']:11.4f} {k['torch_ms']:9.4f} "
+                      f"{k['speedup']:6.2f} {k['TB_s']:6.2f} {tf}")
 
 
 def main() -> int:
@@ -191,30 +214,41 @@ def main() -> int:
     ap.add_argument("--peers", default="eager,default,reduce-overhead")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json")
-    ap.add_argument("--tune", default="none", choices=["none", "fast", "max"],
-                    help="compile tilefuse with this tuning mode (its compile time is the cold one) and also "
-                         "report a warm compile (tuning database and caches hit)")
+    ap.add_argument("--tune", default="none",
+                    help="comma-separated tuning modes (none, fast, max): one tilefuse row each; a tuned row's "
+                         "compile time is the cold one (use a fresh TILEFUSE_TUNING_DB) and it also reports a warm "
+                         "compile (tuning database and caches hit)")
     ap.add_argument("--tune-seconds", type=float, default=120.0)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_models: needs a CUDA GPU", file=sys.stderr)
         return 2
     peers = [p for p in args.peers.split(",") if p]
+    tunes = [m for m in args.tune.split(",") if m]
+    bad = [m for m in tunes if m not in ("none", "fast", "max")] + [p for p in peers if p not in PEERS]
+    if bad:
+        print(f"bench_models: unknown tuning mode or peer {bad}; modes: none, fast, max; peers: {', '.join(PEERS)}",
+              file=sys.stderr)
+        return 2
     import tilelang
 
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "tilelang": tilelang.__version__,
             "python": platform.python_version(), "dtype": "float16", "reps": args.reps}
     print(json.dumps(meta))
-    rows = []
+    rows: list[dict] = []
+
+    def flush(partial: dict | None = None) -> None:  # after every measurement: a run cut short keeps it
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows + ([partial] if partial else [])}, f, indent=1)
+
     for name in args.models.split(","):
         try:
-            rows.append(bench_model(name, args.size, peers, args.reps, args.tune, args.tune_seconds))
+            rows.append(bench_model(name, args.size, peers, args.reps, tunes, args.tune_seconds, flush))
         except Exception as e:  # noqa: BLE001  (one model failing must not hide the others' numbers)
             print(f"  {name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
-        if args.json:  # after every model: a run cut short still leaves what it measured
-            with open(args.json, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        flush()
     print_tables(rows, peers)
     return 0
 

@@ -36,7 +36,7 @@ def samples(results: list[dict], kinds: set[str], include_events: bool = False) 
     out = []
     for res in results:
         for row in res.get("rows", []):
-            for k in row.get("regions", []):
+            for k in _kernel_rows(row):
                 if k.get("kind") not in kinds or k.get("tilefuse_ms") is None:
                     continue
                 if k.get("timing") != "cuda_graph" and not include_events:
@@ -45,6 +45,21 @@ def samples(results: list[dict], kinds: set[str], include_events: bool = False) 
                 if nbytes is None:  # older tables: bytes = achieved TB/s x time
                     nbytes = k["TB_s"] * k["tilefuse_ms"] * 1e9
                 out.append((f"{row.get('model')}:{k['region']}", float(nbytes), k["tilefuse_ms"] * 1e3))
+    return out
+
+
+def _kernel_rows(row: dict) -> list[dict]:
+    """A model row's kernel table: per tuning mode (``row["tilefuse"][mode]["regions"]``, each region's
+    kernel timed once, the first mode that timed it kept) or, in older files, ``row["regions"]``."""
+    if "regions" in row:
+        return row["regions"]
+    seen, out = set(), []
+    for res in row.get("tilefuse", {}).values():
+        for k in res.get("regions", []):
+            key = (k.get("kind"), k.get("ops"), k.get("bytes"))
+            if key not in seen:
+                seen.add(key)
+                out.append(k)
     return out
 
 

@@ -12,18 +12,21 @@ sys.path.insert(0, str(ROOT / "bench"))
 import calibrate_cost
 
 
-def table(rng_points, timing="cuda_graph"):
-    return {"rows": [{"model": "m", "regions": [
-        {"region": f"r{i}", "kind": kind, "bytes": b, "tilefuse_ms": us / 1e3, "timing": timing, "TB_s": 1.0}
-        for i, (kind, b, us) in enumerate(rng_points)]}]}
+def table(rng_points, timing="cuda_graph", per_mode=False):
+    regions = [{"region": f"r{i}", "kind": kind, "ops": f"op{i}", "bytes": b, "tilefuse_ms": us / 1e3,
+                "timing": timing, "TB_s": 1.0} for i, (kind, b, us) in enumerate(rng_points)]
+    if per_mode:  # bench_models.py's layout since it times several tuning modes: a region timed twice counts once
+        return {"rows": [{"model": "m", "tilefuse": {"none": {"regions": regions}, "fast": {"regions": regions[:2]}}}]}
+    return {"rows": [{"model": "m", "regions": regions}]}
 
 
-def test_fit_recovers_fixed_cost_and_bandwidth():
+@pytest.mark.parametrize("per_mode", [False, True])
+def test_fit_recovers_fixed_cost_and_bandwidth(per_mode):
     fixed, bw = 4.0, 3.5e6  # us, bytes/us
     pts = [("reduction" if i % 2 else "elementwise", b, fixed + b / bw) for i, b in
            enumerate([1e6, 5e6, 2e7, 8e7, 1.5e8, 3e8])]
     pts.append(("gemm", 1e6, 900.0))  # compute-bound kinds stay out of the fit
-    f = calibrate_cost.fit(calibrate_cost.samples([table(pts)], {"elementwise", "reduction"}))
+    f = calibrate_cost.fit(calibrate_cost.samples([table(pts, per_mode=per_mode)], {"elementwise", "reduction"}))
     assert f.n == 6 and f.fixed_us == pytest.approx(fixed, rel=1e-6)
     assert f.bandwidth_bytes_per_us == pytest.approx(bw, rel=1e-6) and f.median_rel_err < 1e-9
 
