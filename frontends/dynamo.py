@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -88,7 +88,8 @@ class TilefuseBackend:
             def compile_one(g, ex):
                 frozen = real.pop() if real else None
                 frozen = frozen if kind == "inference" else None
-                return self.compile_graph(g, ex, f"graph{graph_id}_{kind}", frozen)
+                static = _static_input_indices() if kind != "backward" else frozenset()
+                return self.compile_graph(g, ex, f"graph{graph_id}_{kind}", frozen, static)
             return compile_one
 
         aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
@@ -102,11 +103,13 @@ class TilefuseBackend:
             return gm.forward
 
     def compile_graph(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
-                      real_inputs: Sequence[Any] | None = None) -> Callable:
+                      real_inputs: Sequence[Any] | None = None, static_inputs: Collection[int] = ()) -> Callable:
         """Compile one ATen graph; returns a boxed callable (AOTAutograd's calling convention). With
-        ``Options.sparsity``, ``real_inputs`` (dynamo's, parameters included) let it freeze linear weights."""
+        ``Options.sparsity``, ``real_inputs`` (dynamo's, parameters included) let it freeze linear weights.
+        ``static_inputs``: positions of ``gm``'s placeholders that keep their address across calls (parameters
+        and buffers): CUDA-graph replays read them in place instead of copying them in."""
         if is_symbolic(gm):
-            return _Specializing(self, gm, name)
+            return _Specializing(self, gm, name, static_inputs)
         try:
             program = import_fx_program(gm, example_inputs, name)
         except Exception as e:  # noqa: BLE001  (the graph then runs as traced, through torch)
@@ -119,7 +122,8 @@ class TilefuseBackend:
             with unset_fake_temporarily():
                 if self.options.sparsity:
                     program, inputs = self._freeze(gm, program, real_inputs, name)
-                runner = build_runner(program.graph, self.options, inputs)
+                static = [j for j, i in enumerate(program.input_indices) if i in static_inputs]
+                runner = build_runner(program.graph, self.options, inputs, static)
             if getattr(runner, "sparsity_report", None) is not None:
                 self.sparsity.reports.append(runner.sparsity_report)
         except Exception as e:  # noqa: BLE001
@@ -191,11 +195,12 @@ class _Compiled:
 class _Specializing:
     """A graph with symbolic sizes: compiled anew for each concrete input signature."""
 
-    def __init__(self, backend: TilefuseBackend, gm: fx.GraphModule, name: str):
+    def __init__(self, backend: TilefuseBackend, gm: fx.GraphModule, name: str, static_inputs: Collection[int] = ()):
         self._boxed_call = True
         self.backend = backend
         self.gm = gm
         self.name = name
+        self.static_inputs = static_inputs  # make_fx keeps the placeholders' order
         self.cache: dict[tuple, Callable] = {}
 
     def __call__(self, *args: Any) -> Any:
@@ -215,7 +220,17 @@ class _Specializing:
         except Exception as e:  # noqa: BLE001
             self.backend._fail(f"{name}: cannot specialize symbolic shapes ({type(e).__name__}: {_first_line(e)})")
             return _boxed(self.gm)
-        return self.backend.compile_graph(static, args, name)
+        return self.backend.compile_graph(static, args, name, static_inputs=self.static_inputs)
+
+
+def _static_input_indices() -> frozenset[int]:
+    """Positions of the graph's inputs that AOTAutograd records as keeping their address (parameters and
+    buffers), read from the tracing context it compiles under; empty where there is none."""
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    return frozenset(getattr(meta, "static_input_indices", None) or ())
 
 
 def _same_tensor_type(fake: Any, real: Any) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 
@@ -57,6 +57,7 @@ class PlanRunner:
     def __init__(self, plan: FusionPlan, kernels: Mapping[str, RegionFn] | None = None, check: bool = True):
         self.plan = plan
         self.check = check
+        self.static_inputs: tuple[int, ...] = ()  # set by build_runner: inputs CUDA graphs read in place
         self.kernels = dict(kernels or {})
         self.fns: list[RegionFn] = [self.kernels.get(r.name) or reference_region(plan, r) for r in plan.regions]
         last: dict[str, int] = {}
@@ -79,11 +80,13 @@ class PlanRunner:
             self._constants[device] = {k: t.to(device) for k, t in self.plan.graph.constants.items()}
         return self._constants[device]
 
-    def enable_cuda_graphs(self) -> None:
-        """Replay the plan from captured CUDA graphs (static shapes; one graph per input signature)."""
+    def enable_cuda_graphs(self, static_inputs: Collection[int] = ()) -> None:
+        """Replay the plan from captured CUDA graphs (static shapes; one graph per input signature).
+        ``static_inputs``: positions of inputs that keep their address across calls (parameters), read in
+        place rather than copied in before each replay (``runtime.graphs.CudaGraphRunner``)."""
         from tilefuse.runtime.graphs import CudaGraphRunner
 
-        self._graphed = CudaGraphRunner(self.run)
+        self._graphed = CudaGraphRunner(self.run, static_inputs=static_inputs)
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.record:
@@ -132,10 +135,12 @@ class PlanRunner:
         return self.plan.summary()
 
 
-def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.Tensor] | None = None) -> PlanRunner:
+def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.Tensor] | None = None,
+                 static_inputs: Collection[int] = ()) -> PlanRunner:
     """Plan ``graph`` for ``options.target``, lower what can be lowered, return the runner. With
     ``options.sparsity`` the runner's ``sparsity_report`` says how much pruning changed the outputs on
-    ``example_inputs`` (random ones when not given)."""
+    ``example_inputs`` (random ones when not given). ``static_inputs``: positions of the graph's inputs
+    that keep their address across calls (a module's parameters and buffers), see ``enable_cuda_graphs``."""
     t0 = time.perf_counter()
     p = make_plan(graph, options.target, fuse=options.fuse, sparsity=options.sparsity)
     if p.sparsity is not None:
@@ -156,10 +161,11 @@ def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.
             for r in p.regions))
     runner = PlanRunner(p, kernels)
     runner.sparsity_report = p.sparsity
+    runner.static_inputs = tuple(static_inputs)
     if options.lower and kernels and db is not None and options.target.get("kind") == "cuda":
         runner.choose = (db, options.target)  # tuned: each region keeps the faster of kernel and torch
     if options.cuda_graphs and options.target.get("kind") == "cuda":
-        runner.enable_cuda_graphs()
+        runner.enable_cuda_graphs(static_inputs)
     runner.compile_seconds = time.perf_counter() - t0
     runner.source_graph = graph
     if options.observer is not None:

@@ -220,3 +220,46 @@ def test_zoo_model_onnx_runs_on_cuda(name, tmp_path):
     torch_regions = [r for r in plan.regions if r.launches and r.backend == "torch"]
     assert all(r.kind == "attention" for r in torch_regions), [(r.name, r.kind) for r in torch_regions]
     print(f"[onnx {name}] {plan.summary()}")
+
+
+def _param_model():
+    return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.BatchNorm1d(32).eval(), nn.Linear(32, 8))
+
+
+def test_parameters_and_buffers_are_marked_static_inputs():
+    """AOTAutograd's static inputs (parameters, buffers) reach the runner by position, the user's input not: CUDA
+    graph replays read those in place instead of copying them in (runtime/graphs.py)."""
+    model, runners = _param_model(), []
+    compiled = torch.compile(model, backend=make_backend(Options(target=parse_target("c"), observer=runners.append)))
+    with torch.no_grad():
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(compiled(x), model(x), **FP32)
+    (runner,) = runners
+    inputs = runner.plan.graph.inputs
+    dynamic = [k for k in range(len(inputs)) if k not in runner.static_inputs]
+    assert len(dynamic) == 1 and tuple(inputs[dynamic[0]].type.shape) == (4, 16)
+    n_state = sum(1 for _ in model.parameters()) + sum(1 for b in model.buffers() if b.is_floating_point())
+    assert len(runner.static_inputs) == len(inputs) - 1 and len(inputs) - 1 <= n_state
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_read_parameters_in_place():
+    """Replays read parameters where they live: no copy-in, an in-place update is seen at the next call, and a
+    parameter replaced by a new tensor gets a graph of its own; user inputs are still copied in each call."""
+    model, runners = _param_model().cuda().half(), []
+    compiled = torch.compile(model, backend=make_backend(Options(observer=runners.append)))
+    with torch.no_grad():
+        for step in range(4):
+            x = torch.randn(64, 16, device="cuda", dtype=torch.float16)
+            if step == 2:
+                model[0].weight.mul_(-0.5)  # in place: same address
+            if step == 3:
+                model[3].weight = nn.Parameter(torch.randn_like(model[3].weight))  # a new address
+            torch.testing.assert_close(compiled(x), model(x), **FP16)
+    graphs = [g for r in runners if r._graphed is not None for g in r._graphed._graphs.values()]
+    assert runners and graphs, "no CUDA graph was captured"
+    state = {t.data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    for _, static_in, _, copied in graphs:  # one graph per parameter address: the latest reads today's
+        assert len(copied) == 1 and len(static_in) > 1, (len(copied), len(static_in))
+    _, static_in, _, copied = graphs[-1]
+    assert all(t.data_ptr() in state for k, t in enumerate(static_in) if k not in copied)
