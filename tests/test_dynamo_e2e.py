@@ -209,7 +209,9 @@ def test_zoo_model_onnx_runs_on_cuda(name, tmp_path):
     compiled = tilefuse.compile_onnx(path)  # the local target: this GPU
     assert compiled.options.target["kind"] == "cuda"
     model, _ = models.build(name, "tiny", device="cuda")
-    with torch.no_grad():
+    # the reference in true fp32: torch's cuDNN convolutions default to TF32 (10-bit mantissa), which put eager
+    # ResNet 1.6e-3 (relative) off the exact fp32 kernels on the H200
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for _ in range(2):
             inputs = models.example_inputs(name, "tiny", device="cuda")
             got, want = compiled(*inputs), model(*inputs)
