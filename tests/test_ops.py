@@ -97,3 +97,19 @@ def test_references_against_formulas(rng):
     torch.testing.assert_close(ops.get("rotary_embedding").ref(q, cos, sin), q * cos + rot * sin)
     g = ops.get("gelu").ref(x, approximate="none")
     torch.testing.assert_close(g, 0.5 * x * (1 + torch.erf(x / math.sqrt(2))))
+
+
+def test_meta_inference_answers_are_kept_per_question():
+    """Repeated layers ask type inference the same question: the second answer comes from the cache, equal to the
+    first, and a caller changing its list does not change the next answer; a bad question still raises."""
+    from tilefuse.ops import registry
+
+    t = TensorType((3, 5, 7), "float32")
+    args = ("softmax", [t], {"dim": -1})
+    first = registry.infer_types(*args)
+    first.append("scribbled")
+    assert registry._meta_key(*args) in registry._META_CACHE
+    assert registry.infer_types(*args) == [t]
+    assert registry._meta_key("x", [t], {"w": torch.zeros(2)}) is None  # tensors in attributes: not cached
+    with pytest.raises(registry.InferenceError):
+        registry.infer_types("matmul", [t, TensorType((4, 4), "float32")], {})

@@ -115,6 +115,29 @@ def test_cycle_is_illegal():
     assert not creates_cycle(f, {"a"}, {"b"})
 
 
+def test_cycle_check_agrees_with_reachability_on_random_dags():
+    """The windowed search gives the definition's answer: some node outside the merged set is both reachable
+    from it and reaches it (networkx descendants/ancestors), on random DAGs and random merges."""
+    import random
+
+    import networkx as nx
+
+    rnd = random.Random(torch.randint(0, 2**31, ()).item())
+    for _ in range(200):
+        n = rnd.randint(2, 14)
+        dag = nx.DiGraph()
+        dag.add_nodes_from(str(k) for k in range(n))
+        dag.add_edges_from((str(i), str(j)) for i in range(n) for j in range(i + 1, n) if rnd.random() < 0.3)
+        names = list(rnd.sample(sorted(dag), n))  # the order must come from the DAG, not from the names
+        order = {v: k for k, v in enumerate(nx.topological_sort(dag))}
+        f = Facts(None, dag, {}, {}, {}, {}, frozenset(), order)
+        members, new = set(names[:rnd.randint(1, 3)]), set(names[-rnd.randint(1, 2):])
+        merged = members | new
+        down = set().union(*(nx.descendants(dag, v) for v in merged)) - merged
+        up = set().union(*(nx.ancestors(dag, v) for v in merged))
+        assert creates_cycle(f, members, new) == bool(down & up), (sorted(dag.edges), members, new)
+
+
 def test_multi_use_epilogue_is_refused_for_gemm(rng):
     b = GraphBuilder("two_users")
     x = b.input("x", TensorType((4, 8), F32))

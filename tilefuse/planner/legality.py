@@ -1,7 +1,7 @@
 """Legality: is a fusion *correct*? Each check returns ``None`` (legal) or the reason it is not.
 
 Note: legality never asks whether a fusion pays (that is ``cost.py``). A fusion is legal when the
-merged region stays acyclic in the region graph (checked with networkx), the shapes fit the
+merged region stays acyclic in the region graph (a search over the networkx DAG), the shapes fit the
 template's iteration domain, and the template can take the op (its epilogue vocabulary).
 """
 
@@ -39,11 +39,14 @@ class Facts:
     users: dict[str, list[Node]]
     types: dict[str, TensorType]
     outputs: frozenset[str]
+    order: dict[str, int]  # each node's position in a topological order of ``dag``
 
     @classmethod
     def of(cls, graph: Graph) -> Facts:
-        return cls(graph, graph.to_networkx(), {n.name: n for n in graph.nodes}, graph.producers(),
-                   graph.users(), {k: v.type for k, v in graph.values().items()}, frozenset(graph.outputs))
+        dag = graph.to_networkx()
+        return cls(graph, dag, {n.name: n for n in graph.nodes}, graph.producers(),
+                   graph.users(), {k: v.type for k, v in graph.values().items()}, frozenset(graph.outputs),
+                   {n: k for k, n in enumerate(nx.topological_sort(dag))})
 
     def kind(self, node: Node) -> OpKind:
         return ops.get(node.op).kind
@@ -54,18 +57,23 @@ class Facts:
 
 def creates_cycle(f: Facts, members: set[str], new: set[str]) -> bool:
     """True when merging ``new`` into ``members`` puts a node outside on a path out of and back
-    into the merged set (the fused kernel would have to run both before and after it)."""
+    into the merged set (the fused kernel would have to run both before and after it).
+
+    Such a path ends at a merged node, so every node on it comes before the last merged node in
+    topological order: the search from the merged set's outside successors stops there (a window of
+    the graph, not the whole graph per candidate, which made planning quadratic in the layer count)."""
     merged = members | new
-    down: set[str] = set()
-    for n in merged:
-        down |= nx.descendants(f.dag, n)
-    down -= merged
-    if not down:
-        return False
-    up: set[str] = set()
-    for n in merged:
-        up |= nx.ancestors(f.dag, n)
-    return bool(down & up)
+    last = max(f.order[n] for n in merged)
+    stack = [s for n in merged for s in f.dag.successors(n) if s not in merged and f.order[s] < last]
+    seen = set(stack)
+    while stack:
+        for s in f.dag.successors(stack.pop()):
+            if s in merged:
+                return True
+            if s not in seen and f.order[s] < last:
+                seen.add(s)
+                stack.append(s)
+    return False
 
 
 def escaping(f: Facts, members: set[str]) -> list[str]:
