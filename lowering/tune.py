@@ -516,39 +516,57 @@ KEEP_KERNEL_MARGIN = 0.97
 
 
 def choose_backends(runner, args, db: TuningDB, target: dict, log: Callable[[str], None] | None = None) -> list[str]:
-    """Run ``runner``'s plan once on ``args``, region by region; for each region with a kernel, time the kernel
-    and the region's own ops through torch on the same inputs (answers come from ``db`` when it has them) and
-    keep the faster: a fused kernel that loses is not taken. Returns one line per region given back to
-    torch (also in the plan's notes), e.g. ``"fused_sdpa_3: torch 0.096 ms < kernel 0.197 ms"``."""
+    """Run ``runner``'s plan once on ``args``, region by region; for each region with a kernel, time the kernel,
+    the region's own ops through torch and, for a GEMM region with an epilogue of several ops, its split
+    (``lowering/split.py``: the GEMM through torch, the epilogue as one elementwise kernel) on the same inputs
+    (answers come from ``db`` when it has them), and keep the fastest; the fused kernel stays unless another
+    way is ``KEEP_KERNEL_MARGIN`` faster. Returns one line per region not run as its fused kernel (also in
+    the plan's notes), e.g. ``"fused_sdpa_3: torch 0.096 ms < kernel 0.197 ms"``."""
     import dataclasses
 
+    from tilefuse.lowering.split import lower_splits
     from tilefuse.runtime.plan_runner import reference_region
 
     plan, kind = runner.plan, target.get("kind", "c")
     lines, regions = [], list(plan.regions)
+    # splits are compiled (one batch) only where no stored choice rules them out
+    wanted = [r for r in plan.regions if r.name in runner.kernels
+              and (db.get(runner.kernels[r.name].spec, target, "choice") or {}).get("split", True) is not False]
+    splits = lower_splits(plan, wanted, target)
 
     def choose(k, region, ins):
         kernel = runner.kernels.get(region.name)
         spec = getattr(kernel, "spec", None)
         if spec is None:
             return
+        split = splits.get(region.name)
         choice = db.get(spec, target, "choice")
-        if choice is None:
+        if choice is None or ("split_ms" not in choice and split is not None):
             ref = reference_region(plan, region)
             choice = {"kernel_ms": _device_time(kernel, (ins,), kind) * 1e3,
-                      "torch_ms": _device_time(ref, (ins,), kind) * 1e3}
-            choice["torch"] = choice["torch_ms"] < KEEP_KERNEL_MARGIN * choice["kernel_ms"]
+                      "torch_ms": _device_time(ref, (ins,), kind) * 1e3,
+                      "split_ms": _device_time(split, (ins,), kind) * 1e3 if split is not None else None}
+            other = min(("torch", "split"), key=lambda w: choice[f"{w}_ms"] or float("inf"))
+            beaten = choice[f"{other}_ms"] < KEEP_KERNEL_MARGIN * choice["kernel_ms"]
+            choice.update({"torch": beaten and other == "torch", "split": beaten and other == "split"})
             db.put(spec, target, choice, "choice")
-        if choice["torch"]:
+        if choice.get("split") and split is not None:
+            runner.fns[k] = split
+            lines.append(f"{region.name}: split {choice['split_ms']:.3f} ms (torch GEMM + TileLang epilogue) < "
+                         f"kernel {choice['kernel_ms']:.3f} ms, torch {choice['torch_ms']:.3f} ms")
+        elif choice["torch"] or choice.get("split"):  # a stored split whose tail does not lower here: torch
             runner.fns[k] = reference_region(plan, region)
-            del runner.kernels[region.name]
-            regions[k] = dataclasses.replace(region, backend="torch")
             lines.append(f"{region.name}: torch {choice['torch_ms']:.3f} ms < kernel {choice['kernel_ms']:.3f} ms")
+        else:
+            return
+        del runner.kernels[region.name]
+        regions[k] = dataclasses.replace(region, backend="torch")
 
     runner.run(*args, before_region=choose)
     if lines:
         runner.plan = dataclasses.replace(plan, regions=tuple(regions), notes=plan.notes + tuple(
-            f"{x} (measured: the region runs through torch)" for x in lines))
+            f"{x} (measured: the region runs through torch" + (", its epilogue as a TileLang kernel)" if ": split " in x
+                                                              else ")") for x in lines))
         if log is not None:
             log(f"{len(lines)} regions run through torch, measured faster than their kernels: " + "; ".join(lines))
     return lines

@@ -204,3 +204,80 @@ def test_second_compile_in_a_fresh_process_tunes_and_compiles_nothing(tmp_path, 
     assert warm["compiles"] == 0 and warm["measured"] == 0, warm
     assert cold["max_err"] < 1e-4 and warm["max_err"] < 1e-4
     print(f"cold {cold['seconds']:.2f} s, warm {warm['seconds']:.2f} s")
+
+
+def epilogue_graph():
+    """One GEMM region with a two-op epilogue reading another input: silu(linear(x)) * g (LLaMA's gate)."""
+    b = GraphBuilder("tune_split")
+    x = b.input("x", TensorType((16, 32), "float32"))
+    g = b.input("g", TensorType((16, 24), "float32"))
+    y = b.add1("linear", [x, b.constant("w", torch.randn(24, 32)), ""])
+    return b.build([b.add1("mul", [b.add1("silu", [y]), g])])
+
+
+def test_split_runs_the_gemm_through_torch_and_the_epilogue_as_one_kernel(rng):
+    from tilefuse.lowering.split import lower_splits, split
+    from tilefuse.runtime.plan_runner import PlanRunner
+
+    p = plan(epilogue_graph(), C)
+    (gemm,) = [r for r in p.regions if r.kind == "gemm"]
+    head, tail = split(p, gemm)
+    assert [p.graph.nodes[[n.name for n in p.graph.nodes].index(m)].op for m in head.nodes] == ["linear"]
+    assert tail.kind == "elementwise" and set(tail.ops) >= {"silu", "mul"} and tail.outputs == gemm.outputs
+    (fn,) = lower_splits(p, [gemm], C).values()
+    x, g = torch.randn(16, 32, generator=rng), torch.randn(16, 24, generator=rng)
+    want = PlanRunner(p).run(x, g)
+    runner = PlanRunner(p)
+    runner.fns[p.regions.index(gemm)] = fn
+    torch.testing.assert_close(runner.run(x, g), want, rtol=1e-5, atol=1e-5)
+    single = plan(small_graph(), C)  # relu alone after the GEMM: nothing to gain, no split
+    assert split(single, next(r for r in single.regions if r.kind == "gemm")) is None
+
+
+def test_choose_backends_takes_the_split_where_it_is_fastest(tmp_path, monkeypatch, rng):
+    from tilefuse.config import Options
+    from tilefuse.lowering.split import SplitRegion
+    from tilefuse.runtime.plan_runner import build_runner
+
+    graph = epilogue_graph()
+    runner = build_runner(graph, Options(target=C, cuda_graphs=False))
+    gemm = next(r.name for r in runner.plan.regions if r.kind == "gemm")
+    timed = []
+
+    def fake_time(fn, args, kind):  # fused kernel 2 ms, its ops through torch 1.5 ms, the split 1 ms
+        timed.append(type(fn).__name__)
+        return {"SplitRegion": 1e-3, "RegionKernel": 2e-3}.get(type(fn).__name__, 1.5e-3)
+
+    monkeypatch.setattr(tune, "_device_time", fake_time)
+    x, g = torch.randn(16, 32, generator=rng), torch.randn(16, 24, generator=rng)
+    want = runner.run(x, g)
+    db = tune.TuningDB(tmp_path / "t.json")
+    lines = tune.choose_backends(runner, (x, g), db, C)
+    assert len(lines) == 1 and lines[0].startswith(f"{gemm}: split 1.000 ms"), lines
+    k = [r.name for r in runner.plan.regions].index(gemm)
+    assert isinstance(runner.fns[k], SplitRegion) and gemm not in runner.kernels
+    assert any("epilogue as a TileLang kernel" in n for n in runner.plan.notes)
+    torch.testing.assert_close(runner.run(x, g), want, rtol=1e-5, atol=1e-5)
+    n = len(timed)
+    again = build_runner(graph, Options(target=C, cuda_graphs=False))  # the stored choice: nothing timed
+    assert tune.choose_backends(again, (x, g), tune.TuningDB(db.path), C) == lines and len(timed) == n
+    assert isinstance(again.fns[k], SplitRegion)
+    torch.testing.assert_close(again.run(x, g), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_split_on_the_gpu_matches_the_region(rng):
+    """The split's epilogue kernel on the GPU: the region's outputs, fresh inputs, every element."""
+    from tilefuse.config import default_target
+    from tilefuse.lowering.split import lower_splits
+    from tilefuse.runtime.plan_runner import PlanRunner
+
+    target = default_target()
+    p = plan(epilogue_graph(), target)
+    (gemm,) = [r for r in p.regions if r.kind == "gemm"]
+    (fn,) = lower_splits(p, [gemm], target).values()
+    x, g = (torch.randn(s, generator=rng).cuda() for s in ((16, 32), (16, 24)))
+    runner = PlanRunner(p)
+    want = runner.run(x, g)
+    runner.fns[p.regions.index(gemm)] = fn
+    torch.testing.assert_close(runner.run(x, g), want, rtol=1e-5, atol=1e-5)
