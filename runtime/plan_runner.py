@@ -109,9 +109,7 @@ class PlanRunner:
                     "%s: CUDA graph capture failed (%s); running without graphs", self.plan.graph.name,
                     str(e).splitlines()[0] if str(e) else type(e).__name__)
                 self._graphed = None
-        # A kernel may hand back a view of the leading columns of padded rows (KernelSpec.out_cols); the graph
-        # runner's copies out are dense, and so are these
-        return tuple(o if _dense(o) else o.contiguous() for o in self.run(*args))
+        return self.run(*args)
 
     def run(self, *args: torch.Tensor, before_region: Callable | None = None) -> tuple[torch.Tensor, ...]:
         """Execute the plan once, region by region (no CUDA graph). ``before_region(k, region, inputs)`` is
@@ -135,18 +133,6 @@ class PlanRunner:
 
     def summary(self) -> str:
         return self.plan.summary()
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Its elements fill its span of memory exactly once (a contiguous layout, or a permutation of one)."""
-    if t.is_contiguous():
-        return True
-    span = 1
-    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
-        if stride != span:
-            return False
-        span *= size
-    return True
 
 
 def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.Tensor] | None = None,
