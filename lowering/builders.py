@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tilefuse.ir import Graph, Node, TensorType, torch_dtype
+from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.lowering import attention_layout, index
 from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, Load, ops_supported
 from tilefuse.lowering.index import NotLowerable
@@ -34,8 +34,6 @@ class KernelSpec:
     pre: tuple[str, ...] = ()  # names of view nodes torch runs before the kernel
     post: tuple[str, ...] = ()  # names of layout nodes torch runs on the kernel's outputs (then ``outputs``
     # names the values the kernel computes, and the region's outputs are read after the post nodes)
-    out_cols: tuple[int | None, ...] = ()  # per kernel output #: the leading columns (last dim) that hold it,
-    # where the kernel writes longer rows (padded for alignment; the rest is scratch); None or absent: all
 
     def factory_kwargs(self) -> dict:
         return dict(self.params)
@@ -259,36 +257,22 @@ def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     extra = [a for a in b.args if a not in (a_val, b_val)]
     extra_shapes = tuple(_domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
                          else tuple(b.types[a].shape) for a in extra)
-    ld_C = _aligned_row(N, b.types[b.region.outputs[0]].dtype, target)
     return _gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
-                      trans_A=trans_a, trans_B=trans_b, batch_A=batch_a, batch_B=batch_b, prologue=pro, ld_C=ld_C)
-
-
-def _aligned_row(N: int, dtype: str, target: dict) -> int | None:
-    """The padded row length a GEMM output of N ``dtype`` columns is written with on ``target``, or None for
-    rows of N. On CUDA an fp16/bf16 row of N % 8 != 0 elements (GPT-2's LM head: N = 50257) starts most rows
-    off 16 bytes, which rules out vectorized and TMA stores; rows of N rounded up to 8 elements keep them."""
-    if target.get("kind") != "cuda" or torch_dtype(dtype).itemsize != 2 or N % 8 == 0:
-        return None
-    return (N + 7) // 8 * 8
+                      trans_A=trans_a, trans_B=trans_b, batch_A=batch_a, batch_B=batch_b, prologue=pro)
 
 
 def _gemm_spec(b: _Builder, M: int, N: int, K: int, a: tuple, b_: tuple, epilogue: Expr, mapping, extra,
-               extra_shapes, ld_C: int | None = None, **layout) -> KernelSpec:
+               extra_shapes, **layout) -> KernelSpec:
     """The ``gemm`` template's spec: operands ``a`` and ``b_`` as (value, reshape-to), the epilogue over
-    ``extra`` (read with ``extra_shapes``), ``layout`` the transposes, batch dims and prologue. With ``ld_C``
-    the kernel writes rows of ``ld_C`` and the region reads the first N columns of each."""
+    ``extra`` (read with ``extra_shapes``), ``layout`` the transposes, batch dims and prologue."""
     params = {"M": M, "N": N, "K": K, "trans_A": False, "trans_B": False, "batch_A": (), "batch_B": (),
               "A_dtype": b.types[a[0]].dtype, "B_dtype": b.types[b_[0]].dtype,
               "out_dtype": b.types[b.region.outputs[0]].dtype, "prologue": None,
               "epilogue": epilogue if epilogue != Acc() else None, "extra_shapes": tuple(extra_shapes),
               "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
     params.update(layout)
-    if ld_C is not None:  # only then: unpadded specs (and their cache and tuning keys) stay as they were
-        params["ld_C"] = ld_C
     inputs = (a, b_, *zip(extra, extra_shapes))
-    return KernelSpec("gemm", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre),
-                      out_cols=(N,) if ld_C is not None else ())
+    return KernelSpec("gemm", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
 
 def broadcast(a: tuple, b: tuple) -> tuple:

@@ -90,8 +90,7 @@ def can_lower(region: Region, graph: Graph, target: dict) -> bool:
 
 
 class RegionKernel:
-    """A compiled region: views torch runs first, the kernel, the output reshapes (of the leading columns of an
-    output the kernel writes in padded rows: ``KernelSpec.out_cols``)."""
+    """A compiled region: views torch runs first, the kernel, the output reshapes."""
 
     def __init__(self, spec: KernelSpec, kernel, region: Region, nodes: dict[str, Node]):
         self.spec, self.kernel, self.region = spec, kernel, region
@@ -99,7 +98,6 @@ class RegionKernel:
         self.post = [(nodes[p], ops.get(nodes[p].op), nodes[p].attr) for p in spec.post]
         # Bool tensors cross the kernel boundary as int8 (see templates/elementwise.py).
         self.bool_outputs = {k for k, dt in enumerate(spec.factory_kwargs().get("out_dtypes") or ()) if dt == "bool"}
-        self.out_cols = {k: n for k, n in enumerate(spec.out_cols) if n is not None}  # outputs in padded rows
 
     def __call__(self, args):
         env = dict(zip(self.region.inputs, args))
@@ -109,8 +107,6 @@ class RegionKernel:
         outs = self.kernel(*tensors)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         outs = [o.view(torch.bool) if k in self.bool_outputs else o for k, o in enumerate(outs)]
-        if self.out_cols:  # a view of each row's leading columns (the reshape below keeps it a view where it can)
-            outs = [o[..., :self.out_cols[k]] if k in self.out_cols else o for k, o in enumerate(outs)]
         if not self.post:
             return [outs[k].reshape(shape) for k, _, shape in self.spec.outputs]
         env.update({v: outs[k].reshape(shape) for k, v, shape in self.spec.outputs})

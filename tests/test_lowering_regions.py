@@ -20,14 +20,12 @@ from tilefuse.api import compile_graph
 from tilefuse.config import default_target
 from tilefuse.frontends.capture import capture_graphs
 from tilefuse.ir import GraphBuilder, TensorType
-from tilefuse.lowering.compile import compile_kernel
-from tilefuse.lowering.registry import KernelSpec, RegionKernel, build, make_prim_func
+from tilefuse.lowering.registry import KernelSpec, build
 from tilefuse.models.hf import MainOutput, build_hf
 from tilefuse.planner import plan
 from tilefuse.runtime.executor import Executor
 
 C = {"kind": "c"}
-SM90 = {"kind": "cuda", "arch": "sm_90a"}
 FP32 = {"rtol": 1e-4, "atol": 1e-5}  # whole models: fused GEMMs and norms sum in another order than eager
 EXACT = {"rtol": 1e-5, "atol": 1e-5}
 NO_KERNEL = ("view",)
@@ -467,52 +465,3 @@ def test_pointwise_conv_is_a_batched_gemm(side, rng):
     args = [torch.randn(t, generator=rng) for t in ((2, 8, 5, 7), (2, 6, 5, 7), side)]
     (got,), (want,) = compiled(*args), Executor(graph, "cpu")(*args)
     torch.testing.assert_close(got, want, **EXACT)
-
-
-# ---- GEMM outputs in rows padded to 16 bytes on CUDA --------------------------------------------------
-
-def gemm_region(op: str, N: int, dtype: str, target: dict):
-    """(spec, region, graph) of ``relu(linear(x, w, bias))`` or ``relu(x @ w)``, x (2, 5, 16), N columns."""
-    b = GraphBuilder(op)
-    x = b.input("x", TensorType((2, 5, 16), dtype))
-    if op == "linear":
-        y = b.add1("linear", [x, b.input("w", TensorType((N, 16), dtype)), b.input("bias", TensorType((N,), dtype))])
-    else:
-        y = b.add1("matmul", [x, b.input("w", TensorType((16, N), dtype))])
-    graph = b.build([b.add1("relu", [y])])
-    p = plan(graph, target)
-    (region,) = [r for r in p.regions if r.kind == "gemm"]
-    spec = build(region, p.graph, target)
-    assert isinstance(spec, KernelSpec), spec
-    return spec, region, p.graph
-
-
-@pytest.mark.parametrize("op, N, dtype, target, ld_C", [
-    ("linear", 50257, "float16", SM90, 50264),  # GPT-2's LM head
-    ("linear", 37, "bfloat16", SM90, 40),
-    ("matmul", 1001, "float16", SM90, 1008),
-    ("linear", 64, "float16", SM90, None),  # rows already 16-byte multiples
-    ("linear", 37, "float32", SM90, None),
-    ("linear", 37, "float16", C, None),  # CPU targets store element by element anyway
-])
-def test_gemm_output_rows_are_padded_on_cuda(op, N, dtype, target, ld_C):
-    spec, _, _ = gemm_region(op, N, dtype, target)
-    assert spec.factory_kwargs().get("ld_C") == ld_C
-    assert spec.out_cols == ((N,) if ld_C else ())
-    if ld_C is None:
-        assert "ld_C" not in spec.factory_kwargs()  # unpadded specs (and their cache keys) stay as they were
-
-
-@pytest.mark.parametrize("op", ["linear", "matmul"])
-def test_padded_gemm_region_hands_back_a_view_of_its_columns(op, rng):
-    """A CUDA spec (rows of 40 for N = 37) compiled for ``c``: the region's output is the first 37 columns."""
-    N = 37
-    spec, region, graph = gemm_region(op, N, "float16", SM90)
-    kernel = RegionKernel(spec, compile_kernel(make_prim_func(spec, C), C, list(spec.out_idx)), region,
-                          {n.name: n for n in graph.nodes})
-    shapes = {"x": (2, 5, 16), "w": (N, 16) if op == "linear" else (16, N), "bias": (N,)}
-    values = {v.name: torch.randn(shapes[v.name], generator=rng).half() for v in graph.inputs}
-    (got,) = kernel([values[v] for v in region.inputs])
-    (want,) = Executor(graph, "cpu")(*values.values())
-    assert got.shape == (2, 5, N) and got.stride() == (5 * 40, 40, 1)  # a view of the padded rows
-    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
