@@ -193,32 +193,6 @@ def test_gemm(rng, name, blocks):
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
 
 
-# (M, N, K, ld_C, batch_A, block_N): rows padded to 8 or 16 elements, tails in M, N and K; a batched case.
-PADDED_ROWS = [(45, 37, 33, 40, (), 32), (45, 37, 33, 48, (), 16), (19, 50, 70, 64, (), 32),
-               (33, 1001, 29, 1008, (), 64), (21, 50, 23, 56, (2,), 32)]
-
-
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("M, N, K, ld_C, batch, block_N", PADDED_ROWS)
-def test_gemm_writes_padded_rows(rng, M, N, K, ld_C, batch, block_N, bias):
-    """``ld_C > N``: C is (..., M, ld_C), its first N columns the result (the others are scratch)."""
-    A, B = randn(rng, (*batch, M, K)), randn(rng, (N, K))
-    extras = [randn(rng, (N,))] if bias else []
-    epilogue = call("gelu", Acc() + Arg(0), approximate="tanh") if bias else None
-    f = gemm.gemm(M, N, K, trans_B=True, batch_A=batch, A_dtype="float32", epilogue=epilogue,
-                  extra_shapes=[(N,)] * len(extras), extra_dtypes=["float32"] * len(extras), ld_C=ld_C,
-                  block_M=32, block_N=block_N, block_K=32, target=C)
-    out = compile_kernel(f, C, out_idx=[-1])(A, B, *extras)
-    assert out.shape == (*batch, M, ld_C)
-    ref = gemm.reference(A, B, extras, trans_B=True, epilogue=epilogue)
-    torch.testing.assert_close(out[..., :N], ref, **TOL[torch.float32])
-
-
-def test_gemm_refuses_rows_shorter_than_N():
-    with pytest.raises(ValueError, match="ld_C"):
-        gemm.gemm(8, 37, 8, ld_C=32, A_dtype="float32", target=C)
-
-
 def test_gemm_configs_have_exactly_the_factory_tunables():
     import inspect
 

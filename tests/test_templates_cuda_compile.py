@@ -39,14 +39,6 @@ def kernels(target):
             1000, 776, 768, trans_B=True, A_dtype="float16", epilogue=Acc() + Arg(0), extra_shapes=[(776,)],
             extra_dtypes=["float16"], **GEMM_16, stage_C=True, target=target), [-1],
             "tma_store" if target["arch"].startswith("sm_90") else mma),
-        # GPT-2's LM head (N = 50257) in rows padded to 16 bytes: vectorized fragment stores, TMA stores on sm_90.
-        "gemm_padded_rows": (gemm.gemm(
-            256, 50257, 768, trans_B=True, A_dtype="float16", ld_C=50264, **GEMM_16, target=target), [-1],
-            "*(uint1*)(C + "),
-        "gemm_padded_rows_stage_C": (gemm.gemm(
-            256, 1001, 768, trans_B=True, A_dtype="float16", epilogue=Acc() + Arg(0), extra_shapes=[(1001,)],
-            extra_dtypes=["float16"], ld_C=1008, **GEMM_16, stage_C=True, target=target), [-1],
-            "tma_store" if target["arch"].startswith("sm_90") else mma),
         "gemm_batched_odd_bf16": (gemm.gemm(
             37, 45, 29, batch_A=(2, 3), batch_B=(3,), trans_A=True, A_dtype="bfloat16", epilogue=Acc() + Arg(0),
             extra_shapes=[(37, 45)], extra_dtypes=["float32"], out_dtype="float32", **SMALL, target=target),

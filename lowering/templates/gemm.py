@@ -48,7 +48,6 @@ def gemm(
     epilogue: Expr | None = None,
     extra_shapes: Sequence[Sequence[int]] = (),
     extra_dtypes: Sequence[str] = (),
-    ld_C: int | None = None,
     block_M: int = 128,
     block_N: int = 128,
     block_K: int = 32,
@@ -63,13 +62,10 @@ def gemm(
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B)``; parameters ``A, B, extra_0.., C``.
 
     ``A`` is ``(*batch_A, M, K)`` (``(*batch_A, K, M)`` if ``trans_A``), ``B`` is ``(*batch_B, K, N)``
-    (``(*batch_B, N, K)`` if ``trans_B``), ``C`` is ``(*broadcast(batch_A, batch_B), M, ld_C)``: rows of
-    ``ld_C >= N`` elements (default N), the result in the first N columns and the others scratch, whose values
-    are unspecified. A caller pads the rows (a multiple of 16 bytes) so that every row starts aligned, which the
-    vectorized and TMA stores need (an fp16 row of N = 50257 is not), and views the first N columns.
+    (``(*batch_B, N, K)`` if ``trans_B``), ``C`` is ``(*broadcast(batch_A, batch_B), M, N)``.
     ``prologue`` maps each element of A (``Acc``, constants only) before the MMA, which runs in
     ``B_dtype``; an A of another dtype without a prologue is cast. ``epilogue`` reads the
-    accumulator (``Acc``) and ``Arg(i)`` = ``extra_i`` broadcast against the ``(..., M, N)`` result.
+    accumulator (``Acc``) and ``Arg(i)`` = ``extra_i`` broadcast against C's shape.
     Tunables are TileLang's: ``block_M/N/K``, ``num_stages``, ``threads``, ``enable_rasterization``
     (threadblock swizzle with ``panel_size``), ``stage_C`` (store the output tile through shared memory: whole
     rows per store, a TMA store where rows are 16-byte aligned, instead of the accumulator fragment's
@@ -92,9 +88,6 @@ def gemm(
     batch = broadcast_shapes(batch_A, batch_B) if (batch_A or batch_B) else ()
     nb = numel(batch)
     out_shape = (*batch, M, N)
-    ld_C = N if ld_C is None else ld_C
-    if ld_C < N:
-        raise ValueError(f"gemm: ld_C = {ld_C} is shorter than a row of N = {N}")
     if broadcast_shapes(out_shape, *extra_shapes) != out_shape:
         raise ValueError(f"gemm: extra inputs {extra_shapes} do not broadcast to the output {out_shape}")
     A_shape = (*batch_A, K, M) if trans_A else (*batch_A, M, K)
@@ -125,7 +118,7 @@ def gemm(
         A = param("A", A_shape, A_dtype)
         B = param("B", B_shape, B_dtype)
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
-        C = param("C", (*batch, M, ld_C), out_dtype)
+        C = param("C", out_shape, out_dtype)
         with d.kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), nb, threads=threads) as (bx, by, bz):
             A_s = d.shared(A_tile, mma_dtype)
             B_s = d.shared(B_tile, mma_dtype)
