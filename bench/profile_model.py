@@ -15,8 +15,12 @@ import argparse
 import statistics
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_models import cuda_time_ms
 
 import tilefuse
 from tilefuse import models
@@ -40,14 +44,7 @@ def main() -> int:
         for _ in range(5):
             fn(*inputs)
         torch.cuda.synchronize()
-        walls = []
-        for _ in range(20):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn(*inputs)
-            b.record()
-            b.synchronize()
-            walls.append(a.elapsed_time(b))
+        wall = cuda_time_ms(fn, *inputs, reps=20)
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=acts) as prof:
             for _ in range(args.calls):
@@ -62,7 +59,6 @@ def main() -> int:
         if e.device_type == torch.autograd.DeviceType.CUDA and dev_us > 0:
             per_name[e.name].append(dev_us)
             busy_us += dev_us
-    wall = statistics.median(walls)
     busy = busy_us / args.calls / 1e3
     print(f"{args.model} ({args.size}, tune={args.tune}): wall {wall:.3f} ms per call (median of 20), GPU busy "
           f"{busy:.3f} ms per call, gap {wall - busy:.3f} ms")
