@@ -507,6 +507,31 @@ def tuned(plan, options) -> Iterator[TuningDB | None]:
         yield db
 
 
+def stored_choices(plan, target: dict, db: TuningDB | None = None) -> dict[str, dict]:
+    """What the tuning database holds for each lowerable region of ``plan`` on ``target``, measuring nothing:
+    its tuned config and how the measured choice runs it (``"kernel"``, ``"torch"`` or ``"split"``, with the
+    times it was chosen on). ``tilefuse explain`` shows it; regions the database does not know are left out."""
+    from tilefuse.lowering.registry import KernelSpec, build
+
+    db = db if db is not None else TuningDB()
+    graph = plan.graph
+    facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
+    out = {}
+    for r in plan.regions:
+        spec = build(r, graph, target, facts) if r.backend == "tilelang" else None
+        if not isinstance(spec, KernelSpec):
+            continue
+        entry, config, choice = {}, db.get(spec, target), db.get(spec, target, "choice")
+        if config is not None:
+            entry["config"] = config.get("config")
+        if choice is not None:
+            entry["runs"] = "split" if choice.get("split") else "torch" if choice.get("torch") else "kernel"
+            entry.update({k: choice[k] for k in ("kernel_ms", "torch_ms", "split_ms") if choice.get(k) is not None})
+        if entry:
+            out[r.name] = entry
+    return out
+
+
 # ---- kernel or torch: the measured choice per region ---------------------------------------------------------
 
 # A kernel is kept unless the region's torch ops are this much faster (timing noise must not flip choices).

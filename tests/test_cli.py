@@ -8,9 +8,12 @@ import pytest
 
 from tilefuse import cli, models
 
+C = {"kind": "c"}
+
 
 @pytest.mark.parametrize("name", sorted(models.ZOO))
-def test_explain_every_zoo_model(name, tmp_path, capsys):
+def test_explain_every_zoo_model(name, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TILEFUSE_TUNING_DB", str(tmp_path / "empty.json"))  # no stored choices to show
     svg, html = tmp_path / "p.svg", tmp_path / "p.html"
     assert cli.main(["explain", name, "--target", "c", "--json", "--svg", str(svg), "--html", str(html)]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -46,3 +49,27 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "tilefuse.cli", "--help"], capture_output=True, text=True, check=False)
     assert out.returncode == 0 and "explain" in out.stdout
+
+
+def test_explain_shows_the_measured_choices_the_tuning_database_holds(tmp_path, monkeypatch, capsys):
+    """Regions the database has measured say how they run (kernel, torch or split) and on what times; the others
+    say nothing. Nothing is compiled or timed."""
+    from tilefuse.lowering import tune
+    from tilefuse.lowering.registry import KernelSpec, build
+    from tilefuse.planner import plan
+
+    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
+    p = plan(cli._load_graph("mlp", "tiny"), C)
+    gemms = [r for r in p.regions if r.kind == "gemm" and isinstance(build(r, p.graph, C), KernelSpec)]
+    assert len(gemms) >= 2
+    db = tune.TuningDB()
+    db.put(build(gemms[0], p.graph, C), C, {"kernel_ms": 0.2, "torch_ms": 0.1, "torch": True, "split": False}, "choice")
+    db.put(build(gemms[1], p.graph, C), C, {"config": {"block_M": 32}}, "")
+    assert cli.main(["explain", "mlp", "--target", "c", "--json"]) == 0
+    regions = {r["name"]: r for r in json.loads(capsys.readouterr().out)["regions"]}
+    assert regions[gemms[0].name]["measured"] == {"runs": "torch", "kernel_ms": 0.2, "torch_ms": 0.1}
+    assert regions[gemms[1].name]["measured"] == {"config": {"block_M": 32}}
+    assert sum("measured" in r for r in regions.values()) == 2
+    assert cli.main(["explain", "mlp", "--target", "c"]) == 0
+    out = capsys.readouterr().out
+    assert f"{gemms[0].name}" in out and "runs as torch (kernel 0.200 ms, torch 0.100 ms)" in out

@@ -75,9 +75,9 @@ def cmd_demo(args) -> int:
     return 0 if err <= tol else 1
 
 
-def _load_graph(spec: str, size: str, sparsity: str | None = None):
-    """An ONNX file path or a zoo model name -> tilefuse Graph (the largest captured graph; with ``sparsity``
-    its linear weights are frozen into constants, as compiling with it does)."""
+def _load_graph(spec: str, size: str, sparsity: str | None = None, dtype: str = "float32"):
+    """An ONNX file path or a zoo model name (built in ``dtype``) -> tilefuse Graph (the largest captured graph;
+    with ``sparsity`` its linear weights are frozen into constants, as compiling with it does)."""
     if spec.endswith(".onnx") or Path(spec).is_file():
         from tilefuse.frontends.onnx import import_onnx
 
@@ -88,20 +88,32 @@ def _load_graph(spec: str, size: str, sparsity: str | None = None):
         raise SystemExit(f"tilefuse: {spec!r} is neither an ONNX file nor a zoo model ({', '.join(models.ZOO)})")
     from tilefuse.frontends.capture import capture_graphs
 
-    model, inputs = models.build(spec, size)
+    model, inputs = models.build(spec, size, dtype=getattr(torch, dtype))
     graphs = capture_graphs(model, inputs, lower=False, sparsity=sparsity)  # planning needs no kernels
     return max(graphs, key=lambda g: len(g.nodes))
+
+
+def _stored_choices(p, target: dict) -> dict[str, dict]:
+    """The tuning database's entries for the plan's regions, where TileLang can lower them here."""
+    try:
+        from tilefuse.lowering.tune import stored_choices
+    except ImportError:  # planning needs no TileLang; without it there is nothing stored to show
+        return {}
+    return stored_choices(p, target)
 
 
 def cmd_explain(args) -> int:
     from tilefuse.config import parse_target
     from tilefuse.planner import plan
 
-    graph = _load_graph(args.model, args.size, args.sparsity)
-    p = plan(graph, parse_target(args.target), sparsity=args.sparsity)
+    target = parse_target(args.target)
+    graph = _load_graph(args.model, args.size, args.sparsity, args.dtype)
+    p = plan(graph, target, sparsity=args.sparsity)
+    measured = _stored_choices(p, target)
     if args.json:
         doc = {"nodes": p.source_nodes, "kernels": p.kernels,
-               "regions": [{k: r.to_json()[k] for k in ("name", "kind", "ops", "inputs", "outputs", "backend")}
+               "regions": [{**{k: r.to_json()[k] for k in ("name", "kind", "ops", "inputs", "outputs", "backend")},
+                            **({"measured": measured[r.name]} if r.name in measured else {})}
                            for r in p.regions if r.kind != "view"]}
         if p.notes:
             doc["notes"] = list(p.notes)
@@ -112,6 +124,12 @@ def cmd_explain(args) -> int:
         print(p.to_text())
         if p.sparsity is not None:
             print(p.sparsity.summary())
+        if measured:
+            print(f"measured on {target} (tuning database; on a GPU the first call chooses, see README):")
+            for name, m in measured.items():
+                times = ", ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in m.items() if k.endswith("_ms"))
+                print(f"  {name:<40} runs as {m.get('runs', 'kernel')}" + (f" ({times})" if times else "")
+                      + (f"; config {m['config']}" if m.get("config") else ""))
     from tilefuse import draw
 
     if args.svg:
@@ -174,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--svg", metavar="FILE")
     e.add_argument("--html", metavar="FILE")
     e.add_argument("--sparsity", choices=["2:4"], help=sparsity_help)
+    e.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="zoo models: build them in this dtype (the tuning database's entries are per dtype)")
     e.set_defaults(fn=cmd_explain)
     c = sub.add_parser("compile", help="compile an ONNX model")
     c.add_argument("model")
