@@ -574,22 +574,21 @@ def choose_backends(runner, args, db: TuningDB, target: dict, log: Callable[[str
             choice.update({"torch": beaten and other == "torch", "split": beaten and other == "split"})
             db.put(spec, target, choice, "choice")
         if choice.get("split") and split is not None:
-            runner.fns[k] = split
+            runner.fns[k] = runner.kernels[region.name] = split
+            regions[k] = dataclasses.replace(region, backend="split")
             lines.append(f"{region.name}: split {choice['split_ms']:.3f} ms (torch GEMM + TileLang epilogue) < "
                          f"kernel {choice['kernel_ms']:.3f} ms, torch {choice['torch_ms']:.3f} ms")
         elif choice["torch"] or choice.get("split"):  # a stored split whose tail does not lower here: torch
             runner.fns[k] = reference_region(plan, region)
+            del runner.kernels[region.name]
+            regions[k] = dataclasses.replace(region, backend="torch")
             lines.append(f"{region.name}: torch {choice['torch_ms']:.3f} ms < kernel {choice['kernel_ms']:.3f} ms")
-        else:
-            return
-        del runner.kernels[region.name]
-        regions[k] = dataclasses.replace(region, backend="torch")
 
     runner.run(*args, before_region=choose)
     if lines:
         runner.plan = dataclasses.replace(plan, regions=tuple(regions), notes=plan.notes + tuple(
-            f"{x} (measured: the region runs through torch" + (", its epilogue as a TileLang kernel)" if ": split " in x
-                                                              else ")") for x in lines))
+            f"{x} (measured: " + ("its GEMM runs through torch, its epilogue as a TileLang kernel)" if ": split " in x
+                                  else "the region runs through torch)") for x in lines))
         if log is not None:
             log(f"{len(lines)} regions run through torch, measured faster than their kernels: " + "; ".join(lines))
     return lines

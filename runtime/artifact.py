@@ -156,6 +156,7 @@ def _kernel_entries(runner, target: dict, scratch: Path) -> tuple[dict, dict[str
 
     regions, entries, configs, funcs = {}, {}, {}, {}
     for name, rk in sorted(runner.kernels.items()):
+        rk = getattr(rk, "tail_fn", rk)  # a split region keeps its epilogue's kernel (its GEMM runs through torch)
         if not isinstance(rk, RegionKernel):
             raise TypeError(f"region {name} runs a {type(rk).__name__}, not a TileLang kernel; it cannot be saved")
         spec = rk.spec
@@ -426,14 +427,21 @@ def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path, funcs: d
     """Each tilelang region's kernel, built from its stored config and loaded from the unpacked cache."""
     from tilefuse.lowering.compile import compile_many
     from tilefuse.lowering.registry import KernelSpec, RegionKernel, build, make_prim_func
+    from tilefuse.lowering.split import SplitRegion, split
+    from tilefuse.runtime.plan_runner import reference_region
 
     graph = plan.graph
     facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
-    specs = {}
+    specs, parts = {}, {}
     for r in plan.regions:
-        if r.backend != "tilelang":
+        if r.backend not in ("tilelang", "split"):
             continue
-        s, (template, config, _) = build(r, graph, target, facts), tuning.get(r.name, (None, None, None, None))[:3]
+        if r.backend == "split":  # the stored kernel is the epilogue's, the part after the GEMM
+            parts[r.name] = split(plan, r)
+            if parts[r.name] is None:
+                raise _Mismatch(f"region {r.name} was saved split in two and does not split here")
+        lowered = parts[r.name][1] if r.name in parts else r
+        s, (template, config, _) = build(lowered, graph, target, facts), tuning.get(r.name, (None, None, None, None))[:3]
         if not isinstance(s, KernelSpec) or s.template != template:
             raise _Mismatch(f"region {r.name} lowers differently here ({getattr(s, 'template', s)}) "
                             f"than when it was saved ({template})")
@@ -468,7 +476,11 @@ def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path, funcs: d
                           "it runs through torch", ArtifactWarning, stacklevel=3)
             continue
         region = next(r for r in plan.regions if r.name == name)
-        kernels[name] = RegionKernel(s, k, region, nodes)
+        if name in parts:
+            head, tail = parts[name]
+            kernels[name] = SplitRegion(region, head, tail, reference_region(plan, head), RegionKernel(s, k, tail, nodes))
+        else:
+            kernels[name] = RegionKernel(s, k, region, nodes)
     keys = [getattr(k, "_tilelang_cache_key", None) for k in compiled.values() if not isinstance(k, BaseException)]
     return kernels, failed, keys
 
@@ -511,7 +523,7 @@ def _restore(path: Path, plans: list[tuple], options, data: dict[str, bytes]):
         plan = dataclasses.replace(plan, regions=tuple(dataclasses.replace(r, backend="torch") if r.name in failed
                                                        else r for r in plan.regions))
         runner = PlanRunner(plan, kernels)
-        if options.cuda_graphs and options.target.get("kind") == "cuda":
+        if options.cuda_graphs and options.target.get("kind") == "cuda" and plan.kernels:
             runner.enable_cuda_graphs()
         runner.artifact_dir = scratch
         runners.append((sig, runner))

@@ -164,8 +164,8 @@ def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.
     runner.static_inputs = tuple(static_inputs)
     if options.lower and kernels and db is not None and options.target.get("kind") == "cuda":
         runner.choose = (db, options.target)  # tuned: each region keeps the faster of kernel and torch
-    if options.cuda_graphs and options.target.get("kind") == "cuda":
-        runner.enable_cuda_graphs(static_inputs)
+    if options.cuda_graphs and options.target.get("kind") == "cuda" and p.kernels:
+        runner.enable_cuda_graphs(static_inputs)  # (a plan of views alone launches nothing: no graph to replay)
     runner.compile_seconds = time.perf_counter() - t0
     runner.source_graph = graph
     if options.observer is not None:

@@ -100,7 +100,7 @@ def plan_from_json(doc: Mapping, constants: Mapping[str, torch.Tensor]):
     """The ``FusionPlan`` of ``plan_to_json``'s ``doc``; ``ValueError`` unless its regions partition its graph."""
     import dataclasses
 
-    from tilefuse.planner.plan import KINDS, FusionPlan, Region
+    from tilefuse.planner.plan import BACKENDS, KINDS, FusionPlan, Region
 
     graph = graph_from_json(doc["graph"], constants)
     regions = tuple(Region(**{f.name: tuple(r[f.name]) if isinstance(r[f.name], list) else r[f.name]
@@ -110,7 +110,7 @@ def plan_from_json(doc: Mapping, constants: Mapping[str, torch.Tensor]):
         raise ValueError("its regions do not hold each node of its graph exactly once")
     values = graph.values()
     for r in regions:
-        if r.kind not in KINDS or r.backend not in ("torch", "tilelang") or not {*r.inputs, *r.outputs} <= set(values):
+        if r.kind not in KINDS or r.backend not in BACKENDS or not {*r.inputs, *r.outputs} <= set(values):
             raise ValueError(f"region {r.name} has a bad kind, backend or value")
     return FusionPlan(graph, regions, tuple(map(str, doc["refusals"])), tuple(map(str, doc["rewrites"])),
                       int(doc["source_nodes"]), tuple(map(str, doc["notes"])))

@@ -255,7 +255,8 @@ def test_choose_backends_takes_the_split_where_it_is_fastest(tmp_path, monkeypat
     lines = tune.choose_backends(runner, (x, g), db, C)
     assert len(lines) == 1 and lines[0].startswith(f"{gemm}: split 1.000 ms"), lines
     k = [r.name for r in runner.plan.regions].index(gemm)
-    assert isinstance(runner.fns[k], SplitRegion) and gemm not in runner.kernels
+    assert isinstance(runner.fns[k], SplitRegion) and runner.kernels[gemm] is runner.fns[k]
+    assert runner.plan.regions[k].backend == "split"
     assert any("epilogue as a TileLang kernel" in n for n in runner.plan.notes)
     torch.testing.assert_close(runner.run(x, g), want, rtol=1e-5, atol=1e-5)
     n = len(timed)
@@ -281,3 +282,24 @@ def test_split_on_the_gpu_matches_the_region(rng):
     want = runner.run(x, g)
     runner.fns[p.regions.index(gemm)] = fn
     torch.testing.assert_close(runner.run(x, g), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_split_region_is_saved_and_loads_split(tmp_path, monkeypatch, rng):
+    """The plan says ``split``; an artifact keeps the epilogue's kernel and loads the region split again, without
+    compiling, with the same outputs."""
+    import tilefuse
+    from tilefuse.lowering.split import SplitRegion
+
+    monkeypatch.setattr(tune, "_device_time", lambda fn, args, kind: {"SplitRegion": 1e-3}.get(type(fn).__name__, 2e-3))
+    compiled = compile_graph(epilogue_graph(), target="c")
+    x, g = torch.randn(16, 32, generator=rng), torch.randn(16, 24, generator=rng)
+    want = compiled(x, g)
+    tune.choose_backends(compiled.runner, (x, g), tune.TuningDB(tmp_path / "t.json"), C)
+    (gemm,) = [r for r in compiled.plan.regions if r.kind == "gemm"]
+    assert gemm.backend == "split" and "1 split" in compiled.plan.summary()
+    loaded = tilefuse.load(tilefuse.save(compiled, tmp_path / "m.tfz"))
+    assert loaded.load_report.compiled == 0
+    (back,) = [r for r in loaded.plan.regions if r.kind == "gemm"]
+    assert back.backend == "split" and isinstance(loaded.runner.fns[loaded.plan.regions.index(back)], SplitRegion)
+    for got, ref in zip(loaded(x, g), want):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

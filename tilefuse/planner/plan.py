@@ -12,12 +12,17 @@ from tilefuse.ir import Graph
 KINDS = ("gemm", "gemm_sp", "attention", "reduction", "elementwise", "opaque", "view")
 
 
+BACKENDS = ("tilelang", "torch", "split")
+
+
 @dataclass(frozen=True)
 class Region:
     """A group of nodes that becomes one kernel.
 
     ``anchor`` is the node the template is built around (the GEMM, the norm...); ``inputs`` are the
-    values it reads from outside, ``outputs`` the values others read (or the graph returns).
+    values it reads from outside, ``outputs`` the values others read (or the graph returns). ``backend``
+    is one of ``BACKENDS``: its TileLang kernel, its ops through torch, or (chosen by measurement,
+    ``lowering/split.py``) its GEMM through torch and the rest as one TileLang kernel.
     """
 
     name: str
@@ -67,8 +72,10 @@ class FusionPlan:
                 kinds[r.kind] = kinds.get(r.kind, 0) + 1
         by_kind = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         tl = sum(1 for r in self.regions if r.launches and r.backend == "tilelang")
+        split = sum(1 for r in self.regions if r.launches and r.backend == "split")
         return (f"{self.graph.name}: {self.source_nodes} compute nodes -> {self.kernels} kernels "
-                f"({by_kind}); {tl} TileLang, {self.kernels - tl} torch")
+                f"({by_kind}); {tl} TileLang, {self.kernels - tl - split} torch"
+                + (f", {split} split (GEMM through torch, epilogue TileLang)" if split else ""))
 
     def to_text(self, reasons: bool = True) -> str:
         lines = [self.summary()]
