@@ -107,6 +107,7 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
     plans = [r.plan for r in runners]
     res["kernels"] = sum(p.kernels for p in plans)
     res["tilelang_kernels"] = sum(1 for p in plans for r in p.regions if r.launches and r.backend == "tilelang")
+    res["split_regions"] = sum(1 for p in plans for r in p.regions if r.backend == "split")  # GEMM torch, rest TileLang
     res["compute_nodes"] = sum(p.source_nodes for p in plans)
     res["regions"] = kernel_table(runners)
     if tune != "none":  # last: a dynamo reset makes ``fn`` recompile (and report a second runner) if called again
