@@ -55,9 +55,7 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
         return f"opaque region ({ops_}): no template takes opaque ops; it runs through torch"
     if target.get("kind") not in ("c", "cuda"):
         return f"target {target.get('kind')!r} compiles only with its vendor toolchain"
-    if facts is None:
-        facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
-    nodes, types = facts
+    nodes, types = facts if facts is not None else graph_facts(graph)
     try:
         _static(region, types, target)
         b = _Builder(region, graph, nodes, types)
@@ -83,6 +81,18 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
         return str(e)
     except (KeyError, IndexError, TypeError, ValueError) as e:  # a shape the builders did not foresee
         return f"lowering refused: {type(e).__name__}: {e}"
+
+
+def graph_facts(graph: Graph) -> tuple[dict[str, Node], dict]:
+    """What ``build`` reads of ``graph`` (its nodes by name, its values' types): made once per plan, not per region."""
+    return {n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()}
+
+
+def region_specs(plan: FusionPlan, target: dict) -> dict[str, KernelSpec]:
+    """The kernel spec of each TileLang region of ``plan`` that lowers on ``target``, by region name."""
+    facts = graph_facts(plan.graph)
+    return {r.name: s for r in plan.regions if r.backend == "tilelang"
+            for s in [build(r, plan.graph, target, facts)] if isinstance(s, KernelSpec)}
 
 
 def can_lower(region: Region, graph: Graph, target: dict) -> bool:
@@ -190,9 +200,7 @@ def lower_plan(plan: FusionPlan, target: dict, log=None, progress: bool = False)
     from tilefuse.progress import Progress
 
     graph = plan.graph
-    facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
-    specs = {r.name: s for r in plan.regions if r.backend == "tilelang"
-             for s in [build(r, graph, target, facts)] if isinstance(s, KernelSpec)}
+    specs = region_specs(plan, target)
     distinct = list(dict.fromkeys((s.template, s.params, s.out_idx) for s in specs.values()))
     t0 = time.perf_counter()
     by_key = {(s.template, s.params, s.out_idx): s for s in specs.values()}
@@ -209,7 +217,7 @@ def lower_plan(plan: FusionPlan, target: dict, log=None, progress: bool = False)
     kernels = {**kernels_failed, **dict(zip(built, compiled))}
     if log is not None:
         log(f"compiled {len(distinct)} distinct kernels for {len(specs)} regions in {time.perf_counter() - t0:.1f} s")
-    nodes, out = facts[0], {}
+    nodes, out = {n.name: n for n in graph.nodes}, {}
     for r in plan.regions:
         s = specs.get(r.name)
         if s is None:

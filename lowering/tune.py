@@ -419,16 +419,12 @@ def tune_plan(plan, target: dict, budget: str | int = "fast", db: TuningDB | Non
     left over keep their default config); returns the database holding the winners. Every candidate of
     every spec compiles in one parallel batch, then the specs are timed one by one. With ``progress``, the
     compiles and the specs timed are reported on stderr (``tilefuse.progress``)."""
-    from tilefuse.lowering.builders import KernelSpec
-    from tilefuse.lowering.registry import build
+    from tilefuse.lowering.registry import region_specs
     from tilefuse.progress import Progress
 
     db = db if db is not None else TuningDB()
     graph, t0 = plan.graph, time.monotonic()
-    facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
-    specs = [s for r in plan.regions if r.backend == "tilelang"
-             for s in [build(r, graph, target, facts)] if isinstance(s, KernelSpec)]
-    distinct = list({(s.template, s.params, s.out_idx): s for s in specs}.values())
+    distinct = list({(s.template, s.params, s.out_idx): s for s in region_specs(plan, target).values()}.values())
     todo = [s for s in distinct if db.get(s, target) is None]
     measured = 0
     if todo:
@@ -511,16 +507,11 @@ def stored_choices(plan, target: dict, db: TuningDB | None = None) -> dict[str, 
     """What the tuning database holds for each lowerable region of ``plan`` on ``target``, measuring nothing:
     its tuned config and how the measured choice runs it (``"kernel"``, ``"torch"`` or ``"split"``, with the
     times it was chosen on). ``tilefuse explain`` shows it; regions the database does not know are left out."""
-    from tilefuse.lowering.registry import KernelSpec, build
+    from tilefuse.lowering.registry import region_specs
 
     db = db if db is not None else TuningDB()
-    graph = plan.graph
-    facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
     out = {}
-    for r in plan.regions:
-        spec = build(r, graph, target, facts) if r.backend == "tilelang" else None
-        if not isinstance(spec, KernelSpec):
-            continue
+    for name, spec in region_specs(plan, target).items():
         entry, config, choice = {}, db.get(spec, target), db.get(spec, target, "choice")
         if config is not None:
             entry["config"] = config.get("config")
@@ -528,7 +519,7 @@ def stored_choices(plan, target: dict, db: TuningDB | None = None) -> dict[str, 
             entry["runs"] = "split" if choice.get("split") else "torch" if choice.get("torch") else "kernel"
             entry.update({k: choice[k] for k in ("kernel_ms", "torch_ms", "split_ms") if choice.get(k) is not None})
         if entry:
-            out[r.name] = entry
+            out[name] = entry
     return out
 
 

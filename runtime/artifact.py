@@ -426,12 +426,12 @@ def _tuning(doc: dict, keys: set[str]) -> dict[str, tuple[str, dict | None, str,
 def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path, funcs: dict[str, bytes] | None = None):
     """Each tilelang region's kernel, built from its stored config and loaded from the unpacked cache."""
     from tilefuse.lowering.compile import compile_many
-    from tilefuse.lowering.registry import KernelSpec, RegionKernel, build, make_prim_func
+    from tilefuse.lowering.registry import KernelSpec, RegionKernel, build, graph_facts, make_prim_func
     from tilefuse.lowering.split import SplitRegion, split
     from tilefuse.runtime.plan_runner import reference_region
 
     graph = plan.graph
-    facts = ({n.name: n for n in graph.nodes}, {k: v.type for k, v in graph.values().items()})
+    facts = graph_facts(graph)
     specs, parts = {}, {}
     for r in plan.regions:
         if r.backend not in ("tilelang", "split"):
