@@ -80,13 +80,13 @@ class PlanRunner:
             self._constants[device] = {k: t.to(device) for k, t in self.plan.graph.constants.items()}
         return self._constants[device]
 
-    def enable_cuda_graphs(self, static_inputs: Collection[int] = ()) -> None:
-        """Replay the plan from captured CUDA graphs (static shapes; one graph per input signature).
-        ``static_inputs``: positions of inputs that keep their address across calls (parameters), read in
-        place rather than copied in before each replay (``runtime.graphs.CudaGraphRunner``)."""
+    def enable_cuda_graphs(self) -> None:
+        """Replay the plan from captured CUDA graphs (static shapes; one graph per input signature). The
+        ``static_inputs`` (parameters: they keep their address across calls) are read in place rather than
+        copied in before each replay (``runtime.graphs.CudaGraphRunner``)."""
         from tilefuse.runtime.graphs import CudaGraphRunner
 
-        self._graphed = CudaGraphRunner(self.run, static_inputs=static_inputs)
+        self._graphed = CudaGraphRunner(self.run, static_inputs=self.static_inputs)
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.record:
@@ -136,11 +136,12 @@ class PlanRunner:
 
 
 def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.Tensor] | None = None,
-                 static_inputs: Collection[int] = ()) -> PlanRunner:
+                 static_inputs: Collection[int] = (), check: bool = True) -> PlanRunner:
     """Plan ``graph`` for ``options.target``, lower what can be lowered, return the runner. With
     ``options.sparsity`` the runner's ``sparsity_report`` says how much pruning changed the outputs on
     ``example_inputs`` (random ones when not given). ``static_inputs``: positions of the graph's inputs
-    that keep their address across calls (a module's parameters and buffers), see ``enable_cuda_graphs``."""
+    that keep their address across calls (a module's parameters and buffers), see ``enable_cuda_graphs``.
+    ``check=False`` skips checking each call's inputs against the graph, for callers that already have."""
     t0 = time.perf_counter()
     p = make_plan(graph, options.target, fuse=options.fuse, sparsity=options.sparsity)
     if p.sparsity is not None:
@@ -159,13 +160,13 @@ def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.
         p = dataclasses.replace(p, regions=tuple(
             r if r.backend != "tilelang" or r.name in kernels else dataclasses.replace(r, backend="torch")
             for r in p.regions))
-    runner = PlanRunner(p, kernels)
+    runner = PlanRunner(p, kernels, check=check)
     runner.sparsity_report = p.sparsity
     runner.static_inputs = tuple(static_inputs)
     if options.lower and kernels and db is not None and options.target.get("kind") == "cuda":
         runner.choose = (db, options.target)  # tuned: each region keeps the faster of kernel and torch
     if options.cuda_graphs and options.target.get("kind") == "cuda" and p.kernels:
-        runner.enable_cuda_graphs(static_inputs)  # (a plan of views alone launches nothing: no graph to replay)
+        runner.enable_cuda_graphs()  # (a plan of views alone launches nothing: no graph to replay)
     runner.compile_seconds = time.perf_counter() - t0
     runner.source_graph = graph
     if options.observer is not None:
