@@ -130,7 +130,9 @@ def test_layer_norm_resize_einsum_gather(rng):
              init("scales", np.array([1, 2, 1.5], np.float32)), init("idx", idx),
              init("gidx", np.array([[0, -1], [2, 3]], np.int64))]
     m = model(nodes, [vi("x", T.FLOAT, [1, 3, 4])], [vi("y", T.FLOAT, 4)], inits)
-    against_ort(m, {"x": randn(rng, 1, 3, 4)})
+    # The einsum sums products of magnitude ~10 (layer norm times a random gamma), so an output
+    # near zero carries fp32 rounding of ~10 * 2^-23 = 1.2e-6 in either runtime: atol 1e-5.
+    against_ort(m, {"x": randn(rng, 1, 3, 4)}, atol=1e-5)
 
 
 def test_shape_arithmetic_folds_into_a_static_reshape(rng):
