@@ -81,7 +81,7 @@ class _Builder:
                     self.pre.append(n.name)
                     self.available.add(n.outputs[0].name)
                 continue
-            if n.op == "batch_norm":  # after a convolution, whose template reads (C,) vectors as (C, 1, 1)
+            if n.op == "batch_norm":  # after a convolution, whose template reads (C,) vectors against the channels
                 x, w, b, mean, var = (env[i] if i in env else self.leaf(i) for i in n.inputs)
                 eps = n.attr.get("eps", 1e-5)
                 env[n.outputs[0].name] = (x - mean) * Call("rsqrt", (var + Const(float(eps)),)) * w + b
@@ -358,8 +358,10 @@ def _splits_at(shape: tuple, cols: int) -> bool:
 
 
 def _global_pool(anchor: Node) -> bool:
-    """adaptive_avg_pool to all-ones: a mean over the pooled dims, which the row reduction does best."""
-    return anchor.op == "adaptive_avg_pool" and all(d == 1 for d in anchor.attr["output_size"])
+    """adaptive_avg_pool to all-ones over the trailing dims: a mean over the pooled dims, which the row reduction
+    does best (channels last, the channels follow them: the pool template reads them)."""
+    return (anchor.op == "adaptive_avg_pool" and all(d == 1 for d in anchor.attr["output_size"])
+            and not anchor.attr.get("channels_last", False))
 
 
 def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
@@ -444,6 +446,8 @@ def _pool(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
         geometry["dilation"] = tuple(a.get("dilation", (1, 1)))
     if kind == "avg":
         geometry["count_include_pad"] = bool(a.get("count_include_pad", True))
+    if a.get("channels_last", False):
+        geometry["channels_last"] = True
     out_shape = tuple(anchor.outputs[0].type.shape)
     _require(pool.output_shape(xs, kind, **{k: v for k, v in geometry.items() if k != "count_include_pad"})
              == out_shape, f"{anchor.op} output {out_shape} differs from the template's")
@@ -490,19 +494,23 @@ def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     exprs, mapping = _epilogue(b, anchor, anchor.inputs[2] if len(anchor.inputs) > 2 else None, b.members[1:],
                                "convolution")
     out_shape = tuple(anchor.outputs[0].type.shape)
+    a = anchor.attr
+    last = bool(a.get("channels_last", False))
     extra = list(b.args)
     extra_shapes = []
-    for e in extra:
+    for e in extra:  # a (C,) vector (batch norm's) broadcasts as is against NHWC, as (C, 1, 1) against NCHW
         t = tuple(b.types[e].shape)
-        extra_shapes.append((t[0], 1, 1) if len(t) == 1 and len(out_shape) == 4 and t[0] == out_shape[1] else t)
-    a = anchor.attr
+        nchw_vector = not last and len(t) == 1 and len(out_shape) == 4 and t[0] == out_shape[1]
+        extra_shapes.append((t[0], 1, 1) if nchw_vector else t)
     if _pointwise_conv(xt.shape, wt.shape, a):
-        return _conv_1x1_as_gemm(b, x, w, xt, wt, exprs, mapping, extra, extra_shapes)
+        return (_conv_1x1_nhwc if last else _conv_1x1_as_gemm)(b, x, w, xt, wt, exprs, mapping, extra, extra_shapes)
     params = {"x_shape": tuple(xt.shape), "w_shape": tuple(wt.shape), "stride": tuple(a.get("stride", (1, 1))),
               "padding": tuple(a.get("padding", (0, 0))), "dilation": tuple(a.get("dilation", (1, 1))),
               "in_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
               "epilogue": exprs[0] if exprs[0] != Acc() else None, "extra_shapes": tuple(extra_shapes),
               "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
+    if last:  # NHWC activations, the model's (O, C, KH, KW) weight
+        params.update(layout="NHWC", weight_layout="OIHW")
     inputs = ((x, None), (w, None), *zip(extra, extra_shapes))
     return KernelSpec("conv2d", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
@@ -528,6 +536,16 @@ def _conv_1x1_as_gemm(b: _Builder, x: str, w: str, xt, wt, exprs, mapping, extra
         gemm_shapes.append((d0, d1, 1 if (d2, d3) == (1, 1) else H * W))
     return _gemm_spec(b, O, H * W, C, (w, (O, C)), (x, (Nb, C, H * W)), exprs[0], mapping, extra, gemm_shapes,
                       batch_B=(Nb,))
+
+
+def _conv_1x1_nhwc(b: _Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
+    """``out (N*H*W, O) = x (N*H*W, C) @ W (O, C)^T``: on NHWC data a 1x1 convolution is one plain GEMM, a
+    linear layer over the pixels. Epilogue operands read in its (rows, cols) domain: the full output, a
+    per-channel vector or a scalar."""
+    Nb, H, W, C = xt.shape
+    O, M = wt.shape[0], Nb * H * W
+    shapes = tuple(_domain_shape(TensorType(tuple(s), "float32"), M, O) for s in extra_shapes)
+    return _gemm_spec(b, M, O, C, (x, (M, C)), (w, (O, C)), exprs[0], mapping, extra, shapes, trans_B=True)
 
 
 # ---- entry points -------------------------------------------------------------------------------

@@ -488,9 +488,9 @@ def _rotary(b, n, out, idx):
 
 @rule("batch_norm")
 def _batch_norm(b, n, out, idx):
-    """Inference batch norm: per-channel (dim 1) vectors."""
+    """Inference batch norm: per-channel vectors (channels on dim 1, or the last with ``channels_last``)."""
     x, w, bias, mean, var = n.inputs
-    ch = (idx[1],)
+    ch = (idx[-1] if n.attr.get("channels_last", False) else idx[1],)
     y = (b.at(x, idx) - b.at(mean, ch)) * Call("rsqrt", (b.at(var, ch) + Const(float(n.attr.get("eps", 1e-5))),))
     if w:
         y = y * b.at(w, ch)

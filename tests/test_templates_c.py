@@ -272,18 +272,21 @@ POOL_CASES = {
 }
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("name", sorted(POOL_CASES))
-def test_pool2d(rng, name):
+def test_pool2d(rng, name, channels_last):
     kind, geometry = POOL_CASES[name]
-    shape = (2, 3, 10, 11)
+    shape, vec = ((2, 10, 11, 3), (3,)) if channels_last else ((2, 3, 10, 11), (3, 1, 1))
     producer, consumer = call("relu", Acc() + Arg(0)), Acc() * Arg(1)
-    f = pool.pool2d(shape, kind, **geometry, producer=producer, consumer=consumer, extra_shapes=[(3, 1, 1), ()],
-                    extra_dtypes=["float32", "float32"], write_pre=True, block=16, target=C)
-    x, b, s = randn(rng, shape), randn(rng, (3, 1, 1)), randn(rng, ())
+    f = pool.pool2d(shape, kind, **geometry, producer=producer, consumer=consumer, extra_shapes=[vec, ()],
+                    extra_dtypes=["float32", "float32"], write_pre=True, channels_last=channels_last, block=16,
+                    target=C)
+    x, b, s = randn(rng, shape), randn(rng, vec), randn(rng, ())
     out, pre = compile_kernel(f, C, out_idx=[-2, -1])(x, b, s)
-    ref = pool.reference(x, kind, **geometry, extras=[b, s], producer=producer, consumer=consumer)
-    assert out.shape == pool.output_shape(shape, kind, **{k: v for k, v in geometry.items()
-                                                          if k != "count_include_pad"})
+    ref = pool.reference(x, kind, **geometry, extras=[b, s], producer=producer, consumer=consumer,
+                         channels_last=channels_last)
+    assert out.shape == pool.output_shape(shape, kind, channels_last=channels_last,
+                                          **{k: v for k, v in geometry.items() if k != "count_include_pad"})
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pre, torch.relu(x + b))
 
@@ -299,6 +302,10 @@ CONV_CASES = {
                   "layout": "NHWC", "epilogue": Acc() + Arg(0), "extras": [(4,)]},
     "1x1": {"x": (2, 16, 5, 5), "w": (8, 16, 1, 1), "stride": (1, 1), "padding": (0, 0), "dilation": (1, 1),
             "epilogue": Acc() + Arg(0), "extras": [(2, 8, 5, 5)]},
+    # channels-last activations with the model's OIHW weight (planner.layout's convolutions)
+    "nhwc_oihw": {"x": (2, 9, 7, 6), "w": (5, 6, 3, 2), "stride": (2, 1), "padding": (1, 1), "dilation": (1, 2),
+                  "layout": "NHWC", "weight_layout": "OIHW", "epilogue": call("relu", Acc() + Arg(0)),
+                  "extras": [(5,)]},
 }
 
 
@@ -312,7 +319,8 @@ def test_conv2d(rng, name):
     x, w = randn(rng, xs), randn(rng, ws)
     out = compile_kernel(f, C, out_idx=[-1])(x, w, *extras)
     ref = conv.reference(x, w, extras, stride=case["stride"], padding=case["padding"], dilation=case["dilation"],
-                         layout=case.get("layout", "NCHW"), epilogue=case.get("epilogue"))
+                         layout=case.get("layout", "NCHW"), weight_layout=case.get("weight_layout"),
+                         epilogue=case.get("epilogue"))
     assert out.shape == ref.shape
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 

@@ -62,6 +62,13 @@ def kernels(target):
         "conv_nhwc_stride2": (conv.conv2d(
             (2, 28, 28, 32), (64, 3, 3, 32), stride=(2, 2), padding=(1, 1), layout="NHWC", in_dtype="bfloat16",
             **SMALL, target=target), [-1], "mma"),
+        "conv_nhwc_oihw_bias_relu": (conv.conv2d(
+            (2, 28, 28, 64), (128, 64, 3, 3), padding=(1, 1), layout="NHWC", weight_layout="OIHW",
+            in_dtype="float16", epilogue=call("relu", Acc() + Arg(0)), extra_shapes=[(128,)],
+            extra_dtypes=["float16"], target=target), [-1], mma),
+        "max_pool_nhwc": (pool.pool2d(
+            (4, 56, 56, 64), "max", kernel=(3, 3), stride=(2, 2), padding=(1, 1), x_dtype="float16",
+            channels_last=True, target=target), [-1], "max"),
     }
 
 

@@ -145,18 +145,21 @@ def test_fused_residual_norm_multi_tile(rng, target, dtype, kind, block_rows, bl
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC", "NHWC/OIHW"])
 def test_conv2d(rng, target, dtype, layout):
-    xs, ws = ((2, 32, 17, 19), (64, 32, 3, 3)) if layout == "NCHW" else ((2, 17, 19, 32), (64, 3, 3, 32))
+    layout, _, weight_layout = layout.partition("/")
+    xs = (2, 32, 17, 19) if layout == "NCHW" else (2, 17, 19, 32)
+    ws = (64, 3, 3, 32) if layout == "NHWC" and not weight_layout else (64, 32, 3, 3)
     bias_shape = (64, 1, 1) if layout == "NCHW" else (64,)
     epi = call("relu", Acc() + Arg(0))
-    f = conv.conv2d(xs, ws, stride=(2, 1), padding=(1, 1), dilation=(1, 2), layout=layout, in_dtype=dtype,
-                    epilogue=epi, extra_shapes=[bias_shape], extra_dtypes=[dtype], block_M=64, block_N=64,
-                    block_K=32, num_stages=2, threads=128, target=target)
+    f = conv.conv2d(xs, ws, stride=(2, 1), padding=(1, 1), dilation=(1, 2), layout=layout,
+                    weight_layout=weight_layout or None, in_dtype=dtype, epilogue=epi, extra_shapes=[bias_shape],
+                    extra_dtypes=[dtype], block_M=64, block_N=64, block_K=32, num_stages=2, threads=128,
+                    target=target)
     x, w, bias = randn(rng, xs, dtype), randn(rng, ws, dtype), randn(rng, bias_shape, dtype)
     out = compile_kernel(f, target, out_idx=[-1])(x, w, bias)
     ref = conv.reference(x.cpu(), w.cpu(), [bias.cpu()], stride=(2, 1), padding=(1, 1), dilation=(1, 2),
-                         layout=layout, epilogue=epi)
+                         layout=layout, weight_layout=weight_layout or None, epilogue=epi)
     torch.testing.assert_close(out.cpu(), ref, **MMA_TOL[dtype])
 
 
@@ -184,20 +187,23 @@ def test_elementwise_indexed_reads(rng, target, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", pool.KINDS)
-def test_pool2d(rng, target, kind, dtype):
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_pool2d(rng, target, kind, dtype, channels_last):
     if dtype == "bfloat16":  # the registry refuses these regions with the same reason
         pytest.skip("bf16 pooling on CUDA: TileLang 0.1.15 emits an undefined __pack_bfloat162 (seen on the H200)")
-    shape = (4, 64, 28, 30)
+    shape = (4, 28, 30, 64) if channels_last else (4, 64, 28, 30)
     geometry = {"output_size": (5, 7)} if kind == "adaptive_avg" else {
         "kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": True}
     if kind == "avg":
         geometry["count_include_pad"] = False
     producer, consumer = call("relu", Acc() + Arg(0)), Acc() * Arg(1)
-    extra_shapes = [(64, 1, 1), (64, 1, 1)]
+    extra_shapes = [(64,), (64,)] if channels_last else [(64, 1, 1), (64, 1, 1)]
     f = pool.pool2d(shape, kind, **geometry, x_dtype=dtype, producer=producer, consumer=consumer,
-                    extra_shapes=extra_shapes, extra_dtypes=[dtype, dtype], write_pre=True, target=target)
+                    extra_shapes=extra_shapes, extra_dtypes=[dtype, dtype], write_pre=True,
+                    channels_last=channels_last, target=target)
     x, b, s = randn(rng, shape, dtype), randn(rng, extra_shapes[0], dtype), randn(rng, extra_shapes[1], dtype)
     out, pre = compile_kernel(f, target, out_idx=[-2, -1])(x, b, s)
-    ref = pool.reference(x.cpu(), kind, **geometry, extras=[b.cpu(), s.cpu()], producer=producer, consumer=consumer)
+    ref = pool.reference(x.cpu(), kind, **geometry, extras=[b.cpu(), s.cpu()], producer=producer, consumer=consumer,
+                         channels_last=channels_last)
     torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
     torch.testing.assert_close(pre.cpu(), torch.relu(x + b).cpu(), **TOL[dtype])

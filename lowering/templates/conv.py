@@ -1,8 +1,9 @@
 """2-D convolution as an implicit GEMM with a fused epilogue (groups=1; NCHW or NHWC).
 
 Note: the GEMM is out[m, o] = sum_k A[m, k] * W[o, k] with m = (n, oh, ow) the output pixel and
-k the filter tap: (c, kh, kw) for NCHW/OIHW, (kh, kw, c) for NHWC/OHWI, so that k follows the
-weight's memory order and the weight reads as a plain (O, K) matrix. A is never materialized:
+k the filter tap: (c, kh, kw) for NCHW, (kh, kw, c) for NHWC, so that k follows the input's channel order.
+A weight stored in that order too (OIHW for NCHW, OHWI for NHWC) reads as a plain (O, K) matrix; an OIHW
+weight under NHWC input (a model's weight, used as is) is gathered like A. A is never materialized:
 each A tile is gathered from the input (zero outside the padded image and past M or K). The
 epilogue reads ``Acc`` and ``Arg(i)`` broadcast against the output's own layout (``(N, O, OH, OW)``
 for NCHW, e.g. a bias of shape ``(O, 1, 1)``; ``(N, OH, OW, O)`` for NHWC, a bias ``(O,)``).
@@ -42,6 +43,7 @@ def conv2d(
     dilation: Sequence[int] = (1, 1),
     groups: int = 1,
     layout: str = "NCHW",
+    weight_layout: str | None = None,
     in_dtype: str = "float16",
     out_dtype: str | None = None,
     accum_dtype: str = "float32",
@@ -59,7 +61,8 @@ def conv2d(
     """A ``T.prim_func`` for ``out = epilogue(conv2d(x, w))``; parameters ``x, w, extra_0.., out``.
 
     NCHW: x ``(N, C, H, W)``, w ``(O, C, KH, KW)``, out ``(N, O, OH, OW)``. NHWC: x ``(N, H, W, C)``,
-    w ``(O, KH, KW, C)``, out ``(N, OH, OW, O)``. Symmetric ``padding`` per spatial dim. fp32 on GPUs
+    w ``(O, KH, KW, C)``, out ``(N, OH, OW, O)``; ``weight_layout`` ``"OIHW"`` or ``"OHWI"`` overrides the
+    weight's (default: the layout's). Symmetric ``padding`` per spatial dim. fp32 on GPUs
     uses an exact FMA loop unless ``allow_tf32`` (as ``gemm``).
     """
     if groups != 1:
@@ -68,12 +71,19 @@ def conv2d(
     if layout not in ("NCHW", "NHWC"):
         raise ValueError(f"conv2d: layout {layout!r} is not NCHW or NHWC")
     nhwc = layout == "NHWC"
+    weight_layout = weight_layout or ("OHWI" if nhwc else "OIHW")
+    if weight_layout not in ("OIHW", "OHWI"):
+        raise ValueError(f"conv2d: weight layout {weight_layout!r} is not OIHW or OHWI")
+    ohwi = weight_layout == "OHWI"
+    if ohwi and not nhwc:
+        raise ValueError("conv2d: an OHWI weight takes NHWC input")
+    plain_w = ohwi == nhwc  # the weight's memory order is k's: read as an (O, K) matrix
     out_dtype = out_dtype or in_dtype
     extra_shapes = normalize_shapes(extra_shapes)
     for d_ in (in_dtype, out_dtype, *extra_dtypes):
         check_dtype(d_, target, "conv2d")
     Nb, H, W, C = x_shape if nhwc else (x_shape[0], x_shape[2], x_shape[3], x_shape[1])
-    O, KH, KW, Cw = w_shape if nhwc else (w_shape[0], w_shape[2], w_shape[3], w_shape[1])
+    O, KH, KW, Cw = w_shape if ohwi else (w_shape[0], w_shape[2], w_shape[3], w_shape[1])
     if Cw != C:
         raise ValueError(f"conv2d: weight has {Cw} input channels, input has {C}")
     sh, sw = stride
@@ -98,6 +108,12 @@ def conv2d(
         inside = T.And(T.And(T.And(m < M, k < K), T.And(h >= 0, h < H)), T.And(w >= 0, w < W))
         val = X[n, h, w, c] if nhwc else X[n, c, h, w]
         return T.if_then_else(inside, val, T.Cast(in_dtype, 0))
+
+    def w_elem(Wt, o, k):
+        """Weight element B[o, k] of an OIHW weight under NHWC input (k = (kh, kw, c)); 0 past O or K."""
+        kh, kw, c = k // (KW * C), (k // C) % KW, k % C
+        inside = T.And(o < O, k < K)
+        return T.if_then_else(inside, Wt[T.min(o, O - 1), c, kh, kw], T.Cast(in_dtype, 0))
 
     def out_index(m, o):
         n, oh, ow = m // (OH * OW), (m // OW) % OH, m % OW
@@ -124,7 +140,11 @@ def conv2d(
             for ko in d.pipelined(T.ceildiv(K, block_K), num_stages):
                 for i, k in d.tile_loop(block_M, block_K):
                     A_s[i, k] = a_elem(X, by * block_M + i, ko * block_K + k)
-                T.copy(w2[0][bx * block_N, ko * block_K], B_s)
+                if plain_w:
+                    T.copy(w2[0][bx * block_N, ko * block_K], B_s)
+                else:
+                    for j, k in d.tile_loop(block_N, block_K):
+                        B_s[j, k] = w_elem(Wt, bx * block_N + j, ko * block_K + k)
                 if simt:
                     for i, j in T.Parallel(block_M, block_N):
                         for k in T.serial(block_K):
@@ -140,12 +160,14 @@ def conv2d(
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, extras: Sequence[torch.Tensor] = (), *, stride=(1, 1),
-              padding=(0, 0), dilation=(1, 1), layout: str = "NCHW", epilogue: Expr | None = None,
-              out_dtype: str | None = None) -> torch.Tensor:
+              padding=(0, 0), dilation=(1, 1), layout: str = "NCHW", weight_layout: str | None = None,
+              epilogue: Expr | None = None, out_dtype: str | None = None) -> torch.Tensor:
     """Torch reference of ``conv2d`` (float64 convolution, fp32 epilogue)."""
     out_dtype = getattr(torch, out_dtype) if out_dtype else x.dtype
     if layout == "NHWC":
-        x, w = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
+        x = x.permute(0, 3, 1, 2)
+    if (weight_layout or ("OHWI" if layout == "NHWC" else "OIHW")) == "OHWI":
+        w = w.permute(0, 3, 1, 2)
     acc = torch.nn.functional.conv2d(x.double(), w.double(), None, tuple(stride), tuple(padding), tuple(dilation))
     acc = acc.float()
     if layout == "NHWC":

@@ -1,7 +1,9 @@
-"""2-D pooling over the last two dims: max, average and adaptive average, with a fused producer and consumer.
+"""2-D pooling over the last two dims (or the two before channels, ``channels_last``): max, average and adaptive
+average, with a fused producer and consumer.
 
 Note: one program owns ``block`` output elements (flattened ``(*lead, OH, OW)``, lead = batch and
-channels, so NCHW and unbatched CHW alike) and keeps one fp32 accumulator per element in a
+channels, so NCHW and unbatched CHW alike; ``(*lead, OH, OW, C)`` channels last, neighbouring threads on
+neighbouring channels) and keeps one fp32 accumulator per element in a
 fragment; it walks the window (``KH x KW`` taps, the largest window for adaptive pooling) as an
 outer serial loop and all its elements in an inner parallel loop, so on GPUs the threads read
 neighbouring outputs' taps together. A tap outside the input (padding, or past an adaptive
@@ -48,14 +50,15 @@ def _out_len(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
 
 
 def output_shape(x_shape: Sequence[int], kind: str, kernel=(1, 1), stride=None, padding=(0, 0), dilation=(1, 1),
-                 ceil_mode: bool = False, output_size=None) -> tuple[int, ...]:
+                 ceil_mode: bool = False, output_size=None, channels_last: bool = False) -> tuple[int, ...]:
     """The shape ``pool2d`` produces for an input of ``x_shape``."""
-    *lead, h, w = (int(v) for v in x_shape)
+    shape = tuple(int(v) for v in x_shape)
+    (*lead, h, w), tail = (shape[:-1], shape[-1:]) if channels_last else (shape, ())
     if kind == "adaptive_avg":
-        return (*lead, *(int(v) for v in output_size))
+        return (*lead, *(int(v) for v in output_size), *tail)
     stride = tuple(stride or kernel)
     return (*lead, *(_out_len(n, k, s, p, d, ceil_mode)
-                     for n, k, s, p, d in zip((h, w), kernel, stride, padding, dilation)))
+                     for n, k, s, p, d in zip((h, w), kernel, stride, padding, dilation)), *tail)
 
 
 def _adaptive_span(n: int, out: int) -> int:
@@ -82,11 +85,13 @@ def pool2d(
     extra_dtypes: Sequence[str] = (),
     write_pre: bool = False,
     pre_dtype: str | None = None,
+    channels_last: bool = False,
     block: int = 256,
     threads: int = 128,
     target: dict | str = "cuda",
 ):
-    """A ``T.prim_func`` pooling ``X`` of ``x_shape`` (``(*lead, H, W)``) over its last two dims.
+    """A ``T.prim_func`` pooling ``X`` of ``x_shape`` (``(*lead, H, W)``, or ``(*lead, H, W, C)`` with
+    ``channels_last``) over H and W.
 
     ``kind``: ``max`` (``kernel``, ``stride`` (default: the kernel), ``padding``, ``dilation``,
     ``ceil_mode``), ``avg`` (the same but dilation, plus ``count_include_pad``) or ``adaptive_avg``
@@ -99,6 +104,8 @@ def pool2d(
     x_shape = tuple(int(v) for v in x_shape)
     if len(x_shape) < 3:
         raise ValueError(f"pool2d: input {x_shape} needs (channels, H, W) at least")
+    if channels_last and len(x_shape) < 4:
+        raise ValueError(f"pool2d: channels-last input {x_shape} needs (N, H, W, C)")
     kernel, padding, dilation = tuple(kernel), tuple(padding), tuple(dilation)
     stride = tuple(stride or kernel)
     if kind == "avg" and dilation != (1, 1):
@@ -108,9 +115,11 @@ def pool2d(
     for dt in (x_dtype, out_dtype, pre_dtype, *extra_dtypes):
         check_dtype(dt, target, "pool2d")
     d = dialect(target)
-    lead, (H, W) = x_shape[:-2], x_shape[-2:]
-    out_shape = output_shape(x_shape, kind, kernel, stride, padding, dilation, ceil_mode, output_size)
-    OH, OW = out_shape[-2:]
+    # A pixel position is (plane, c): planes = the leading dims' elements, c the channel (always 0 channels first).
+    Cc = x_shape[-1] if channels_last else 1
+    lead, (H, W) = (x_shape[:-3], x_shape[-3:-1]) if channels_last else (x_shape[:-2], x_shape[-2:])
+    out_shape = output_shape(x_shape, kind, kernel, stride, padding, dilation, ceil_mode, output_size, channels_last)
+    OH, OW = out_shape[-3:-1] if channels_last else out_shape[-2:]
     planes, total = numel(lead), numel(out_shape)
     KH, KW = (_adaptive_span(H, OH), _adaptive_span(W, OW)) if kind == "adaptive_avg" else kernel
     # A GPU fragment splits evenly over the threads: a short output still gets whole thread rows.
@@ -123,9 +132,17 @@ def pool2d(
     f32 = "float32"
 
     def place(idx):
-        """(plane, oh, ow) of output element idx (clamped: tail elements are never stored)."""
+        """(plane, oh, ow, c) of output element idx (clamped: tail elements are never stored)."""
         idx = T.min(idx, total - 1)
-        return idx // (OH * OW), (idx // OW) % OH, idx % OW
+        pix, c = (idx // Cc, idx % Cc) if channels_last else (idx, 0)
+        return pix // (OH * OW), (pix // OW) % OH, pix % OW, c
+
+    def at(Xv, plane, h, w, c):
+        return Xv[plane, h, w, c] if channels_last else Xv[plane, h, w]
+
+    def coords(plane, h, w, c):
+        """Where an extra operand broadcast against X's or Out's shape is read."""
+        return [*unravel(plane, lead), h, w, c] if channels_last else [*unravel(plane, lead), h, w]
 
     def span(o, n, n_out, k, s, p):
         """The window of output o along one dim: [first, end) in input coordinates."""
@@ -135,7 +152,7 @@ def pool2d(
 
     def tap(Xv, extras, idx, kh, kw):
         """(inside?, producer value) of window tap (kh, kw) of output element idx."""
-        plane, oh, ow = place(idx)
+        plane, oh, ow, c = place(idx)
         (h0, h1), (w0, w1) = span(oh, H, OH, KH, stride[0], padding[0]), span(ow, W, OW, KW, stride[1], padding[1])
         h, w = (h0 + kh, w0 + kw) if kind == "adaptive_avg" else (h0 + kh * dilation[0], w0 + kw * dilation[1])
         if kind == "adaptive_avg":  # a tap past a short window's end does not count
@@ -143,16 +160,17 @@ def pool2d(
         else:
             inside = T.And(T.And(h >= 0, h < H), T.And(w >= 0, w < W))
         hc, wc = T.max(T.min(h, H - 1), 0), T.max(T.min(w, W - 1), 0)
-        coords = [*unravel(plane, lead), hc, wc]
-        v = emit(producer, Env(acc=Xv[plane, hc, wc], arg=arg_loader(extras, extra_shapes, coords)))
+        v = emit(producer, Env(acc=at(Xv, plane, hc, wc, c),
+                               arg=arg_loader(extras, extra_shapes, coords(plane, hc, wc, c))))
         return inside, T.Cast(f32, v)
 
     def pre_value(Xv, extras, e):
         """The producer at flat input element e (clamped; tails are never stored)."""
         e = T.min(e, numel(x_shape) - 1)
-        plane, hw = e // (H * W), e % (H * W)
-        coords = [*unravel(plane, lead), hw // W, hw % W]
-        v = emit(producer, Env(acc=Xv[plane, hw // W, hw % W], arg=arg_loader(extras, extra_shapes, coords)))
+        pix, c = (e // Cc, e % Cc) if channels_last else (e, 0)
+        plane, h, w = pix // (H * W), (pix // W) % H, pix % W
+        v = emit(producer, Env(acc=at(Xv, plane, h, w, c),
+                               arg=arg_loader(extras, extra_shapes, coords(plane, h, w, c))))
         return T.Cast(pre_dtype, v)
 
     def merged(acc, Xv, extras, idx, kh, kw):
@@ -162,7 +180,7 @@ def pool2d(
         return acc + T.if_then_else(inside, v, T.float32(0))
 
     def finished(acc, extras, idx):
-        plane, oh, ow = place(idx)
+        plane, oh, ow, c = place(idx)
         if kind != "max":
             (h0, h1), (w0, w1) = span(oh, H, OH, KH, stride[0], padding[0]), span(ow, W, OW, KW, stride[1], padding[1])
             if kind == "avg" and count_include_pad:
@@ -170,8 +188,8 @@ def pool2d(
             else:
                 h0, h1, w0, w1 = T.max(h0, 0), T.min(h1, H), T.max(w0, 0), T.min(w1, W)
             acc = acc / T.Cast(f32, (h1 - h0) * (w1 - w0))
-        coords = [*unravel(plane, lead), oh, ow]
-        return T.Cast(out_dtype, emit(consumer, Env(acc=acc, arg=arg_loader(extras, extra_shapes, coords))))
+        return T.Cast(out_dtype, emit(consumer, Env(acc=acc, arg=arg_loader(extras, extra_shapes,
+                                                                            coords(plane, oh, ow, c)))))
 
     fill = -math.inf if kind == "max" else 0.0
 
@@ -182,7 +200,8 @@ def pool2d(
         Out_nd = param("Out", out_shape, out_dtype)
         Pre_nd = param("Pre", x_shape, pre_dtype) if write_pre else None
         with d.kernel(grid, threads=threads) as bx:
-            io = {"X": view(X_nd, (planes, H, W)), "Out": view(Out_nd, (total,))}  # see common.view
+            x_view = (planes, H, W, Cc) if channels_last else (planes, H, W)
+            io = {"X": view(X_nd, x_view), "Out": view(Out_nd, (total,))}  # see common.view
             if write_pre:
                 io["Pre"] = view(Pre_nd, (numel(x_shape),))
                 for t in T.serial(pre_tiles):
@@ -207,9 +226,11 @@ def pool2d(
 def reference(x: torch.Tensor, kind: str, *, kernel=(1, 1), stride=None, padding=(0, 0), dilation=(1, 1),
               ceil_mode: bool = False, count_include_pad: bool = True, output_size=None,
               extras: Sequence[torch.Tensor] = (), producer: Expr | None = None, consumer: Expr | None = None,
-              out_dtype: str | None = None) -> torch.Tensor:
+              out_dtype: str | None = None, channels_last: bool = False) -> torch.Tensor:
     """Torch reference of ``pool2d``, computed in fp32 (the ``Pre`` output is ``evaluate(producer, x)``)."""
     pre = evaluate(producer, x, list(extras)).float() if producer is not None else x.float()
+    if channels_last:
+        pre = pre.movedim(-1, -3)
     stride = tuple(stride or kernel)
     if kind == "max":
         y = F.max_pool2d(pre, tuple(kernel), stride, tuple(padding), tuple(dilation), ceil_mode)
@@ -217,6 +238,8 @@ def reference(x: torch.Tensor, kind: str, *, kernel=(1, 1), stride=None, padding
         y = F.avg_pool2d(pre, tuple(kernel), stride, tuple(padding), ceil_mode, count_include_pad)
     else:
         y = F.adaptive_avg_pool2d(pre, tuple(output_size))
+    if channels_last:
+        y = y.movedim(-3, -1)
     if consumer is not None:
         y = evaluate(consumer, y, list(extras)).float()
     return y.to(getattr(torch, out_dtype) if out_dtype else x.dtype)

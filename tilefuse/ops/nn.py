@@ -41,12 +41,22 @@ def sparse_linear(x, values, meta, bias=None, in_features: int = 0):
     return F.linear(x, decompress_2_4(values, meta, in_features).to(x.dtype), bias)
 
 
+def _channels_first(fn, x, *args, channels_last: bool = False, **kw):
+    """``fn`` (a channels-first op) on ``x``; with ``channels_last`` x is (N, *spatial, C) and so is the result:
+    torch runs it as a channels-last strided tensor (no copy; cuDNN's NHWC kernels) and hands back the view."""
+    if not channels_last:
+        return fn(x, *args, **kw)
+    return fn(x.movedim(-1, 1), *args, **kw).movedim(1, -1)
+
+
 @register("conv", C)
 def conv(x, weight, bias=None, stride: tuple = (1, 1), padding: tuple = (0, 0), dilation: tuple = (1, 1),
-         groups: int = 1):
-    """N-d convolution (1-d, 2-d or 3-d by the weight's rank), channels first; symmetric padding."""
+         groups: int = 1, channels_last: bool = False):
+    """N-d convolution (1-d, 2-d or 3-d by the weight's rank), symmetric padding. Channels first, or with
+    ``channels_last`` x and the result (N, *spatial, C); the weight is (O, C/groups, *kernel) either way."""
     fn = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[weight.dim()]
-    return fn(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
+    return _channels_first(fn, x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups,
+                           channels_last=channels_last)
 
 
 @register("conv_transpose", O)
@@ -144,10 +154,11 @@ def rms_norm(x, weight=None, axis: int = -1, eps: float = 1e-6):
 
 
 @register("batch_norm", OpKind.BROADCAST)
-def batch_norm(x, weight, bias, running_mean, running_var, eps: float = 1e-5):
-    """Inference batch norm with running statistics (channels on dim 1): a per-channel affine map,
-    so it fuses like a broadcast op (a convolution's epilogue)."""
-    return F.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, eps)
+def batch_norm(x, weight, bias, running_mean, running_var, eps: float = 1e-5, channels_last: bool = False):
+    """Inference batch norm with running statistics (channels on dim 1, or the last with ``channels_last``):
+    a per-channel affine map, so it fuses like a broadcast op (a convolution's epilogue)."""
+    return _channels_first(F.batch_norm, x, running_mean, running_var, weight, bias, False, 0.0, eps,
+                           channels_last=channels_last)
 
 
 @register("group_norm", R)
@@ -162,24 +173,28 @@ def instance_norm(x, weight=None, bias=None, eps: float = 1e-5):
 
 # ---- pooling -------------------------------------------------------------------------------
 
+# Pooling is channels first, or (N, *spatial, C) in and out with ``channels_last``.
+
 @register("max_pool", R)
 def max_pool(x, kernel: tuple, stride: tuple, padding: tuple = (0, 0), dilation: tuple = (1, 1),
-             ceil_mode: bool = False):
+             ceil_mode: bool = False, channels_last: bool = False):
     fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[len(kernel)]
-    return fn(x, tuple(kernel), tuple(stride), tuple(padding), tuple(dilation), ceil_mode)
+    return _channels_first(fn, x, tuple(kernel), tuple(stride), tuple(padding), tuple(dilation), ceil_mode,
+                           channels_last=channels_last)
 
 
 @register("avg_pool", R)
 def avg_pool(x, kernel: tuple, stride: tuple, padding: tuple = (0, 0), ceil_mode: bool = False,
-             count_include_pad: bool = True):
+             count_include_pad: bool = True, channels_last: bool = False):
     fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[len(kernel)]
-    return fn(x, tuple(kernel), tuple(stride), tuple(padding), ceil_mode, count_include_pad)
+    return _channels_first(fn, x, tuple(kernel), tuple(stride), tuple(padding), ceil_mode, count_include_pad,
+                           channels_last=channels_last)
 
 
 @register("adaptive_avg_pool", R)
-def adaptive_avg_pool(x, output_size: tuple):
+def adaptive_avg_pool(x, output_size: tuple, channels_last: bool = False):
     fn = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}[len(output_size)]
-    return fn(x, tuple(output_size))
+    return _channels_first(fn, x, tuple(output_size), channels_last=channels_last)
 
 
 # ---- attention -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import dataclasses
 from tilefuse.ir import Graph
 from tilefuse.planner.canonicalize import canonicalize, simplify  # noqa: F401
 from tilefuse.planner.cost import CostModel
+from tilefuse.planner.layout import channels_last
 from tilefuse.planner.partition import partition
 from tilefuse.planner.pattern import RewriteLog
 from tilefuse.planner.plan import FusionPlan, Region, compute_nodes
@@ -17,9 +18,9 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
          sparsity: str | None = None) -> FusionPlan:
     """Plan ``graph``: canonicalize it, apply ``sparsity`` (``"2:4"`` prunes linear weights; 2:4 weights take
     the sparse GEMM where the target has one, see ``planner.sparsity``), group its nodes into regions, say
-    how each region runs."""
+    how each region runs. Convolutional networks run channels last (``planner.layout``)."""
     log = RewriteLog()
-    canon = canonicalize(graph, log) if fuse else graph
+    canon = channels_last(canonicalize(graph, log)) if fuse else graph
     canon, sparse = sparsify(canon, target, sparsity)
     regions, refusals = partition(canon, cost) if fuse else _one_per_node(canon)
     regions, notes = _mark_sparse(regions, canon, sparse)

@@ -110,15 +110,17 @@ def _row_broadcastable(operand: TensorType, out: TensorType) -> bool:
     return all(d == 1 for d in lead) and operand.shape[-1:] == out.shape[-1:] and len(operand.shape) <= len(out.shape)
 
 
-def _channel_vector(operand: TensorType, out: TensorType, op: str) -> bool:
-    """A per-channel vector of an NCHW convolution output: (C,) for batch_norm, (C,1,1) or (1,C,1,1)."""
+def _channel_vector(operand: TensorType, out: TensorType, op: str, channels_last: bool = False) -> bool:
+    """A per-channel vector of a convolution output: (C,) for batch_norm; else (C,1,1) or (1,C,1,1) for
+    NCHW, (C,) or (1,1,1,C) for NHWC."""
     if operand.shape is None or out.shape is None or len(out.shape) < 3:
         return False
-    c = out.shape[1]
+    axis = len(out.shape) - 1 if channels_last else 1
+    c = out.shape[axis]
     if op == "batch_norm":
         return operand.shape == (c,)
     dims = (1,) * (len(out.shape) - len(operand.shape)) + tuple(operand.shape)
-    return all(d == 1 for k, d in enumerate(dims) if k != 1) and dims[1] in (1, c)
+    return all(d == 1 for k, d in enumerate(dims) if k != axis) and dims[axis] in (1, c)
 
 
 def _same_domain(a: TensorType, b: TensorType) -> bool:
@@ -166,7 +168,7 @@ def can_fuse_epilogue(f: Facts, kind: str, members: set[str], domain: TensorType
         for i in node.inputs:
             p = f.producers.get(i)
             if i and (p is None or p.name not in members) and f.types[i].shape != out.shape and \
-                    not _channel_vector(f.types[i], out, node.op):
+                    not _channel_vector(f.types[i], out, node.op, anchor.attr.get("channels_last", False)):
                 return f"operand {i} ({f.types[i]}) is neither the full output nor a per-channel vector"
     elif kind in ("gemm", "gemm_sp", "reduction") and nk in ops.FUSIBLE_POINTWISE:
         if node.op == "batch_norm":
@@ -205,6 +207,8 @@ def can_fuse_prologue(f: Facts, kind: str, anchor: Node, members: set[str], prod
             if p.op not in VIEW_OPS or p.op == "expand":
                 return f"the gemm_sp template reads its input as is (views only), not through {p.op}"
         elif kind == "gemm":
+            if f.kind(anchor) == OpKind.CONV:
+                return "the convolution template reads its input as is (no prologue)"
             if p.op not in ("cast", "scale") and p.op not in LAYOUT_OPS:
                 return f"the gemm template takes a cast, a scale or a layout change as prologue, not {p.op}"
         elif kind == "attention":

@@ -1,0 +1,167 @@
+"""Channels-last: a convolutional network's 4-D activations run as NHWC between its first convolution and
+the ops that need them channels first.
+
+Note: an NCHW convolution costs layout changes on both sides on the GPU (cuDNN's fast fp16 kernels are
+NHWC: on ResNet-50 b64, 37 input and 21 output transposes, 0.74 of 4.9 ms on the H200), and a 1x1
+convolution on NHWC data is one plain GEMM, (N*H*W, C) x (C, O), where NCHW needs a batched one. So the
+pass rewrites, as Inductor's layout optimization does, the convolutions, batch norms, 2-D pools, spatial
+means and the elementwise ops between them to act on (N, H, W, C) tensors (``channels_last=True``;
+weights stay (O, C, KH, KW), channel vectors become (C,)-shaped). A value enters through one permute
+(the image) and leaves through one where an op outside the set (a reshape, a linear layer) or the
+graph's caller reads it; where H = W = 1 that is a reshape. Graph outputs keep their names and layout.
+A pure function: the graph it returns computes the same values (checked in tests against the original).
+"""
+
+from __future__ import annotations
+
+from tilefuse import ops
+from tilefuse.ir import Graph, Node, TensorType, Value
+from tilefuse.ops import OpKind
+
+TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+POOLS = frozenset({"max_pool", "avg_pool", "adaptive_avg_pool"})
+# Pointwise ops whose attributes or operands name an axis: not layout-free.
+AXIS_OPS = frozenset({"rotary_embedding", "quantize_linear", "dequantize_linear", "bitcast", "batch_norm"})
+
+
+def _pointwise(op: str) -> bool:
+    return ops.has(op) and ops.get(op).kind in ops.FUSIBLE_POINTWISE and op not in AXIS_OPS
+
+
+def _spatial_mean(n: Node, rank: int) -> bool:
+    dims = n.attr.get("dims")
+    return dims is not None and {d % rank for d in dims} == {2, 3}
+
+
+def _takes_nhwc(n: Node, types: dict[str, TensorType], nhwc: set[str]) -> bool:
+    """Does ``n`` run channels last (given which of its inputs already are)?"""
+    def rank4(v: str) -> bool:
+        return bool(v) and types[v].shape is not None and len(types[v].shape) == 4
+
+    x = n.inputs[0] if n.inputs else ""
+    if len(n.outputs) != 1 or not rank4(x) and n.op != "conv":
+        return False
+    if n.op == "conv":
+        return rank4(x) and len(types[n.inputs[1]].shape) == 4 and not n.attr.get("channels_last", False)
+    if n.op in ("batch_norm", *POOLS):
+        dims = n.attr.get("kernel") or n.attr.get("output_size") or (0, 0)
+        return x in nhwc and len(dims) == 2 and not n.attr.get("channels_last", False)
+    if n.op == "mean":
+        return x in nhwc and _spatial_mean(n, 4)
+    if _pointwise(n.op) and rank4(n.outputs[0].name):
+        return any(i in nhwc for i in n.inputs if i)
+    return False
+
+
+def channels_last(graph: Graph) -> Graph:
+    """``graph`` with its 2-D convolution network's activations in NHWC (see the module note); unchanged if it
+    has no 2-D convolution."""
+    types = {k: v.type for k, v in graph.values().items()}
+    nhwc: set[str] = set()  # values (original names) computed channels last
+    rewrite: set[str] = set()  # nodes that run channels last
+    for n in graph.nodes:
+        if _takes_nhwc(n, types, nhwc):
+            rewrite.add(n.name)
+            if not (n.op == "mean" and not n.attr.get("keepdim")):  # a mean to (N, C) has no layout left
+                nhwc.add(n.outputs[0].name)
+    convs = sum(1 for n in graph.nodes if n.name in rewrite and n.op == "conv")
+    if convs < 2:  # one convolution (a ViT's patch embedding) gains nothing and pays two transposes
+        return graph
+    return _Rewriter(graph, types, nhwc, rewrite).run()
+
+
+class _Rewriter:
+    def __init__(self, graph: Graph, types: dict[str, TensorType], nhwc: set[str], rewrite: set[str]):
+        self.graph, self.types, self.nhwc, self.rewrite = graph, types, nhwc, rewrite
+        self.used = set(types) | {n.name for n in graph.nodes}
+        self.nodes: list[Node] = []
+        self.last: dict[str, str] = {v: self._fresh(f"{v}_nhwc") for v in nhwc}  # channels-last name of each
+        self.first: dict[str, str] = {}  # channels-first copies made of nhwc values
+        self.vectors: dict[str, str] = {}  # operands broadcast against NHWC values, rearranged
+
+    def _fresh(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.used:
+            name, i = f"{base}_{i}", i + 1
+        self.used.add(name)
+        return name
+
+    def _emit(self, op: str, inputs: tuple[str, ...], attrs: dict, out: str | None = None, base: str = "",
+              node: str | None = None) -> str:
+        """A new node ``op`` (named ``node``, else after ``base``) writing ``out`` (else a fresh name)."""
+        in_types = [self.types[i] if i else None for i in inputs]
+        (t,) = ops.infer_types(op, in_types, attrs, node=node or base or op)
+        out = out or self._fresh(base or op)
+        self.types[out] = t
+        self.nodes.append(Node(node or self._fresh(f"{base}_{op}"), op, inputs, (Value(out, t),), attrs))
+        return out
+
+    def _reshape_or_permute(self, v: str, perm: tuple[int, ...], out: str | None, base: str) -> str:
+        """``v`` (right-aligned to rank ``len(perm)``) permuted by ``perm``: a reshape where only size-1 dims
+        move."""
+        shape = tuple(self.types[v].shape)
+        padded = (1,) * (len(perm) - len(shape)) + shape
+        moved = tuple(padded[p] for p in perm)
+        if [d for d in shape if d != 1] == [d for d in moved if d != 1]:
+            return self._emit("reshape", (v,), {"shape": moved}, out, base)
+        if padded != shape:
+            v = self._emit("reshape", (v,), {"shape": padded}, base=f"{base}_4d")
+        return self._emit("permute", (v,), {"perm": perm}, out, base)
+
+    def channels_first(self, v: str, out: str | None = None) -> str:
+        """The NCHW value of NHWC-computed ``v`` (made once)."""
+        if v not in self.first:
+            self.first[v] = self._reshape_or_permute(self.last[v], TO_NCHW, out, f"{v}_nchw")
+        return self.first[v]
+
+    def operand(self, v: str) -> str:
+        """``v`` as an operand of a channels-last op of rank 4: computed so, or rearranged once."""
+        if not v or v in self.nhwc:
+            return self.last.get(v, v)
+        if v not in self.vectors:
+            shape = tuple(self.types[v].shape)
+            if all(d == 1 for d in shape):
+                self.vectors[v] = v  # a scalar broadcasts either way
+            else:
+                self.vectors[v] = self._reshape_or_permute(v, TO_NHWC, None, f"{v}_nhwc")
+        return self.vectors[v]
+
+    def run(self) -> Graph:
+        for n in self.graph.nodes:
+            if n.name in self.rewrite:
+                self._rewrite(n)
+            else:
+                ins = tuple(self.channels_first(i) if i in self.nhwc else i for i in n.inputs)
+                self.nodes.append(Node(n.name, n.op, ins, n.outputs, n.attrs))
+        outputs = []
+        for o in self.graph.outputs:
+            if o in self.nhwc and o not in self.first:
+                self.channels_first(o, out=o)  # the caller's value under its own name
+            outputs.append(self.first.get(o, o))
+        # A graph output that was also read channels first inside got another name: alias it back.
+        renamed = {self.first[o]: o for o in self.graph.outputs if o in self.first and self.first[o] != o}
+        if renamed:
+            self.nodes = [Node(n.name, n.op, tuple(renamed.get(i, i) for i in n.inputs),
+                               tuple(Value(renamed.get(v.name, v.name), v.type) for v in n.outputs), n.attrs)
+                          for n in self.nodes]
+            outputs = [renamed.get(o, o) for o in outputs]
+        return self.graph.replace(nodes=tuple(self.nodes), outputs=tuple(outputs)).verify()
+
+    def _rewrite(self, n: Node) -> None:
+        attrs, name, x = n.attr, n.name, n.inputs[0]
+        if n.op == "conv":
+            self._emit("conv", (self.operand(x), *n.inputs[1:]), {**attrs, "channels_last": True},
+                       self.last[n.outputs[0].name], node=name)
+        elif n.op in ("batch_norm", *POOLS):
+            self._emit(n.op, (self.last[x], *n.inputs[1:]), {**attrs, "channels_last": True},
+                       self.last[n.outputs[0].name], node=name)
+        elif n.op == "mean":  # over H and W: an adaptive average pool to 1x1, (N, 1, 1, C)
+            keep = attrs.get("keepdim")
+            pooled = self._emit("adaptive_avg_pool", (self.last[x],), {"output_size": (1, 1), "channels_last": True},
+                                self.last[n.outputs[0].name] if keep else None, base=name, node=name)
+            if not keep:
+                self._emit("reshape", (pooled,), {"shape": tuple(n.outputs[0].type.shape)}, n.outputs[0].name,
+                           base=name)
+        else:
+            self._emit(n.op, tuple(self.operand(i) for i in n.inputs), attrs, self.last[n.outputs[0].name],
+                       node=name)
