@@ -17,6 +17,7 @@ or the reason the region runs through torch; ``lower_plan`` compiles every disti
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -158,21 +159,33 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     return space(target, arg) if arg else space(target)
 
 
-def make_prim_func(spec: KernelSpec, target: dict, config: dict | None = None):
-    """The template's ``T.prim_func`` for ``spec`` (with tile ``config`` or the template default)."""
+def kernel_key(spec: KernelSpec, target: dict, config: dict | None = None) -> tuple[dict, str]:
+    """The tile config ``spec`` builds with (``config``, else a tuned one while tuning applies, else the
+    template default) and the key of the function so built (``func_cache.key``)."""
+    from tilefuse.lowering import func_cache
     from tilefuse.lowering.tune import best_config
 
-    _, factory = _template(spec.template)
-    kw = spec.factory_kwargs()
-    config = best_config(spec, target) if config is None else config  # a tuned config, while tuning applies
+    config = best_config(spec, target) if config is None else config
     if config is None:
         configs = config_space(spec, target)
-        config = _pick_gemm_config(configs, kw, target) if spec.template in ("gemm", "gemm_sp") else \
-            (configs[0] if configs else {})
+        config = _pick_gemm_config(configs, spec.factory_kwargs(), target) \
+            if spec.template in ("gemm", "gemm_sp") else (configs[0] if configs else {})
+    return config, func_cache.key(spec.template, spec.params, spec.out_idx, config, target)
+
+
+def make_prim_func(spec: KernelSpec, target: dict, config: dict | None = None):
+    """The template's ``T.prim_func`` for ``spec`` (with tile ``config`` or the template default)."""
     from tilefuse.lowering import func_cache
 
-    return func_cache.cached(func_cache.key(spec.template, spec.params, spec.out_idx, config, target),
-                             lambda: factory(**kw, **config, target=target))
+    _, factory = _template(spec.template)
+    config, key = kernel_key(spec, target, config)
+    return func_cache.cached(key, lambda: factory(**spec.factory_kwargs(), **config, target=target))
+
+
+# Kernels compiled in this process, by ``kernel_key``: a recompile (dynamo's, after a guard fails or a reset)
+# takes them as they are, without reading the function back or asking TileLang's cache.
+_COMPILED: collections.OrderedDict[str, object] = collections.OrderedDict()
+COMPILED_KEEP = 1024
 
 
 def _pick_gemm_config(configs: list[dict], kw: dict, target: dict) -> dict:
@@ -204,17 +217,27 @@ def lower_plan(plan: FusionPlan, target: dict, log=None, progress: bool = False)
     distinct = list(dict.fromkeys((s.template, s.params, s.out_idx) for s in specs.values()))
     t0 = time.perf_counter()
     by_key = {(s.template, s.params, s.out_idx): s for s in specs.values()}
-    kernels_failed: dict = {}
+    kernels: dict = {}
     funcs, built = [], []
     for k in distinct:
         try:
+            _, key = kernel_key(by_key[k], target)
+            if key in _COMPILED:
+                _COMPILED.move_to_end(key)
+                kernels[k] = _COMPILED[key]
+                continue
             funcs.append((make_prim_func(by_key[k], target), list(k[2])))
-            built.append(k)
+            built.append((k, key))
         except Exception as e:  # noqa: BLE001 -- a template refusing the spec is reported like a compile failure
-            kernels_failed[k] = e
+            kernels[k] = e
     with Progress(f"compiling {graph.name}", len(funcs), "kernels", enabled=progress) as bar:
         compiled = compile_many(funcs, target, return_exceptions=True, on_done=bar.tick) if funcs else []
-    kernels = {**kernels_failed, **dict(zip(built, compiled))}
+    for (k, key), kernel in zip(built, compiled):
+        kernels[k] = kernel
+        if not isinstance(kernel, BaseException):
+            _COMPILED[key] = kernel
+            while len(_COMPILED) > COMPILED_KEEP:
+                _COMPILED.popitem(last=False)
     if log is not None:
         log(f"compiled {len(distinct)} distinct kernels for {len(specs)} regions in {time.perf_counter() - t0:.1f} s")
     nodes, out = {n.name: n for n in graph.nodes}, {}
