@@ -8,7 +8,9 @@ which the graph reads in place: a graph is captured per address of those, so a p
 a new tensor gets a new graph, and one changed in place is read as it is now. (GPT-2 through
 torch.compile passes 148 parameters: copying them cost 0.7 ms of GPU time and about 1.5 ms of host
 time per call on the H200.) Outputs are the graph's own buffers, overwritten by the next replay;
-``clone_outputs`` (the default) hands back copies so a caller can keep results across calls.
+``clone_outputs`` (the default) hands back copies so a caller can keep results across calls, or ``finish``
+takes them with the call's arguments and makes the results (``PlanRunner`` runs the regions that write
+the plan's outputs there, outside the graph: their outputs are fresh tensors, not copies of graph memory).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ class CudaGraphRunner:
     """Wraps ``fn(*tensors) -> tuple of tensors``; one captured graph per input signature."""
 
     def __init__(self, fn: Callable[..., Sequence[torch.Tensor]], clone_outputs: bool = True, warmup: int = 2,
-                 max_graphs: int = 8, static_inputs: Collection[int] = ()):
+                 max_graphs: int = 8, static_inputs: Collection[int] = (),
+                 finish: Callable[[Sequence[torch.Tensor], tuple[torch.Tensor, ...]], tuple] | None = None):
         self.fn = fn
+        self.finish = finish
         self.static_inputs = tuple(sorted(set(static_inputs)))
         self.clone_outputs = clone_outputs
         self.warmup = warmup
@@ -34,7 +38,8 @@ class CudaGraphRunner:
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if not args or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
-            return tuple(self.fn(*args))
+            outs = tuple(self.fn(*args))
+            return self.finish(args, outs) if self.finish is not None else outs
         key = tuple((tuple(a.shape), a.dtype, a.device) for a in args) + tuple(
             (args[i].data_ptr(), args[i].stride()) for i in self.static_inputs if i < len(args))
         entry = self._graphs.get(key)
@@ -46,6 +51,8 @@ class CudaGraphRunner:
         for i in copied:  # the static inputs are at the captured addresses (the key says so): not copied
             static_in[i].copy_(args[i])
         graph.replay()
+        if self.finish is not None:
+            return self.finish(args, static_out)
         return tuple(o.clone() for o in static_out) if self.clone_outputs else static_out
 
     def _capture(self, args: Sequence[torch.Tensor]):

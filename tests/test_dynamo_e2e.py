@@ -266,3 +266,40 @@ def test_cuda_graphs_read_parameters_in_place():
         assert len(copied) == 1 and len(static_in) > 1, (len(copied), len(static_in))
     _, static_in, _, copied = graphs[-1]
     assert all(t.data_ptr() in state for k, t in enumerate(static_in) if k not in copied)
+
+
+def test_eager_tail_runs_the_output_regions_after_the_graph(rng):
+    """The regions that write the plan's outputs (GPT-2's LM head) are the eager tail; run as head (the part a CUDA
+    graph captures) then tail, on the CPU here, the plan gives what running it whole gives."""
+    from tilefuse.runtime.plan_runner import eager_tail
+
+    model, inputs = models.build("gpt2", "tiny")
+    runners = []
+    with torch.no_grad():
+        tilefuse.compile(model, target="c", observer=runners.append)(*inputs)
+    (runner,) = runners
+    regions = runner.plan.regions
+    start = eager_tail(runner.plan)
+    assert 0 < start < len(regions) and set(regions[-1].outputs) <= set(runner.plan.graph.outputs)
+    assert "linear" in regions[start].ops  # the LM head
+    runner.enable_cuda_graphs()  # on CPU tensors the graph runner calls head and tail directly
+    args = [torch.randint(0, 128, v.type.shape, generator=rng) if v.type.dtype == "int64"
+            else torch.randn(v.type.shape, generator=rng) for v in runner.plan.graph.inputs]
+    whole, split = runner.run(*args), runner._graphed(*args)
+    assert len(whole) == len(split)
+    for w, o in zip(whole, split):
+        torch.testing.assert_close(o, w, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_eager_tail_outputs_survive_the_next_call():
+    """GPT-2's logits come from the eager tail, a fresh tensor each call: a result kept across calls stays right."""
+    model, _ = models.build("gpt2", "tiny", dtype=torch.float16, device="cuda")
+    compiled = tilefuse.compile(model)
+    with torch.no_grad():
+        a, b = (models.example_inputs("gpt2", "tiny", device="cuda")[0] for _ in range(2))
+        out_a = compiled(a)
+        out_b = compiled(b)
+        torch.testing.assert_close(out_a, model(a), **FP16)
+        torch.testing.assert_close(out_b, model(b), **FP16)
+        assert out_a.data_ptr() != out_b.data_ptr()
