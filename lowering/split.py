@@ -18,14 +18,19 @@ from tilefuse.planner.plan import VIEW_OPS, FusionPlan, Region
 MIN_EPILOGUE_OPS = 2
 
 
-def split(plan: FusionPlan, region: Region) -> tuple[Region, Region] | None:
+def node_maps(plan: FusionPlan) -> tuple[dict, dict]:
+    """(nodes by name, producer node of each value) of ``plan``'s graph: what ``split`` reads, made once a plan."""
+    return {n.name: n for n in plan.graph.nodes}, {v.name: n for n in plan.graph.nodes for v in n.outputs}
+
+
+def split(plan: FusionPlan, region: Region, maps: tuple[dict, dict] | None = None) -> tuple[Region, Region] | None:
     """(head, tail) of a GEMM region: the head is the anchor and the region's nodes it depends on, the tail
     every other node as an elementwise region reading what the head computes; None where there is no
-    epilogue of ``MIN_EPILOGUE_OPS`` compute ops, or the head's values other than the tail's inputs escape."""
+    epilogue of ``MIN_EPILOGUE_OPS`` compute ops, or the head's values other than the tail's inputs escape.
+    ``maps``: ``node_maps(plan)``, when splitting several regions of one plan."""
     if region.kind != "gemm" or region.anchor is None:
         return None
-    nodes = {n.name: n for n in plan.graph.nodes}
-    producer = {v.name: n for n in plan.graph.nodes for v in n.outputs}
+    nodes, producer = maps if maps is not None else node_maps(plan)
     members = set(region.nodes)
     head: set[str] = set()
     todo = [region.anchor]
@@ -75,7 +80,8 @@ def lower_splits(plan: FusionPlan, regions: Sequence[Region], target: dict) -> d
     from tilefuse.lowering.registry import lower_plan
     from tilefuse.runtime.plan_runner import reference_region
 
-    pairs = {r.name: (r, s) for r in regions for s in [split(plan, r)] if s is not None}
+    maps = node_maps(plan)
+    pairs = {r.name: (r, s) for r in regions for s in [split(plan, r, maps)] if s is not None}
     if not pairs:
         return {}
     tails = lower_plan(dataclasses.replace(plan, regions=tuple(t for _, (_, t) in pairs.values())), target)

@@ -427,17 +427,17 @@ def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path, funcs: d
     """Each tilelang region's kernel, built from its stored config and loaded from the unpacked cache."""
     from tilefuse.lowering.compile import compile_many
     from tilefuse.lowering.registry import KernelSpec, RegionKernel, build, graph_facts, make_prim_func
-    from tilefuse.lowering.split import SplitRegion, split
+    from tilefuse.lowering.split import SplitRegion, node_maps, split
     from tilefuse.runtime.plan_runner import reference_region
 
     graph = plan.graph
     facts = graph_facts(graph)
-    specs, parts = {}, {}
+    specs, parts, maps = {}, {}, node_maps(plan)
     for r in plan.regions:
         if r.backend not in ("tilelang", "split"):
             continue
         if r.backend == "split":  # the stored kernel is the epilogue's, the part after the GEMM
-            parts[r.name] = split(plan, r)
+            parts[r.name] = split(plan, r, maps)
             if parts[r.name] is None:
                 raise _Mismatch(f"region {r.name} was saved split in two and does not split here")
         lowered = parts[r.name][1] if r.name in parts else r
