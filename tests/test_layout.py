@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilefuse.api import compile_graph
 from tilefuse import models
+from tilefuse.api import compile_graph
 from tilefuse.frontends.capture import capture_graphs
 from tilefuse.ir import GraphBuilder, TensorType
 from tilefuse.planner import canonicalize
@@ -65,6 +65,30 @@ def test_rewrite_keeps_values_names_and_layout(rng, keepdim):
     assert sum(n.op == "permute" for n in g2.nodes) == 2
     assert [n.attr["shape"] for n in g2.nodes if n.op == "reshape" and n.inputs[0] == "bias"] == [(1, 1, 1, 8)]
     _same_values(g, g2, _inputs(rng, g))
+
+
+def test_concat_depthwise_and_biased_convolutions_stay_channels_last(rng):
+    """A UNet-like skip (channel concat), a depthwise convolution (groups = channels, through torch) and
+    convolutions with a bias: one transpose in, one out."""
+    b = GraphBuilder("unet")
+    x = b.input("x", TensorType((2, 4, 9, 8), "float32"))
+    w1, b1 = b.constant("w1", randn(rng, 6, 4, 3, 3)), b.constant("b1", randn(rng, 6))
+    wd = b.constant("wd", randn(rng, 6, 1, 3, 3))
+    w2, b2 = b.constant("w2", randn(rng, 5, 12, 1, 1)), b.constant("b2", randn(rng, 5))
+    conv = {"stride": (1, 1), "dilation": (1, 1)}
+    c1 = b.add1("relu", [b.add1("conv", [x, w1, b1], padding=(1, 1), groups=1, **conv)])
+    d = b.add1("conv", [c1, wd, ""], padding=(1, 1), groups=6, **conv)
+    cat = b.add1("concat", [c1, d], dim=1)
+    y = b.add1("sigmoid", [b.add1("conv", [cat, w2, b2], padding=(0, 0), groups=1, **conv)])
+    g = b.build([y])
+    g2 = channels_last(g)
+    assert [n.attr["dim"] for n in g2.nodes if n.op == "concat"] == [3]
+    assert sum(n.op == "permute" for n in g2.nodes) == 2
+    args = _inputs(rng, g)
+    _same_values(g, g2, args)
+    compiled = compile_graph(g, target=C, quiet=True)
+    for w, o in zip(run_graph(g, *args), compiled(*args)):
+        torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
 
 
 def test_one_convolution_is_left_alone(rng):

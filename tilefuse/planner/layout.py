@@ -5,7 +5,7 @@ Note: an NCHW convolution costs layout changes on both sides on the GPU (cuDNN's
 NHWC: on ResNet-50 b64, 37 input and 21 output transposes, 0.74 of 4.9 ms on the H200), and a 1x1
 convolution on NHWC data is one plain GEMM, (N*H*W, C) x (C, O), where NCHW needs a batched one. So the
 pass rewrites, as Inductor's layout optimization does, the convolutions, batch norms, 2-D pools, spatial
-means and the elementwise ops between them to act on (N, H, W, C) tensors (``channels_last=True``;
+means, the elementwise ops and concatenations between them to act on (N, H, W, C) tensors (``channels_last=True``;
 weights stay (O, C, KH, KW), channel vectors become (C,)-shaped). A value enters through one permute
 (the image) and leaves through one where an op outside the set (a reshape, a linear layer) or the
 graph's caller reads it; where H = W = 1 that is a reshape. Graph outputs keep their names and layout.
@@ -48,7 +48,7 @@ def _takes_nhwc(n: Node, types: dict[str, TensorType], nhwc: set[str]) -> bool:
         return x in nhwc and len(dims) == 2 and not n.attr.get("channels_last", False)
     if n.op == "mean":
         return x in nhwc and _spatial_mean(n, 4)
-    if _pointwise(n.op) and rank4(n.outputs[0].name):
+    if (_pointwise(n.op) or n.op == "concat") and rank4(n.outputs[0].name):
         return any(i in nhwc for i in n.inputs if i)
     return False
 
@@ -162,6 +162,8 @@ class _Rewriter:
             if not keep:
                 self._emit("reshape", (pooled,), {"shape": tuple(n.outputs[0].type.shape)}, n.outputs[0].name,
                            base=name)
-        else:
+        else:  # elementwise, or a concat (of channels: a UNet's skip connection) along the same dim, moved
+            if n.op == "concat":
+                attrs = {**attrs, "dim": TO_NHWC.index(attrs["dim"] % 4)}
             self._emit(n.op, tuple(self.operand(i) for i in n.inputs), attrs, self.last[n.outputs[0].name],
                        node=name)
