@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from tilefuse import ops
 from tilefuse.ir import Graph, Node, TensorType, Value
-from tilefuse.ops import OpKind
 
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 POOLS = frozenset({"max_pool", "avg_pool", "adaptive_avg_pool"})
