@@ -44,7 +44,7 @@ def _net(rng, keepdim: bool):
     w1, bias = b.constant("w1", randn(rng, 8, 3, 3, 3)), b.constant("bias", randn(rng, 8, 1, 1))
     w2 = b.constant("w2", randn(rng, 8, 8, 1, 1))
     c1 = b.add1("conv", [x, w1, ""], stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
-    r = b.add1("relu", [b.add1("add", [c1, bias])])
+    r = b.add1("relu", [b.add1("add", [bias, c1])])  # the channel vector first
     p = b.add1("max_pool", [r], kernel=(3, 3), stride=(2, 2), padding=(1, 1))
     c2 = b.add1("conv", [p, w2, ""], stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1)
     s = b.add1("add", [c2, p])
@@ -118,3 +118,13 @@ def test_channels_last_network_compiles_and_matches_on_c(rng):
     args = _inputs(rng, g)
     for w, o in zip(run_graph(g, *args), compiled(*args)):
         torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
+
+
+def test_symbolic_shapes_wait_for_specialization(rng):
+    b = GraphBuilder("dyn")
+    x = b.input("x", TensorType(("batch", 3, 8, 8), "float32"))
+    w = b.constant("w", randn(rng, 4, 3, 3, 3))
+    conv = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": 1}
+    y = b.add1("conv", [b.add1("conv", [x, w, ""], **conv), b.constant("w2", randn(rng, 4, 4, 3, 3)), ""], **conv)
+    g = b.build([y])
+    assert channels_last(g) is g

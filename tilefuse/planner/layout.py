@@ -38,7 +38,7 @@ def _takes_nhwc(n: Node, types: dict[str, TensorType], nhwc: set[str]) -> bool:
         return bool(v) and types[v].shape is not None and len(types[v].shape) == 4
 
     x = n.inputs[0] if n.inputs else ""
-    if len(n.outputs) != 1 or not rank4(x) and n.op != "conv":
+    if len(n.outputs) != 1 or not x:
         return False
     if n.op == "conv":
         return rank4(x) and len(types[n.inputs[1]].shape) == 4 and not n.attr.get("channels_last", False)
@@ -54,8 +54,10 @@ def _takes_nhwc(n: Node, types: dict[str, TensorType], nhwc: set[str]) -> bool:
 
 def channels_last(graph: Graph) -> Graph:
     """``graph`` with its 2-D convolution network's activations in NHWC (see the module note); unchanged if it
-    has no 2-D convolution."""
+    has no 2-D convolution, or a shape not known yet (it is planned again once specialized)."""
     types = {k: v.type for k, v in graph.values().items()}
+    if not all(t.is_static for t in types.values()):
+        return graph
     nhwc: set[str] = set()  # values (original names) computed channels last
     rewrite: set[str] = set()  # nodes that run channels last
     for n in graph.nodes:
