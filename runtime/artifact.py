@@ -524,7 +524,7 @@ def _restore(path: Path, plans: list[tuple], options, data: dict[str, bytes]):
                                                        else r for r in plan.regions))
         runner = PlanRunner(plan, kernels)
         if options.cuda_graphs and options.target.get("kind") == "cuda" and plan.kernels:
-            runner.enable_cuda_graphs()
+            runner.enable_cuda_graphs(options.eager_tail)
         runner.artifact_dir = scratch
         runners.append((sig, runner))
         keys += loaded

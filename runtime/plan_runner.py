@@ -80,17 +80,17 @@ class PlanRunner:
             self._constants[device] = {k: t.to(device) for k, t in self.plan.graph.constants.items()}
         return self._constants[device]
 
-    def enable_cuda_graphs(self) -> None:
+    def enable_cuda_graphs(self, tail: bool = False) -> None:
         """Replay the plan from captured CUDA graphs (static shapes; one graph per input signature). The
         ``static_inputs`` (parameters: they keep their address across calls) are read in place rather than
-        copied in before each replay (``runtime.graphs.CudaGraphRunner``). The plan's last regions, where they
-        write its outputs (a language model's logits), run after the replay outside the graph: their outputs
-        are then fresh tensors, where an output of the graph is copied out of its memory (GPT-2's logits,
-        8x1024x50257 fp16: 0.39 ms of copy per call on the H200)."""
+        copied in before each replay (``runtime.graphs.CudaGraphRunner``). With ``tail`` (``Options.eager_tail``)
+        the plan's last regions, where they write its outputs (a language model's logits), run after the
+        replay outside the graph: their outputs are then fresh tensors, where an output of the graph is copied
+        out of its memory (GPT-2's logits, 8x1024x50257 fp16: 0.39 ms of copy per call on the H200)."""
         from tilefuse.runtime.graphs import CudaGraphRunner
 
         g, regions = self.plan.graph, self.plan.regions
-        start = eager_tail(self.plan)
+        start = eager_tail(self.plan) if tail else len(regions)
         if not any(r.launches for r in regions[:start]):  # no tail, or nothing left to capture before it
             self._graphed = CudaGraphRunner(self.run, static_inputs=self.static_inputs)
             return
@@ -195,7 +195,7 @@ def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.
     that keep their address across calls (a module's parameters and buffers), see ``enable_cuda_graphs``.
     ``check=False`` skips checking each call's inputs against the graph, for callers that already have."""
     t0 = time.perf_counter()
-    p = make_plan(graph, options.target, fuse=options.fuse, sparsity=options.sparsity)
+    p = make_plan(graph, options.target, fuse=options.fuse, sparsity=options.sparsity, layout=options.channels_last)
     if p.sparsity is not None:
         p = dataclasses.replace(p, sparsity=_measure_sparsity(graph, p, options, example_inputs))
     kernels, db = {}, None
@@ -218,7 +218,7 @@ def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.
     if options.lower and kernels and db is not None and options.target.get("kind") == "cuda":
         runner.choose = (db, options.target)  # tuned: each region keeps the faster of kernel and torch
     if options.cuda_graphs and options.target.get("kind") == "cuda" and p.kernels:
-        runner.enable_cuda_graphs()  # (a plan of views alone launches nothing: no graph to replay)
+        runner.enable_cuda_graphs(options.eager_tail)  # (a plan of views alone launches nothing: no graph)
     runner.compile_seconds = time.perf_counter() - t0
     runner.source_graph = graph
     if options.observer is not None:

@@ -282,7 +282,7 @@ def test_eager_tail_runs_the_output_regions_after_the_graph(rng):
     start = eager_tail(runner.plan)
     assert 0 < start < len(regions) and set(regions[-1].outputs) <= set(runner.plan.graph.outputs)
     assert "linear" in regions[start].ops  # the LM head
-    runner.enable_cuda_graphs()  # on CPU tensors the graph runner calls head and tail directly
+    runner.enable_cuda_graphs(tail=True)  # on CPU tensors the graph runner calls head and tail directly
     args = [torch.randint(0, 128, v.type.shape, generator=rng) if v.type.dtype == "int64"
             else torch.randn(v.type.shape, generator=rng) for v in runner.plan.graph.inputs]
     whole, split = runner.run(*args), runner._graphed(*args)
@@ -295,7 +295,7 @@ def test_eager_tail_runs_the_output_regions_after_the_graph(rng):
 def test_eager_tail_outputs_survive_the_next_call():
     """GPT-2's logits come from the eager tail, a fresh tensor each call: a result kept across calls stays right."""
     model, _ = models.build("gpt2", "tiny", dtype=torch.float16, device="cuda")
-    compiled = tilefuse.compile(model)
+    compiled = tilefuse.compile(model, eager_tail=True)
     with torch.no_grad():
         a, b = (models.example_inputs("gpt2", "tiny", device="cuda")[0] for _ in range(2))
         out_a = compiled(a)

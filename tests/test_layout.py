@@ -128,3 +128,18 @@ def test_symbolic_shapes_wait_for_specialization(rng):
     y = b.add1("conv", [b.add1("conv", [x, w, ""], **conv), b.constant("w2", randn(rng, 4, 4, 3, 3)), ""], **conv)
     g = b.build([y])
     assert channels_last(g) is g
+
+
+def test_channels_last_by_default_on_cpu_targets_only(rng):
+    """Options.channels_last unset: on for c, where CI checks it; CUDA stays channels first until the device has
+    run it (an explicit True turns it on there)."""
+    from tilefuse.planner import plan
+
+    g = _net(rng, keepdim=False)
+
+    def nhwc(p):
+        return any(n.attr.get("channels_last") for n in p.graph.nodes)
+
+    cuda = {"kind": "cuda", "arch": "sm_90a"}
+    assert nhwc(plan(g, C)) and not nhwc(plan(g, cuda)) and nhwc(plan(g, cuda, layout=True))
+    assert not nhwc(plan(g, C, layout=False))

@@ -103,12 +103,12 @@ def _stored_choices(p, target: dict) -> dict[str, dict]:
 
 
 def cmd_explain(args) -> int:
-    from tilefuse.config import parse_target
+    from tilefuse.config import Options, parse_target
     from tilefuse.planner import plan
 
     target = parse_target(args.target)
     graph = _load_graph(args.model, args.size, args.sparsity, args.dtype)
-    p = plan(graph, target, sparsity=args.sparsity)
+    p = plan(graph, target, sparsity=args.sparsity, layout=Options(target=target).channels_last)
     measured = _stored_choices(p, target)
     if args.json:
         doc = {"nodes": p.source_nodes, "kernels": p.kernels,

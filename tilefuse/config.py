@@ -59,6 +59,14 @@ class Options:
     # always (the command line's default), None (unset) only when stderr is a terminal (tilefuse/progress.py).
     quiet: bool | None = field(default={"": None, "0": False}.get(_env("QUIET", ""), True), compare=False)
     cuda_graphs: bool = _env("CUDA_GRAPHS", "1") != "0"
+    # With CUDA graphs, run the plan's last regions that write its outputs after the replay, outside the
+    # graph (no copy of those outputs out of graph memory; see PlanRunner.enable_cuda_graphs). Off until a
+    # device run has measured it and its gpu test has passed there.
+    eager_tail: bool = _env("EAGER_TAIL", "0") != "0"
+    # Run convolutional networks channels last (tilefuse/planner/layout.py). None ("auto"): on the CPU targets,
+    # where CI checks it; CUDA stays channels first until a device run has passed the channels-last template
+    # tests and measured the zoo there (the kernels compile for sm_90a; their numerics are checked on c).
+    channels_last: bool | None = {"": None, "auto": None, "0": False}.get(_env("CHANNELS_LAST", ""), True)
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = int(_env("MAX_SPECIALIZATIONS", "16"))
     # Measure tile configs before lowering: "none", "fast" (a few seeds) or "max" (every candidate); winners

@@ -15,12 +15,17 @@ from tilefuse.planner.sparsity import SparsityReport, sparsify
 
 
 def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None, fuse: bool = True,
-         sparsity: str | None = None) -> FusionPlan:
+         sparsity: str | None = None, layout: bool | None = None) -> FusionPlan:
     """Plan ``graph``: canonicalize it, apply ``sparsity`` (``"2:4"`` prunes linear weights; 2:4 weights take
     the sparse GEMM where the target has one, see ``planner.sparsity``), group its nodes into regions, say
-    how each region runs. Convolutional networks run channels last (``planner.layout``)."""
+    how each region runs. With ``layout`` convolutional networks run channels last (``planner.layout``);
+    None: on the CPU targets (``Options.channels_last`` says why)."""
+    from tilefuse.lowering.templates.common import CPU_KINDS
+
     log = RewriteLog()
-    canon = channels_last(canonicalize(graph, log)) if fuse else graph
+    canon = canonicalize(graph, log) if fuse else graph
+    if fuse and (layout if layout is not None else (target or {}).get("kind") in CPU_KINDS):
+        canon = channels_last(canon)
     canon, sparse = sparsify(canon, target, sparsity)
     regions, refusals = partition(canon, cost) if fuse else _one_per_node(canon)
     regions, notes = _mark_sparse(regions, canon, sparse)
