@@ -72,3 +72,19 @@ def test_off_switch(cache, monkeypatch):
     monkeypatch.setenv("TILEFUSE_FUNC_CACHE", "0")
     registry.make_prim_func(gemm_spec(), C)
     assert not cache.exists() or not list(cache.glob("*.json"))
+
+
+def test_a_recompile_in_the_same_process_reuses_its_kernels(cache, monkeypatch):
+    """lower_plan keeps what it compiled by kernel key: planning the same graph again builds no function and
+    compiles nothing, and the kernel is the same object."""
+    spec = gemm_spec()
+    b = GraphBuilder("fc")
+    x = b.input("x", TensorType((16, 32), "float32"))
+    y = b.add1("relu", [b.add1("linear", [x, b.constant("w", torch.randn(24, 32)), ""])])
+    g = b.build([y])
+    first = registry.lower_plan(plan(g, C), C)
+    calls = []
+    monkeypatch.setattr(registry, "make_prim_func", lambda *a, **k: calls.append(a))
+    again = registry.lower_plan(plan(g, C), C)
+    assert not calls and [k.kernel for k in again.values()] == [k.kernel for k in first.values()]
+    assert [k.spec for k in again.values()] == [spec]
