@@ -203,19 +203,13 @@ def adaptive_avg_pool(x, output_size: tuple, channels_last: bool = False):
 def sdpa(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None):
     """Scaled dot-product attention on (..., heads, seq, dim); an additive or boolean mask
     broadcast to (..., heads, q_seq, k_seq); fewer KV heads than query heads is grouped-query
-    attention. A causal mask is aligned to the top left, as torch does. Grouped-query attention on
-    (batch, heads, seq, dim) runs as torch's own (``enable_gqa``: no copies of k and v, and the backends that
-    take it natively), else with k and v repeated per query head."""
-    gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
-    if mask is not None and mask.dtype != torch.bool:
-        mask = mask.to(q.dtype)
-    if gqa and q.dim() == 4:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                              enable_gqa=True)
-    if gqa:
+    attention. A causal mask is aligned to the top left, as torch does."""
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k = k.repeat_interleave(rep, dim=-3)
         v = v.repeat_interleave(rep, dim=-3)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
 
 
