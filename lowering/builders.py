@@ -365,8 +365,8 @@ def _global_pool(anchor: Node) -> bool:
 
 
 def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
-    if anchor.op in POOL_OPS and not _global_pool(anchor):
-        return _pool(b, anchor, target)
+    """A row reduction (softmax, norms, sums, a global average pool), with its producers and consumers; other
+    pooling is ``conv_builder.build_pool``'s."""
     _require(anchor.op in _REDUCTION_OPS or _global_pool(anchor), f"no row-reduction template for {anchor.op}")
     kind = "mean" if _global_pool(anchor) else anchor.op
     x = anchor.inputs[0]
@@ -423,129 +423,6 @@ def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     mapping = [(1 if o in pre_values else 0, o, tuple(b.types[o].shape)) for o in b.region.outputs]
     out_idx = (-2, -1) if pre_values else (-1,)
     return KernelSpec("row_reduction", tuple(params.items()), out_idx, tuple(inputs), tuple(mapping), tuple(b.pre))
-
-
-def _pool(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
-    """max_pool / avg_pool / adaptive_avg_pool over the last two dims, with elementwise producers
-    (same shape as the input) and consumers (the pooled result, any view of it)."""
-    from tilefuse.lowering.templates import pool
-
-    x, a = anchor.inputs[0], anchor.attr
-    xs = tuple(b.types[x].shape)
-    kind = {"max_pool": "max", "avg_pool": "avg", "adaptive_avg_pool": "adaptive_avg"}[anchor.op]
-    dims = len(a["output_size"]) if kind == "adaptive_avg" else len(a["kernel"])
-    _require(dims == 2 and len(xs) >= 3, f"{anchor.op} over {dims} dims (the pool template does 2-D)")
-    _require(not (target.get("kind") == "cuda" and "bfloat16" in {b.types[v].dtype for v in b.region.inputs}),
-             "bf16 pooling on CUDA: TileLang 0.1.15 emits an undefined __pack_bfloat162 (seen on the H200)")
-    if kind == "adaptive_avg":
-        geometry = {"output_size": tuple(a["output_size"])}
-    else:
-        geometry = {"kernel": tuple(a["kernel"]), "stride": tuple(a.get("stride") or a["kernel"]),
-                    "padding": tuple(a.get("padding", (0, 0))), "ceil_mode": bool(a.get("ceil_mode", False))}
-    if kind == "max":
-        geometry["dilation"] = tuple(a.get("dilation", (1, 1)))
-    if kind == "avg":
-        geometry["count_include_pad"] = bool(a.get("count_include_pad", True))
-    if a.get("channels_last", False):
-        geometry["channels_last"] = True
-    out_shape = tuple(anchor.outputs[0].type.shape)
-    _require(pool.output_shape(xs, kind, **{k: v for k, v in geometry.items() if k != "count_include_pad"})
-             == out_shape, f"{anchor.op} output {out_shape} differs from the template's")
-    pos = b.members.index(anchor)
-    before, after = b.members[:pos], b.members[pos + 1:]
-    loaded, env = _loaded_operand(b, x, before, lambda t: tuple(t.shape) == xs,
-                                  f"the {anchor.op} input is not built from an operand of its shape")
-    producer = env.get(x) if x in b.produced else None
-    pre_values = [o for o in b.region.outputs if o in env]
-    for o in pre_values:
-        _require(env[o] == producer, f"the {anchor.op} region writes an intermediate other than its input")
-    n_pro = len(b.args)
-    cenv = b.pointwise(after, {anchor.outputs[0].name: Acc()})
-    outs = [o for o in b.region.outputs if o not in pre_values]
-    _require(all(o in cenv for o in outs) and len({cenv[o] for o in outs}) == 1,
-             f"the {anchor.op} region writes more than its pooled result")
-    consumer = cenv[outs[0]]
-    extra_shapes = []
-    for i, e in enumerate(b.args):
-        t = tuple(b.types[e].shape)
-        shape = t if i < n_pro and broadcast(t, xs) == xs else _result_operand(t, out_shape) if i >= n_pro else None
-        _require(shape is not None, f"operand {e} ({b.types[e]}) does not broadcast against the {anchor.op}")
-        extra_shapes.append(shape)
-    pre_dtype = b.types[pre_values[0]].dtype if pre_values else None
-    dtypes = (b.types[loaded].dtype, b.types[outs[0]].dtype, *(b.types[e].dtype for e in b.args))
-    _require(dtypes[0] in TEMPLATE_DTYPES, f"input dtype {dtypes[0]}")
-    _check_dtypes((*dtypes, pre_dtype or dtypes[0]), target, "pool2d")
-    params = {"x_shape": xs, "kind": kind, **geometry, "x_dtype": dtypes[0], "out_dtype": dtypes[1],
-              "producer": producer if producer != Acc() else None,
-              "consumer": consumer if consumer != Acc() else None, "extra_shapes": tuple(extra_shapes),
-              "extra_dtypes": dtypes[2:], "write_pre": bool(pre_values), "pre_dtype": pre_dtype}
-    inputs = ((loaded, xs), *zip(b.args, extra_shapes))
-    mapping = tuple((1 if o in pre_values else 0, o, tuple(b.types[o].shape)) for o in b.region.outputs)
-    return KernelSpec("pool2d", tuple(params.items()), (-2, -1) if pre_values else (-1,), inputs, mapping,
-                      tuple(b.pre))
-
-
-def _conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
-    x, w = anchor.inputs[0], anchor.inputs[1]
-    _require(b.members.index(anchor) == 0, "a prologue before the convolution")
-    xt, wt = b.types[x], b.types[w]
-    _require(len(wt.shape) == 4 and anchor.attr.get("groups", 1) == 1, "only 2-D convolutions with groups=1")
-    _require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
-    exprs, mapping = _epilogue(b, anchor, anchor.inputs[2] if len(anchor.inputs) > 2 else None, b.members[1:],
-                               "convolution")
-    out_shape = tuple(anchor.outputs[0].type.shape)
-    a = anchor.attr
-    last = bool(a.get("channels_last", False))
-    extra = list(b.args)
-    extra_shapes = []
-    for e in extra:  # a (C,) vector (batch norm's) broadcasts as is against NHWC, as (C, 1, 1) against NCHW
-        t = tuple(b.types[e].shape)
-        nchw_vector = not last and len(t) == 1 and len(out_shape) == 4 and t[0] == out_shape[1]
-        extra_shapes.append((t[0], 1, 1) if nchw_vector else t)
-    if _pointwise_conv(xt.shape, wt.shape, a):
-        return (_conv_1x1_nhwc if last else _conv_1x1_as_gemm)(b, x, w, xt, wt, exprs, mapping, extra, extra_shapes)
-    params = {"x_shape": tuple(xt.shape), "w_shape": tuple(wt.shape), "stride": tuple(a.get("stride", (1, 1))),
-              "padding": tuple(a.get("padding", (0, 0))), "dilation": tuple(a.get("dilation", (1, 1))),
-              "in_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
-              "epilogue": exprs[0] if exprs[0] != Acc() else None, "extra_shapes": tuple(extra_shapes),
-              "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
-    if last:  # NHWC activations, the model's (O, C, KH, KW) weight
-        params.update(layout="NHWC", weight_layout="OIHW")
-    inputs = ((x, None), (w, None), *zip(extra, extra_shapes))
-    return KernelSpec("conv2d", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
-
-
-def _pointwise_conv(x_shape, w_shape, attr) -> bool:
-    """A 1x1 convolution with unit stride, no padding or dilation on an NCHW batch: a batched GEMM."""
-    return (len(x_shape) == 4 and tuple(w_shape[2:]) == (1, 1) and tuple(attr.get("stride", (1, 1))) == (1, 1)
-            and tuple(attr.get("padding", (0, 0))) == (0, 0) and tuple(attr.get("dilation", (1, 1))) == (1, 1))
-
-
-def _conv_1x1_as_gemm(b: _Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
-    """``out[n] = W (O, C) @ x[n] (C, H*W)``: the NCHW output is the GEMM's (N, O, H*W) output as it lies in
-    memory, and x is read as (N, C, H*W) with H*W contiguous (the tensor-core GEMM template's TMA loads), where
-    the implicit-GEMM convolution gathers element by element. Epilogue operands broadcast against
-    (N, O, H, W) are read as (N, O, H*W); one that broadcasts along only one of H and W cannot be, and the
-    region keeps the convolution template."""
-    Nb, C, H, W = xt.shape
-    O = wt.shape[0]
-    gemm_shapes = []
-    for s in extra_shapes:
-        d0, d1, d2, d3 = (1,) * (4 - len(s)) + tuple(s)
-        _require((d2, d3) in ((1, 1), (H, W)), f"an epilogue operand {tuple(s)} broadcast along H or W alone")
-        gemm_shapes.append((d0, d1, 1 if (d2, d3) == (1, 1) else H * W))
-    return _gemm_spec(b, O, H * W, C, (w, (O, C)), (x, (Nb, C, H * W)), exprs[0], mapping, extra, gemm_shapes,
-                      batch_B=(Nb,))
-
-
-def _conv_1x1_nhwc(b: _Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
-    """``out (N*H*W, O) = x (N*H*W, C) @ W (O, C)^T``: on NHWC data a 1x1 convolution is one plain GEMM, a
-    linear layer over the pixels. Epilogue operands read in its (rows, cols) domain: the full output, a
-    per-channel vector or a scalar."""
-    Nb, H, W, C = xt.shape
-    O, M = wt.shape[0], Nb * H * W
-    shapes = tuple(_domain_shape(TensorType(tuple(s), "float32"), M, O) for s in extra_shapes)
-    return _gemm_spec(b, M, O, C, (x, (M, C)), (w, (O, C)), exprs[0], mapping, extra, shapes, trans_B=True)
 
 
 # ---- entry points -------------------------------------------------------------------------------

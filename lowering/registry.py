@@ -28,19 +28,21 @@ from tilefuse import ops
 from tilefuse.ir import Graph, Node
 from tilefuse.lowering.builders import (  # noqa: F401  (KernelSpec and friends are public here)
     PASS_VIEWS,
+    POOL_OPS,
     TEMPLATE_DTYPES,
     KernelSpec,
     _attention,
     _Builder,
-    _conv,
     _elementwise,
     _gemm,
+    _global_pool,
     _numel,
     _reduction,
     _require,
     _static,
     broadcast,
 )
+from tilefuse.lowering.conv_builder import build_conv, build_pool
 from tilefuse.lowering.index import NotLowerable
 from tilefuse.planner.plan import FusionPlan, Region
 
@@ -64,7 +66,7 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
         if region.kind == "elementwise":
             return _elementwise(b, target)
         if region.kind == "gemm" and anchor.op == "conv":
-            return _conv(b, anchor, target)
+            return build_conv(b, anchor, target)
         if region.kind == "gemm":
             _require(anchor.op in ("linear", "matmul"), f"no GEMM template for {anchor.op}")
             return _gemm(b, anchor, target)
@@ -72,6 +74,8 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
             from tilefuse.lowering.sparse_builder import build_gemm_sp
 
             return build_gemm_sp(b, anchor, target)
+        if region.kind == "reduction" and anchor.op in POOL_OPS and not _global_pool(anchor):
+            return build_pool(b, anchor, target)
         if region.kind == "reduction":
             return _reduction(b, anchor, target)
         if region.kind == "attention":
