@@ -225,12 +225,12 @@ def lower_plan(plan: FusionPlan, target: dict, log=None, progress: bool = False)
     funcs, built = [], []
     for k in distinct:
         try:
-            _, key = kernel_key(by_key[k], target)
+            config, key = kernel_key(by_key[k], target)
             if key in _COMPILED:
                 _COMPILED.move_to_end(key)
                 kernels[k] = _COMPILED[key]
                 continue
-            funcs.append((make_prim_func(by_key[k], target), list(k[2])))
+            funcs.append((make_prim_func(by_key[k], target, config), list(k[2])))
             built.append((k, key))
         except Exception as e:  # noqa: BLE001 -- a template refusing the spec is reported like a compile failure
             kernels[k] = e

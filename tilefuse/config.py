@@ -27,6 +27,7 @@ def default_target() -> dict:
 
 
 TARGET_KINDS = ("cuda", "c", "hip", "metal", "ascend")
+CPU_KINDS = frozenset({"c", "llvm"})  # targets that compile for this machine's CPU
 
 
 def parse_target(spec: str | dict | None) -> dict:

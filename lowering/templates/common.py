@@ -16,9 +16,10 @@ from typing import Any
 import tilelang.language as T
 from tvm.tirx.script.builder import ir as _tir_builder
 
+from tilefuse.config import CPU_KINDS
+
 Shape = tuple[int, ...]
 
-CPU_KINDS = frozenset({"c", "llvm"})
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
 

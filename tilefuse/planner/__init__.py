@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tilefuse.config import CPU_KINDS
 from tilefuse.ir import Graph
 from tilefuse.planner.canonicalize import canonicalize, simplify  # noqa: F401
 from tilefuse.planner.cost import CostModel
@@ -20,8 +21,6 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
     the sparse GEMM where the target has one, see ``planner.sparsity``), group its nodes into regions, say
     how each region runs. With ``layout`` convolutional networks run channels last (``planner.layout``);
     None: on the CPU targets (``Options.channels_last`` says why)."""
-    from tilefuse.lowering.templates.common import CPU_KINDS
-
     log = RewriteLog()
     canon = canonicalize(graph, log) if fuse else graph
     if fuse and (layout if layout is not None else (target or {}).get("kind") in CPU_KINDS):
