@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import time
 
 import torch
@@ -117,9 +116,11 @@ class RegionKernel:
     def __call__(self, args):
         env = dict(zip(self.region.inputs, args))
         _run_nodes(self.pre, env)
-        tensors = [_as_storage((env[v].reshape(s) if s is not None else env[v]).contiguous())
-                   for v, s in self.spec.inputs]
-        outs = self.kernel(*tensors)
+        tensors = [_as_storage(_dense(env[v].reshape(s) if s is not None else env[v])) for v, s in self.spec.inputs]
+        try:
+            outs = self.kernel(*tensors)
+        except (RuntimeError, ValueError) as e:
+            raise _boundary_error(self.region.name, self.spec.inputs, tensors, e) or e
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         outs = [o.view(torch.bool) if k in self.bool_outputs else o for k, o in enumerate(outs)]
         if not self.post:
@@ -134,6 +135,36 @@ def _run_nodes(nodes, env: dict) -> None:
     for node, spec, attrs in nodes:
         for v, t in zip(node.outputs, spec.run([env[i] for i in node.inputs], attrs)):
             env[v.name] = t
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the row-major strides a kernel parameter is compiled for. ``contiguous()`` alone keeps any
+    stride on a dim of size 1 and every stride of an empty tensor (numpy's zero-row arrays: strides (0, 0)),
+    which TileLang's wrapper refuses ("Static stride mismatch"): those get their canonical strides over the
+    same memory (no copy), an empty one a new empty tensor."""
+    t = t.contiguous()
+    canon = _STRIDES.get(t.shape)
+    if canon is None:
+        canon = _STRIDES[t.shape] = torch.empty(t.shape, device="meta").stride()
+    if t.stride() == canon:
+        return t
+    if t.numel() == 0:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return t.as_strided(t.shape, canon)
+
+
+_STRIDES: dict[torch.Size, tuple[int, ...]] = {}  # shape -> row-major strides (kernels see a few shapes each)
+
+
+def _boundary_error(region: str, inputs, tensors: list[torch.Tensor], e: Exception) -> Exception | None:
+    """A clear error for inputs a kernel cannot take because they are on different devices (a host tensor
+    reaching a GPU kernel), naming the region and the inputs; None when that is not why it failed."""
+    devices = {t.device for t in tensors}
+    if len(devices) < 2:
+        return None
+    where = ", ".join(f"{v} on {t.device}" for (v, _), t in zip(inputs, tensors))
+    return RuntimeError(f"region {region}: its kernel's inputs are on different devices ({where}); a plan runs on "
+                        f"one device (PlanRunner.place stages the others onto it): {e}")
 
 
 def _as_storage(t: torch.Tensor) -> torch.Tensor:
@@ -163,17 +194,21 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     return space(target, arg) if arg else space(target)
 
 
-def kernel_key(spec: KernelSpec, target: dict, config: dict | None = None) -> tuple[dict, str]:
+def kernel_key(spec: KernelSpec, target: dict, config: dict | None = None, tuned: bool = True) -> tuple[dict, str]:
     """The tile config ``spec`` builds with (``config``, else a tuned one while tuning applies, else the
     template default) and the key of the function so built (``func_cache.key``)."""
     from tilefuse.lowering import func_cache
     from tilefuse.lowering.tune import best_config
 
-    config = best_config(spec, target) if config is None else config
+    config = best_config(spec, target) if config is None and tuned else config
     if config is None:
         configs = config_space(spec, target)
-        config = _pick_gemm_config(configs, spec.factory_kwargs(), target) \
-            if spec.template in ("gemm", "gemm_sp") else (configs[0] if configs else {})
+        if spec.template == "gemm":
+            config = _pick_gemm_config(configs, spec.factory_kwargs(), target)
+        elif spec.template == "gemm_sp" and configs and target.get("kind") == "cuda":
+            config = min(configs, key=lambda c: gemm_wave_cost(c, spec.factory_kwargs()))
+        else:
+            config = configs[0] if configs else {}
     return config, func_cache.key(spec.template, spec.params, spec.out_idx, config, target)
 
 
@@ -193,21 +228,21 @@ COMPILED_KEEP = 1024
 
 
 def _pick_gemm_config(configs: list[dict], kw: dict, target: dict) -> dict:
-    """Until tuning measures (the tuning issue), pick the seed with the fewest waves of padded tiles
-    over the GPU's 132 SMs, ties to the earlier (larger) seed."""
-    if not configs:
-        return {}
-    if target.get("kind") != "cuda":
-        return configs[0]
-    return min(configs, key=lambda c: gemm_wave_cost(c, kw))
+    """Until tuning measures: the template's untuned pick (``gemm_configs.default_config``: the measured leaders,
+    fewest padded waves over the SMs)."""
+    from tilefuse.lowering.templates.gemm_configs import default_config
+
+    batch = _numel(broadcast(tuple(kw.get("batch_A", ())), tuple(kw.get("batch_B", ()))))
+    return default_config(configs, kw["M"], kw["N"], batch, target)
 
 
 def gemm_wave_cost(config: dict, kw: dict) -> int:
     """Padded output elements one SM computes over the waves of ``config``'s tiles on the H200's 132 SMs
     (less is better: it counts tile padding and a last, partly idle wave)."""
+    from tilefuse.lowering.templates.gemm_configs import wave_cost
+
     batch = _numel(broadcast(tuple(kw.get("batch_A", ())), tuple(kw.get("batch_B", ()))))
-    tiles = batch * math.ceil(kw["M"] / config["block_M"]) * math.ceil(kw["N"] / config["block_N"])
-    return math.ceil(tiles / 132) * config["block_M"] * config["block_N"]
+    return wave_cost(config, kw["M"], kw["N"], batch)
 
 
 def lower_plan(plan: FusionPlan, target: dict, log=None, progress: bool = False) -> dict[str, RegionKernel]:
