@@ -29,6 +29,7 @@ from tilefuse.lowering.templates.common import (
     param,
     unravel,
 )
+from tilefuse.lowering.templates.gemm_configs import get_configs  # noqa: F401 -- the template's config space
 
 
 def gemm(
@@ -181,46 +182,4 @@ def reference(A: torch.Tensor, B: torch.Tensor, extras: Sequence[torch.Tensor] =
     return acc.to(out_dtype)
 
 
-# Shared memory per block that a config may use (opt-in maximum), by arch family.
-SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024}
-
-
-def shared_memory_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, dtype: str = "float16") -> int:
-    """Bytes of the pipelined A and B tiles (the epilogue may reuse them)."""
-    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)
-    return (block_M + block_N) * block_K * itemsize * max(num_stages, 1)
-
-
-def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
-    """Seed configs for operands of ``dtype``; keys are exactly ``gemm``'s tunables. The device decides."""
-    if dialect(target).cpu:
-        seeds = [(32, 32, 32, 0, 1), (64, 64, 32, 0, 1)]
-        return [_config(*seed, rasterize=False) for seed in seeds]
-    arch = target.get("arch", "") if isinstance(target, dict) else ""
-    if arch.startswith("sm_90"):
-        # Seen on the H200 (TILELANG.md): 128x256x64 / 256x128x64, 3-4 stages, 256 threads, swizzle.
-        # 128x192 and 128x96 fill the 132 SMs in fewer padded waves at N = 768/2304/3072 (GPT-2, BERT, ViT).
-        seeds = [(128, 256, 64, 3, 256), (256, 128, 64, 3, 256), (128, 256, 64, 4, 256),
-                 (128, 128, 64, 4, 256), (64, 256, 64, 4, 128), (128, 128, 64, 3, 128),
-                 (128, 192, 64, 4, 256), (128, 96, 64, 4, 128)]
-    else:
-        # sm_80: mma_sync + cp.async.
-        seeds = [(128, 128, 32, 3, 128), (128, 256, 32, 3, 256), (256, 128, 32, 3, 256),
-                 (128, 128, 64, 2, 128), (64, 128, 32, 4, 128)]
-    if dtype == "float32":
-        # fp32 runs the exact FMA loop (see ``allow_tf32``): modest tiles, as its inner loop is unrolled.
-        seeds = [(64, 64, 32, 2, 128), (128, 64, 32, 2, 128), (64, 128, 32, 3, 128)]
-    limit = SMEM_LIMIT.get(arch.rstrip("a")[:5], 99 * 1024)
-    configs = [_config(*seed) for seed in seeds if shared_memory_bytes(*seed[:4], dtype) <= limit]
-    if arch.startswith("sm_90") and dtype != "float32":
-        # Each tile also storing C through shared memory (TMA stores; TileLang reuses the pipeline's buffers
-        # for it), right after it: not yet measured against the fragment stores, so never the default pick
-        # (ties go to the earlier config), and a tuning budget of a few candidates compares the pair.
-        configs = [v for c in configs for v in (c, {**c, "stage_C": True})]
-    return configs
-
-
-def _config(block_M, block_N, block_K, num_stages, threads, rasterize=True) -> dict:
-    return {"block_M": block_M, "block_N": block_N, "block_K": block_K, "num_stages": num_stages, "threads": threads,
-            "enable_rasterization": rasterize}
-
+# The config space and the untuned pick live beside the template, as data (gemm_configs.py).

@@ -25,7 +25,8 @@ import torch
 from tilefuse.lowering.expr import Expr, evaluate
 from tilefuse.lowering.sparse import E_FACTOR, K_ALIGN, SPARSE_DTYPES, decompress_2_4, padded_k
 from tilefuse.lowering.templates.common import check_dtype, dialect, normalize_shapes, param
-from tilefuse.lowering.templates.gemm import SMEM_LIMIT, epilogue_at
+from tilefuse.lowering.templates.gemm import epilogue_at
+from tilefuse.lowering.templates.gemm_configs import SMEM_LIMIT
 
 META_DTYPE = "int16"
 
