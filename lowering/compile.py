@@ -17,6 +17,7 @@ from typing import Any
 
 import tilelang
 
+from tilefuse.lowering.exact_constants import exact_float_constants
 from tilefuse.lowering.templates.common import CPU_KINDS, target_kind
 
 # TileLang logs every compile at INFO; tilefuse reports compile counts and times itself.
@@ -59,6 +60,7 @@ def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int |
     flags = list(compile_flags) if compile_flags is not None else (list(C_FLAGS) if kind in CPU_KINDS else None)
     if kind in CPU_KINDS:
         pass_configs = {**C_PASS_CONFIGS, **(pass_configs or {})}
+        prim_func = exact_float_constants(prim_func)  # the C source prints float32 constants to 7 digits
     return tilelang.compile(prim_func, out_idx=_out_idx(out_idx), target=tilelang_target(target),
                             pass_configs=pass_configs, compile_flags=flags)
 
