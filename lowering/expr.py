@@ -12,6 +12,11 @@ way the templates compute; ``cast`` rounds to its dtype and the result is widene
 in the middle of a chain behaves the same in the kernel and in ``evaluate``. float64 stays float64,
 integers stay integers until an op needs a float, comparisons give bool.
 
+NaN and signed zeros follow torch, not the targets' ``max``/``min`` (C's ``a > b ? a : b`` and CUDA's
+``fmaxf`` return the other operand for a NaN): ``maximum``/``minimum`` give NaN when either operand is NaN;
+relu, clamp (hardtanh, relu6) and the hard activations keep NaN and keep ``x`` where it equals a bound
+(``relu(-0.0)`` is ``-0.0``). They are selects, which TileLang does not vectorize on GPUs.
+
 Indexed reads: ``Coord(d)`` is coordinate ``d`` of the element being produced (in its output's
 shape) and ``Load(i, index)`` reads input ``i`` at ``index`` (one integer expression per dim of the
 input). Index arithmetic is ordinary ``Call`` nodes on integers (``add``, ``mul``,
@@ -322,11 +327,40 @@ def _softplus(T, x, attrs):
 
 
 def _clamp(T, x, attrs):
-    if attrs.get("min") is not None:
-        x = T.max(x, _c(x, attrs["min"]))
-    if attrs.get("max") is not None:
-        x = T.min(x, _c(x, attrs["max"]))
+    lo, hi = attrs.get("min"), attrs.get("max")
+    if any(b is not None and math.isnan(b) for b in (lo, hi)):
+        return _c(x, math.nan)  # torch.clamp with a NaN bound gives NaN everywhere
+    if lo is not None:
+        x = _at_least(T, x, _c(x, lo))
+    if hi is not None:
+        x = _at_most(T, x, _c(x, hi))
     return x
+
+
+def _at_least(T, x, lo):
+    """``x`` raised to ``lo``, as torch's clamp_min: NaN stays NaN and ``x == lo`` keeps ``x`` (relu(-0.0) is -0.0).
+
+    Note: not ``T.max``: C's ``a > b ? a : b`` and CUDA's ``fmaxf`` both drop a NaN operand."""
+    return T.Select(x < lo, lo, x)
+
+
+def _at_most(T, x, hi):
+    """``x`` lowered to ``hi``, as torch's clamp_max (NaN stays NaN, ``x == hi`` keeps ``x``)."""
+    return T.Select(x > hi, hi, x)
+
+
+def _maximum(T, a, b):
+    """torch.maximum: NaN if either operand is NaN (``T.max`` drops it on every target)."""
+    if not _is_float(a):
+        return T.max(a, b)
+    return T.Select(T.Or(T.isnan(a), a > b), a, b)
+
+
+def _minimum(T, a, b):
+    """torch.minimum: NaN if either operand is NaN."""
+    if not _is_float(a):
+        return T.min(a, b)
+    return T.Select(T.Or(T.isnan(a), a < b), a, b)
 
 
 def _cast(T, a, attrs):
@@ -383,8 +417,8 @@ _EMIT: dict[str, Callable] = {
     "mul": _binary(lambda T, a, b: a * b),
     "div": lambda T, a, attrs: _div(T, *_unify(T, _float(T, a[0]), _float(T, a[1]))),
     "pow": lambda T, a, attrs: _pow(T, *_unify(T, _float(T, a[0]), _float(T, a[1]))),
-    "maximum": _binary(lambda T, a, b: T.max(a, b)),
-    "minimum": _binary(lambda T, a, b: T.min(a, b)),
+    "maximum": _binary(_maximum),
+    "minimum": _binary(_minimum),
     "eq": _binary(lambda T, a, b: a == b),
     "ne": _binary(lambda T, a, b: a != b),
     "lt": _binary(lambda T, a, b: a < b),
@@ -401,15 +435,15 @@ _EMIT: dict[str, Callable] = {
     "abs": lambda T, a, attrs: _abs(T, a[0]) if str(a[0].dtype) != "bool" else a[0],
     "scale": _unary(lambda T, x, at: x * _c(x, at["factor"])),
     "reciprocal": _unary(lambda T, x, at: _c(x, 1.0) / x),
-    "relu": _unary(lambda T, x, at: T.max(x, _c(x, 0.0))),
+    "relu": _unary(lambda T, x, at: _at_least(T, x, _c(x, 0.0))),
     "leaky_relu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, x * _c(x, at.get("alpha", 0.01)))),
     "elu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, _c(x, at.get("alpha", 1.0)) * (T.exp(x) - _c(x, 1.0)))),
     "gelu": _unary(_gelu),
     "silu": _unary(lambda T, x, at: x / (_c(x, 1.0) + T.exp(-x))),
     "sigmoid": _unary(lambda T, x, at: _c(x, 1.0) / (_c(x, 1.0) + T.exp(-x))),
-    "hardsigmoid": _unary(lambda T, x, at: T.min(T.max(
-        x * _c(x, at.get("alpha", 1 / 6)) + _c(x, at.get("beta", 0.5)), _c(x, 0.0)), _c(x, 1.0))),
-    "hardswish": _unary(lambda T, x, at: x * T.min(T.max(x + _c(x, 3.0), _c(x, 0.0)), _c(x, 6.0)) / _c(x, 6.0)),
+    "hardsigmoid": _unary(lambda T, x, at: _clamp(
+        T, x * _c(x, at.get("alpha", 1 / 6)) + _c(x, at.get("beta", 0.5)), {"min": 0.0, "max": 1.0})),
+    "hardswish": _unary(lambda T, x, at: x * _clamp(T, x + _c(x, 3.0), {"min": 0.0, "max": 6.0}) / _c(x, 6.0)),
     "softplus": _unary(_softplus),
     "mish": _unary(lambda T, x, at: x * T.tanh(_softplus(T, x, {}))),
     "softsign": _unary(lambda T, x, at: x / (_c(x, 1.0) + _abs(T, x))),

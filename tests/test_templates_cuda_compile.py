@@ -47,7 +47,7 @@ def kernels(target):
             256, 128, 96, A_dtype="float32", B_dtype="float16", prologue=call("scale", Acc(), factor=0.5),
             **SMALL, target=target), [-1], "mma"),
         "gemm_fp32_exact": (gemm.gemm(100, 70, 40, A_dtype="float32", epilogue=call("relu", Acc()), **SMALL,
-                                      target=target), [-1], "max("),
+                                      target=target), [-1], "? 0x0p+0f"),  # relu as a NaN-keeping select
         "layer_norm_residual": (reduction.row_reduction(
             (4, 77, 768), "layer_norm", x_dtype="float16", has_weight=True, has_bias=True, producer=Acc() + Arg(0),
             extra_shapes=[(4, 77, 768)], extra_dtypes=["float16"], write_pre=True, block_N=1024, threads=128,

@@ -9,6 +9,11 @@ loaded element (``Acc``) with the region's extra inputs broadcast against the in
 ``x + residual``; its result can be stored as a second output (the residual stream's pre-norm sum).
 The consumer maps each result (``Acc``) with extras broadcast against the output shape. Everything
 computes in fp32.
+
+Note: NaN follows torch: a row holding one reduces to NaN. ``T.reduce_max``/``reduce_min`` drop NaN on every
+target (C's ``a > b ? a : b``, CUDA's ``fmaxf``), so amax/amin also keep a per-element "NaN seen" tile, cheap
+register work per tile and one more reduction per row, and a flagged row gives NaN. Softmax and log_softmax
+need no flag: a NaN element makes ``exp(x - max)`` and so the row's sum NaN, whatever max was taken.
 """
 
 from __future__ import annotations
@@ -96,8 +101,8 @@ def row_reduction(
     normalizing, two_pass = kind in NORMALIZING, kind in NORMALIZING and n_tiles > 1
     welford, online_max = kind in ("layer_norm", "var"), kind in ("softmax", "log_softmax", "amax")
     softmax_like = kind in ("softmax", "log_softmax")
+    extremum = kind in ("amax", "amin")
     uses_s0 = online_max or welford or kind == "amin"
-    uses_s1 = kind != "amax" and kind != "amin"
     fill = {"amax": -math.inf, "softmax": -math.inf, "log_softmax": -math.inf, "amin": math.inf}.get(kind, 0.0)
     producer = producer if producer is not None else Acc()
     consumer = consumer if consumer is not None else Acc()
@@ -138,8 +143,8 @@ def row_reduction(
         return y
 
     def reduced(st, r):
-        if kind in ("amax", "amin"):
-            return st[0][r]
+        if extremum:  # a NaN anywhere in the row makes the result NaN, as in torch
+            return T.Select(st[1][r] > T.float32(0), T.float32(math.nan), st[0][r])
         scale = {"sum": 1, "mean": cols, "var": max(cols - correction, 0)}[kind]
         return st[1][r] if scale == 1 else st[1][r] / T.float32(scale)
 
@@ -152,6 +157,9 @@ def row_reduction(
             T.reduce_max(x_f, s0, dim=1, clear=False)
         if kind == "amin":
             T.reduce_min(x_f, s0, dim=1, clear=False)
+        if extremum:  # remember NaNs per element; one reduction of the flags at the end of the row
+            for r, c in d.tile_loop(block_rows, block_N):
+                tmp_f[r, c] = T.max(tmp_f[r, c], T.Cast(f32, T.isnan(x_f[r, c])))
         if softmax_like:
             for r, c in d.tile_loop(block_rows, block_N):
                 tmp_f[r, c] = T.exp(x_f[r, c] - s0[r])
@@ -193,15 +201,17 @@ def row_reduction(
                 io["Pre"] = view(Pre_nd, (rows, cols))
             # Only the buffers this kind uses: an unused fragment has no inferable layout on GPUs.
             x_f = d.fragment((block_rows, block_N), f32)
-            tmp_f = d.fragment((block_rows, block_N), f32) if softmax_like or welford or kind == "rms_norm" else None
+            tmp_f = (d.fragment((block_rows, block_N), f32)
+                     if softmax_like or welford or extremum or kind == "rms_norm" else None)
             s0 = d.fragment((block_rows,), f32) if uses_s0 else None  # running max / min / mean
-            s1 = d.fragment((block_rows,), f32) if uses_s1 else None  # sum / sum of exp / M2 / sum of squares
+            s1 = d.fragment((block_rows,), f32)  # sum / sum of exp / M2 / sum of squares / NaN seen
             t0 = d.fragment((block_rows,), f32) if softmax_like or welford else None
             t1 = d.fragment((block_rows,), f32) if softmax_like or welford else None
             if uses_s0:
                 T.fill(s0, T.float32(fill) if online_max or kind == "amin" else T.float32(0))
-            if uses_s1:
-                T.fill(s1, T.float32(0))
+            T.fill(s1, T.float32(0))
+            if extremum:
+                T.fill(tmp_f, T.float32(0))
             row0 = bx * block_rows
             for t in T.serial(n_tiles):
                 for r, c in d.tile_loop(block_rows, block_N):
@@ -211,6 +221,8 @@ def row_reduction(
                         if T.And(in_row(row0 + r), t * block_N + c < cols):
                             io["Pre"][row0 + r, t * block_N + c] = T.Cast(pre_dtype, x_f[r, c])
                 gather_stats(x_f, tmp_f, s0, s1, t0, t1, t * block_N)
+            if extremum:
+                T.reduce_max(tmp_f, s1, dim=1)
             if normalizing:
                 for t in T.serial(n_tiles):
                     if two_pass:  # several tiles: recompute the producer (one tile: x_f still holds it)
