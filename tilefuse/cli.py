@@ -31,7 +31,7 @@ def _quiet(args) -> bool:
     """``--quiet``, else ``TILEFUSE_QUIET``; unlike the Python API, a command shows progress even into a log."""
     from tilefuse.config import Options
 
-    return bool(args.quiet or Options.quiet)
+    return bool(args.quiet or Options(target={"kind": "c"}).quiet)
 
 
 def _max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -48,36 +48,50 @@ def parse_target(spec: str | dict | None) -> dict:
     return {"kind": kind}
 
 
+def _read(name: str, default: str, parse: Callable[[str], Any] = str, **kw):
+    """A field whose default is read from ``TILEFUSE_<name>`` when an ``Options`` is constructed (not when this
+    module is imported: a variable set later in the process counts)."""
+    return field(default_factory=lambda: parse(_env(name, default)), **kw)
+
+
+def _on(v: str) -> bool:
+    return v != "0"
+
+
 @dataclass(frozen=True)
 class Options:
-    """Compile options shared by every entry point."""
+    """Compile options shared by every entry point; unset ones come from ``TILEFUSE_<NAME>`` at construction."""
 
     target: dict = field(default_factory=default_target)
-    fuse: bool = _env("FUSE", "1") != "0"
-    lower: bool = _env("LOWER", "1") != "0"
-    verbose: bool = _env("VERBOSE", "0") != "0"
+    fuse: bool = _read("FUSE", "1", _on)
+    lower: bool = _read("LOWER", "1", _on)
+    verbose: bool = _read("VERBOSE", "0", _on)
     # Progress lines on stderr while tuning and compiling kernels: True silences them, False shows them
     # always (the command line's default), None (unset) only when stderr is a terminal (tilefuse/progress.py).
-    quiet: bool | None = field(default={"": None, "0": False}.get(_env("QUIET", ""), True), compare=False)
-    cuda_graphs: bool = _env("CUDA_GRAPHS", "1") != "0"
+    quiet: bool | None = _read("QUIET", "", lambda v: {"": None, "0": False}.get(v, True), compare=False)
+    cuda_graphs: bool = _read("CUDA_GRAPHS", "1", _on)
     # With CUDA graphs, run the plan's last regions that write its outputs after the replay, outside the
-    # graph (no copy of those outputs out of graph memory; see PlanRunner.enable_cuda_graphs). Off until a
-    # device run has measured it and its gpu test has passed there.
-    eager_tail: bool = _env("EAGER_TAIL", "0") != "0"
-    # Run convolutional networks channels last (tilefuse/planner/layout.py). None ("auto"): on the CPU targets,
-    # where CI checks it; CUDA stays channels first until a device run has passed the channels-last template
-    # tests and measured the zoo there (the kernels compile for sm_90a; their numerics are checked on c).
-    channels_last: bool | None = {"": None, "auto": None, "0": False}.get(_env("CHANNELS_LAST", ""), True)
+    # graph: no copy of those outputs out of graph memory (GPT-2's logits: 0.39 ms a call on the H200, measured
+    # 2026-12-01 with its gpu test passing there); see PlanRunner.enable_cuda_graphs.
+    eager_tail: bool = _read("EAGER_TAIL", "1", _on)
+    # Run convolutional networks channels last (tilefuse/planner/layout.py), on every target: on the H200 it took
+    # ResNet-50 from 4.02 to 2.70 ms tuned and 10.1 to 4.8 ms untuned (2026-12-01), its gpu tests passing.
+    channels_last: bool = _read("CHANNELS_LAST", "1", _on)
+    # Each region keeps the fastest of its fused kernel, its own ops through torch and (a GEMM with an epilogue)
+    # the split, measured with cold caches on its first call's inputs and remembered in the tuning database
+    # (lowering/tune.py choose_backends). On CUDA; 0 runs every region that lowered as its kernel.
+    measure: bool = _read("MEASURE", "1", _on)
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
-    max_specializations: int = int(_env("MAX_SPECIALIZATIONS", "16"))
+    max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)
     # Measure tile configs before lowering: "none", "fast" (a few seeds) or "max" (every candidate); winners
-    # are kept in TILEFUSE_TUNING_DB (default ~/.cache/tilefuse/tuning.json), see lowering/tune.py.
-    tune: str = _env("TUNE", "none")
+    # are kept in TILEFUSE_TUNING_DB (default ~/.cache/tilefuse/tuning.json), see lowering/tune.py. Without
+    # tuning, GEMMs build with the configs the H200 measured best (lowering/templates/gemm_configs.py).
+    tune: str = _read("TUNE", "none")
     # The most seconds tuning may spend on one model; specs left over keep their default config.
-    tune_seconds: float = float(_env("TUNE_SECONDS", "600"))
+    tune_seconds: float = _read("TUNE_SECONDS", "600", float)
     # "2:4": prune eligible linear weights to 2:4 sparsity (2 of every 4 along K, by magnitude); the compile
     # reports the outputs' change. On CUDA, 2:4 weights (pruned or already so) run the gemm_sp kernel. See
     # tilefuse/planner/sparsity.py for which weights are eligible.
-    sparsity: str | None = _env("SPARSITY", "") or None
+    sparsity: str | None = _read("SPARSITY", "", lambda v: v or None)
     # Called with each runner built (one per compiled graph): lets callers see plans and timings.
     observer: Callable[[Any], None] | None = field(default=None, compare=False)

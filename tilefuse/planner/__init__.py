@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from tilefuse.config import CPU_KINDS
 from tilefuse.ir import Graph
 from tilefuse.planner.canonicalize import canonicalize, simplify  # noqa: F401
 from tilefuse.planner.cost import CostModel
@@ -19,11 +18,11 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
          sparsity: str | None = None, layout: bool | None = None) -> FusionPlan:
     """Plan ``graph``: canonicalize it, apply ``sparsity`` (``"2:4"`` prunes linear weights; 2:4 weights take
     the sparse GEMM where the target has one, see ``planner.sparsity``), group its nodes into regions, say
-    how each region runs. With ``layout`` convolutional networks run channels last (``planner.layout``);
-    None: on the CPU targets (``Options.channels_last`` says why)."""
+    how each region runs. With ``layout`` (None: on) convolutional networks run channels last (``planner.layout``;
+    ``Options.channels_last`` says why)."""
     log = RewriteLog()
     canon = canonicalize(graph, log) if fuse else graph
-    if fuse and (layout if layout is not None else (target or {}).get("kind") in CPU_KINDS):
+    if fuse and layout is not False:
         canon = channels_last(canon)
     canon, sparse = sparsify(canon, target, sparsity)
     regions, refusals = partition(canon, cost) if fuse else _one_per_node(canon)
