@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ def import_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *, name: str
     ``UnsupportedOnnxOpError`` for an op tilefuse does not support, naming file, op, node and domain.
     """
     proto, label, base_dir = _load(model)
-    _check(label if base_dir else proto, label)
+    _check(label if base_dir else proto, label, proto.graph)
     if proto.functions:
         import onnx.inliner
 
@@ -151,6 +152,8 @@ def _load(model) -> tuple[onnx.ModelProto, str, str]:
         raise OnnxImportError(f"cannot import an ONNX model from a {type(model).__name__}; "
                               "give a path, bytes or an onnx.ModelProto")
     path = os.fspath(model)
+    if os.path.isdir(path):
+        raise OnnxImportError(f"{path} is a directory, not an ONNX file; give the path of the .onnx file in it")
     if not os.path.isfile(path):
         raise OnnxImportError(f"{path}: no such ONNX file")
     try:
@@ -174,13 +177,21 @@ def _parse(data: bytes, label: str) -> onnx.ModelProto:
     return m
 
 
-def _check(m: onnx.ModelProto | str, label: str) -> None:
+def _check(m: onnx.ModelProto | str, label: str, graph: onnx.GraphProto) -> None:
     """``onnx.checker`` on the model (by path when it has one, so external data resolves)."""
     try:
         onnx.checker.check_model(m)
     except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise OnnxImportError(f"{label}: fails onnx.checker (corrupt, truncated or invalid model): {first}") from e
+        text = " ".join(str(e).split()) or type(e).__name__  # its messages span lines mid-sentence
+        order = re.search(r"however input '(.*)' of node: name: ?(.*?) ?OpType: (\S+) is not output", text)
+        if order:  # a cycle, nodes out of order, or a dangling input: say which
+            value, node, op = order.groups()
+            made = any(value in n.output for n in graph.node)
+            text = (f"input {value!r} of {f'node {node!r}' if node else 'an unnamed node'} ({op}) is not made by "
+                    "any node before it: " +
+                    ("the graph has a cycle or its nodes are not in topological order." if made else
+                     "no node, graph input or initializer makes it (a dangling input)."))
+        raise OnnxImportError(f"{label}: fails onnx.checker (corrupt, truncated or invalid model): {text}") from e
 
 
 def _opsets(m: onnx.ModelProto, label: str) -> dict[str, int]:

@@ -73,3 +73,38 @@ def test_explain_shows_the_measured_choices_the_tuning_database_holds(tmp_path, 
     assert cli.main(["explain", "mlp", "--target", "c"]) == 0
     out = capsys.readouterr().out
     assert f"{gemms[0].name}" in out and "runs as torch (kernel 0.200 ms, torch 0.100 ms)" in out
+
+
+def _onnx_with(nodes, path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_cycle_and_dangling_input_errors_are_whole_sentences(tmp_path, capsys):
+    from onnx import helper
+
+    cycle = _onnx_with([helper.make_node("Add", ["x", "c"], ["b"], name="add1"),
+                        helper.make_node("Relu", ["b"], ["c"], name="relu1")], tmp_path / "cycle.onnx")
+    dangling = _onnx_with([helper.make_node("Add", ["x", "zz"], ["c"], name="add2")], tmp_path / "dangling.onnx")
+    assert cli.main(["compile", str(cycle)]) == 2
+    err = capsys.readouterr().err
+    assert "cycle.onnx" in err and ("input 'c' of node 'add1' (Add) is not made by any node before it: the graph "
+                                    "has a cycle or its nodes are not in topological order.") in err, err
+    assert cli.main(["compile", str(dangling)]) == 2
+    err = capsys.readouterr().err
+    assert ("input 'zz' of node 'add2' (Add) is not made by any node before it: no node, graph input or initializer "
+            "makes it (a dangling input).") in err, err
+
+
+def test_compile_or_serve_a_directory_says_it_is_one(tmp_path, capsys):
+    assert cli.main(["compile", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path} is a directory, not an ONNX file" in err and "no such" not in err, err
+    assert cli.main(["serve", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path} is a directory" in err, err
