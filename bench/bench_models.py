@@ -15,11 +15,15 @@ import argparse
 import datetime
 import json
 import platform
-import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from heldout import BUILDERS
+from kernels import category_line, profile, time_ms
 
 import tilefuse
 from tilefuse import models
@@ -28,19 +32,8 @@ PEERS = ("eager", "default", "reduce-overhead", "max-autotune")
 
 
 def cuda_time_ms(fn, *args, reps: int = 50, warmup: int = 5) -> float:
-    """Median of ``reps`` CUDA-event timings of ``fn(*args)``, warm-up excluded."""
-    for _ in range(warmup):
-        fn(*args)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(*args)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median milliseconds of ``fn(*args)``, L2 flushed before each call, warm-up excluded (``kernels.time_ms``)."""
+    return time_ms(fn, *args, reps=reps, warmup=warmup)
 
 
 def _compile_peer(model, peer: str):
@@ -60,7 +53,10 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
     ``flush(row)`` runs after every measurement, so a run cut short keeps what it measured (the slowest
     peer to compile, Inductor max-autotune, goes last when listed last)."""
     torch._dynamo.reset()
-    model, inputs = models.build(name, size, dtype=torch.float16, device="cuda")
+    if name in BUILDERS:  # a held-out real model (bench/heldout.py), at its realistic size
+        model, inputs = BUILDERS[name]()
+    else:
+        model, inputs = models.build(name, size, dtype=torch.float16, device="cuda")
     row: dict = {"model": name, "size": size, "tilefuse": {}, "peers": {}}
     with torch.no_grad():
         ref = model(*inputs)
@@ -75,7 +71,7 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
             row["peers"][peer] = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": compile_s}
-            if peer != "eager":  # a second compile, as tilefuse's warm one: dynamo again, Inductor's caches hit
+            if peer != "eager" and WARM:  # a second compile, as tilefuse's warm one: dynamo again, Inductor's caches hit
                 torch._dynamo.reset()
                 t0 = time.perf_counter()
                 _compile_peer(model, peer)(*inputs)
@@ -83,6 +79,13 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
                 row["peers"][peer]["warm_compile_s"] = time.perf_counter() - t0
             print(f"  {name}: {peer} {row['peers'][peer]['ms']:.3f} ms (compile {compile_s:.1f} s, warm "
                   f"{row['peers'][peer].get('warm_compile_s', 0):.1f} s)", flush=True)
+            flush(row)
+        if PROFILE and row["peers"]:  # the best peer's kernels by category, beside tilefuse's
+            best = min(row["peers"], key=lambda p: row["peers"][p]["ms"])
+            torch._dynamo.reset()
+            fn = _compile_peer(model, best)
+            row["peers"][best]["profile"] = profile(fn, *inputs)
+            print(f"  {name}: {best} kernels ms/call: {category_line(row['peers'][best]['profile'])}", flush=True)
             flush(row)
     return row
 
@@ -108,6 +111,9 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
         model(*inputs)
         torch.cuda.synchronize()
         row["eager_peak"] = {"peak_mb": (torch.cuda.max_memory_allocated() - base) / 2**20}
+    if PROFILE:
+        res["profile"] = profile(fn, *inputs)
+        print(f"  {name}: tilefuse tune={tune} kernels ms/call: {category_line(res['profile'])}", flush=True)
     for r in runners:
         r.record = True
     fn(*inputs)
@@ -116,10 +122,16 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
     res["tilelang_kernels"] = sum(1 for p in plans for r in p.regions if r.launches and r.backend == "tilelang")
     res["split_regions"] = sum(1 for p in plans for r in p.regions if r.backend == "split")  # GEMM torch, rest TileLang
     res["compute_nodes"] = sum(p.source_nodes for p in plans)
-    res["regions"] = kernel_table(runners)
+    res["regions"] = kernel_table(runners) if KERNEL_TABLE else []
+    res["chosen_sum_ms"] = chosen_sum_ms(runners)
+    print(f"  {name}: tune={tune}: the regions as chosen sum to {res['chosen_sum_ms']:.3f} ms timed one by one with "
+          f"cold caches, {res['chosen_sum_ms'] / res['ms']:.2f}x the whole model's {res['ms']:.3f} ms", flush=True)
+    notes = [n for r in runners for n in r.plan.notes if "measured" in n]
+    res["given_to_torch"] = notes
+    res["backends"] = {b: sum(1 for r in runners for g in r.plan.regions if g.launches and g.backend == b)
+                       for b in ("tilelang", "torch", "split")}
+    print(f"  {name}: tune={tune}: launching regions by how they run: {res['backends']}", flush=True)
     if tune != "none":  # last: a dynamo reset makes ``fn`` recompile (and report a second runner) if called again
-        notes = [n for r in runners for n in r.plan.notes if "measured" in n]
-        res["given_to_torch"] = notes
         torch._dynamo.reset()
         t0 = time.perf_counter()
         tilefuse.compile(model, tune=tune, tune_seconds=tune_seconds)(*inputs)
@@ -130,6 +142,31 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
     print(f"  {name}: tilefuse tune={tune} {res['ms']:.3f} ms (compile {res['compile_s']:.1f} s), "
           f"err {res['max_rel_err']:.1e}", flush=True)
     return res
+
+
+PROFILE, KERNEL_TABLE, WARM = True, False, True  # set by main's flags
+
+
+def chosen_sum_ms(runners) -> float:
+    """Every launching region of the plans as it now runs (kernel, torch or split, as chosen), timed alone on the
+    last call's values with cold caches (``tune._device_time``), summed: what the measured choice judged by. Near
+    the whole model's time, the choice judged each region as it runs in the model."""
+    from tilefuse.lowering.tune import _device_time
+
+    total = 0.0
+    for runner in runners:
+        inputs = getattr(runner, "last_inputs", None)
+        if inputs is None:
+            continue
+        env = dict(runner.constants(inputs[0].device))
+        env.update({v.name: a for v, a in zip(runner.plan.graph.inputs, inputs)})
+        for region, fn in zip(runner.plan.regions, runner.fns):
+            ins = [env[i] for i in region.inputs]
+            outs = fn(ins)
+            if region.launches:
+                total += _device_time(fn, (ins,), "cuda") * 1e3
+            env.update(zip(region.outputs, outs))
+    return total
 
 
 def kernel_table(runners) -> list[dict]:
@@ -232,7 +269,12 @@ def main() -> int:
                          "compile time is the cold one (use a fresh TILEFUSE_TUNING_DB) and it also reports a warm "
                          "compile (tuning database and caches hit)")
     ap.add_argument("--tune-seconds", type=float, default=120.0)
+    ap.add_argument("--no-profile", action="store_true", help="skip the kernel profiles by category")
+    ap.add_argument("--no-warm", action="store_true", help="skip the peers' second (warm) compile")
+    ap.add_argument("--kernel-table", action="store_true", help="also time each region against its torch ops")
     args = ap.parse_args()
+    global PROFILE, KERNEL_TABLE, WARM
+    PROFILE, KERNEL_TABLE, WARM = not args.no_profile, args.kernel_table, not args.no_warm
     if not torch.cuda.is_available():
         print("bench_models: needs a CUDA GPU", file=sys.stderr)
         return 2

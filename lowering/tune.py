@@ -363,7 +363,7 @@ def tune_spec(spec, target: dict, budget: str | int = "fast", db: TuningDB | Non
     hit = db.get(spec, target)
     if hit is not None:
         return TuneResult(dict(hit["config"]), hit.get("seconds"), "db")
-    (job,) = _compile(_jobs([spec], target, budget), target)
+    (job,) = compile_jobs(candidate_jobs([spec], target, budget), target)
     return _finish(job, target, db, deadline)
 
 
@@ -379,7 +379,7 @@ class _Job:
     kernels: list = field(default_factory=list)
 
 
-def _jobs(specs, target: dict, budget) -> list[_Job]:
+def candidate_jobs(specs, target: dict, budget) -> list[_Job]:
     """Each spec's candidates and their prim funcs (a template refusing a config drops that candidate)."""
     from tilefuse.lowering.registry import make_prim_func
 
@@ -398,7 +398,7 @@ def _jobs(specs, target: dict, budget) -> list[_Job]:
     return jobs
 
 
-def _compile(jobs: list[_Job], target: dict, on_done: Callable[[], None] | None = None) -> list[_Job]:
+def compile_jobs(jobs: list[_Job], target: dict, on_done: Callable[[], None] | None = None) -> list[_Job]:
     """Every job's candidates compiled together in one parallel batch (the slow part: nvcc), so that a
     model's kernels tune in about the time of its largest batch of compiles, not one spec after another."""
     from tilefuse.lowering.compile import compile_many
@@ -421,6 +421,18 @@ def _finish(job: _Job, target: dict, db: TuningDB, deadline) -> TuneResult:
 
 
 def _race(job: _Job, target: dict, deadline) -> TuneResult:
+    timed, failed = time_candidates(job, target, deadline)
+    if not timed:
+        _log.warning("tuning %s: no candidate ran (%s); keeping the default config", job.spec.template, failed)
+        return TuneResult(job.configs[0], None, "measured", 0, failed)
+    seconds, best = min(timed)
+    return TuneResult(job.configs[best], seconds, "measured", len(timed), failed)
+
+
+def time_candidates(job: _Job, target: dict, deadline: float | None = None) -> tuple[list[tuple[float, int]], dict]:
+    """Each compiled candidate of ``job`` run on the same random inputs (its output checked against the first
+    candidate's) and timed with cold caches: ``[(seconds, candidate index)]`` and ``{index: why it was dropped}``.
+    Past ``deadline`` no further candidate is timed."""
     kind = target.get("kind", "c")
     failed = dict(job.failed)
     device = "cuda" if kind == "cuda" else "cpu"
@@ -443,11 +455,7 @@ def _race(job: _Job, target: dict, deadline) -> TuneResult:
             timed.append((_device_time(k, args, kind), i))
         except Exception as e:  # noqa: BLE001 -- a candidate that fails to run is dropped, never fatal
             failed[i] = f"run: {type(e).__name__}: {e}"
-    if not timed:
-        _log.warning("tuning %s: no candidate ran (%s); keeping the default config", job.spec.template, failed)
-        return TuneResult(job.configs[0], None, "measured", 0, failed)
-    seconds, best = min(timed)
-    return TuneResult(job.configs[best], seconds, "measured", len(timed), failed)
+    return timed, failed
 
 
 # ---- plans and the lookup make_prim_func consults ----------------------------------------------------------
@@ -469,10 +477,10 @@ def tune_plan(plan, target: dict, budget: str | int = "fast", db: TuningDB | Non
     measured = 0
     if todo:
         try:
-            jobs = _jobs(todo, target, budget)
+            jobs = candidate_jobs(todo, target, budget)
             n = sum(len(j.funcs) for j in jobs)
             with Progress(f"tuning {graph.name}: compiling candidates", n, "kernels", enabled=progress) as bar:
-                jobs = _compile(jobs, target, on_done=bar.tick)
+                jobs = compile_jobs(jobs, target, on_done=bar.tick)
         except Exception as e:  # noqa: BLE001 -- tuning failing never fails the compile
             _log.warning("%s: compiling tuning candidates failed (%s: %s); default configs are kept",
                          graph.name, type(e).__name__, e)

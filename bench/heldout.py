@@ -1,0 +1,73 @@
+"""Real models that are not in the zoo, at realistic sizes, random weights: what users bring.
+
+``bench_models.py --models hf-gpt2,hf-llama,hf-bert,hf-vit,timm-resnet50`` takes these by name. Each builder
+returns (module, inputs) in fp16 on the GPU; the module returns one tensor (logits or the last hidden state),
+so every peer and tilefuse are compared on the same output. transformers and timm build from configs (no
+network: weights are random).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class _First(torch.nn.Module):
+    """The model's first output as a tensor (Hugging Face models return ModelOutput objects)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        out = self.model(*args)
+        if isinstance(out, torch.Tensor):
+            return out
+        return out[0] if isinstance(out, (tuple, list)) else next(iter(out.values()))
+
+
+def _hf(config, cls, inputs):
+    torch.manual_seed(0)
+    model = cls(config).to(torch.float16).cuda().eval().requires_grad_(False)
+    return _First(model), inputs
+
+
+def hf_gpt2(batch: int = 8, seq: int = 1024):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_positions=max(seq, 1024), attn_implementation="sdpa")
+    return _hf(cfg, GPT2LMHeadModel, (torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"),))
+
+
+def hf_llama(batch: int = 4, seq: int = 2048):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096,
+                      attn_implementation="sdpa")
+    return _hf(cfg, LlamaForCausalLM, (torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"),))
+
+
+def hf_bert(batch: int = 32, seq: int = 512):
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(attn_implementation="sdpa")
+    return _hf(cfg, BertModel, (torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"),))
+
+
+def hf_vit(batch: int = 64):
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(attn_implementation="sdpa")
+    return _hf(cfg, ViTModel, (torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16),))
+
+
+def timm_resnet50(batch: int = 64):
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("resnet50", pretrained=False).to(torch.float16).cuda().eval().requires_grad_(False)
+    return model, (torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16),)
+
+
+BUILDERS = {"hf-gpt2": hf_gpt2, "hf-llama": hf_llama, "hf-bert": hf_bert, "hf-vit": hf_vit,
+            "timm-resnet50": timm_resnet50}
