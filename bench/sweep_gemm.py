@@ -64,6 +64,8 @@ def main() -> int:
     args = ap.parse_args()
     import tilelang
 
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "tilelang": tilelang.__version__}
     t0 = time.perf_counter()
     specs = gemm_specs(args.models.split(","))
     space = len(config_space(next(iter(specs.values()))[0], TARGET)) if specs else 0
@@ -95,11 +97,9 @@ def main() -> int:
               f"{row['best']} | {len(failed)} dropped", flush=True)
         for ms, c in near[:4]:
             print(f"    {ms:8.4f} {c}")
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "tilelang": tilelang.__version__}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        if args.json:  # after every shape: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0
 
 
