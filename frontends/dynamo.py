@@ -92,8 +92,12 @@ class TilefuseBackend:
                 return self.compile_graph(g, ex, f"graph{graph_id}_{kind}", frozen, static)
             return compile_one
 
+        # keep_inference_input_mutations: an inference graph's in-place updates of its inputs (a static KV cache's
+        # index_copy_) stay in the graph as copy_ into them, which the import does in place (FxProgram.mutations)
+        # instead of AOTAutograd copying each updated input back whole after every call.
         aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                           inference_compiler=compiler("inference"), decompositions=decompositions())
+                           inference_compiler=compiler("inference"), decompositions=decompositions(),
+                           keep_inference_input_mutations=True)
         try:
             return aot(gm, example_inputs)
         except Exception as e:
@@ -122,7 +126,9 @@ class TilefuseBackend:
             with unset_fake_temporarily():
                 if self.options.sparsity:
                     program, inputs = self._freeze(gm, program, real_inputs, name)
-                static = [j for j, i in enumerate(program.input_indices) if i in static_inputs]
+                # inputs updated in place are read in place by CUDA graphs too: the update must land in them
+                mutated = set(program.mutated_inputs)
+                static = [j for j, i in enumerate(program.input_indices) if i in static_inputs or j in mutated]
                 # dynamo's guards check the inputs' shapes and dtypes before every call: the runner need not
                 # (about 1 us an input on the hot path, 150 inputs for GPT-2)
                 runner = build_runner(program.graph, self.options, inputs, static, check=False)
@@ -191,6 +197,8 @@ class _Compiled:
     def __call__(self, *args: Any) -> Any:
         fx_args = _unbox(args)
         results = self.runner(*self.program.graph_inputs(fx_args))
+        if self.program.mutations:
+            self.program.write_back(fx_args, results)
         return self.program.fx_outputs(fx_args, results)
 
 

@@ -33,6 +33,13 @@ _MAY_ALIAS = frozenset({"identity", "reshape", "permute", "transpose", "expand",
                         "unsqueeze", "flatten", "split", "cast", "dropout"})
 
 
+aten = torch.ops.aten
+
+# Functional scatters AOTAutograd makes of in-place updates (``cache.index_copy_(...)``), by the in-place op that
+# writes the input itself: a static KV cache then takes each step's new rows where it lives, with no copy of it.
+_IN_PLACE = {aten.index_copy.default: aten.index_copy_.default, aten.index_put.default: aten.index_put_.default}
+
+
 class FxImportError(ValueError):
     """The fx graph cannot be imported (not ATen-level, symbolic shapes, an unusable node)."""
 
@@ -47,6 +54,7 @@ class OutSpec:
     index: int = -1
     copy: bool = False
     value: Any = None
+    device: torch.device | None = None  # where torch puts a "graph" output (the plan may compute it elsewhere)
 
 
 @dataclass(frozen=True)
@@ -56,13 +64,36 @@ class FxProgram:
     ``input_indices`` are the positions of the fx placeholders that became graph inputs, in graph
     input order (non-tensor placeholders are baked in). ``outputs`` mirrors the fx graph's output
     structure (tuples and lists) with an ``OutSpec`` per leaf. ``fallback_ops`` names the ATen ops
-    that became ``torch_fallback`` nodes.
+    that became ``torch_fallback`` nodes. ``mutations`` are the graph's in-place updates of its inputs
+    (``copy_`` into a placeholder, as AOTAutograd keeps them): (fx argument position, graph output index)
+    pairs, written back into the caller's tensor after each run (``write_back``); an update the importer
+    made in place (``index_copy_`` on the input itself) is that very tensor, and costs nothing.
     """
 
     graph: Graph
     input_indices: tuple[int, ...]
     outputs: Any
     fallback_ops: tuple[str, ...]
+    mutations: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def mutated_inputs(self) -> tuple[int, ...]:
+        """Positions among the graph's inputs (not the fx arguments) that the graph updates in place."""
+        return tuple(self.input_indices.index(i) for i, _ in self.mutations if i in self.input_indices)
+
+    def write_back(self, args: Sequence[Any], results: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        """Apply the graph's input mutations to the caller's tensors (across devices where the plan ran
+        elsewhere); returns the positions of the arguments copied into. A result that already is the caller's
+        tensor, or a view of all of it, is left alone."""
+        copied = []
+        for i, k in self.mutations:
+            dst, src = args[i], results[k]
+            if src is dst or (src.data_ptr() == dst.data_ptr() and src.device == dst.device
+                              and src.shape == dst.shape and src.stride() == dst.stride()):
+                continue
+            dst.copy_(src)
+            copied.append(i)
+        return tuple(copied)
 
     def graph_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
         """Pick the graph's inputs out of the fx graph's arguments."""
@@ -75,6 +106,8 @@ class FxProgram:
                 return type(spec)(build(s) for s in spec)
             if spec.kind == "graph":
                 r = results[spec.index]
+                if spec.device is not None and r.device != spec.device:
+                    return r.to(spec.device)  # a host value (a position, a flag) the plan computed on the GPU
                 return r.clone() if spec.copy else r
             return args[spec.index] if spec.kind == "input" else spec.value
 
@@ -252,6 +285,9 @@ class _Importer:
         self._placeholders: dict[fx.Node, int] = {}
         self._scalars: dict[tuple, str] = {}
         self._attrs: dict[str, str] = {}
+        # copy_ nodes writing a placeholder -> that placeholder; scatters done in place -> their in-place op
+        self._copies, self._in_place = input_mutations(gm)
+        self.mutations: list[tuple[fx.Node, str]] = []  # (placeholder, value it ends up holding), in order
 
     # -- the walk --------------------------------------------------------------------------------
     def run(self) -> FxProgram:
@@ -298,6 +334,14 @@ class _Importer:
 
     def _call(self, node: fx.Node) -> Any:
         target = node.target
+        if node in self._copies:  # an update of a graph input: written back after the run (FxProgram.write_back)
+            value = self.env[node.args[1]]
+            if not isinstance(value, str) or self.b.types[value] != tensor_type(node.meta["val"]):
+                return self._aten(node, target)  # a broadcasting or casting copy_: torch does it in the plan
+            self.mutations.append((self._copies[node], value))
+            return node  # copy_ returns its destination: the placeholder, which holds the value after the run
+        if node in self._in_place:
+            return self._fallback(node, self._in_place[node], "", warn=False)
         if target is operator.getitem:
             seq = self.env[node.args[0]]
             if not isinstance(seq, (list, tuple)):
@@ -359,9 +403,10 @@ class _Importer:
         return None
 
     # -- fallbacks and folding -------------------------------------------------------------------
-    def _fallback(self, node: fx.Node, op: torch._ops.OpOverload, why: str) -> Any:
+    def _fallback(self, node: fx.Node, op: torch._ops.OpOverload, why: str, warn: bool = True) -> Any:
         target = fallback.qualified_name(op)
-        _warn_fallback(target, node.name, why)
+        if warn:
+            _warn_fallback(target, node.name, why)
         log.debug("tilefuse: node %s (%s) runs through torch: %s", node.name, target, why)
         inputs: list[str] = []
         position: dict[str, int] = {}
@@ -451,17 +496,26 @@ class _Importer:
         def spec(o: Any) -> Any:
             if isinstance(o, (list, tuple)):
                 return type(o)(spec(x) for x in o)
+            if isinstance(o, fx.Node) and self.env.get(o) is o:  # a copy_ into a placeholder: the caller's tensor
+                o = self._copies[o]
             if isinstance(o, fx.Node) and o in self._placeholders:
                 return OutSpec("input", self._placeholders[o])
             v = self.env[o] if isinstance(o, fx.Node) else o
             if isinstance(v, str):
                 graph_outputs.append(v)
-                return OutSpec("graph", len(graph_outputs) - 1, self._needs_copy(o, v))
+                val = o.meta.get("val") if isinstance(o, fx.Node) else None
+                device = val.device if isinstance(val, torch.Tensor) else None
+                return OutSpec("graph", len(graph_outputs) - 1, self._needs_copy(o, v), device=device)
             return OutSpec("value", value=v)
 
         outputs = spec(node.args[0])
+        mutations = []
+        for ph, value in self.mutations:
+            graph_outputs.append(value)
+            mutations.append((self._placeholders[ph], len(graph_outputs) - 1))
         graph = _prune(self.b.build(graph_outputs), self.keep)
-        return FxProgram(graph, tuple(self.input_indices), outputs, tuple(dict.fromkeys(self.fallbacks)))
+        return FxProgram(graph, tuple(self.input_indices), outputs, tuple(dict.fromkeys(self.fallbacks)),
+                         tuple(mutations))
 
     def _needs_copy(self, o: fx.Node, value: str) -> bool:
         """An output computed as a copy in torch but that may be an input or constant tensor here.
@@ -475,6 +529,29 @@ class _Importer:
         is_view = isinstance(target, torch._ops.OpOverload) and any(r.alias_info is not None
                                                                      for r in target._schema.returns)
         return not (is_view and kind == "input")
+
+
+def input_mutations(gm: fx.GraphModule) -> tuple[dict[fx.Node, fx.Node], dict[fx.Node, Any]]:
+    """The graph's updates of its inputs, as AOTAutograd leaves them (``keep_inference_input_mutations``): each
+    ``copy_(placeholder, value)`` -> its placeholder; and the functional scatters (``_IN_PLACE``) that may run in
+    place on the placeholder itself -> their in-place op. A scatter may when its placeholder is read by nothing
+    else (no reader of the old value can then run after it), its result is what is copied back, and it does
+    not accumulate."""
+    copies: dict[fx.Node, fx.Node] = {}
+    in_place: dict[fx.Node, Any] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not aten.copy_.default:
+            continue
+        dst, src = n.args[0], n.args[1]
+        if not (isinstance(dst, fx.Node) and dst.op == "placeholder" and isinstance(src, fx.Node)) or \
+                any(u.op != "output" for u in n.users):  # AOTAutograd's copy_ come last, read by nothing
+            continue
+        copies[n] = dst
+        op = _IN_PLACE.get(src.target)
+        accumulates = src.target is aten.index_put.default and (src.args[3:] or [src.kwargs.get("accumulate")])[0]
+        if op is not None and src.args[0] is dst and set(dst.users) == {src, n} and not accumulates:
+            in_place[src] = op
+    return copies, in_place
 
 
 def _used(node: fx.Node, k: int) -> bool:

@@ -11,6 +11,8 @@ time per call on the H200.) Outputs are the graph's own buffers, overwritten by 
 ``clone_outputs`` (the default) hands back copies so a caller can keep results across calls, or ``finish``
 takes them with the call's arguments and makes the results (``PlanRunner`` runs the regions that write
 the plan's outputs there, outside the graph: their outputs are fresh tensors, not copies of graph memory).
+An output that is a static input itself (a KV cache the plan updated in place) is handed back as the caller's
+tensor, never copied: it holds the result once the replay is done.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ class CudaGraphRunner:
         self.clone_outputs = clone_outputs
         self.warmup = warmup
         self.max_graphs = max_graphs
-        # signature -> (graph, its input tensors, its outputs, the positions copied in before each replay)
+        # signature -> (graph, its input tensors, its outputs, the positions copied in before each replay,
+        # (output, static input) pairs where the output is that input)
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...],
-                                        list[int]]] = {}
+                                        list[int], list[tuple[int, int]]]] = {}
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if not args or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
@@ -48,13 +51,18 @@ class CudaGraphRunner:
             if len(self._graphs) >= self.max_graphs:  # a bounded cache: evict the oldest signature
                 self._graphs.pop(next(iter(self._graphs)))
             entry = self._graphs[key] = self._capture(args)
-        graph, static_in, static_out, copied = entry
+        graph, static_in, static_out, copied, aliases = entry
         for i in copied:  # the static inputs are at the captured addresses (the key says so): not copied
             static_in[i].copy_(args[i])
         graph.replay()
         if self.finish is not None:
             return self.finish(args, static_out)
-        return tuple(o.clone() for o in static_out) if self.clone_outputs else static_out
+        if not self.clone_outputs:
+            return static_out
+        if not aliases:
+            return tuple(o.clone() for o in static_out)
+        kept = dict(aliases)
+        return tuple(args[kept[k]] if k in kept else o.clone() for k, o in enumerate(static_out))
 
     def _capture(self, args: Sequence[torch.Tensor]):
         static = set(self.static_inputs)
@@ -68,4 +76,17 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_out = tuple(self.fn(*static_in))
-        return graph, static_in, static_out, [i for i in range(len(args)) if i not in static]
+        return graph, static_in, static_out, [i for i in range(len(args)) if i not in static], \
+            input_aliases(static_out, static_in, static)
+
+
+def input_aliases(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], positions: Collection[int]) \
+        -> list[tuple[int, int]]:
+    """(output, input) pairs where an output is input ``i`` (``i`` in ``positions``) in full: the same memory,
+    shape, strides and dtype."""
+    def same(o: torch.Tensor, a: torch.Tensor) -> bool:
+        return o is a or (o.device == a.device and o.data_ptr() == a.data_ptr() and o.shape == a.shape
+                          and o.stride() == a.stride() and o.dtype == a.dtype)
+
+    return [(k, i) for k, o in enumerate(outs) for i in sorted(positions)
+            if isinstance(o, torch.Tensor) and same(o, ins[i])]

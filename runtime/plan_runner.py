@@ -4,6 +4,12 @@ nodes through their torch references (an explicit, reported fallback: ``backend 
 Note: values are freed after the last region that reads them, so peak memory follows liveness at
 region granularity (a fused region's interior values never exist in device memory at all once it
 runs as one kernel).
+
+Note: a plan runs on one device: for a CUDA target, the GPU its inputs are on. Inputs elsewhere (a CPU
+0-d tensor: a position counter, a flag; indices torch's eager ops accept on the host) are copied into a
+buffer on that device kept per input (``_stage``): one small host-to-device copy per call, at a fixed
+address a captured CUDA graph reads, and never a CPU tensor handed to a GPU kernel. Where outputs belong
+on the host, the frontend moves them back (``frontends.fx.OutSpec.device``).
 """
 
 from __future__ import annotations
@@ -54,9 +60,13 @@ def reference_region(plan: FusionPlan, region) -> RegionFn:
 class PlanRunner:
     """Executes ``plan`` on torch tensors; ``kernels`` maps region names to compiled callables."""
 
-    def __init__(self, plan: FusionPlan, kernels: Mapping[str, RegionFn] | None = None, check: bool = True):
+    def __init__(self, plan: FusionPlan, kernels: Mapping[str, RegionFn] | None = None, check: bool = True,
+                 device_type: str = "cpu"):
         self.plan = plan
         self.check = check
+        self.device_type = device_type  # "cuda" for a CUDA target's plan: inputs elsewhere are staged onto it
+        self._staged: dict[int, torch.Tensor] = {}  # input position -> its buffer on the plan's device
+        self._foreign: tuple[torch.device, tuple[int, ...]] | None = None  # decided once when check is off
         self.static_inputs: tuple[int, ...] = ()  # set by build_runner: inputs CUDA graphs read in place
         self.kernels = dict(kernels or {})
         self.fns: list[RegionFn] = [self.kernels.get(r.name) or reference_region(plan, r) for r in plan.regions]
@@ -112,7 +122,37 @@ class PlanRunner:
 
         self._graphed = CudaGraphRunner(head, static_inputs=self.static_inputs, finish=finish)
 
+    def place(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """``args`` on the plan's device: those elsewhere copied into their staging buffers. Without input
+        checks (torch.compile, whose guards fix each input's device) which ones move is decided once."""
+        args = tuple(args)
+        if self.device_type == "cpu" or not args:
+            return args
+        where = self._foreign if not self.check else None
+        if where is None:
+            device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == self.device_type),
+                          None)
+            if device is None:  # nothing on the target's device: run where the inputs are (kernels will say)
+                return args
+            where = (device, tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device != device))
+            if not self.check:
+                self._foreign = where
+        device, moved = where
+        if not moved:
+            return args
+        out = list(args)
+        for i in moved:
+            out[i] = self._stage(i, args[i], device)
+        return tuple(out)
+
+    def _stage(self, i: int, a: torch.Tensor, device: torch.device) -> torch.Tensor:
+        buf = self._staged.get(i)
+        if buf is None or buf.shape != a.shape or buf.dtype != a.dtype or buf.device != device:
+            buf = self._staged[i] = torch.empty(a.shape, dtype=a.dtype, device=device)
+        return buf.copy_(a)
+
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args = self.place(args)
         if self.record:
             self.last_inputs = args
         if self.choose is not None and args and args[0].is_cuda:
@@ -212,7 +252,7 @@ def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.
         p = dataclasses.replace(p, regions=tuple(
             r if r.backend != "tilelang" or r.name in kernels else dataclasses.replace(r, backend="torch")
             for r in p.regions))
-    runner = PlanRunner(p, kernels, check=check)
+    runner = PlanRunner(p, kernels, check=check, device_type="cuda" if options.target.get("kind") == "cuda" else "cpu")
     runner.sparsity_report = p.sparsity
     runner.static_inputs = tuple(static_inputs)
     if options.lower and kernels and options.measure and options.target.get("kind") == "cuda":

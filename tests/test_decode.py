@@ -1,0 +1,238 @@
+"""Decoding with a static KV cache through ``torch.compile(backend="tilefuse")`` (issue 16): the recipe of the
+transformers docs (``generate(..., cache_implementation="static")`` with ``model.forward`` compiled) gives eager's
+tokens, compiles a fixed number of graphs whatever the number of tokens, updates the cache where it lives, and runs
+a plan on one device whatever the host tensors it is handed."""
+
+import pytest
+import torch
+
+from tilefuse.config import Options
+from tilefuse.frontends.dynamo import make_backend
+from tilefuse.frontends.fx import FxProgram
+from tilefuse.ir import Graph, GraphBuilder, TensorType
+from tilefuse.planner import plan as make_plan
+from tilefuse.runtime.plan_runner import PlanRunner, build_runner
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 256
+
+
+def tiny_llama():
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def tiny_gpt2():
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def _twin(model):
+    twin = type(model)(model.config).eval()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def _generate(model, ids, n):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                              cache_implementation="static", pad_token_id=0)
+
+
+class _Counting:
+    """A tilefuse backend on ``c`` that counts the graphs it compiles and the input write-backs that copied."""
+
+    def __init__(self, monkeypatch):
+        self.runners = []
+        self.backend = make_backend(Options(target={"kind": "c"}, quiet=True, observer=self.runners.append))
+        self.copied: list[torch.Size] = []
+        write_back = FxProgram.write_back
+
+        def spy(program, args, results):
+            done = write_back(program, args, results)
+            self.copied += [args[i].shape for i in done]
+            return done
+
+        monkeypatch.setattr(FxProgram, "write_back", spy)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
+def test_static_cache_generate_matches_eager_and_compiles_once(make, monkeypatch):
+    torch.manual_seed(torch.randint(0, 2**31 - 1, ()).item())
+    model = make()
+    ids = torch.randint(1, VOCAB, (2, 7))
+    compiles = {}
+    for n in (8, 32):
+        torch._dynamo.reset()
+        ref = _generate(_twin(model), ids, n)
+        compiled = _twin(model)
+        counting = _Counting(monkeypatch)
+        compiled.forward = torch.compile(compiled.forward, backend=counting.backend)
+        out = _generate(compiled, ids, n)
+        assert out.shape == (2, 7 + n)
+        assert torch.equal(out, ref), f"{n} new tokens: tilefuse {out.tolist()} != eager {ref.tolist()}"
+        assert counting.backend.failures == []
+        compiles[n] = len(counting.runners)
+        # the caches are updated where they live: only the 0-d position counters are ever copied back
+        assert counting.copied and all(s.numel() == 1 for s in counting.copied), counting.copied
+        decode = counting.backend.programs[-1]
+        in_place = [n for n in decode.graph.nodes if n.attr.get("target") == "aten::index_copy_.default"]
+        assert len(in_place) == 2 * 2  # k and v of each layer
+        assert {n.inputs[0] for n in in_place} <= {v.name for v in decode.graph.inputs}
+    assert compiles[8] == compiles[32] == 2, compiles  # prefill and decode, whatever the number of tokens
+
+
+class _Step(torch.nn.Module):
+    """One decode step over a static cache of ``L`` positions: the cache and the position are buffers updated in
+    place (``index_copy_``, ``add_``), as Hugging Face's StaticLayer does."""
+
+    def __init__(self, L=16, D=8):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2, L, D))
+        self.register_buffer("pos", torch.tensor(0))
+        self.q = torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        idx = torch.arange(x.shape[1]) + self.pos
+        self.pos.add_(x.shape[1])
+        self.k.index_copy_(1, idx, self.q(x))
+        return torch.softmax(x @ self.k.transpose(1, 2), -1) @ self.k
+
+
+def test_in_place_cache_update_writes_the_callers_buffer(monkeypatch, rng):
+    model = _Step()
+    with torch.no_grad():
+        model.q.weight.copy_(torch.randn(8, 8, generator=rng))
+    eager = _Step()
+    eager.load_state_dict(model.state_dict())
+    counting = _Counting(monkeypatch)
+    compiled = torch.compile(model, backend=counting.backend)
+    address = model.k.data_ptr()
+    with torch.no_grad():
+        for step in range(6):
+            x = torch.randn(2, 1, 8, generator=rng)
+            torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(model.k, eager.k, rtol=1e-5, atol=1e-5)
+            assert model.pos.item() == eager.pos.item() == step + 1
+    assert model.k.data_ptr() == address
+    assert len(counting.runners) == 1 and counting.backend.failures == []
+    assert all(s == () for s in counting.copied)  # the counter; the cache is never copied back
+    (program,) = counting.backend.programs
+    assert len(program.mutations) == 2
+    ops = [n.attr.get("target", n.op) for n in program.graph.nodes]
+    assert "aten::index_copy_.default" in ops and "aten::index_copy.default" not in ops
+
+
+def test_a_scatter_whose_input_is_read_again_is_not_done_in_place(rng):
+    """``k`` read after its update (and before, through ``old``): the scatter must not overwrite it early."""
+
+    class ReadsOld(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("k", torch.zeros(4, 3))
+
+        def forward(self, x, i):
+            old = self.k * 1
+            self.k.index_copy_(0, i, x)
+            return old + self.k
+
+    m, e = ReadsOld(), ReadsOld()
+    backend = make_backend(Options(target={"kind": "c"}, quiet=True))
+    c = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for _ in range(3):
+            x, i = torch.randn(2, 3, generator=rng), torch.randperm(4, generator=rng)[:2]
+            torch.testing.assert_close(c(x, i), e(x, i), rtol=0, atol=0)
+            assert torch.equal(m.k, e.k)
+    ops = [n.attr.get("target") for n in backend.programs[-1].graph.nodes]
+    assert "aten::index_copy_.default" not in ops
+
+
+# ---- one device per plan ---------------------------------------------------------------------------------
+
+
+def _counter_graph() -> Graph:
+    """positions = arange(4) + counter (a 0-d int64 that lives on the host); y = x * 2 + positions."""
+    b = GraphBuilder("counter")
+    x = b.input("x", TensorType((4,), "float32"))
+    c = b.input("counter", TensorType((), "int64"))
+    ar = b.constant("arange", torch.arange(4))
+    pos = b.add("add", [ar, c])[0]
+    posf = b.add("cast", [pos], dtype="float32")[0]
+    two = b.constant("two", torch.tensor(2.0))
+    y = b.add("add", [b.add("mul", [x, two])[0], posf])[0]
+    return b.build([y, pos])
+
+
+def test_host_inputs_are_staged_onto_the_plans_device():
+    """A plan for a GPU target handed a CPU 0-d tensor (HF's cache position counter) runs every region on the
+    GPU: here the meta device stands for it, and each region checks where its inputs are."""
+    graph = _counter_graph()
+    p = make_plan(graph, {"kind": "cuda", "arch": "sm_90a"})
+    seen = []
+
+    def region_fn(region, ref):
+        def run(args):
+            seen.append((region.name, {a.device.type for a in args}))
+            return ref(args)
+        return run
+
+    from tilefuse.runtime.plan_runner import reference_region
+
+    kernels = {r.name: region_fn(r, reference_region(p, r)) for r in p.regions}
+    for check in (True, False):
+        seen.clear()
+        runner = PlanRunner(p, kernels, check=check, device_type="meta")
+        for _ in range(2):  # the second call reuses the staging buffer
+            x, counter = torch.empty(4, device="meta"), torch.tensor(3)
+            y, pos = runner(x, counter)
+            assert y.device.type == "meta" and pos.device.type == "meta"
+        assert seen and all(devices == {"meta"} for _, devices in seen), seen
+        assert list(runner._staged) == [1] and runner._staged[1].device.type == "meta"
+
+
+def test_host_inputs_stay_where_they_are_on_a_cpu_target_and_compute_right():
+    graph = _counter_graph()
+    runner = build_runner(graph, Options(target={"kind": "c"}, quiet=True))
+    assert runner.device_type == "cpu"
+    x = torch.randn(4)
+    y, pos = runner(x, torch.tensor(5))
+    assert torch.equal(pos, torch.arange(4) + 5) and torch.equal(y, x * 2 + (torch.arange(4) + 5).float())
+    assert build_runner(graph, Options(target={"kind": "cuda", "arch": "sm_90a"}, lower=False,
+                                       quiet=True)).device_type == "cuda"
+
+
+# ---- bad input -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tilefuse"])
+def test_a_prompt_longer_than_the_static_cache_names_the_limit(compiled):
+    torch._dynamo.reset()
+    model = tiny_llama()
+    if compiled:
+        model.forward = torch.compile(model.forward, backend=make_backend(Options(target={"kind": "c"}, quiet=True)))
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad(), pytest.raises(Exception, match="out of bounds for dimension 2 with size 16"):
+        model(torch.randint(0, VOCAB, (1, 20)), cache=cache)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad():
+        model(torch.randint(0, VOCAB, (1, 10)), cache=cache)  # fits; the next 10 do not
+        with pytest.raises(Exception, match="out of bounds for dimension 2 with size 16"):
+            model(torch.randint(0, VOCAB, (1, 10)), cache=cache)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tilefuse"])
+def test_a_batch_larger_than_the_static_cache_names_the_shapes(compiled):
+    torch._dynamo.reset()
+    model = tiny_llama()
+    if compiled:
+        model.forward = torch.compile(model.forward, backend=make_backend(Options(target={"kind": "c"}, quiet=True)))
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad():
+        model(torch.randint(0, VOCAB, (1, 4)), cache=cache)  # the cache takes batch 1 here
+        # eager: "... shape: 1 2 16 at dimension 2 ..."; dynamo, tracing: "... shape: torch.Size([1, 2, 16]) at ..."
+        with pytest.raises(Exception, match=r"must have same slice shapes\. Destination slice shape: \S*1,? 2,? 16"):
+            model(torch.randint(0, VOCAB, (3, 1)), cache=cache)
