@@ -84,7 +84,8 @@ class Batcher:
 
     ``model(*tensors) -> tuple of tensors``. ``buckets``: the batch sizes (rows) the model runs at,
     ascending; a batch is padded up to the smallest that holds it; ``None`` runs each request alone.
-    ``observe(rows, padded_rows, requests, seconds)`` is called after every model run (metrics);
+    ``observe(rows, padded_rows, requests, seconds)`` is called after every model run, before its requests
+    are answered (metrics);
     ``device`` is where inputs go before the run.
     """
 
@@ -114,9 +115,12 @@ class Batcher:
         return len(self._queue)
 
     def warm_up(self, example: Sequence[torch.Tensor]) -> None:
-        """Run the model once at every bucket size on zeros shaped like ``example`` (compiles them all now)."""
-        for b in self.buckets or ():
-            args = [torch.zeros((b, *t.shape[1:]), dtype=t.dtype, device=self.device) for t in example]
+        """Run the model once at every bucket size on zeros shaped like ``example`` (compiles them all now);
+        without buckets, once on zeros of ``example``'s own shapes."""
+        sizes = self.buckets or [None]
+        for b in sizes:
+            args = [torch.zeros((t.shape[0] if b is None else b, *t.shape[1:]), dtype=t.dtype, device=self.device)
+                    for t in example]
             with torch.inference_mode():
                 self.model(*args)
 
@@ -212,19 +216,21 @@ class Batcher:
                 args = [torch.cat([a, a.new_zeros((padded - rows, *a.shape[1:]))]) for a in args]
         with torch.inference_mode():
             outs = tuple(o.cpu() for o in self.model(*[a.to(self.device) for a in args]))
-        if self.buckets is None:
-            batch[0].future.set_result(outs)
-        else:
+        if self.buckets is not None:
             for o in outs:
                 if o.dim() == 0 or o.shape[0] != padded:
                     raise RuntimeError(f"an output has shape {tuple(o.shape)}; expected dim 0 = {padded} "
                                        f"(the batch) to split it between requests")
-            start = 0
-            for p in batch:
-                p.future.set_result(tuple(o[start:start + p.rows] for o in outs))
-                start += p.rows
+        # Recorded before any future resolves: a client that has its answer sees the run in the metrics.
         if self.observe is not None:
             try:
                 self.observe(rows, padded, len(batch), time.perf_counter() - t0)
             except Exception:  # noqa: BLE001 - metrics must never fail a request
                 _log.exception("batch observer failed")
+        if self.buckets is None:
+            batch[0].future.set_result(outs)
+            return
+        start = 0
+        for p in batch:
+            p.future.set_result(tuple(o[start:start + p.rows] for o in outs))
+            start += p.rows

@@ -5,7 +5,9 @@ InferenceServices work unchanged: health (``/v2/health/live|ready``), server and
 (``/v2``, ``/v2/models/{name}``), readiness and ``POST /v2/models/{name}/infer`` with JSON tensors or
 the binary tensor data extension (``Inference-Header-Content-Length``: a JSON header, then the raw
 tensors). Errors answer ``{"error": message}``: 400 for a bad request, 404 for an unknown model,
-503 when the bounded queue is full or the server is shutting down, 500 when the model failed.
+413 for a body (or its gzip/deflate decoding) over ``max_request_bytes``, 415 for another
+Content-Encoding, 503 when the bounded queue is full, the server is shutting down or the model failed
+its warm-up (the server then never reports ready), 500 when the model failed on a request.
 Requests are batched along dim 0 by ``runtime.batching.Batcher``; Prometheus metrics are at
 ``GET /metrics``. Scale-out is KServe replicas of this server (docs/serving.md), not a cluster here.
 """
@@ -14,7 +16,6 @@ Requests are batched along dim 0 by ``runtime.batching.Batcher``; Prometheus met
 # (``request: Request``) at run time, and Request is imported inside create_app.
 import asyncio
 import contextlib
-import gzip
 import json
 import logging
 import math
@@ -38,9 +39,13 @@ DATATYPES: dict[str, str] = {
     "FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64",
 }
 V2_NAMES: dict[str, str] = {v: k for k, v in DATATYPES.items()}
-# numpy kinds that JSON data may have for each tensor dtype kind (no silent float -> int truncation).
-_JSON_KINDS = {"b": "b", "u": "bu", "i": "bui", "f": "buif"}
+# numpy kinds that JSON data may have for each tensor dtype kind (no silent float -> int truncation, no
+# true/false as numbers: ``_has_bool`` also finds booleans that numpy would fold into a numeric array).
+_JSON_KINDS = {"b": "b", "u": "u", "i": "ui", "f": "uif"}
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# The largest request body, as sent and after decoding gzip/deflate: 64 MiB holds a batch of 64 fp32
+# 3x224x224 images in binary (37 MiB) or a few million JSON numbers.
+MAX_REQUEST_BYTES = 64 << 20
 
 
 class ProtocolError(Exception):
@@ -112,15 +117,67 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(400, message)
 
 
-def _split_body(body: bytes, headers: Any) -> tuple[dict, bytes]:
-    encoding = (headers.get("content-encoding") or "").lower()
-    try:
-        if encoding == "gzip":
-            body = gzip.decompress(body)
-        elif encoding == "deflate":
-            body = zlib.decompress(body)
-    except (OSError, zlib.error) as e:
-        raise _bad(f"the body is not valid {encoding} data: {e}") from None
+def _too_large(what: str, limit: int) -> ProtocolError:
+    return ProtocolError(413, f"{what} more than {limit} bytes, the most this server takes (max_request_bytes; "
+                              f"tilefuse serve --max-request-mb); send fewer rows per request")
+
+
+def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` decoded from gzip (all its members) or deflate (zlib) without ever holding more than
+    ``limit`` + 1 decoded bytes: ``ProtocolError`` 413 past ``limit``, 400 for bad or trailing data."""
+    out, total, data = [], 0, body
+    while True:
+        d = zlib.decompressobj(31 if encoding == "gzip" else 15)
+        try:
+            chunk = d.decompress(data, limit - total + 1)
+            total += len(chunk)
+            out.append(chunk)
+            if total > limit or d.unconsumed_tail:
+                raise _too_large(f"the {encoding} body inflates to", limit)
+            chunk = d.flush()
+        except zlib.error as e:
+            raise _bad(f"the body is not valid {encoding} data: {e}") from None
+        total += len(chunk)
+        out.append(chunk)
+        if total > limit:
+            raise _too_large(f"the {encoding} body inflates to", limit)
+        if not d.eof:
+            raise _bad(f"the body is not valid {encoding} data: it ends before the compressed stream does")
+        data = d.unused_data
+        if not data:
+            return b"".join(out)
+        if encoding != "gzip":  # gzip may hold several members; a zlib stream is one
+            raise _bad(f"the body has {len(data)} bytes after the end of its {encoding} data")
+
+
+def _decode_content(body: bytes, headers: Any, limit: int) -> bytes:
+    """The body as the client meant it: Content-Encoding identity, gzip or deflate (else 415)."""
+    encoding = (headers.get("content-encoding") or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ProtocolError(415, f"Content-Encoding {encoding!r} is not supported; send the body as is, or "
+                                 "with Content-Encoding gzip or deflate")
+    return _inflate(body, encoding, limit)
+
+
+async def read_body(request: Any, limit: int = MAX_REQUEST_BYTES) -> bytes:
+    """The request's body, refused with 413 as soon as it passes ``limit`` bytes (the declared
+    Content-Length is checked before anything is read; a chunked body as it arrives)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(f"the body has {int(declared)} bytes,", limit)
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise _too_large("the body has", limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _split_body(body: bytes, headers: Any, limit: int = MAX_REQUEST_BYTES) -> tuple[dict, bytes]:
+    body = _decode_content(body, headers, limit)
     size = headers.get(HEADER_LENGTH.lower())
     if size is not None:
         if not size.isdigit() or int(size) > len(body):
@@ -168,12 +225,26 @@ def _tensor(entry: dict, want: TensorType, binary: memoryview, offset: int) -> t
     except ValueError as e:  # ragged nesting
         raise _bad(f"input {name!r}: 'data' is not a regular array: {e}") from None
     kind = "f" if dtype.is_floating_point else ("b" if dtype == torch.bool else ("u" if "uint" in want.dtype else "i"))
+    if kind != "b" and arr.dtype.kind in "iuf" and _has_bool(entry["data"]):
+        raise _bad(f"input {name!r}: 'data' holds true/false values, which are not {datatype}")
     if arr.size and arr.dtype.kind not in _JSON_KINDS[kind]:
         raise _bad(f"input {name!r}: 'data' holds {arr.dtype.name} values, which are not {datatype}")
     if arr.size != numel:
         raise _bad(f"input {name!r}: 'data' has {arr.size} elements; shape {shape} needs {numel}")
     t = torch.from_numpy(np.ascontiguousarray(arr.astype(np.float64 if kind == "f" else arr.dtype)).reshape(shape))
     return t.to(dtype), offset
+
+
+def _has_bool(data: Any) -> bool:
+    """Whether nested lists ``data`` hold a JSON true/false anywhere (an explicit stack: no recursion limit)."""
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, bool):
+            return True
+    return False
 
 
 def _check_shapes(spec: ModelSpec, tensors: Sequence[torch.Tensor]) -> None:
@@ -198,9 +269,10 @@ def _check_shapes(spec: ModelSpec, tensors: Sequence[torch.Tensor]) -> None:
                     raise _bad(f"input {name!r} has {d}={s} in dim {k} but input {first[1]!r} has {d}={first[0]}")
 
 
-def decode_request(body: bytes, headers: Any, spec: ModelSpec) -> InferRequest:
-    """Parse and validate an infer request body against ``spec``; raise ``ProtocolError`` (400) on any fault."""
-    doc, binary = _split_body(body, headers)
+def decode_request(body: bytes, headers: Any, spec: ModelSpec, max_bytes: int = MAX_REQUEST_BYTES) -> InferRequest:
+    """Parse and validate an infer request body against ``spec``; raise ``ProtocolError`` on any fault
+    (400; 413 when the decoded body passes ``max_bytes``; 415 for an unknown Content-Encoding)."""
+    doc, binary = _split_body(body, headers, max_bytes)
     entries = doc.get("inputs")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise _bad("the request needs an 'inputs' list of tensor objects")
@@ -224,6 +296,9 @@ def decode_request(body: bytes, headers: Any, spec: ModelSpec) -> InferRequest:
     types = dict(spec.inputs)
     for e in entries:
         decoded[e["name"]], offset = _tensor(e, types[e["name"]], view, offset)
+    if offset != len(binary):
+        raise _bad(f"the body has {len(binary) - offset} bytes after the binary data its inputs declare "
+                   f"({offset} bytes in binary_data_size parameters)")
     tensors = tuple(decoded[n] for n in known)
     _check_shapes(spec, tensors)
     params = doc.get("parameters") or {}
@@ -279,6 +354,8 @@ def load_model(path: str | Path, target: str | dict | None = None, **options: An
     import tilefuse
 
     p = str(path)
+    if Path(p).is_dir():
+        raise ValueError(f"{p} is a directory; give the path of a .tfz artifact or an .onnx file")
     if not Path(p).exists():
         raise FileNotFoundError(f"no model file {p!r}")
     if p.endswith(".tfz"):
@@ -294,7 +371,7 @@ def load_model(path: str | Path, target: str | dict | None = None, **options: An
 def model_device(model: Any) -> torch.device:
     """Where the model's inputs must live: the GPU for a ``cuda`` target, else the CPU."""
     target = getattr(getattr(model, "options", None), "target", None) or {}
-    return torch.device("cuda" if target.get("kind") == "cuda" and torch.cuda.is_available() else "cpu")
+    return torch.device("cuda" if target.get("kind") == "cuda" else "cpu")
 
 
 
@@ -346,14 +423,21 @@ class Metrics:
 
 def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: float = 5.0, max_queue: int = 256,
                pad_batch: bool = False, batch_buckets: Sequence[int] | None = None, warm_up: bool = True,
-               device: torch.device | str | None = None):
+               device: torch.device | str | None = None, max_request_bytes: int = MAX_REQUEST_BYTES):
     """A FastAPI app serving ``model`` (a CompiledModel or anything with its ``graph`` and ``__call__``) as ``name``.
 
     The batcher starts with the app's lifespan, first running the model once at every bucket size
     (``warm_up``: compiles each specialization before the server reports ready), and drains its queue
-    when the app shuts down.
+    when the app shuts down. A model whose target this machine cannot run raises ``ValueError`` here; one
+    that fails its warm-up is served as not ready (503) with the failure as the reason.
     """
+    from tilefuse.runtime.machine import target_problem
+
     _require_serve_extra()
+    target = getattr(getattr(model, "options", None), "target", None)
+    problem = target_problem(target) if target and device is None else None
+    if problem is not None:
+        raise ValueError(f"model {name!r} cannot be served here: {problem}")
     from fastapi import FastAPI, Request, Response
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
@@ -368,7 +452,7 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
     if spec.mode == "dynamic" and cache and len(buckets) > cache:
         log.warning("%d batch sizes %s but the model keeps %d compiled shapes: batches will recompile",
                     len(buckets), buckets, cache)
-    state: dict[str, Any] = {"batcher": None}
+    state: dict[str, Any] = {"batcher": None, "failed": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -379,10 +463,13 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
             t0 = time.perf_counter()
             try:
                 await asyncio.to_thread(batcher.warm_up, example)
-                log.info("warmed up %s at batch sizes %s in %.2f s", name, buckets, time.perf_counter() - t0)
-            except Exception as e:  # noqa: BLE001 - requests will report the same failure; keep serving
-                log.warning("warm-up of %s failed: %s: %s", name, type(e).__name__, e)
-        state["batcher"] = batcher
+                log.info("warmed up %s at batch sizes %s in %.2f s", name, buckets or "as declared",
+                         time.perf_counter() - t0)
+            except Exception as e:  # noqa: BLE001 - a model that cannot run is never ready
+                state["failed"] = f"model {name!r} failed its warm-up, so it is not served: {type(e).__name__}: {e}"
+                log.error("%s", state["failed"])
+        if state["failed"] is None:
+            state["batcher"] = batcher
         metrics.queue.labels(name).set_function(lambda: batcher.depth)
         try:
             yield
@@ -410,10 +497,15 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
     async def live():
         return {"live": True}
 
+    def readiness(doc: dict) -> JSONResponse:
+        ok = state["batcher"] is not None
+        if state["failed"] is not None:
+            doc["error"] = state["failed"]
+        return JSONResponse({**doc, "ready": ok}, status_code=200 if ok else 503)
+
     @app.get("/v2/health/ready")
     async def ready():
-        ok = state["batcher"] is not None
-        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+        return readiness({})
 
     @app.get("/v2")
     async def server_metadata():
@@ -435,8 +527,7 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
             check(model_name, version)
         except ProtocolError as e:
             return error(e.status, str(e))
-        ok = state["batcher"] is not None
-        return JSONResponse({"name": spec.name, "ready": ok}, status_code=200 if ok else 503)
+        return readiness({"name": spec.name})
 
     @app.post("/v2/models/{model_name}/infer")
     @app.post("/v2/models/{model_name}/versions/{version}/infer")
@@ -446,8 +537,9 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
             check(model_name, version)
             batcher = state["batcher"]
             if batcher is None:
-                raise ShuttingDownError("the server is not serving (starting or shutting down)")
-            req = decode_request(await request.body(), request.headers, spec)
+                raise ShuttingDownError(state["failed"] or "the server is not serving (starting or shutting down)")
+            body = await read_body(request, max_request_bytes)
+            req = decode_request(body, request.headers, spec, max_request_bytes)
             try:
                 future = batcher.submit(req.inputs)
             except ValueError as e:  # more rows than the largest batch
@@ -483,13 +575,14 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
 def serve(model: Any, *, name: str, host: str = "127.0.0.1", port: int = 8000, max_batch_size: int = 8,
           max_delay_ms: float = 5.0, max_queue: int = 256, pad_batch: bool = False,
           batch_buckets: Sequence[int] | None = None, access_log: bool = False,
-          graceful_timeout_s: float | None = 30.0, log_level: str = "info") -> None:
+          graceful_timeout_s: float | None = 30.0, log_level: str = "info",
+          max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
     """Serve ``model`` until SIGINT/SIGTERM; then finish the requests in flight and drain the queue."""
     _require_serve_extra()
     import uvicorn
 
     app = create_app(model, name, max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, max_queue=max_queue,
-                     pad_batch=pad_batch, batch_buckets=batch_buckets)
+                     pad_batch=pad_batch, batch_buckets=batch_buckets, max_request_bytes=max_request_bytes)
     print(f"tilefuse serve: model {name!r} ({app.state.spec.mode} batching, batch sizes {app.state.buckets or [1]}, "
           f"max delay {max_delay_ms:g} ms, queue {max_queue}) on http://{host}:{port}", flush=True)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_level=log_level,

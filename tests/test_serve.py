@@ -7,6 +7,8 @@ command in a subprocess and stops it with SIGTERM. Every loop here is bounded in
 from __future__ import annotations
 
 import concurrent.futures
+import gzip
+import http.client
 import json
 import os
 import re
@@ -16,8 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import urllib.error
 import urllib.request
+import zlib
 
 import numpy as np
 import pytest
@@ -26,7 +30,7 @@ import torch
 import tilefuse
 from tilefuse import models
 from tilefuse.runtime.batching import Batcher, QueueFullError, batch_mode, default_buckets
-from tilefuse.runtime.serve import create_app, load_model
+from tilefuse.runtime.serve import ModelSpec, ProtocolError, create_app, decode_request, load_model
 
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
@@ -44,7 +48,9 @@ class Server:
 
     def __enter__(self):
         self.thread.start()
-        deadline = time.monotonic() + 30
+        # A bound on a hang, not a timing check: the warm-up compiles every bucket, which takes a minute or
+        # more on two CPUs that other work keeps busy.
+        deadline = time.monotonic() + 300
         while not self.server.started:
             assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
@@ -63,6 +69,13 @@ class Server:
         text = urllib.request.urlopen(f"http://{self.url}/metrics", timeout=10).read().decode()
         return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
 
+    def get(self, path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://{self.url}{path}", timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
     def post(self, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
         req = urllib.request.Request(f"http://{self.url}{path}", data=body, headers=headers or {}, method="POST")
         try:
@@ -70,6 +83,16 @@ class Server:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
+
+
+class Broken:
+    """A model that fails on every run, as one whose kernels cannot run on this machine does."""
+
+    def __init__(self, model):
+        self.model, self.graph = model, model.graph
+
+    def __call__(self, *args):
+        raise RuntimeError("gemm_kernel: allocator anchor has the wrong device type")
 
 
 class Slow:
@@ -335,7 +358,7 @@ def test_cli_serve_subprocess_stops_on_sigterm(zoo):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        c, deadline = httpclient.InferenceServerClient(f"127.0.0.1:{port}"), time.monotonic() + 60
+        c, deadline = httpclient.InferenceServerClient(f"127.0.0.1:{port}"), time.monotonic() + 300  # a hang bound
         while True:
             assert proc.poll() is None and time.monotonic() < deadline, "tilefuse serve did not start"
             try:
@@ -351,3 +374,113 @@ def test_cli_serve_subprocess_stops_on_sigterm(zoo):
         out = proc.communicate(timeout=30)[0]
     assert proc.returncode in (0, -signal.SIGTERM), out  # uvicorn re-raises SIGTERM once it has shut down
     assert "Application shutdown complete" in out
+
+
+def test_batcher_records_a_run_before_answering_it():
+    """The metrics of a run are recorded before any of its requests is answered: a client that has its answer
+    reads them (under CPU load the worker thread could otherwise record them after the client looked)."""
+    answered_when_observed = []
+    futures = []
+    b = Batcher(lambda x: (x + 1,), buckets=[4], max_delay_s=0.05,
+                observe=lambda rows, padded, n, s: answered_when_observed.append([f.done() for f in futures]))
+    futures += [b.submit([torch.randn(1, 3)]), b.submit([torch.randn(2, 3)])]
+    for f in futures:
+        f.result(10)
+    b.close()
+    assert answered_when_observed and all(not any(done) for done in answered_when_observed), answered_when_observed
+
+
+def test_failed_warm_up_is_never_ready(zoo):
+    with Server(Broken(zoo[1]["mlp"]), "mlp", max_batch_size=2) as s:
+        c = s.client()
+        assert c.is_server_live() and not c.is_server_ready() and not c.is_model_ready("mlp")
+        for path in ("/v2/health/ready", "/v2/models/mlp/ready"):
+            status, doc = s.get(path)
+            assert status == 503 and doc["ready"] is False, doc
+            assert "model 'mlp' failed its warm-up, so it is not served: RuntimeError: gemm_kernel" in doc["error"]
+        with pytest.raises(InferenceServerException) as e:
+            _infer(c, "mlp", {"x": np.ones((1, 64), np.float32)})
+        assert e.value.status() == "503" and "failed its warm-up" in e.value.message()
+
+
+def test_model_this_machine_cannot_run_is_not_served(tmp_path, monkeypatch):
+    path = models.export_onnx("mlp", tmp_path / "mlp.onnx")
+    cuda = tilefuse.compile_onnx(path, target="cuda:sm_90a", lower=False)  # planned only: no nvcc needed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"model 'm' cannot be served here: target \{'kind': 'cuda', 'arch': "
+                                         r"'sm_90a'\} needs an NVIDIA GPU .* this machine has none"):
+        create_app(cuda, "m")
+
+
+def _head(shape, size=None, datatype="FP32") -> bytes:
+    params = {"binary_data_size": size} if size is not None else None
+    entry = {"name": "x", "shape": shape, "datatype": datatype, **({"parameters": params} if params else {})}
+    return json.dumps({"inputs": [entry]}).encode()
+
+
+def test_hostile_bodies_are_refused_with_their_status(mlp_server):
+    x = np.random.default_rng().standard_normal((1, 64), dtype=np.float32)
+    head = _head([1, 64], 256)
+    binary = {"Inference-Header-Content-Length": str(len(head))}
+    status, doc = mlp_server.post("/v2/models/mlp/infer", head + x.tobytes() + b"\0", binary)
+    assert status == 400 and "1 bytes after the binary data its inputs declare" in doc["error"], doc
+    for data in ([True] * 64, [1.0] * 63 + [True], [[0.5] * 63 + [False]]):
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": data}]}).encode()
+        status, doc = mlp_server.post("/v2/models/mlp/infer", body)
+        assert status == 400, doc
+        assert "holds true/false values, which are not FP32" in doc["error"] or "holds bool values" in doc["error"]
+    status, doc = mlp_server.post("/v2/models/mlp/infer", head + x.tobytes(), {**binary, "Content-Encoding": "br"})
+    assert status == 415 and "Content-Encoding 'br' is not supported" in doc["error"], doc
+    squeezed = zlib.compress(head + x.tobytes())
+    status, doc = mlp_server.post("/v2/models/mlp/infer", squeezed[:-4], {**binary, "Content-Encoding": "deflate"})
+    assert status == 400 and "not valid deflate data" in doc["error"], doc
+    want = zoo_run(mlp_server, x)
+    for encoding, blob in (("gzip", gzip.compress(head + x.tobytes())), ("deflate", squeezed),
+                           ("gzip", gzip.compress(head) + gzip.compress(x.tobytes()))):  # two gzip members
+        status, doc = mlp_server.post("/v2/models/mlp/infer", blob, {**binary, "Content-Encoding": encoding})
+        assert status == 200, doc
+        torch.testing.assert_close(torch.tensor(doc["outputs"][0]["data"]).reshape(1, 64), want, rtol=1e-5, atol=1e-5)
+
+
+def zoo_run(server, x):
+    status, doc = server.post("/v2/models/mlp/infer", json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}).encode())
+    assert status == 200, doc
+    return torch.tensor(doc["outputs"][0]["data"]).reshape(1, 64)
+
+
+def test_request_size_is_bounded_as_sent_and_as_inflated(zoo):
+    limit = 8192
+    x = np.ones((1, 64), np.float32)
+    head = _head([1, 64], 256)
+    binary = {"Inference-Header-Content-Length": str(len(head))}
+    with Server(zoo[1]["mlp"], "mlp", warm_up=False, max_request_bytes=limit) as s:
+        status, _ = s.post("/v2/models/mlp/infer", head + x.tobytes(), binary)
+        assert status == 200
+        status, doc = s.post("/v2/models/mlp/infer", head + x.tobytes() + b" " * limit, binary)
+        assert status == 413 and f"more than {limit} bytes" in doc["error"], doc
+        # A chunked body (no Content-Length): refused as it arrives.
+        conn = http.client.HTTPConnection(*s.url.split(":"), timeout=30)
+        conn.request("POST", "/v2/models/mlp/infer", body=iter([b" " * 4096] * 4), encode_chunked=True,
+                     headers={"Transfer-Encoding": "chunked"})
+        r = conn.getresponse()
+        assert r.status == 413 and "the body has more than" in json.loads(r.read())["error"]
+        conn.close()
+        bomb = gzip.compress(head + x.tobytes() + b" " * (4 << 20), compresslevel=9)  # 4 MiB of JSON whitespace
+        assert len(bomb) < limit
+        status, doc = s.post("/v2/models/mlp/infer", bomb, {**binary, "Content-Encoding": "gzip"})
+        assert status == 413 and f"the gzip body inflates to more than {limit} bytes" in doc["error"], doc
+        assert s.client().is_server_ready() and s.metric('tilefuse_requests_total{model="mlp",status="413"}') == 3
+
+
+def test_a_compression_bomb_is_never_inflated_whole(zoo):
+    spec = ModelSpec.of(zoo[1]["mlp"], "mlp")
+    bomb = gzip.compress(b"\0" * (256 << 20), compresslevel=9)  # 256 MiB of zeros in ~250 KB
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError) as e:
+            decode_request(bomb, {"content-encoding": "gzip"}, spec, max_bytes=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert e.value.status == 413 and peak < 4 << 20, (e.value.status, peak)  # at most the 1 MiB cap, and change

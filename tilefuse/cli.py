@@ -167,7 +167,7 @@ def cmd_serve(args) -> int:
     print(f"loaded {args.model} in {time.perf_counter() - t0:.2f} s", flush=True)
     serve(model, name=args.name or Path(args.model).stem, host=args.host, port=args.port,
           max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
-          pad_batch=args.pad_batch, access_log=args.access_log,
+          pad_batch=args.pad_batch, access_log=args.access_log, max_request_bytes=int(args.max_request_mb * (1 << 20)),
           batch_buckets=[int(b) for b in args.batch_buckets.split(",")] if args.batch_buckets else None)
     return 0
 
@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the model has a static dim 0: pad batches to it and accept 1..B rows per request")
     s.add_argument("--batch-buckets", metavar="1,2,4,8",
                    help="batch sizes the model runs at (batches are padded up to one); default: powers of two")
+    s.add_argument("--max-request-mb", type=float, default=64,
+                   help="largest request body in MiB, as sent and after gzip/deflate decoding (413 past it)")
     s.add_argument("--target", default=None, help="compile target for an .onnx file (default: local)")
     s.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's choice)")
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
