@@ -236,3 +236,31 @@ def test_a_batch_larger_than_the_static_cache_names_the_shapes(compiled):
         # eager: "... shape: 1 2 16 at dimension 2 ..."; dynamo, tracing: "... shape: torch.Size([1, 2, 16]) at ..."
         with pytest.raises(Exception, match=r"must have same slice shapes\. Destination slice shape: \S*1,? 2,? 16"):
             model(torch.randint(0, VOCAB, (3, 1)), cache=cache)
+
+
+# ---- per-step logits, teacher-forced (the H200 check of issue 16 runs the gpu case) ------------------------
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_static_cache_steps_match_eager_logits(device):
+    torch._dynamo.reset()
+    dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.float16, 2e-2)
+    target = {"kind": "c"} if device == "cpu" else {"kind": "cuda", "arch": "sm_90a"}
+    eager = tiny_llama().to(device, dtype)
+    compiled = _twin(eager).to(device, dtype)
+    runners = []
+    backend = make_backend(Options(target=target, quiet=True, observer=runners.append))
+    compiled.forward = torch.compile(compiled.forward, backend=backend)
+    caches = [transformers.StaticCache(config=eager.config, max_cache_len=48) for _ in range(2)]
+    ids = torch.randint(1, VOCAB, (2, 7), device=device)
+    with torch.no_grad():
+        for step in range(12):
+            want = eager(ids, cache=caches[0]).logits[:, -1].float()
+            got = compiled(ids, cache=caches[1]).logits[:, -1].float()
+            assert got.device == want.device
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m: f"step {step}: {m}")
+            ids = want.argmax(-1, keepdim=True)  # both follow eager's tokens
+    assert backend.failures == [] and len(runners) == 2
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert b.cumulative_length.device == a.cumulative_length.device and int(b.cumulative_length) == 7 + 11
+        torch.testing.assert_close(b.keys.float(), a.keys.float(), rtol=tol, atol=tol)
