@@ -464,6 +464,8 @@ def _attention(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     params = {"B": B, "Hq": Hq, "Sq": Sq, "Skv": Skv, "D": D, "Hkv": Hkv,
               "is_causal": bool(anchor.attr.get("is_causal", False)), "scale": anchor.attr.get("scale"),
               "dtype": dtype}
+    if anchor.attr.get("window"):  # only where set: specs (and cache keys) without a window stay as they were
+        params["window"] = int(anchor.attr["window"])
     producers = {o.name: n for n in pre for o in n.outputs}
     operands = [attention_layout.operand(x, B, s, producers, b.types) for x, s in ((q, Sq), (k, Skv), (v, Skv))]
     inputs = [(a.value, a.shape) for a in operands]

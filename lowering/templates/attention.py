@@ -73,6 +73,7 @@ def flash_attention(
     *,
     Hkv: int | None = None,
     is_causal: bool = False,
+    window: int | None = None,
     scale: float | None = None,
     mask_shape: Sequence[int] | None = None,
     mask_dtype: str | None = None,
@@ -122,6 +123,8 @@ def flash_attention(
         mask_shape = tuple(int(s) for s in mask_shape)
         if len(mask_shape) > 4 or broadcast_shapes((B, Hq, Sq, Skv), mask_shape) != (B, Hq, Sq, Skv):
             raise ValueError(f"flash_attention: mask {mask_shape} does not broadcast to {(B, Hq, Sq, Skv)}")
+    if window is not None and (not is_causal or int(window) < 1):
+        raise ValueError(f"flash_attention: a sliding window ({window}) needs is_causal and at least one key")
     tail_n = Skv % block_N != 0
     neg_inf = -T.infinity(accum_dtype)
 
@@ -129,7 +132,8 @@ def flash_attention(
         """Whether query ``m`` sees key ``n`` (inside ``Skv``; on or below the diagonal when causal)."""
         if not is_causal:
             return n < Skv
-        return T.And(n < Skv, n <= m) if tail_n else n <= m
+        seen = T.And(n <= m, n > m - window) if window is not None else n <= m
+        return T.And(n < Skv, seen) if tail_n else seen
 
     def score(acc, mask, bz, by, m, n):
         """One scaled, masked score in the log2 domain; -inf where the key is past the end or causal-hidden."""
@@ -172,7 +176,10 @@ def flash_attention(
                 n_tiles = T.ceildiv(T.min(Skv, m0 + block_M), block_N)
             else:
                 n_tiles = T.ceildiv(Skv, block_N)
-            for k in d.pipelined(n_tiles, num_stages):
+            # a window: the first key tile row m0 can see (key m0 - window + 1); the tiles before it are skipped
+            k_lo = T.max(m0 - window + 1, 0) // block_N if window is not None else 0
+            for kk in d.pipelined(n_tiles - k_lo, num_stages):
+                k = kk + k_lo
                 T.copy(_tile(K, k_layout, bz, hk, k * block_N, D), K_s)
                 T.copy(_tile(V, v_layout, bz, hk, k * block_N, D), V_s)
                 if d.cpu:
@@ -208,12 +215,19 @@ def flash_attention(
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
-              is_causal: bool = False, scale: float | None = None) -> torch.Tensor:
-    """Torch reference of ``flash_attention`` (fp32 math, kv heads repeated for grouped-query attention)."""
+              is_causal: bool = False, scale: float | None = None, window: int | None = None) -> torch.Tensor:
+    """Torch reference of ``flash_attention`` (fp32 math, kv heads repeated for grouped-query attention; a
+    causal flag beside a mask or a window becomes one mask, as ``ops.nn.sdpa`` does)."""
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     m = mask.float() if mask is not None else None
+    if is_causal and (m is not None or window is not None):
+        i = torch.arange(q.shape[-2], device=q.device).view(-1, 1)
+        j = torch.arange(k.shape[-2], device=q.device).view(1, -1)
+        visible = (j <= i) & ((j > i - window) if window is not None else True)
+        m = torch.zeros(visible.shape, device=q.device) if m is None else m
+        m, is_causal = m.masked_fill(~visible, float("-inf")), False
     out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, is_causal=is_causal,
                                          scale=scale)
     return out.to(q.dtype)

@@ -200,16 +200,31 @@ def adaptive_avg_pool(x, output_size: tuple, channels_last: bool = False):
 # ---- attention -------------------------------------------------------------------------------
 
 @register("sdpa", A)
-def sdpa(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None):
+def sdpa(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None, window: int | None = None):
     """Scaled dot-product attention on (..., heads, seq, dim); an additive or boolean mask
     broadcast to (..., heads, q_seq, k_seq); fewer KV heads than query heads is grouped-query
-    attention. A causal mask is aligned to the top left, as torch does."""
+    attention. A causal mask is aligned to the top left, as torch does; ``window`` (with ``is_causal``)
+    lets query ``i`` see keys ``i - window < j <= i`` only (Mistral's sliding window). ``is_causal``
+    and ``mask`` may both be given: both apply."""
     if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k = k.repeat_interleave(rep, dim=-3)
         v = v.repeat_interleave(rep, dim=-3)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
+    if window is not None and not is_causal:
+        raise ValueError("sdpa: a sliding window needs is_causal")
+    if is_causal and (mask is not None or window is not None):
+        i = torch.arange(q.shape[-2], device=q.device).view(-1, 1)
+        j = torch.arange(k.shape[-2], device=q.device).view(1, -1)
+        visible = (j <= i) & ((j > i - window) if window is not None else True)
+        if mask is None:
+            mask = visible
+        elif mask.dtype == torch.bool:
+            mask = mask & visible
+        else:
+            mask = mask.masked_fill(~visible, float("-inf"))
+        is_causal = False
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
 
 

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from tilefuse.ir import torch_dtype
+from tilefuse.planner.attention_mask import MaskParts, analyse
 from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod
 
 _CAST = ("cast",)
@@ -74,18 +76,29 @@ def _attn_check(caps: dict, ctx: Context) -> str | None:
     return None
 
 
-def _mask_args(caps: dict, ctx: Context) -> tuple[list[str], bool]:
-    """The sdpa mask input and is_causal: a constant mask that is 0 on and below the diagonal and
-    hugely negative above it is the causal mask, which the kernel applies without reading memory."""
+def _mask_args(caps: dict, ctx: Context, em: Emitter) -> tuple[list[str], dict]:
+    """The sdpa mask input and attributes: a mask the graph builds from indices (``attention_mask.analyse``)
+    becomes ``is_causal``/``window`` and a per-key padding mask; any other mask stays an additive operand."""
     if "mask" not in caps:
-        return [""], False
-    m = ctx.const(caps["mask"])
-    if m is not None and m.dim() >= 2 and m.shape[-1] == m.shape[-2] and m.is_floating_point():
-        flat = m.reshape(-1, m.shape[-2], m.shape[-1]).float()
-        lower = torch.tril(torch.ones(m.shape[-2:], dtype=torch.bool))
-        if bool((flat[:, lower] == 0).all()) and bool((flat[:, ~lower] <= -1e4).all()):
-            return [""], True
-    return [caps["mask"]], False
+        return [""], {"is_causal": False}
+    parts = analyse(caps["mask"], ctx)
+    if isinstance(parts, str):
+        return [caps["mask"]], {"is_causal": False}
+    return _key_mask(parts, caps["mask"], ctx, em), _mask_attrs(parts)
+
+
+def _mask_attrs(parts: MaskParts) -> dict:
+    return {"is_causal": parts.causal, **({"window": parts.window} if parts.window else {})}
+
+
+def _key_mask(parts: MaskParts, mask: str, ctx: Context, em: Emitter) -> list[str]:
+    """The additive (B, 1, 1, Skv) padding mask of ``parts`` ("" when there is none), in the mask's dtype."""
+    if parts.keys is None:
+        return [""]
+    dtype = ctx.type(mask).dtype if ctx.type(mask).dtype != "bool" else "float32"
+    zero = em.constant("key_mask_zero", torch.zeros((), dtype=torch_dtype(dtype)))
+    fill = parts.fill or em.constant("key_mask_fill", torch.full((), float("-inf"), dtype=torch_dtype(dtype)))
+    return [em.add1("where", [parts.keys, zero, fill])]
 
 
 def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
@@ -94,25 +107,78 @@ def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
         scale = s if caps["scale_op"].op == "mul" else 1.0 / s
     else:
         scale = 1.0
-    mask, causal = _mask_args(caps, ctx)
-    out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], is_causal=causal, scale=float(scale))
+    mask, attrs = _mask_args(caps, ctx, em)
+    out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], scale=float(scale), **attrs)
     root_t = ctx.type(caps["root"].outputs[0].name)
     if em._b.types[out].dtype != root_t.dtype:
         out = em.add1("cast", [out], dtype=root_t.dtype)
     return [out]
 
 
-def _attention(scaled: bool, masked: bool) -> Pattern:
-    s = Op("matmul", ("q", _KT), name="qk")
-    if scaled:
+def _product(a, b, name: str, batched: bool) -> Op:
+    """``a @ b``; ``batched``: as ATen's matmul decomposes a 4-D product, reshape to 3-D, bmm, reshape back."""
+    if not batched:
+        return Op("matmul", (a, b), name=name)
+    inner = Op("matmul", (Op("reshape", (a,), name=f"{name}_ra"), Op("reshape", (b,), name=f"{name}_rb")))
+    return Op("reshape", (inner,), name=name)
+
+
+def _batched_check(caps: dict, ctx: Context) -> str | None:
+    """The reshapes around each bmm only merge the leading (batch, head) dims of 4-D operands and split them back."""
+    def shape(v):
+        return ctx.type(v).shape
+
+    for prod in ("qk", "root"):
+        ra, rb, out = caps[f"{prod}_ra"], caps[f"{prod}_rb"], caps[prod]
+        a, b = shape(ra.inputs[0]), shape(rb.inputs[0])
+        if a is None or b is None or len(a) != 4 or len(b) != 4 or a[:2] != b[:2]:
+            return f"the {prod} product's operands are not 4-D with the same (batch, head) dims"
+        lead = a[0] * a[1]
+        if shape(ra.outputs[0].name) != (lead, *a[2:]) or shape(rb.outputs[0].name) != (lead, *b[2:]):
+            return f"the {prod} product's reshapes do not merge (batch, head)"
+        if shape(out.outputs[0].name) != (*a[:2], a[2], b[3]):
+            return f"the {prod} product's result is not split back into (batch, head)"
+    return None
+
+
+def _attention(scale: str, masked: bool, batched: bool = False) -> Pattern:
+    """``scale``: "none", "after" (scores * s or / s) or "before" (q * s or / s)."""
+    q = Op(("mul", "div"), ("q", "scale"), name="scale_op") if scale == "before" else "q"
+    s = _product(q, _KT, "qk", batched)
+    if scale == "after":
         s = Op(("mul", "div"), (s, "scale"), name="scale_op")
     if masked:
         s = Op("add", (s, "mask"), name="mask_op", commutative=True)
-    p = Op("softmax", (s,), name="softmax")
-    root = Op("matmul", (Opt(_CAST, p), "v"), name="root")
-    name = "attention.decomposed" + ("_scaled" if scaled else "") + ("_masked" if masked else "")
-    return Pattern(name, root, _attn_rewrite, _attn_check,
-                   "matmul(softmax(q @ k^T * scale + mask), v) -> sdpa")
+    p = Op("softmax", (Opt(_CAST, s),), name="softmax")
+    prod = _product(Opt(_CAST, p), "v", "root", batched)
+    root = Op(prod.op, prod.inputs, name="root")
+    name = ("attention.decomposed" + ("_batched" if batched else "")
+            + {"none": "", "after": "_scaled", "before": "_scaled_q"}[scale] + ("_masked" if masked else ""))
+
+    def check(caps, ctx):
+        return (_batched_check(caps, ctx) if batched else None) or _attn_check(caps, ctx)
+
+    return Pattern(name, root, _attn_rewrite, check, "matmul(softmax(q @ k^T * scale + mask), v) -> sdpa")
+
+
+def _sdpa_mask_check(caps: dict, ctx: Context) -> str | None:
+    attn, mask = caps["attn"], caps["mask"]
+    mt = ctx.type(mask)
+    if mt.shape is not None and len(mt.shape) >= 2 and mt.shape[-2] == 1:
+        return "the mask is already per key"
+    if attn.attr.get("is_causal") or attn.attr.get("window"):
+        return "sdpa is already causal"
+    parts = analyse(mask, ctx)
+    return parts if isinstance(parts, str) else None
+
+
+def _sdpa_mask_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    attn = caps["attn"]
+    parts = analyse(caps["mask"], ctx)
+    mask = _key_mask(parts, caps["mask"], ctx, em)
+    attrs = {**attn.attr, **_mask_attrs(parts)}
+    out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], **attrs)
+    return [out]
 
 
 # ---- norms ----------------------------------------------------------------------------------
@@ -237,8 +303,8 @@ def _split_scale_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     """q*s1 @ (k^T*s2): the scale is s1*s2 (torch's ONNX export splits sqrt(scale) over both)."""
     caps = dict(caps)
     scale = ctx.scalar(caps["s1"]) * ctx.scalar(caps["s2"])
-    mask, causal = _mask_args(caps, ctx)
-    return [em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], is_causal=causal, scale=float(scale))]
+    mask, attrs = _mask_args(caps, ctx, em)
+    return [em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], scale=float(scale), **attrs)]
 
 
 def _split_scale_check(caps: dict, ctx: Context) -> str | None:
@@ -327,10 +393,10 @@ PATTERNS: list[Pattern] = [
     _attention_split_scale(masked=False, guarded=True),
     Pattern("attention.gqa_repeat", Op("sdpa", ("q", _kv_repeat("k"), _kv_repeat("v")), name="attn"),
             _gqa_rewrite, _gqa_check, "sdpa over repeat_kv(k), repeat_kv(v) -> grouped-query sdpa"),
-    _attention(scaled=True, masked=True),
-    _attention(scaled=True, masked=False),
-    _attention(scaled=False, masked=True),
-    _attention(scaled=False, masked=False),
+    *[_attention(scale, masked, batched) for batched in (True, False) for scale in ("after", "before", "none")
+      for masked in (True, False)],
+    Pattern("attention.mask_from_indices", Op("sdpa", ("q", "k", "v", "mask"), name="attn"), _sdpa_mask_rewrite,
+            _sdpa_mask_check, "sdpa(q, k, v, where(causal & window & pad, 0, fill)) -> causal sdpa + key mask"),
     *[_rms(form, weighted=True) for form in ("rsqrt", "div", "reciprocal")],
     *[_rms(form, weighted=False) for form in ("rsqrt", "div", "reciprocal")],
     Pattern("act.gelu_tanh", _GELU_TANH, _gelu_rewrite("tanh"), _gelu_tanh_check, "GPT-2's gelu_new -> gelu(tanh)"),
