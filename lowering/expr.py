@@ -15,7 +15,8 @@ integers stay integers until an op needs a float, comparisons give bool.
 NaN and signed zeros follow torch, not the targets' ``max``/``min`` (C's ``a > b ? a : b`` and CUDA's
 ``fmaxf`` return the other operand for a NaN): ``maximum``/``minimum`` give NaN when either operand is NaN;
 relu, clamp (hardtanh, relu6) and the hard activations keep NaN and keep ``x`` where it equals a bound
-(``relu(-0.0)`` is ``-0.0``). They are selects, which TileLang does not vectorize on GPUs.
+(``relu(-0.0)`` is ``-0.0``). They are selects, which TileLang does not vectorize on GPUs. TVM's simplifier
+folds ``x == x`` to true and ``x != x`` to false for floats too, so float ``eq``/``ne`` also test for NaN.
 
 Indexed reads: ``Coord(d)`` is coordinate ``d`` of the element being produced (in its output's
 shape) and ``Load(i, index)`` reads input ``i`` at ``index`` (one integer expression per dim of the
@@ -419,8 +420,8 @@ _EMIT: dict[str, Callable] = {
     "pow": lambda T, a, attrs: _pow(T, *_unify(T, _float(T, a[0]), _float(T, a[1]))),
     "maximum": _binary(_maximum),
     "minimum": _binary(_minimum),
-    "eq": _binary(lambda T, a, b: a == b),
-    "ne": _binary(lambda T, a, b: a != b),
+    "eq": _binary(lambda T, a, b: T.And(a == b, T.Not(T.isnan(a))) if _is_float(a) else a == b),
+    "ne": _binary(lambda T, a, b: T.Or(a != b, T.isnan(a)) if _is_float(a) else a != b),
     "lt": _binary(lambda T, a, b: a < b),
     "le": _binary(lambda T, a, b: a <= b),
     "gt": _binary(lambda T, a, b: a > b),

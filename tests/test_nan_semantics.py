@@ -138,6 +138,24 @@ def test_binary_maximum_minimum_propagate_nan(name, rng):
     assert_same(run_compiled(f, a, b), f(a, b), "value", name)
 
 
+NAN_TESTS = {  # NaN checks written with comparisons: TVM's simplifier folds x == x and x != x for floats too
+    "x != x": lambda x: x != x,  # noqa: PLR0124
+    "x == x": lambda x: x == x,  # noqa: PLR0124
+    "nan_to_zero": lambda x: torch.where(x == x, x, torch.zeros_like(x)),  # noqa: PLR0124
+    "nan_mask_fill": lambda x: x.masked_fill(x != x, -1.0),  # noqa: PLR0124
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAN_TESTS))
+def test_self_comparisons_see_nan(name, rng):
+    fn = NAN_TESTS[name]
+    f = lambda x: fn(x * 2)
+    x = special(rng, 3, 31)
+    got, want = run_compiled(f, x), f(x)
+    assert got.dtype == want.dtype and torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0)), name
+
+
 # ---- reductions, through torch.compile --------------------------------------------------------------
 
 def rows_with_specials(rng: torch.Generator, rows: int, cols: int) -> torch.Tensor:
