@@ -27,3 +27,114 @@ def test_hf_plan_structure(name):
     assert len(gemm_act) == 2
     if name == "gpt2":  # Conv1D is addmm: the bias lands in the same region as the GEMM and GELU
         assert all("add" in r.ops or "linear" in r.ops for r in gemm_act)
+
+
+# ---- attention in every spelling (issue 14): eager and sdpa, five families ----------------------------------------
+
+LAYERS = 2
+CAUSAL = {"gpt2": True, "bert": False, "llama": True, "mistral": True, "t5": False}
+
+
+def _tiny(name: str, impl: str) -> torch.nn.Module:
+    """A tiny ``name`` model with random weights and ``attn_implementation=impl`` (no network)."""
+    t = transformers
+    common = {"vocab_size": 100, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+    cfg = {
+        "gpt2": lambda: (t.GPT2LMHeadModel, t.GPT2Config(n_layer=LAYERS, n_embd=64, n_head=4, n_positions=64,
+                                                          **common)),
+        "bert": lambda: (t.BertModel, t.BertConfig(num_hidden_layers=LAYERS, hidden_size=64, num_attention_heads=4,
+                                                   intermediate_size=128, max_position_embeddings=64, **common)),
+        "llama": lambda: (t.LlamaForCausalLM, t.LlamaConfig(num_hidden_layers=LAYERS, hidden_size=64,
+                                                            num_attention_heads=4, num_key_value_heads=2,
+                                                            intermediate_size=128, max_position_embeddings=64,
+                                                            **common)),
+        # a window shorter than the sequence, so the sliding window decides which keys a query sees
+        "mistral": lambda: (t.MistralForCausalLM, t.MistralConfig(num_hidden_layers=LAYERS, hidden_size=64,
+                                                                  num_attention_heads=4, num_key_value_heads=2,
+                                                                  intermediate_size=128, max_position_embeddings=64,
+                                                                  sliding_window=8, **common)),
+        "t5": lambda: (t.T5EncoderModel, t.T5Config(num_layers=LAYERS, d_model=64, d_kv=16, num_heads=4, d_ff=128,
+                                                    **common)),
+    }[name]
+    cls, config = cfg()
+    torch.manual_seed(0)
+    return cls._from_config(config, attn_implementation=impl).eval()
+
+
+class _Main(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        kw = {} if isinstance(self.model, (transformers.BertModel, transformers.T5EncoderModel)) else {"use_cache": False}
+        out = self.model(input_ids=ids, attention_mask=mask, **kw)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _inputs(S=19):
+    ids = torch.randint(1, 100, (2, S))
+    mask = torch.ones(2, S, dtype=torch.long)
+    mask[1, S - 5:] = 0  # right padding: every query row keeps a visible key
+    return ids, mask
+
+
+def _graph(model, args):
+    """The ATen inference graph torch.compile hands tilefuse, imported (nothing compiled)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from tilefuse.frontends.dynamo import decompositions
+    from tilefuse.frontends.fx import import_fx_program
+
+    graphs = []
+
+    def keep(gm, ex):
+        graphs.append(import_fx_program(gm, ex, "hf").graph)
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=aot_autograd(fw_compiler=keep, inference_compiler=keep,
+                                                  decompositions=decompositions()))(*args)
+    torch._dynamo.reset()
+    (graph,) = graphs
+    return graph
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", sorted(CAUSAL))
+def test_one_attention_region_per_layer(name, impl):
+    p = plan(_graph(_Main(_tiny(name, impl)), _inputs()), {"kind": "c"})
+    att = [r for r in p.regions if r.kind == "attention"]
+    assert len(att) == LAYERS, p.to_text()
+    nodes = {n.name: n for n in p.graph.nodes}
+    for r in att:
+        a = nodes[r.anchor]
+        assert a.op == "sdpa" and r.backend == "tilelang", r
+        assert bool(a.attr.get("is_causal")) == CAUSAL[name], (r.pattern, a.attr)
+        assert ("causal" in r.pattern or "sliding_window" in r.pattern) == CAUSAL[name], r.pattern
+        assert (a.attr.get("window") == 8) == (name == "mistral"), a.attr
+        if len(a.inputs) > 3 and a.inputs[3] and name != "t5":  # the padding mask: per key, never S x S
+            assert p.graph.values()[a.inputs[3]].type.shape[-2] == 1
+    # nothing of the S x S mask runs: no node makes a (.., S, S) tensor outside the T5 bias
+    if name != "t5":
+        S = 19
+        big = [n for n in p.graph.nodes if n.op != "sdpa" and any(
+            (o.type.shape or ())[-2:] == (S, S) for o in n.outputs)]
+        assert not big, [n.name for n in big]
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", sorted(CAUSAL))
+def test_hf_attention_numerics_on_c(name, impl):
+    import tilefuse
+
+    model = _Main(_tiny(name, impl))
+    ids, mask = _inputs()
+    with torch.no_grad():
+        want = model(ids, mask)
+        torch._dynamo.reset()
+        got = tilefuse.compile(model)(ids, mask)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -112,7 +112,8 @@ def cmd_explain(args) -> int:
     measured = _stored_choices(p, target)
     if args.json:
         doc = {"nodes": p.source_nodes, "kernels": p.kernels,
-               "regions": [{**{k: r.to_json()[k] for k in ("name", "kind", "ops", "inputs", "outputs", "backend")},
+               "regions": [{**{k: r.to_json()[k] for k in ("name", "kind", "pattern", "ops", "inputs", "outputs",
+                                                            "backend")},
                             **({"measured": measured[r.name]} if r.name in measured else {})}
                            for r in p.regions if r.kind != "view"]}
         if p.notes:

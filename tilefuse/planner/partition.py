@@ -59,6 +59,8 @@ def partition(graph: Graph, cost: CostModel | None = None) -> tuple[list[Region]
         if kind in ANCHOR_KIND:
             rkind = "gemm_sp" if node.op == "sparse_linear" else ANCHOR_KIND[kind]  # 2:4 weight: its own template
             rid = open_region(node, rkind, node.outputs[0].type if node.outputs else None)
+            if rkind == "attention":
+                regions[rid].patterns.append(attention_pattern(node, f.types))
             _take_prologue(f, node, rid, regions, region_of, refusals)
         elif kind in ops.FUSIBLE_POINTWISE or kind == OpKind.INJECTIVE or node.op in VIEW_OPS:
             if not _join_producer(f, node, regions, region_of, refusals, cost, place):
@@ -212,6 +214,18 @@ def _finish(f: Facts, regions: list[_Open], cost: CostModel) -> list[Region]:
         out.append(Region(_name(op_names, r.kind, pos), r.kind, tuple(members), tuple(op_names), tuple(inputs),
                           tuple(outputs), r.anchor, ",".join(r.patterns) or None, "torch", est))
     return out
+
+
+def attention_pattern(node: Node, types) -> str:
+    """``attention.<what the kernel does>``: causal, sliding_window, masked (a per-key or bias operand), gqa,
+    cross (Sq != Skv), joined by ``_``; ``attention.plain`` for none."""
+    a = node.attr
+    q, k = (types[x].shape for x in node.inputs[:2])
+    parts = ["sliding_window" if a.get("window") else "causal" if a.get("is_causal") else None,
+             "masked" if len(node.inputs) > 3 and node.inputs[3] else None,
+             "gqa" if q and k and len(q) == 4 and len(k) == 4 and q[1] != k[1] else None,
+             "cross" if q and k and q[-2] != k[-2] else None]
+    return "attention." + ("_".join(p for p in parts if p) or "plain")
 
 
 def _name(op_names: list[str], kind: str, pos: int) -> str:

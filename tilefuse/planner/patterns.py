@@ -108,6 +108,8 @@ def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     else:
         scale = 1.0
     mask, attrs = _mask_args(caps, ctx, em)
+    if "bias" in caps:  # T5: position bias + padding mask, one additive operand (the bias is H x S x S anyway)
+        mask = [em.add1("add", [caps["bias"], mask[0]]) if mask[0] else caps["bias"]]
     out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], scale=float(scale), **attrs)
     root_t = ctx.type(caps["root"].outputs[0].name)
     if em._b.types[out].dtype != root_t.dtype:
@@ -141,19 +143,23 @@ def _batched_check(caps: dict, ctx: Context) -> str | None:
     return None
 
 
-def _attention(scale: str, masked: bool, batched: bool = False) -> Pattern:
-    """``scale``: "none", "after" (scores * s or / s) or "before" (q * s or / s)."""
+def _attention(scale: str, masked: bool, batched: bool = False, biased: bool = False) -> Pattern:
+    """``scale``: "none", "after" (scores * s or / s) or "before" (q * s or / s); ``biased``: a second additive
+    term (T5 adds its position bias, then the padding mask)."""
     q = Op(("mul", "div"), ("q", "scale"), name="scale_op") if scale == "before" else "q"
     s = _product(q, _KT, "qk", batched)
     if scale == "after":
         s = Op(("mul", "div"), (s, "scale"), name="scale_op")
+    if biased:
+        s = Op("add", (s, "bias"), name="bias_op", commutative=True)
     if masked:
         s = Op("add", (s, "mask"), name="mask_op", commutative=True)
     p = Op("softmax", (Opt(_CAST, s),), name="softmax")
     prod = _product(Opt(_CAST, p), "v", "root", batched)
     root = Op(prod.op, prod.inputs, name="root")
     name = ("attention.decomposed" + ("_batched" if batched else "")
-            + {"none": "", "after": "_scaled", "before": "_scaled_q"}[scale] + ("_masked" if masked else ""))
+            + {"none": "", "after": "_scaled", "before": "_scaled_q"}[scale] + ("_masked" if masked else "")
+            + ("_biased" if biased else ""))
 
     def check(caps, ctx):
         return (_batched_check(caps, ctx) if batched else None) or _attn_check(caps, ctx)
@@ -393,6 +399,7 @@ PATTERNS: list[Pattern] = [
     _attention_split_scale(masked=False, guarded=True),
     Pattern("attention.gqa_repeat", Op("sdpa", ("q", _kv_repeat("k"), _kv_repeat("v")), name="attn"),
             _gqa_rewrite, _gqa_check, "sdpa over repeat_kv(k), repeat_kv(v) -> grouped-query sdpa"),
+    *[_attention(scale, True, batched, biased=True) for batched in (True, False) for scale in ("after", "none")],
     *[_attention(scale, masked, batched) for batched in (True, False) for scale in ("after", "before", "none")
       for masked in (True, False)],
     Pattern("attention.mask_from_indices", Op("sdpa", ("q", "k", "v", "mask"), name="attn"), _sdpa_mask_rewrite,
