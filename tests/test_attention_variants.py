@@ -106,3 +106,16 @@ def test_variants_gpu_match_sdpa(name, dtype, rng):
     tol = {"rtol": 2e-2, "atol": 2e-2}
     for cfg in attention.get_configs(SM90, 64)[:2]:
         run(rng, SM90, name, dtype=dtype, device="cuda", tol=tol, head_dim=64, **cfg)
+
+
+def test_sdpa_op_reference_takes_causal_mask_and_window(rng):
+    from tilefuse import ops
+
+    q, k, v = (torch.randn(2, 2, 23, 16, generator=rng) for _ in range(3))
+    pad = torch.where(torch.rand(2, 1, 1, 23, generator=rng) > 0.3, 0.0, -1e9)
+    pad[..., 0] = 0.0
+    for kw in ({"is_causal": True, "window": 4}, {"is_causal": True}):
+        (got,) = ops.get("sdpa").run([q, k, v, pad], kw)
+        torch.testing.assert_close(got, _sdpa(q, k, v, pad, kw))
+    with pytest.raises(ValueError, match="sliding window needs is_causal"):
+        ops.get("sdpa").run([q, k, v], {"window": 4})
