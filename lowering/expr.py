@@ -307,8 +307,10 @@ def _gelu(T, x, attrs):
 
 
 def _abs(T, x):
-    # T.abs lowers to tirx.fabs, which the C codegen cannot print; a select works everywhere.
-    return T.Select(x < T.Cast(str(x.dtype), 0), -x, x)
+    # T.abs lowers to tirx.fabs, which the C codegen cannot print; a select works everywhere. ``0 - x`` (not
+    # ``-x``) on the non-positive side: abs(-0.0) is +0.0, as in torch.
+    zero = T.Cast(str(x.dtype), 0)
+    return T.Select(x <= zero, zero - x, x)
 
 
 def _pow(T, a, b):
@@ -389,8 +391,19 @@ def _floor_divide(T, a, b):
 
 
 def _remainder(T, a, b):
-    # torch.remainder: the sign of the divisor (floor modulo), for floats and integers alike.
-    return a - b * T.floor(a / b) if _is_float(a) else T.floormod(a, b)
+    # torch.remainder: the sign of the divisor (floor modulo), for floats and integers alike. Floats as torch's
+    # scalar path: the exact fmod, moved to the divisor's sign when nonzero (a - b * floor(a / b) gave NaN for an
+    # infinite divisor, remainder(1, inf) is 1, and lost the low digits of large quotients).
+    if not _is_float(a):
+        return T.floormod(a, b)
+    dtype = str(a.dtype)
+    wide = dtype in ("float32", "float64")
+    x, y = (a, b) if wide else (T.Cast("float32", a), T.Cast("float32", b))
+    # fmodf/fmod by name: TVM's C codegen has no lowering for its fmod intrinsic (CUDA has both functions too)
+    m = T.call_pure_extern(str(x.dtype), "fmodf" if str(x.dtype) == "float32" else "fmod", x, y)
+    zero = T.Cast(str(m.dtype), 0)
+    r = T.Select((m != zero) & ((y < zero) != (m < zero)), m + y, m)
+    return r if wide else T.Cast(dtype, r)
 
 
 def _bitwise(logical, bitwise):
