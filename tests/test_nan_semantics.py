@@ -197,6 +197,15 @@ def test_row_reductions_propagate_nan(name, cols, rng):
     assert_same(run_compiled(f, x), f(x), how, f"{name} cols={cols}")
 
 
+@pytest.mark.parametrize("pos", [0, 200, 369])  # the first, a middle and the last element reduced
+def test_whole_tensor_max_min_with_one_nan(pos, rng):
+    f = lambda x: (torch.max(x * 2), torch.amin(x * 2, -1), torch.amax(x * 2, -1))
+    x = torch.randn(10, 37, generator=rng)
+    x.view(-1)[pos] = NAN
+    for i, (g, w) in enumerate(zip(run_compiled(f, x), f(x))):
+        assert_same(g, w, "value", f"output {i}, NaN at {pos}")
+
+
 def test_max_pool_window_with_nan_is_nan(rng):
     f = lambda x: F.max_pool2d(x * 2, 3, stride=2, padding=1)
     x = special(rng, 2, 3, 9, 11)
