@@ -66,3 +66,19 @@ def test_remainder_edge_divisors_match_torch(dtype, caplog, rng):
     want = torch.stack([torch.remainder(x.view(1), y.view(1))[0] for x, y in zip(a, b)])
     assert same_bits(got, want), [(x.item(), y.item(), g.item(), w.item()) for x, y, g, w in zip(a, b, got, want)
                                   if not same_bits(g.view(1), w.view(1))][:8]
+
+
+@pytest.mark.parametrize("shape, dim, correction", [((5, 1), -1, 1), ((3, 2), -1, 2), ((3, 2), -1, 3), ((1, 4), 0, 1)])
+def test_var_without_degrees_of_freedom(shape, dim, correction, caplog, rng):
+    """var over fewer elements than its correction divides by zero: NaN (or inf), as torch. The reduction
+    template divided by a literal 0 and TVM refused to compile it (``Divide by zero``), so the region ran through
+    torch with a warning (found by the fuzzer: ``torch.var(v, -1)`` of a (1, 1) tensor)."""
+    x = torch.randn(shape, generator=rng)
+    x[0, 0] = 0.0
+    if shape[-1] > 1:
+        x[-1] = 2.0  # a constant row: sum of squares 0, 0 / 0
+    f = compiled(lambda a: torch.var(a * 1.0, dim, correction=correction), caplog)
+    with pytest.warns(UserWarning, match="degrees of freedom"):
+        want = torch.var(x, dim, correction=correction)
+    got = f(x)
+    assert same_bits(got, want), (got, want)

@@ -146,6 +146,8 @@ def row_reduction(
         if extremum:  # a NaN anywhere in the row makes the result NaN, as in torch
             return T.Select(st[1][r] > T.float32(0), T.float32(math.nan), st[0][r])
         scale = {"sum": 1, "mean": cols, "var": max(cols - correction, 0)}[kind]
+        if scale == 0:  # x / 0 as torch has it (var with correction >= cols: NaN, or inf); TVM refuses a literal / 0
+            return st[1][r] * T.float32(math.inf)
         return st[1][r] if scale == 1 else st[1][r] / T.float32(scale)
 
     @T.macro
