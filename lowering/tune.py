@@ -150,11 +150,11 @@ def candidates(spec, target: dict, limit: int = BUDGETS["max"]) -> list[dict]:
     kw = spec.factory_kwargs()
     seeds = config_space(spec, target)
     if spec.template in ("gemm", "gemm_sp") and target.get("kind") == "cuda":
+        leaders = seeds[:2]  # the space lists the measured leaders first
         seeds.sort(key=lambda c: gemm_wave_cost(c, kw))  # stable: ties keep the template's order
         if spec.template == "gemm":
-            # the untuned pick, then the measured leaders' staged stores, then the rest by waves
+            # the untuned pick, then the measured leaders, then the rest of the space by waves
             pick = kernel_key(spec, target, None, tuned=False)[0]
-            leaders = [c for c in seeds if c.get("stage_C")][:2]
             seeds = [pick, *leaders, *seeds, *carver_gemm_configs(kw, target)]
     out, seen = [], set()
     for c in seeds:
