@@ -254,7 +254,7 @@ def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     bias = anchor.inputs[2] if anchor.op == "linear" and len(anchor.inputs) > 2 else None
     exprs, mapping = _epilogue(b, anchor, bias, b.members[pos + 1:], "GEMM")
     rows, cols = (_numel((*broadcast(batch_a, batch_b), M)), N)
-    extra = [a for a in b.args if a not in (a_val, b_val)]
+    extra = list(b.args)  # an operand the epilogue also reads (x @ w + x) stays an extra: Arg(i) indexes b.args
     extra_shapes = tuple(_domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
                          else tuple(b.types[a].shape) for a in extra)
     return _gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 
 import torch
@@ -60,6 +61,9 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
     nodes, types = facts if facts is not None else graph_facts(graph)
     try:
         _static(region, types, target)
+        empty = [v for v in region.outputs if types[v].numel == 0]
+        if empty:  # (TileLang allocates an empty output with strides its own wrapper then refuses)
+            return f"empty output {', '.join(empty)}: nothing to compute, torch makes it"
         b = _Builder(region, graph, nodes, types)
         anchor = nodes[region.anchor] if region.anchor else None
         if region.kind == "elementwise":
@@ -144,12 +148,12 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     same memory (no copy), an empty one a new empty tensor."""
     t = t.contiguous()
     canon = _STRIDES.get(t.shape)
-    if canon is None:
-        canon = _STRIDES[t.shape] = torch.empty(t.shape, device="meta").stride()
+    if canon is None:  # the products of the later dims, as TileLang compiles them: (3, 0) has (0, 1), not torch's (1, 1)
+        canon = _STRIDES[t.shape] = tuple(math.prod(t.shape[i + 1:]) for i in range(t.dim()))
     if t.stride() == canon:
         return t
     if t.numel() == 0:
-        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        return torch.empty_strided(t.shape, canon, dtype=t.dtype, device=t.device)
     return t.as_strided(t.shape, canon)
 
 

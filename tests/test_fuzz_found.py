@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tilefuse.config import Options, parse_target
 from tilefuse.frontends.dynamo import make_backend
@@ -82,3 +83,27 @@ def test_var_without_degrees_of_freedom(shape, dim, correction, caplog, rng):
         want = torch.var(x, dim, correction=correction)
     got = f(x)
     assert same_bits(got, want), (got, want)
+
+
+@pytest.mark.parametrize("sa, sb", [((3, 0), (0, 4)), ((3, 4), (4, 0)), ((0, 3), (3, 4)), ((2, 3, 0), (0, 5))])
+def test_matmul_with_an_empty_dim(sa, sb, caplog, rng):
+    """A matmul with K = 0 (zeros, then the epilogue) or N = 0 runs. It crashed in TileLang's wrapper ('Static
+    stride mismatch ... expected 0'): an empty input reached the kernel with torch's strides ((1, 1) for (3, 0))
+    where TileLang compiled the products of the later dims ((0, 1)), and TileLang allocated an empty output
+    with strides its own check refused (found by the fuzzer: ``v0 @ v1`` with a (3, 0) operand)."""
+    x, w = torch.randn(sa, generator=rng), torch.randn(sb, generator=rng)
+    f = compiled(lambda a, b: torch.relu(a @ b) + 1.0, caplog)
+    got = f(x, w)
+    assert got.shape == (x @ w).shape and torch.equal(got, torch.relu(x @ w) + 1.0)
+
+
+@pytest.mark.parametrize("fn", [lambda x, w: F.linear(x, w, x), lambda x, w: x @ w + x, lambda x, w: (x @ w) * w],
+                         ids=["linear_bias_is_input", "residual_of_a", "times_b"])
+def test_gemm_epilogue_reads_an_operand(fn, caplog, rng):
+    """A GEMM whose epilogue reads one of the GEMM's own operands (``x @ w + x``) compiles: the builder dropped
+    the operand from the kernel's extra inputs while the epilogue still read it as ``arg0`` ('expression reads
+    arg0 but the region has 0 extra inputs'), so the region ran through torch (found by the fuzzer:
+    ``F.linear(v1, v0, v1)``)."""
+    x, w = torch.randn(5, 5, generator=rng), torch.randn(5, 5, generator=rng)
+    got = compiled(fn, caplog)(x, w)
+    torch.testing.assert_close(got, fn(x, w), rtol=1e-5, atol=1e-5)
