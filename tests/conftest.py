@@ -1,10 +1,18 @@
-"""Shared test setup: GPU tests are skipped visibly where there is no CUDA device."""
+"""Shared test setup: GPU tests are skipped visibly where there is no CUDA device; ``slow`` tests are skipped
+visibly unless selected (``-m slow``, or any ``-m`` expression naming ``slow``) or ``TILEFUSE_SLOW=1``."""
+
+import os
 
 import pytest
 import torch
 
 
 def pytest_collection_modifyitems(config, items):
+    if "slow" not in (config.getoption("-m") or "") and os.environ.get("TILEFUSE_SLOW", "0") == "0":
+        skip_slow = pytest.mark.skip(reason="slow: run with `-m slow` or TILEFUSE_SLOW=1")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="gpu: no CUDA device here (these run on the H200 device machine)")
