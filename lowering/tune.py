@@ -33,7 +33,7 @@ _log = logging.getLogger("tilefuse")
 DB_ENV = "TILEFUSE_TUNING_DB"
 # Candidates per spec: "fast" measures a few seeds, "max" everything (seeds and Carver hints) up to this.
 BUDGETS = {"none": 0, "fast": 4, "max": 16}
-WARMUP, REPS = {"c": 1, "cuda": 5}, {"c": 3, "cuda": 20}
+WARMUP, REPS = {"c": 2, "cuda": 5}, {"c": 5, "cuda": 20}
 # Outputs of two configs differ only by summation order: relative to the output's magnitude.
 TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
 
@@ -264,11 +264,26 @@ def _measure(kernel, args, kind: str) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3 / reps
-    times = []
-    for _ in range(reps):
+    return _cpu_time(kernel, args, reps)
+
+
+# On the CPU a timing shares the cores with everything else running (on a loaded 2-core machine one call in
+# several is slowed by a neighbour): calls are timed one by one, enough of them to fill CPU_TIME_BUDGET_S (at least
+# the kind's REPS, at most CPU_MAX_REPS), and the median decides.
+CPU_TIME_BUDGET_S = 0.02
+CPU_MAX_REPS = 25
+
+
+def _cpu_time(fn, args, reps: int) -> float:
+    """Median seconds of ``fn(*args)`` over at least ``reps`` calls, more for short ones (see CPU_TIME_BUDGET_S)."""
+    times: list[float] = []
+    want = reps
+    while len(times) < want:
         t0 = time.perf_counter()
-        kernel(*args)
+        fn(*args)
         times.append(time.perf_counter() - t0)
+        if len(times) == reps:  # short calls: more of them, as many as the median so far fits in the budget
+            want = max(reps, min(CPU_MAX_REPS, math.ceil(CPU_TIME_BUDGET_S / max(sorted(times)[reps // 2], 1e-7))))
     return sorted(times)[len(times) // 2]
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import torch
 
 from tilefuse import ops
-from tilefuse.config import Options
+from tilefuse.config import CPU_KINDS, Options
 from tilefuse.ir import Graph
 from tilefuse.planner import FusionPlan
 from tilefuse.planner import plan as make_plan
@@ -155,7 +155,7 @@ class PlanRunner:
         args = self.place(args)
         if self.record:
             self.last_inputs = args
-        if self.choose is not None and args and args[0].is_cuda:
+        if self.choose is not None and args and (args[0].is_cuda or self.device_type == "cpu"):
             from tilefuse.lowering.tune import choose_backends
 
             (db, target), self.choose = self.choose, None
@@ -255,7 +255,7 @@ def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.
     runner = PlanRunner(p, kernels, check=check, device_type="cuda" if options.target.get("kind") == "cuda" else "cpu")
     runner.sparsity_report = p.sparsity
     runner.static_inputs = tuple(static_inputs)
-    if options.lower and kernels and options.measure and options.target.get("kind") == "cuda":
+    if options.lower and kernels and options.measure and options.target.get("kind") in ("cuda", *CPU_KINDS):
         # each region keeps the fastest of kernel, torch and split, measured on the first call (or remembered)
         if db is None:
             from tilefuse.lowering.tune import TuningDB

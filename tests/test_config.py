@@ -8,6 +8,7 @@ C = {"kind": "c"}
 def test_options_read_the_environment_when_constructed(monkeypatch):
     monkeypatch.delenv("TILEFUSE_TUNE", raising=False)
     monkeypatch.delenv("TILEFUSE_EAGER_TAIL", raising=False)
+    monkeypatch.delenv("TILEFUSE_MEASURE", raising=False)  # tests/conftest.py sets it to 0 for the session
     before = Options(target=C)
     assert before.tune == "none" and before.eager_tail and before.channels_last and before.measure
     monkeypatch.setenv("TILEFUSE_TUNE", "fast")  # set after tilefuse.config was imported: it counts

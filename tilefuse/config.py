@@ -79,7 +79,8 @@ class Options:
     channels_last: bool = _read("CHANNELS_LAST", "1", _on)
     # Each region keeps the fastest of its fused kernel, its own ops through torch and (a GEMM with an epilogue)
     # the split, measured with cold caches on its first call's inputs and remembered in the tuning database
-    # (lowering/tune.py choose_backends). On CUDA; 0 runs every region that lowered as its kernel.
+    # (lowering/tune.py choose_backends). On CUDA and on the CPU targets (there timed with perf_counter, the median
+    # of enough calls); 0 runs every region that lowered as its kernel. The test session sets 0 (tests/conftest.py).
     measure: bool = _read("MEASURE", "1", _on)
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)

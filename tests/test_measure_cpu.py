@@ -1,0 +1,118 @@
+"""The measured choice on the CPU target ``c``: the first call times each region's kernel against its own ops
+through torch, keeps the faster, remembers it in the tuning database and the plan says how many regions run as
+kernels. Timings are injected (``tune._device_time`` or the clock): nothing here depends on this machine's speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tilefuse.api import compile_graph
+from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.lowering import tune
+
+C = {"kind": "c"}
+
+
+def two_region_graph(w: torch.Tensor):
+    """One GEMM region (linear + relu) and one row reduction (softmax)."""
+    b = GraphBuilder("measure_cpu")
+    x = b.input("x", TensorType((16, 32), "float32"))
+    z = b.input("z", TensorType((8, 64), "float32"))
+    h = b.add1("relu", [b.add1("linear", [x, b.constant("w", w), ""])])
+    s = b.add1("softmax", [z], dim=-1)
+    return b.build([h, s])
+
+
+@pytest.fixture
+def timings(monkeypatch, tmp_path):
+    """A fresh tuning database and a fake device clock: the GEMM region's kernel "takes" 2 ms, every other way
+    1 ms; records what was timed."""
+    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
+    timed = []
+
+    def fake_time(fn, args, kind):
+        is_kernel = hasattr(fn, "spec")
+        timed.append((is_kernel, kind))
+        return 2e-3 if is_kernel and fn.spec.template == "gemm" else 1e-3
+
+    monkeypatch.setattr(tune, "_device_time", fake_time)
+    return timed
+
+
+def _inputs(rng):
+    return torch.randn(24, 32, generator=rng), torch.randn(16, 32, generator=rng), torch.randn(8, 64, generator=rng)
+
+
+def _check(outs, w, x, z):
+    h, s = outs
+    torch.testing.assert_close(h, torch.relu(x @ w.T), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, torch.softmax(z, dim=-1), rtol=1e-5, atol=1e-6)
+
+
+def test_first_call_on_c_keeps_the_faster_way_and_remembers_it(timings, tmp_path, rng):
+    w, x, z = _inputs(rng)
+    compiled = compile_graph(two_region_graph(w), target="c", measure=True)
+    assert "2 TileLang, 0 torch" in compiled.plan.summary()  # nothing measured before the first call
+    _check(compiled(x, z), w, x, z)
+    assert timings and all(kind == "c" for _, kind in timings)
+    backends = {r.kind: r.backend for r in compiled.plan.regions if r.launches}
+    assert backends["gemm"] == "torch" and [b for k, b in backends.items() if k != "gemm"] == ["tilelang"]
+    assert "1 TileLang, 1 torch" in compiled.plan.summary()
+    assert any("torch 1.000 ms < kernel 2.000 ms" in n for n in compiled.plan.notes)
+    _check(compiled(x, z), w, x, z)  # later calls run the chosen ways, measuring nothing more
+    n = len(timings)
+    assert n == 4  # two regions, kernel and torch each, once
+    choices = {k: v for k, v in json.loads((tmp_path / "tuning.json").read_text()).items() if k.endswith("|choice")}
+    assert sorted(v["torch"] for v in choices.values()) == [False, True]
+    again = compile_graph(two_region_graph(w), target="c", measure=True)  # the database answers: nothing timed
+    _check(again(x, z), w, x, z)
+    assert len(timings) == n and "1 TileLang, 1 torch" in again.plan.summary()
+
+
+def test_measure_off_runs_every_region_as_its_kernel(timings, monkeypatch, rng):
+    w, x, z = _inputs(rng)
+    monkeypatch.setenv("TILEFUSE_MEASURE", "0")
+    compiled = compile_graph(two_region_graph(w), target="c")
+    _check(compiled(x, z), w, x, z)
+    assert timings == [] and "2 TileLang, 0 torch" in compiled.plan.summary()
+    assert compile_graph(two_region_graph(w), target="c", measure=False).runner.choose is None
+
+
+def test_measure_is_on_by_default_for_c(timings, monkeypatch, rng):
+    """Options.measure unset (no TILEFUSE_MEASURE): the c target measures too."""
+    w, x, z = _inputs(rng)
+    monkeypatch.delenv("TILEFUSE_MEASURE", raising=False)
+    compiled = compile_graph(two_region_graph(w), target="c")
+    assert compiled.options.measure and compiled.runner.choose is not None
+    _check(compiled(x, z), w, x, z)
+    assert "1 TileLang, 1 torch" in compiled.plan.summary()
+
+
+def test_cpu_timing_is_the_median_of_enough_calls(monkeypatch):
+    """One call in several slowed by a neighbour does not decide: the median does, over at least ``REPS`` calls and
+    more for short ones (up to ``CPU_MAX_REPS``)."""
+    clock = [0.0]
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
+    durations = iter([1e-3, 1e-3, 50e-3, 1e-3, 40e-3, 1e-3, 1e-3] + [1e-3] * 100)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        clock[0] += next(durations)
+
+    assert tune._measure(fn, (), "c") == pytest.approx(1e-3)
+    warmup = tune.WARMUP["c"]
+    want = max(tune.REPS["c"], min(tune.CPU_MAX_REPS, round(tune.CPU_TIME_BUDGET_S / 1e-3)))
+    assert len(calls) == warmup + want
+    slow = iter([1.0] * 100)
+    calls.clear()
+
+    def long_fn():
+        calls.append(1)
+        clock[0] += next(slow)
+
+    assert tune._measure(long_fn, (), "c") == pytest.approx(1.0)
+    assert len(calls) == warmup + tune.REPS["c"]  # long calls: REPS of them, no more
