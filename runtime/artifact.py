@@ -12,21 +12,26 @@ Note: the layout; every member but the weights and the kernels is JSON::
                             kernel key
     weights.safetensors     the constants of both graphs (safetensors: no pickle anywhere)
     kernels/<key>/<file>    TileLang cache entries (kernel_lib.so, params.json, sources, manifest.json)
+    funcs/<key>.json        each kernel's PrimFunc (TVM JSON)
+    integrity.json          the integrity root: one sha256 over every member, manifest.json included
+                            (``runtime/integrity.py``)
 
 Note: load does not re-plan: re-planning would redo shape inference on torch's meta tensors, whose
 first use imports torch._dynamo (~2 s), and a later planner could group the nodes differently. The
 stored plan is checked to partition its graph. Each lowered region's PrimFunc is rebuilt from its
 KernelSpec and stored tile config and handed to ``tilelang.compile`` with ``TILELANG_CACHE_DIR``
 pointed at the unpacked ``kernels/``: same PrimFunc, target and tilelang version give the same cache
-key, so every kernel is a cache hit (no lowering, no gcc/nvcc). Each loaded kernel's cache key is
-checked against the artifact's; ``load_report.compiled`` counts the misses (a miss warns: the
-templates changed since saving). A different target, tilelang version or host (for ``c`` also the
-CPU, as kernels are built with ``-march=native``) recompiles from graph.json with an
-``ArtifactWarning``, or raises ``ArtifactMismatchError`` when ``strict`` (strict also wants the same
-tilefuse version, and refuses a load that compiled anything).
+key, so every kernel is a cache hit (no lowering, no gcc/nvcc). ``load_report.compiled`` counts the
+kernels that were compiled all the same: a cache key the artifact does not carry (the templates changed
+since saving), or an unpacked entry TileLang rejected and rebuilt (``integrity.rebuilt_entries``); either
+warns. A different target, tilelang version or host (for ``c`` also the CPU, as kernels are built with
+``-march=native``) recompiles from graph.json with an ``ArtifactWarning``, or raises
+``ArtifactMismatchError`` when ``strict`` (strict also wants the same tilefuse version, and refuses a
+load that compiled anything). A target this machine cannot run (``cuda`` without a GPU, or a GPU of
+another architecture) is refused whether strict or not; ``target=`` recompiles for another target.
 
-Note: trust. The hashes detect corruption and tampering of members, not a hostile author (who can
-rewrite manifest.json too). Loading runs no Python from the artifact (no pickle, no eval; JSON and
+Note: trust. The hashes and the integrity root detect corruption and edits of any member or of the
+manifest, not a hostile author (who can recompute them). Loading runs no Python from the artifact (no pickle, no eval; JSON and
 safetensors only) and never extracts a path it did not build itself, but it does load the artifact's
 compiled kernel libraries: load only artifacts you trust.
 """
@@ -38,7 +43,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -52,6 +56,27 @@ from typing import Any
 import torch
 
 from tilefuse.ir import dtype_name, torch_dtype
+from tilefuse.runtime.integrity import (
+    FORMAT,
+    FORMAT_VERSION,
+    FUNC_MEMBER,
+    GRAPH,
+    KERNEL_MEMBER,
+    LIBS,
+    MANIFEST,
+    PLAN,
+    ROOT,
+    SHA,
+    TUNING,
+    WEIGHTS,
+    ArtifactError,
+    entry_stamps,
+    json_member,
+    read_artifact,
+    rebuilt_entries,
+    root_bytes,
+)
+from tilefuse.runtime.machine import local_target_hint, target_problem
 from tilefuse.runtime.serialize import (
     _type_json,
     _weights_bytes,
@@ -62,28 +87,12 @@ from tilefuse.runtime.serialize import (
     plan_to_json,
 )
 
-FORMAT, FORMAT_VERSION = "tilefuse-artifact", 1
-MANIFEST, GRAPH, PLAN, TUNING, WEIGHTS = "manifest.json", "graph.json", "plan.json", "tuning.json", "weights.safetensors"
-REQUIRED = (GRAPH, PLAN, TUNING, WEIGHTS)
-# The files of a TileLang cache entry for the default execution backends (cython for c, tvm_ffi for cuda).
-# Backends that cache Python (nvrtc/cutedsl ``kernel.py``) are left out: loading runs no Python from an artifact.
-_LIBS = ("kernel_lib.so", "executable.so")
-_KERNEL_FILES = (*_LIBS, "params.json", "manifest.json", "device_kernel.cu", "host_kernel.cu", "resource_usage.json")
-_KERNEL_MEMBER = re.compile(r"kernels/([0-9a-f]{64})/(" + "|".join(map(re.escape, _KERNEL_FILES)) + ")")
-# Each kernel's PrimFunc as TVM JSON (IR data, no code): loading it takes milliseconds where rebuilding it
-# from the template takes ~0.15 s a kernel, and it hashes to the same cache key.
-_FUNC_MEMBER = re.compile(r"funcs/([0-9a-f]{64})\.json")
-_SHA = re.compile(r"[0-9a-f]{64}")
-_RAW_DTYPES = frozenset({"complex128"})  # safetensors has no such dtype: stored as bytes
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member dates: the same model saves to the same bytes
 
 
-class ArtifactError(ValueError):
-    """An artifact that cannot be trusted or read: corrupted, tampered, truncated, unsafe or malformed."""
-
-
 class ArtifactMismatchError(ArtifactError):
-    """A strict load of an artifact built for another target, toolchain or host."""
+    """An artifact built for a target this machine cannot run, or a strict load of one built for another
+    target, toolchain or host (or one that compiled a kernel)."""
 
 
 class ArtifactWarning(UserWarning):
@@ -92,7 +101,8 @@ class ArtifactWarning(UserWarning):
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What ``load`` did: ``compiled`` counts kernels that were not cache hits (0 on a clean load)."""
+    """What ``load`` did: ``compiled`` counts kernels that were compiled, not loaded (0 on a clean load);
+    ``failed`` those that failed to load or compile (their regions run through torch)."""
 
     path: str
     seconds: float
@@ -100,6 +110,7 @@ class LoadReport:
     cache_hits: int
     compiled: int
     recompiled: str | None = None  # why the model was recompiled from its graph, if it was
+    failed: int = 0
 
 
 # ---- graph <-> JSON ---------------------------------------------------------------------------
@@ -128,14 +139,17 @@ def _candidate_configs(spec, target: dict) -> list[dict]:
 
 def _tile_config(spec, target: dict, func) -> dict | None:
     """The tile config ``func`` was built with: the candidate whose PrimFunc prints the same (None if none)."""
+    from tilefuse.config import CPU_KINDS
+    from tilefuse.lowering.exact_constants import exact_float_constants
     from tilefuse.lowering.registry import make_prim_func
 
     if func is None:
         return None
     want = func.script(show_meta=True)
+    as_compiled = exact_float_constants if target.get("kind") in CPU_KINDS else (lambda f: f)  # as compile_kernel
     for config in _candidate_configs(spec, target):
         with contextlib.suppress(Exception):  # a seed this spec cannot take is simply not the one chosen
-            if make_prim_func(spec, target, config).script(show_meta=True) == want:
+            if as_compiled(make_prim_func(spec, target, config)).script(show_meta=True) == want:
                 return dict(config)
     return None
 
@@ -143,8 +157,8 @@ def _tile_config(spec, target: dict, func) -> dict | None:
 def _cache_entry(kernel) -> tuple[str, Path] | None:
     """The TileLang cache entry a compiled kernel came from (TileLang tags kernels with it), if it exists."""
     key, path = getattr(kernel, "_tilelang_cache_key", None), getattr(kernel, "_tilelang_cache_path", None)
-    if key and path and _SHA.fullmatch(key) and (Path(path) / "params.json").is_file() \
-            and any((Path(path) / lib).is_file() for lib in _LIBS):
+    if key and path and SHA.fullmatch(key) and (Path(path) / "params.json").is_file() \
+            and any((Path(path) / lib).is_file() for lib in LIBS):
         return key, Path(path)
     return None
 
@@ -224,7 +238,7 @@ def save(compiled, path: str | os.PathLike) -> Path:
             for f in sorted(entry.iterdir()):
                 if f.name.startswith("."):  # TileLang's temporary files
                     continue
-                if not _KERNEL_MEMBER.fullmatch(f"kernels/{key}/{f.name}"):
+                if not KERNEL_MEMBER.fullmatch(f"kernels/{key}/{f.name}"):
                     raise ValueError(f"TileLang cache entry {entry} holds {f.name}, which artifacts do not carry "
                                      "(use the default execution backend)")
                 members[f"kernels/{key}/{f.name}"] = f.read_bytes()
@@ -245,9 +259,11 @@ def save(compiled, path: str | os.PathLike) -> Path:
         "members": {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for n, b in members.items()},
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    members = {MANIFEST: _json_bytes(manifest), **members}
+    members[ROOT] = root_bytes(members)
     try:
         with zipfile.ZipFile(tmp, "w") as zf:
-            for name, data in ((MANIFEST, _json_bytes(manifest)), *members.items()):
+            for name, data in members.items():
                 info = zipfile.ZipInfo(name, _ZIP_TIME)
                 info.compress_type = zipfile.ZIP_STORED if name == WEIGHTS else zipfile.ZIP_DEFLATED
                 zf.writestr(info, data)
@@ -273,101 +289,6 @@ def _blame(path: Path, member: str):
         raise
     except Exception as e:  # noqa: BLE001 - anything a malformed member makes a parser raise
         raise ArtifactError(f"{path}: member {member} is malformed ({type(e).__name__}: {e})") from None
-
-
-def _check_name(path: Path, name: str) -> None:
-    if name in (MANIFEST, *REQUIRED) or _KERNEL_MEMBER.fullmatch(name) or _FUNC_MEMBER.fullmatch(name):
-        return
-    parts = name.replace("\\", "/").split("/")
-    if name.startswith(("/", "\\")) or ".." in parts or re.match(r"[A-Za-z]:", name):
-        raise ArtifactError(f"{path}: member {name!r} has an unsafe path (absolute or with '..'); refused")
-    raise ArtifactError(f"{path}: unexpected member {name!r}")
-
-
-def _check_manifest(m: Any) -> dict:
-    """The manifest's member table, after checking the manifest's shape (``ValueError`` otherwise)."""
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise ValueError("not a tilefuse artifact manifest")
-    if m.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"format version {m.get('format_version')!r}; this tilefuse reads version "
-                         f"{FORMAT_VERSION} (save the model again with this tilefuse)")
-    for k in ("tilefuse", "tilelang", "torch"):
-        if not isinstance(m[k], str):
-            raise TypeError(f"{k} version is not a string")
-    if not (isinstance(m["target"], dict) and isinstance(m["target"].get("kind"), str)):
-        raise TypeError(f"bad target {m['target']!r}")
-    if not (isinstance(m["host"], dict) and isinstance(m["options"], dict)):
-        raise TypeError("bad host or options")
-    if not all(isinstance(k, str) and _SHA.fullmatch(k) for k in m["kernels"]):
-        raise ValueError("bad kernel keys")
-    members = m["members"]
-    for name, meta in members.items():
-        if not (isinstance(meta, dict) and isinstance(meta.get("sha256"), str) and _SHA.fullmatch(meta["sha256"])
-                and isinstance(meta.get("size"), int) and meta["size"] >= 0):
-            raise ValueError(f"bad entry for member {name!r}")
-    return members
-
-
-def _read_member(zf: zipfile.ZipFile, path: Path, name: str) -> bytes:
-    try:
-        return zf.read(name)
-    except Exception as e:  # noqa: BLE001 - BadZipFile (CRC), zlib.error, EOFError: all mean a damaged member
-        raise ArtifactError(f"{path}: member {name} is corrupted ({type(e).__name__}: {e})") from None
-
-
-def _json_member(path: Path, name: str, blob: bytes) -> Any:
-    def refuse(c):
-        raise ValueError(f"{c} is not JSON")
-
-    try:
-        return json.loads(blob.decode("utf-8"), parse_constant=refuse)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ArtifactError(f"{path}: member {name} is not valid JSON ({e})") from None
-
-
-def read_artifact(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
-    """The manifest and every other member's bytes, each checked against the manifest's size and sha256.
-
-    Raises ``ArtifactError`` naming the member for a truncated archive, an unsafe or unexpected member
-    name, a missing or unlisted member, a bad manifest or format version, or a hash mismatch.
-    """
-    path = Path(path)
-    try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, EOFError) as e:
-        raise ArtifactError(f"{path}: not a tilefuse artifact: the zip archive is truncated or damaged ({e})") from None
-    with zf:
-        infos = zf.infolist()
-        names = [i.filename for i in infos]
-        for n in names:
-            _check_name(path, n)
-        if len(set(names)) != len(names):
-            raise ArtifactError(f"{path}: member {next(n for n in names if names.count(n) > 1)!r} appears twice")
-        if MANIFEST not in names:
-            raise ArtifactError(f"{path}: member {MANIFEST} is missing")
-        manifest = _json_member(path, MANIFEST, _read_member(zf, path, MANIFEST))
-        with _blame(path, MANIFEST):
-            listed = _check_manifest(manifest)
-        for n in (*REQUIRED, *listed, *(f"kernels/{k}/params.json" for k in manifest["kernels"])):
-            if n not in names:
-                raise ArtifactError(f"{path}: member {n} is missing")
-        for k in manifest["kernels"]:
-            if not any(f"kernels/{k}/{lib}" in names for lib in _LIBS):
-                raise ArtifactError(f"{path}: member kernels/{k}/{' or '.join(_LIBS)} is missing")
-        data = {}
-        for info in infos:
-            n = info.filename
-            if n == MANIFEST:
-                continue
-            if n not in listed:
-                raise ArtifactError(f"{path}: member {n} is not listed in {MANIFEST}")
-            if info.file_size != listed[n]["size"]:
-                raise ArtifactError(f"{path}: member {n} has {info.file_size} bytes, {MANIFEST} says {listed[n]['size']}")
-            blob = _read_member(zf, path, n)
-            if hashlib.sha256(blob).hexdigest() != listed[n]["sha256"]:
-                raise ArtifactError(f"{path}: member {n} fails its sha256 check (corrupted or tampered)")
-            data[n] = blob
-    return manifest, data
 
 
 # ---- load -------------------------------------------------------------------------------------
@@ -488,19 +409,20 @@ def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path, funcs: d
 def _plans(path: Path, data: dict[str, bytes], constants: dict, keys: set[str]) -> list[tuple]:
     """(input signature or None, FusionPlan, tuning by region) for each plan the artifact holds."""
     with _blame(path, PLAN):
-        docs = _json_member(path, PLAN, data[PLAN])["plans"]
+        docs = json_member(path, PLAN, data[PLAN])["plans"]
         plans = [(None if d["signature"] is None else
                   tuple((tuple(int(n) for n in shape), torch_dtype(dtype), str(device))
                         for shape, dtype, device in d["signature"]), plan_from_json(d, constants)) for d in docs]
     with _blame(path, TUNING):
-        tunings = [_tuning(t, keys) for t in _json_member(path, TUNING, data[TUNING])["plans"]]
+        tunings = [_tuning(t, keys) for t in json_member(path, TUNING, data[TUNING])["plans"]]
         if len(tunings) != len(plans):
             raise ValueError(f"{len(tunings)} tunings for {len(plans)} plans")
     return [(sig, plan, tuning) for (sig, plan), tuning in zip(plans, tunings)]
 
 
 def _restore(path: Path, plans: list[tuple], options, data: dict[str, bytes]):
-    """A runner per plan, kernels from the artifact: ([(signature, runner)], cache keys of the kernels loaded)."""
+    """A runner per plan, kernels from the artifact: ([(signature, runner)], cache keys of the kernels loaded,
+    keys of the artifact's kernels TileLang compiled again, regions whose kernel failed)."""
     import dataclasses
 
     from tilelang.cache.kernel_cache import KernelCache
@@ -511,13 +433,14 @@ def _restore(path: Path, plans: list[tuple], options, data: dict[str, bytes]):
     with _tilelang_cache(scratch.name):
         root = Path(KernelCache._get_cache_root())  # <dir>/<tilelang version>/<os-machine>/kernels
     for name, blob in data.items():
-        m = _KERNEL_MEMBER.fullmatch(name)
+        m = KERNEL_MEMBER.fullmatch(name)
         if m:  # a name that matched a strict pattern: it cannot leave root
             (root / m[1]).mkdir(parents=True, exist_ok=True)
             (root / m[1] / m[2]).write_bytes(blob)
-    runners, keys = [], []
+    stamps = entry_stamps(root, {m[1] for name in data for m in [KERNEL_MEMBER.fullmatch(name)] if m})
+    runners, keys, failures = [], [], []
     for sig, plan, tuning in plans:
-        funcs = {m[1]: blob for name, blob in data.items() for m in [_FUNC_MEMBER.fullmatch(name)] if m}
+        funcs = {m[1]: blob for name, blob in data.items() for m in [FUNC_MEMBER.fullmatch(name)] if m}
         kernels, failed, loaded = _lower(path, plan, options.target, tuning, Path(scratch.name), funcs) \
             if options.lower else ({}, [], [])
         plan = dataclasses.replace(plan, regions=tuple(dataclasses.replace(r, backend="torch") if r.name in failed
@@ -528,7 +451,8 @@ def _restore(path: Path, plans: list[tuple], options, data: dict[str, bytes]):
         runner.artifact_dir = scratch
         runners.append((sig, runner))
         keys += loaded
-    return runners, keys
+        failures += failed
+    return runners, keys, rebuilt_entries(root, stamps), failures
 
 
 def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: bool = False):
@@ -549,7 +473,7 @@ def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: b
     with _blame(path, WEIGHTS):
         constants = _weights_from(data[WEIGHTS])
     with _blame(path, GRAPH):
-        graph = graph_from_json(_json_member(path, GRAPH, data[GRAPH]), constants)
+        graph = graph_from_json(json_member(path, GRAPH, data[GRAPH]), constants)
     plans = _plans(path, data, constants, set(manifest["kernels"]))
     used = set(graph.constants).union(*(p.graph.constants for _, p, _ in plans))
     if set(constants) - used:
@@ -559,10 +483,14 @@ def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: b
         options = Options(target=parse_target(target if target is not None else manifest["target"]),
                           fuse=bool(opts["fuse"]), lower=bool(opts["lower"]), cuda_graphs=bool(opts["cuda_graphs"]),
                           sparsity=opts.get("sparsity"))
+    problem = target_problem(options.target)
+    if problem is not None:
+        raise ArtifactMismatchError(f"{path}: {problem}, so its kernels cannot run here. Load it on such a machine, "
+                                    f"or pass {local_target_hint()} to recompile it from its graph")
     why = _mismatches(manifest, options.target, strict)
     if not why:
         try:
-            runners, keys = _restore(path, plans, options, data)
+            runners, keys, rebuilt, failed = _restore(path, plans, options, data)
         except _Mismatch as e:
             why = [str(e)]
     if why:
@@ -574,13 +502,22 @@ def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: b
         model.load_report = LoadReport(str(path), time.perf_counter() - t0, n, 0, n, "; ".join(why))
         return model
     n = len({k for k in keys if k}) + keys.count(None)  # distinct kernels; None: a kernel with no cache key
-    hits = len({k for k in keys if k} & set(manifest["kernels"]))
-    if hits < n:
-        msg = (f"{path}: {n - hits} of {n} kernels were not in the artifact and were compiled "
-               f"(saved by tilefuse {manifest['tilefuse']}, this is {__version__})")
-        if strict:
-            raise ArtifactMismatchError(msg)
-        warnings.warn(msg, ArtifactWarning, stacklevel=3)
+    rebuilt &= set(keys)
+    hits = len({k for k in keys if k} & set(manifest["kernels"]) - rebuilt)
+    missing, msgs = n - hits - len(rebuilt), []
+    if missing:
+        msgs.append(f"{missing} of {n} kernels were not in the artifact and were compiled (saved by tilefuse "
+                    f"{manifest['tilefuse']}, this is {__version__})")
+    if rebuilt:
+        msgs.append(f"{len(rebuilt)} of {n} kernels were in the artifact but TileLang rejected their library (it "
+                    f"does not match TileLang's entry manifest, or does not load here) and compiled them again: "
+                    f"{', '.join(k[:12] for k in sorted(rebuilt))}")
+    if failed:
+        msgs.append(f"the kernels of regions {', '.join(failed)} failed to load; they run through torch")
+    if msgs and strict:
+        raise ArtifactMismatchError(f"{path}: {'; '.join(msgs)} (strict load: refusing a load that compiled)")
+    for msg in msgs[:len(msgs) - bool(failed)]:  # _lower has warned of each failed region already
+        warnings.warn(f"{path}: {msg}", ArtifactWarning, stacklevel=3)
     static = [r for sig, r in runners if sig is None]
     model = CompiledModel(graph, options, runner=static[0] if static else None)
     for sig, runner in runners:
@@ -590,5 +527,5 @@ def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: b
     for sig, runner in runners:
         runner.compile_seconds = seconds
         runner.source_graph = graph if sig is None else runner.plan.graph  # a specialization's: as planned
-    model.load_report = LoadReport(str(path), seconds, n, hits, n - hits)
+    model.load_report = LoadReport(str(path), seconds, n, hits, n - hits, failed=len(failed))
     return model

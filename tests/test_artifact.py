@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from tilefuse import cli, models
 from tilefuse.api import compile_graph
 from tilefuse.frontends.onnx import import_onnx
 from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value
-from tilefuse.runtime import artifact
+from tilefuse.runtime import artifact, integrity, machine
 from tilefuse.runtime.artifact import (
     ArtifactError,
     ArtifactMismatchError,
@@ -173,7 +174,10 @@ def test_layout_and_manifest(saved):
         (tuning,) = json.loads(zf.read("tuning.json"))["plans"]
         (plan,) = json.loads(zf.read("plan.json"))["plans"]
     assert {"manifest.json", "graph.json", "plan.json", "tuning.json", "weights.safetensors"} <= set(names)
-    assert set(names) - {"manifest.json"} == set(manifest["members"])
+    assert set(names) - {"manifest.json", "integrity.json"} == set(manifest["members"])
+    with zipfile.ZipFile(tfz) as zf:
+        members = {n: zf.read(n) for n in names if n != "integrity.json"}
+        assert json.loads(zf.read("integrity.json")) == {"sha256": integrity.root_hash(members)}
     assert manifest["format_version"] == artifact.FORMAT_VERSION and manifest["target"] == {"kind": "c"}
     assert manifest["tilelang"] == __import__("tilelang").__version__ and manifest["torch"] == torch.__version__
     assert manifest["inputs"] == [{"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype}
@@ -244,15 +248,17 @@ def test_model_captured_from_torch_saves_and_loads(tmp_path):
 # ---- refusals ---------------------------------------------------------------------------------------
 
 def rewrite(src: Path, dst: Path, edit, rehash: bool = True) -> Path:
-    """Copy an artifact with ``edit(members: dict[name, bytes])`` applied; re-hash the manifest unless told not to."""
+    """Copy an artifact with ``edit(members: dict[name, bytes], manifest: dict)`` applied; re-hash the manifest
+    and recompute the integrity root (as a careful editor would) unless told not to."""
     with zipfile.ZipFile(src) as zf:
         members = {n: zf.read(n) for n in zf.namelist()}
-    manifest = json.loads(members.pop("manifest.json"))
+    manifest, root = json.loads(members.pop("manifest.json")), members.pop("integrity.json")
     edit(members, manifest)
     if rehash:
         manifest["members"] = {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for n, b in members.items()}
+    members = {"manifest.json": json.dumps(manifest).encode(), **members}
+    members["integrity.json"] = integrity.root_bytes(members) if rehash else root
     with zipfile.ZipFile(dst, "w") as zf:
-        zf.writestr("manifest.json", json.dumps(manifest))
         for n, b in members.items():
             zf.writestr(zipfile.ZipInfo(n), b)
     return dst
@@ -350,7 +356,12 @@ def test_toolchain_or_host_mismatch_recompiles_or_strictly_refuses(saved, tmp_pa
     assert torch.equal(model(*saved["mlp"]["inputs"])[0], saved["mlp"]["outputs"][0])
 
 
-def test_other_target_is_refused_when_strict(saved):
+def test_other_target_is_refused_when_strict(saved, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ArtifactMismatchError, match=r"target \{'kind': 'cuda', 'arch': 'sm_80'\} needs an NVIDIA GPU "
+                                                    r"of compute capability 8\.0 to 8\.9 .* this machine has none"):
+        tilefuse.load(saved["mlp"]["tfz"], target="cuda:sm_80")  # not strict: still nothing that can run here
+    monkeypatch.setattr(artifact, "target_problem", lambda target: None)  # as on a machine with an sm_80 GPU
     with pytest.raises(ArtifactMismatchError, match="compiled for target {'kind': 'c'}, not .*sm_80"):
         tilefuse.load(saved["mlp"]["tfz"], target="cuda:sm_80", strict=True)
 
@@ -372,14 +383,52 @@ def test_kernel_missing_from_the_artifact_is_detected(saved, tmp_path):
     torch.testing.assert_close(model(*saved["mlp"]["inputs"])[0], saved["mlp"]["outputs"][0])
 
 
+# The machine check skipped: shows what a load does with the kernels once a machine can run them.
+NO_MACHINE_CHECK = r'''
+from tilefuse.runtime import artifact as _artifact
+_artifact.target_problem = lambda target: None
+'''
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiling for cuda needs no GPU)")
-def test_cuda_artifact_saves_and_loads_without_compiling_even_without_a_gpu(saved, tmp_path, child_script):
+def test_cuda_artifact_is_refused_where_it_cannot_run_or_recompiled_for_the_cpu(saved, tmp_path, child_script,
+                                                                                monkeypatch):
     tfz = tmp_path / "mlp_cuda.tfz"
     tilefuse.compile_onnx(saved["mlp"]["onnx"], target="cuda:sm_90a", save=tfz)
     with zipfile.ZipFile(tfz) as zf:
         assert json.loads(zf.read("manifest.json"))["target"] == {"kind": "cuda", "arch": "sm_90a"}
-    (r,) = load_in_fresh_process([(tfz, None)], tmp_path, child_script)
+    # It carries every kernel: past the machine check (skipped here), a load compiles nothing.
+    script = child_script(NO_MACHINE_CHECK + CHILD)
+    (r,) = load_in_fresh_process([(tfz, None)], tmp_path, lambda body: script)
     assert r["compiles"] == 0 and r["reported_compiled"] == 0 and r["cache_hits"] == r["kernels"] > 0, r
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # any machine, seen as one without a GPU
+    for strict in (False, True):
+        with pytest.raises(ArtifactMismatchError, match=(
+                r"target \{'kind': 'cuda', 'arch': 'sm_90a'\} needs an NVIDIA GPU of compute capability exactly "
+                r"9\.0 \(sm_90a code\) with its driver, and this machine has none .*so its kernels cannot run "
+                r"here\. Load it on such a machine, or pass target='c' \(this CPU\) to recompile it")):
+            tilefuse.load(tfz, strict=strict)
+    with pytest.warns(ArtifactWarning, match=r"compiled for target \{'kind': 'cuda', 'arch': 'sm_90a'\}, not "
+                                             r"\{'kind': 'c'\}; recompiling"):
+        model = tilefuse.load(tfz, target="c")
+    assert model.options.target == {"kind": "c"} and model.load_report.recompiled
+    torch.testing.assert_close(model(*saved["mlp"]["inputs"])[0], saved["mlp"]["outputs"][0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("arch", "capability", "runs"), [
+    ("sm_90a", (9, 0), True), ("sm_90a", (10, 0), False), ("sm_90", (9, 0), True), ("sm_80", (8, 6), True),
+    ("sm_86", (8, 0), False), ("sm_80", (9, 0), False), ("sm_100a", (10, 0), True), ("sm_100a", (10, 3), False)])
+def test_cuda_target_is_checked_against_the_gpu(monkeypatch, arch, capability, runs):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some GPU")
+    monkeypatch.setattr(torch.version, "hip", None)
+    problem = machine.target_problem({"kind": "cuda", "arch": arch})
+    assert (problem is None) == runs, problem
+    if not runs:
+        assert f"({arch} code)" in problem or f"to {arch[3:-1]}.9" in problem
+        assert f"(Some GPU) has compute capability {capability[0]}.{capability[1]}" in problem
+    assert machine.target_problem({"kind": "c"}) is None
 
 
 # ---- GPU ------------------------------------------------------------------------------------------
@@ -412,3 +461,103 @@ def test_load_reads_saved_primfuncs_instead_of_rebuilding(saved, monkeypatch):
         assert any(n.startswith("funcs/") and n.endswith(".json") for n in zf.namelist())
     model = tilefuse.load(tfz)
     assert model.load_report.compiled == 0 and model.load_report.kernels > 0
+
+
+# ---- integrity root, what compiled, the machine -------------------------------------------------------
+
+class ManifestEdits:
+    """An artifact rewritten stored (uncompressed) with manifest.json last, whose manifest bytes can be replaced
+    in place (same length; both zip CRC fields patched, so the zip itself stays valid) and written out fast."""
+
+    def __init__(self, src: Path, dst: Path):
+        with zipfile.ZipFile(src) as zf:
+            members = {n: zf.read(n) for n in zf.namelist()}
+        self.manifest, self.dst = members.pop("manifest.json"), dst
+        with zipfile.ZipFile(dst, "w") as zf:
+            for n, b in {**members, "manifest.json": self.manifest}.items():
+                zf.writestr(zipfile.ZipInfo(n), b)
+        self.data = dst.read_bytes()
+        with zipfile.ZipFile(dst) as zf:
+            info = zf.getinfo("manifest.json")
+        self.local_crc = info.header_offset + 14
+        self.start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+        self.central_crc = self.data.rfind(b"PK\x01\x02") + 16  # manifest.json's entry: the last one
+        assert self.data[self.start:self.start + len(self.manifest)] == self.manifest
+
+    def write(self, manifest: bytes) -> Path:
+        assert len(manifest) == len(self.manifest)
+        data, crc = bytearray(self.data), zlib.crc32(manifest).to_bytes(4, "little")
+        data[self.start:self.start + len(manifest)] = manifest
+        data[self.local_crc:self.local_crc + 4] = data[self.central_crc:self.central_crc + 4] = crc
+        self.dst.write_bytes(data)
+        return self.dst
+
+
+def test_every_single_byte_edit_of_the_manifest_is_refused(saved, tmp_path):
+    """Each byte of manifest.json flipped in turn (its low bit: digits stay digits, letters letters, so many
+    edits are still valid JSON: versions, the input/output signature, sizes, hashes): every load is refused."""
+    edits = ManifestEdits(saved["mlp"]["tfz"], tmp_path / "edited.tfz")
+    manifest, by_root = edits.manifest, 0
+    model = tilefuse.load(edits.write(manifest))  # unedited: loads (the rewritten zip itself is fine)
+    assert model.load_report.compiled == 0 and torch.equal(model(*saved["mlp"]["inputs"])[0], saved["mlp"]["outputs"][0])
+    for i in range(len(manifest)):
+        edited = bytearray(manifest)
+        edited[i] ^= 0x01
+        with pytest.raises(ArtifactError) as e:
+            tilefuse.load(edits.write(bytes(edited)))
+        by_root += "fails the artifact's integrity check" in str(e.value)
+    print(f"{len(manifest)} single-byte edits of manifest.json refused; {by_root} of them only by the integrity root")
+    assert by_root > 0
+
+
+# Loads one artifact (strict or not) in a fresh interpreter with an empty TileLang cache; reports real compiles.
+CHILD_LOAD = r'''
+import warnings
+import torch
+import tilefuse
+from safetensors.torch import load_file
+tfz, io, strict = sys.argv[1], sys.argv[2], sys.argv[3] == "strict"
+out = {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        model = tilefuse.load(tfz, strict=strict)
+    except ValueError as e:
+        out["refused"] = f"{type(e).__name__}: {e}"
+out["compiles"], out["warnings"] = len(compiles), [str(w.message) for w in caught]
+if "refused" not in out:
+    r = model.load_report
+    out.update(reported_compiled=r.compiled, cache_hits=r.cache_hits, kernels=r.kernels)
+    saved = load_file(io)
+    got = model(*[saved[f"input{i}"] for i in range(len(model.input_names))])
+    out["max_diff"] = max(float((a - saved[f"output{i}"]).abs().max()) for i, a in enumerate(got))
+print(json.dumps(out))
+'''
+
+
+def test_replaced_kernel_library_is_counted_and_strictly_refused(saved, tmp_path, child_script):
+    """A kernel library swapped for another (here: another kernel's, a valid library) with its hash and the root
+    updated: TileLang rejects the entry and compiles the kernel again. The load report counts that compile (as
+    the compile hook in the loading process does) and a strict load refuses it."""
+    def edit(m, _):
+        libs = sorted(n for n in m if n.endswith("/kernel_lib.so"))
+        assert len(libs) >= 2 and m[libs[0]] != m[libs[1]]
+        m[libs[0]] = m[libs[1]]
+
+    bad = rewrite(saved["mlp"]["tfz"], tmp_path / "swapped.tfz", edit)
+    script = child_script(CHILD_LOAD)
+    results = {}
+    for mode in ("lenient", "strict"):
+        cache = tmp_path / f"cache_{mode}"
+        cache.mkdir()
+        proc = subprocess.run([sys.executable, str(script), str(bad), str(saved["mlp"]["io"]), mode],
+                              capture_output=True, text=True, env={**os.environ, "TILELANG_CACHE_DIR": str(cache)},
+                              timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    lenient, strict = results["lenient"], results["strict"]
+    assert lenient["compiles"] == 1 and lenient["reported_compiled"] == 1, lenient
+    assert lenient["cache_hits"] == lenient["kernels"] - 1 and lenient["max_diff"] <= 1e-6, lenient
+    assert any("TileLang rejected their library" in w for w in lenient["warnings"]), lenient
+    assert "ArtifactMismatchError" in strict["refused"] and "TileLang rejected their library" in strict["refused"]
+    assert "strict load: refusing a load that compiled" in strict["refused"], strict
