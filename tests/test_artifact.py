@@ -392,7 +392,7 @@ _artifact.target_problem = lambda target: None
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiling for cuda needs no GPU)")
 def test_cuda_artifact_is_refused_where_it_cannot_run_or_recompiled_for_the_cpu(saved, tmp_path, child_script,
-                                                                                monkeypatch):
+                                                                                monkeypatch, capsys):
     tfz = tmp_path / "mlp_cuda.tfz"
     tilefuse.compile_onnx(saved["mlp"]["onnx"], target="cuda:sm_90a", save=tfz)
     with zipfile.ZipFile(tfz) as zf:
@@ -408,6 +408,8 @@ def test_cuda_artifact_is_refused_where_it_cannot_run_or_recompiled_for_the_cpu(
                 r"9\.0 \(sm_90a code\) with its driver, and this machine has none .*so its kernels cannot run "
                 r"here\. Load it on such a machine, or pass target='c' \(this CPU\) to recompile it")):
             tilefuse.load(tfz, strict=strict)
+    assert cli.main(["serve", str(tfz), "--port", "0"]) == 2  # refused before it could listen, let alone be ready
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
     with pytest.warns(ArtifactWarning, match=r"compiled for target \{'kind': 'cuda', 'arch': 'sm_90a'\}, not "
                                              r"\{'kind': 'c'\}; recompiling"):
         model = tilefuse.load(tfz, target="c")
