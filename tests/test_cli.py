@@ -19,7 +19,7 @@ def test_explain_every_zoo_model(name, tmp_path, capsys, monkeypatch):
     doc = json.loads(capsys.readouterr().out)
     assert doc["nodes"] > 0 and doc["kernels"] == len(doc["regions"])
     for r in doc["regions"]:
-        assert set(r) == {"name", "kind", "ops", "inputs", "outputs", "backend"}
+        assert set(r) == {"name", "kind", "ops", "inputs", "outputs", "backend", "pattern"}
         assert r["backend"] in ("tilelang", "torch") and r["kind"] in (
             "gemm", "gemm_sp", "attention", "reduction", "elementwise", "opaque")
     assert svg.read_text().startswith("<svg") and "<table" in html.read_text()
