@@ -305,24 +305,87 @@ def _t_via_reshape(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     return [em.add1("transpose", [x], dim0=-2, dim1=-1)]
 
 
-def _split_scale_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
-    """q*s1 @ (k^T*s2): the scale is s1*s2 (torch's ONNX export splits sqrt(scale) over both)."""
-    caps = dict(caps)
-    scale = ctx.scalar(caps["s1"]) * ctx.scalar(caps["s2"])
-    mask, attrs = _mask_args(caps, ctx, em)
-    return [em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], scale=float(scale), **attrs)]
+_WIDER = {"float16": ("float32", "float64"), "bfloat16": ("float32", "float64"), "float32": ("float64",)}
+_GUARDS = ("none", "safe", "nan")
+
+
+def _widening(caps: dict, ctx: Context, name: str) -> bool:
+    """The optional cast captured as ``{name}_cast`` is absent or a float upcast (fp16/bf16 -> fp32...)."""
+    cast = caps.get(f"{name}_cast")
+    return cast is None or cast.outputs[0].type.dtype in _WIDER.get(ctx.type(cast.inputs[0]).dtype, ())
+
+
+def _row_all(node, scores_t) -> bool:
+    """``node`` reduces its boolean input with ``all`` over the last dim, keeping it: ``(..., S) -> (..., 1)``
+    (a converted ``all`` op or ATen's ``all.dim`` run through torch, whichever the frontend made of it)."""
+    out = node.outputs[0].type.shape
+    if scores_t.shape is None or out != (*scores_t.shape[:-1], 1):
+        return False
+    rank = len(scores_t.shape)
+    if node.op == "torch_fallback":
+        args = tuple(node.attr.get("args") or ())
+        target = str(node.attr.get("target"))
+        if target not in ("aten::all.dim", "aten::all.dims") or len(args) < 3 or not args[2]:
+            return False
+        dims = args[1] if isinstance(args[1], (tuple, list)) else (args[1],)
+        return [d % rank for d in dims] == [rank - 1]
+    dims = node.attr.get("dims", node.attr.get("dim", node.attr.get("axes")))
+    dims = dims if isinstance(dims, (tuple, list)) else (dims,)
+    return node.attr.get("keepdim", node.attr.get("keepdims", True)) and [
+        d % rank for d in dims if d is not None] == [rank - 1]
+
+
+def _guard_check(caps: dict, ctx: Context) -> str | None:
+    """torch's ``_safe_softmax`` (``where(all(s == -inf, -1), 0, softmax(s))``) gives 0 to a row whose every
+    score is -inf, as the flash kernel does; ONNX's ``where(isnan(p), 0, p)`` needs finite masks."""
+    if "safe" in caps:
+        if ctx.scalar(caps["ninf"]) != float("-inf") or ctx.scalar(caps["zero"]) != 0.0:
+            return "the softmax guard does not test for -inf rows or fills another value than 0"
+        if not _row_all(caps["row_all"], ctx.type(caps["softmax"].inputs[0])):
+            return "the softmax guard does not reduce over the key axis"
+    return _finite_mask_check(caps, ctx)
 
 
 def _split_scale_check(caps: dict, ctx: Context) -> str | None:
     for s in ("s1", "s2"):
-        if ctx.scalar(caps[s]) is None:
+        if s in caps and ctx.scalar(caps[s]) is None:
             return f"score scale {s} is not a constant"
-    return _attn_check({**caps, "scale": caps["s1"]}, ctx)
+    for name in ("q", "k", "v", "mask"):
+        if not _widening(caps, ctx, name):
+            return f"the cast of {name} is not a float upcast"
+    return _attn_check({**caps, "scale": caps.get("s1", caps.get("s2"))}, ctx)
+
+
+def _qkv(caps: dict, ctx: Context) -> list[str]:
+    """q, k, v in the dtype the model made them: the math path's fp32 upcasts are dropped when all three
+    came from one dtype (the kernel accumulates in fp32 anyway), else the upcast values are kept."""
+    pre = [caps[x] for x in ("q", "k", "v")]
+    if len({ctx.type(x).dtype for x in pre}) == 1:
+        return pre
+    return [caps[f"{x}_cast"].outputs[0].name if f"{x}_cast" in caps else caps[x] for x in ("q", "k", "v")]
+
+
+def _split_scale_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    """q*s1 @ (k^T*s2): the scale is s1*s2 (torch's math SDPA and its ONNX export split sqrt(scale) over both)."""
+    scale = math.prod(ctx.scalar(caps[s]) for s in ("s1", "s2") if s in caps)
+    mask, attrs = _mask_args(caps, ctx, em)
+    out = em.add1("sdpa", [*_qkv(caps, ctx), *mask], scale=float(scale), **attrs)
+    root_t = ctx.type(caps["root"].outputs[0].name)
+    if em._b.types[out].dtype != root_t.dtype:
+        out = em.add1("cast", [out], dtype=root_t.dtype)
+    return [out]
 
 
 def _nan_guarded(sm: Op) -> Op:
     """where(isnan(p), 0, p): torch's ONNX export guards rows that a mask hides entirely."""
     return Op("where", (Op("isnan", (sm,)), "nan_fill", sm), name="nan_guard")
+
+
+def _safe_softmax(scores: Op) -> Op:
+    """torch's ``_safe_softmax`` decomposed: ``where(all(s == -inf, dim=-1, keepdim), 0, softmax(s))``."""
+    row_all = Op(("all", "reduce_all", "torch_fallback"), (Op("eq", (scores, "ninf"), commutative=True),),
+                 name="row_all")
+    return Op("where", (row_all, "zero", Op("softmax", (scores,), name="softmax")), name="safe")
 
 
 def _finite_mask_check(caps: dict, ctx: Context) -> str | None:
@@ -344,18 +407,35 @@ def _finite_mask_check(caps: dict, ctx: Context) -> str | None:
     return "the mask may hide whole rows with -inf, where the NaN guard differs from sdpa"
 
 
-def _attention_split_scale(masked: bool, guarded: bool = False) -> Pattern:
-    s = Op("matmul", (Op("mul", ("q", "s1"), commutative=True), Op("mul", (_KT, "s2"), commutative=True)), name="qk")
+def _attention_split_scale(masked: bool, guard: str = "none", batched: bool = False, sides: str = "both") -> Pattern:
+    """Attention as torch's math SDPA writes it (``_scaled_dot_product_attention_math``, also what dynamo hands
+    us on CUDA when no fused kernel takes the mask) and as its ONNX export does: fp16/bf16 q, k, v (and mask)
+    upcast to fp32, sqrt(scale) multiplied into q and into k^T (``sides``: "both", or the whole scale on "q" or
+    "k" alone), the mask added, softmax (``guard``: plain, ``_safe_softmax``'s -inf-row guard or ONNX's NaN
+    guard), the product with v, cast back. ``batched``: 4-D products as ATen's reshape-bmm-reshape."""
+    q = Opt(_CAST, "q", name="q_cast")
+    kt = Op(("transpose", "permute"), (Opt(_CAST, "k", name="k_cast"),), name="kt")
+    if sides in ("both", "q"):
+        q = Op("mul", (q, "s1"), commutative=True)
+    if sides in ("both", "k"):
+        kt = Op("mul", (kt, "s2"), commutative=True)
+    s = _product(q, kt, "qk", batched)
     if masked:
-        s = Op("add", (s, "mask"), name="mask_op", commutative=True)
-    probs = Op("softmax", (s,), name="softmax")
-    root = Op("matmul", (_nan_guarded(probs) if guarded else probs, "v"), name="root")
+        s = Op("add", (s, Opt(_CAST, "mask", name="mask_cast")), name="mask_op", commutative=True)
+    probs = {"none": lambda: Op("softmax", (s,), name="softmax"), "safe": lambda: _safe_softmax(s),
+             "nan": lambda: _nan_guarded(Op("softmax", (s,), name="softmax"))}[guard]()
+    prod = _product(probs, Opt(_CAST, "v", name="v_cast"), "root", batched)
+    root = Op(prod.op, prod.inputs, name="root")
+    name = ("attention.decomposed" + ("_batched" if batched else "")
+            + {"both": "_split_scale", "q": "_math_scaled_q", "k": "_math_scaled_k"}[sides]
+            + ("_masked" if masked else "") + {"none": "", "safe": "_safe", "nan": "_nanguard"}[guard])
 
     def check(caps, ctx):
-        return _finite_mask_check(caps, ctx) or _split_scale_check(caps, ctx)
+        return ((_batched_check(caps, ctx) if batched else None) or _guard_check(caps, ctx)
+                or _split_scale_check(caps, ctx))
 
-    return Pattern("attention.decomposed_split_scale" + ("_masked" if masked else "") + ("_nanguard" if guarded else ""),
-                   root, _split_scale_rewrite, check, "matmul(softmax((q*s1) @ (k^T*s2) + mask), v) -> sdpa")
+    return Pattern(name, root, _split_scale_rewrite, check,
+                   "matmul(softmax((q*s1) @ (k^T*s2) + mask), v), upcasts and softmax guards included -> sdpa")
 
 
 # ---- rotary ---------------------------------------------------------------------------------
@@ -393,10 +473,8 @@ def _rotary_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
 PATTERNS: list[Pattern] = [
     Pattern("layout.transpose_via_reshape", _T_VIA_RESHAPE, _t_via_reshape, _t_via_reshape_check,
             "reshape/permute/reshape that swaps the last two dims -> transpose"),
-    _attention_split_scale(masked=True),
-    _attention_split_scale(masked=False),
-    _attention_split_scale(masked=True, guarded=True),
-    _attention_split_scale(masked=False, guarded=True),
+    *[_attention_split_scale(masked, guard, batched, sides) for sides in ("both", "q", "k")
+      for batched in (True, False) for guard in _GUARDS for masked in (True, False)],
     Pattern("attention.gqa_repeat", Op("sdpa", ("q", _kv_repeat("k"), _kv_repeat("v")), name="attn"),
             _gqa_rewrite, _gqa_check, "sdpa over repeat_kv(k), repeat_kv(v) -> grouped-query sdpa"),
     *[_attention(scale, True, batched, biased=True) for batched in (True, False) for scale in ("after", "none")],
