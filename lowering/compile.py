@@ -17,6 +17,7 @@ from typing import Any
 
 import tilelang
 
+from tilefuse.lowering import cpu_parallel
 from tilefuse.lowering.exact_constants import exact_float_constants
 from tilefuse.lowering.templates.common import CPU_KINDS, target_kind
 
@@ -31,6 +32,9 @@ C_FLAGS = ("-O3", "-march=native")
 # compile whenever a tile width is even); gcc -O3 vectorizes the scalar loops itself.
 C_PASS_CONFIGS = {"tirx.disable_vectorize": True}
 SOURCE_ONLY_KINDS = frozenset({"hip", "metal", "ascend", "webgpu"})
+# The grid of a c kernel runs over torch's OpenMP threads (lowering/cpu_parallel.py); False keeps it serial.
+C_PARALLEL_GRID = True
+cpu_parallel.install()
 
 
 def tilelang_target(target: dict | str) -> dict | str:
@@ -51,7 +55,8 @@ def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int |
     """Compile ``prim_func`` for ``target`` into a TileLang ``JITKernel`` callable on torch tensors.
 
     ``out_idx`` lists the parameters the kernel allocates and returns (negative indices count from
-    the end). CPU kernels get ``C_FLAGS`` unless ``compile_flags`` is given.
+    the end). CPU kernels get ``C_FLAGS`` unless ``compile_flags`` is given, and with ``C_PARALLEL_GRID`` their grid
+    runs on torch's OpenMP threads.
     """
     kind = target_kind(target)
     if kind in SOURCE_ONLY_KINDS:
@@ -61,6 +66,8 @@ def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int |
     if kind in CPU_KINDS:
         pass_configs = {**C_PASS_CONFIGS, **(pass_configs or {})}
         prim_func = exact_float_constants(prim_func)  # the C source prints float32 constants to 7 digits
+        if compile_flags is None and C_PARALLEL_GRID:
+            flags += cpu_parallel.grid_flags(prim_func)
     return tilelang.compile(prim_func, out_idx=_out_idx(out_idx), target=tilelang_target(target),
                             pass_configs=pass_configs, compile_flags=flags)
 
