@@ -12,35 +12,88 @@ time per call on the H200.) Outputs are the graph's own buffers, overwritten by 
 takes them with the call's arguments and makes the results (``PlanRunner`` runs the regions that write
 the plan's outputs there, outside the graph: their outputs are fresh tensors, not copies of graph memory).
 An output that is a static input itself (a KV cache the plan updated in place) is handed back as the caller's
-tensor, never copied: it holds the result once the replay is done.
+tensor, never copied: it holds the result once the replay is done. ``finish`` gets it that way too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+Recorder = Callable[[Callable[..., Sequence[torch.Tensor]], Sequence[torch.Tensor], int],
+                    tuple[Any, tuple[torch.Tensor, ...]]]
+
+
+@dataclass(frozen=True)
+class CapturedGraph:
+    """One captured graph of a ``CudaGraphRunner`` and what a replay needs."""
+
+    graph: Any  # a torch.cuda.CUDAGraph (anything with ``replay()``)
+    inputs: tuple[torch.Tensor, ...]  # what the graph reads: static inputs themselves, buffers for the others
+    outputs: tuple[torch.Tensor, ...]  # the graph's own memory (overwritten by each replay) or static inputs
+    copied: tuple[int, ...]  # input positions copied into ``inputs`` before each replay
+    aliases: tuple[tuple[int, int], ...]  # (output, static input) pairs where the output is that input
+
+    def replay(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Replay on ``args`` (at the addresses captured for the static inputs): the outputs, those that are a
+        static input being the caller's tensor ``args[i]``, the others the graph's memory."""
+        for i in self.copied:
+            self.inputs[i].copy_(args[i])
+        self.graph.replay()
+        if not self.aliases:
+            return self.outputs
+        outs = list(self.outputs)
+        for k, i in self.aliases:
+            outs[k] = args[i]
+        return tuple(outs)
+
+
+def record_cuda_graph(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+                      warmup: int) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+    """Capture ``fn(*inputs)`` in a CUDA graph after ``warmup`` calls on a side stream (allocations, lazy
+    initialisation and autotuning must not be captured); returns the graph and the outputs it writes."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn(*inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = tuple(fn(*inputs))
+    return graph, outputs
+
 
 class CudaGraphRunner:
-    """Wraps ``fn(*tensors) -> tuple of tensors``; one captured graph per input signature."""
+    """Wraps ``fn(*tensors) -> tuple of tensors``; one captured graph per input signature. ``record`` captures
+    one (``record_cuda_graph``) and ``device_type`` is where the arguments must be for a replay: others call
+    ``fn`` directly (tests stand a replaying recorder and ``"cpu"`` in for CUDA)."""
 
     def __init__(self, fn: Callable[..., Sequence[torch.Tensor]], clone_outputs: bool = True, warmup: int = 2,
                  max_graphs: int = 8, static_inputs: Collection[int] = (),
-                 finish: Callable[[Sequence[torch.Tensor], tuple[torch.Tensor, ...]], tuple] | None = None):
+                 finish: Callable[[Sequence[torch.Tensor], tuple[torch.Tensor, ...]], tuple] | None = None,
+                 record: Recorder = record_cuda_graph, device_type: str = "cuda"):
         self.fn = fn
         self.finish = finish
         self.static_inputs = tuple(sorted(set(static_inputs)))
         self.clone_outputs = clone_outputs
         self.warmup = warmup
         self.max_graphs = max_graphs
-        # signature -> (graph, its input tensors, its outputs, the positions copied in before each replay,
-        # (output, static input) pairs where the output is that input)
-        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...],
-                                        list[int], list[tuple[int, int]]]] = {}
+        self.record = record
+        self.device_type = device_type
+        self._graphs: dict[tuple, CapturedGraph] = {}  # input signature -> its graph
+
+    @property
+    def graphs(self) -> list[CapturedGraph]:
+        """The graphs captured so far, oldest first."""
+        return list(self._graphs.values())
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if not args or not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        device_type = self.device_type
+        if not args or not all(isinstance(a, torch.Tensor) and a.device.type == device_type for a in args):
             outs = tuple(self.fn(*args))
             return self.finish(args, outs) if self.finish is not None else outs
         # list comprehensions, not generators: this runs before every replay (GPT-2: 150 inputs, 78 -> 58 us)
@@ -51,33 +104,22 @@ class CudaGraphRunner:
             if len(self._graphs) >= self.max_graphs:  # a bounded cache: evict the oldest signature
                 self._graphs.pop(next(iter(self._graphs)))
             entry = self._graphs[key] = self._capture(args)
-        graph, static_in, static_out, copied, aliases = entry
-        for i in copied:  # the static inputs are at the captured addresses (the key says so): not copied
-            static_in[i].copy_(args[i])
-        graph.replay()
+        outs = entry.replay(args)  # the static inputs are at the captured addresses (the key says so)
         if self.finish is not None:
-            return self.finish(args, static_out)
+            return self.finish(args, outs)
         if not self.clone_outputs:
-            return static_out
-        if not aliases:
-            return tuple(o.clone() for o in static_out)
-        kept = dict(aliases)
-        return tuple(args[kept[k]] if k in kept else o.clone() for k, o in enumerate(static_out))
+            return outs
+        if not entry.aliases:
+            return tuple(o.clone() for o in outs)
+        kept = {k for k, _ in entry.aliases}
+        return tuple(o if k in kept else o.clone() for k, o in enumerate(outs))
 
-    def _capture(self, args: Sequence[torch.Tensor]):
+    def _capture(self, args: Sequence[torch.Tensor]) -> CapturedGraph:
         static = set(self.static_inputs)
-        static_in = [a if i in static else a.clone() for i, a in enumerate(args)]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm up outside capture: allocations, lazy init, autotune
-            for _ in range(self.warmup):
-                self.fn(*static_in)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = tuple(self.fn(*static_in))
-        return graph, static_in, static_out, [i for i in range(len(args)) if i not in static], \
-            input_aliases(static_out, static_in, static)
+        inputs = tuple(a if i in static else a.clone() for i, a in enumerate(args))
+        graph, outputs = self.record(self.fn, inputs, self.warmup)
+        return CapturedGraph(graph, inputs, tuple(outputs), tuple(i for i in range(len(args)) if i not in static),
+                             tuple(input_aliases(outputs, inputs, static)))
 
 
 def input_aliases(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], positions: Collection[int]) \

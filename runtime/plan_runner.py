@@ -116,7 +116,11 @@ class PlanRunner:
         def finish(args, outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
             env = self._env(args, check=False)
             env.update(zip(read, outs))
-            copies = {v: o.clone() for v, o in zip(kept, outs[len(read):])}
+            # graph memory is copied out; an output that is an argument (a KV cache the head updated in place: the
+            # graph runner hands it back as the caller's tensor) is not: a copy would cost a whole cache per step,
+            # and the caller's input mutation would then be written back from it
+            given = {id(a) for a in args}
+            copies = {v: o if id(o) in given else o.clone() for v, o in zip(kept, outs[len(read):])}
             self._run_regions(env, start, len(regions))
             return tuple(copies[o] if o in copies else env[o] for o in g.outputs)
 
@@ -163,7 +167,7 @@ class PlanRunner:
                 choose_backends(self, args, db, target,
                                 log=lambda m: logging.getLogger("tilefuse").info("%s: %s", self.plan.graph.name, m))
         graphed = self._graphed
-        if graphed is not None and args and args[0].is_cuda:
+        if graphed is not None and args and args[0].device.type == graphed.device_type:
             if self.check:
                 check_inputs(self.plan.graph, args)
             try:

@@ -260,13 +260,13 @@ def test_cuda_graphs_read_parameters_in_place():
             if step == 3:
                 model[3].weight = nn.Parameter(torch.randn_like(model[3].weight))  # a new address
             torch.testing.assert_close(compiled(x), model(x), **FP16)
-    graphs = [g for r in runners if r._graphed is not None for g in r._graphed._graphs.values()]
+    graphs = [g for r in runners if r._graphed is not None for g in r._graphed.graphs]
     assert runners and graphs, "no CUDA graph was captured"
     state = {t.data_ptr() for t in list(model.parameters()) + list(model.buffers())}
-    for _, static_in, _, copied in graphs:  # one graph per parameter address: the latest reads today's
-        assert len(copied) == 1 and len(static_in) > 1, (len(copied), len(static_in))
-    _, static_in, _, copied = graphs[-1]
-    assert all(t.data_ptr() in state for k, t in enumerate(static_in) if k not in copied)
+    for g in graphs:  # one graph per parameter address: the latest reads today's
+        assert len(g.copied) == 1 and len(g.inputs) > 1, (g.copied, len(g.inputs))
+    latest = graphs[-1]
+    assert all(t.data_ptr() in state for k, t in enumerate(latest.inputs) if k not in latest.copied)
 
 
 def test_eager_tail_runs_the_output_regions_after_the_graph(rng):

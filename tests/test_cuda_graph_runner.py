@@ -1,0 +1,207 @@
+"""The CUDA-graph runner's copy-in and hand-back (runtime/graphs.py) and the plan's eager tail around it, exercised
+on the CPU: a recorder that stands in for ``torch.cuda.graph`` (a replay re-runs the captured function on the
+graph's input buffers and writes its results into the outputs captured, the graph's memory) with ``"cpu"`` as the
+graph device. What is checked is what a real replay must give: inputs updated in place (a static KV cache) handed
+back as the caller's tensors, never cloned and copied back (a whole cache per step), the position counter written
+back into the caller's tensor, and eager's numbers through the measured first call, the graph and the tail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilefuse.config import Options
+from tilefuse.frontends.dynamo import make_backend
+from tilefuse.frontends.fx import FxProgram
+from tilefuse.lowering import tune
+from tilefuse.runtime.graphs import CudaGraphRunner
+from tilefuse.runtime.plan_runner import eager_tail
+
+C = {"kind": "c"}
+
+
+class ReplayingGraph:
+    """A captured graph on the CPU: ``replay`` runs ``fn`` on the graph's inputs and writes the results into the
+    captured outputs (an output that is an input, updated in place, is left as it is)."""
+
+    def __init__(self, fn, inputs, outputs):
+        self.fn, self.inputs, self.outputs = fn, inputs, outputs
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        for o, new in zip(self.outputs, self.fn(*self.inputs)):
+            if new is not o:
+                o.copy_(new)
+
+
+def record_on_cpu(fn, inputs, warmup):
+    """``runtime.graphs.record_cuda_graph``'s stand-in: warm-up calls, then the "capture" (one call whose outputs
+    are the graph's memory from then on)."""
+    for _ in range(warmup):
+        fn(*inputs)
+    outputs = tuple(fn(*inputs))
+    return ReplayingGraph(fn, inputs, outputs), outputs
+
+
+def emulate_cuda_graphs(runner, tail: bool = True) -> None:
+    """Give a ``c`` plan's runner what ``build_runner`` gives a CUDA plan's: graphs (emulated) and the eager tail."""
+    runner.enable_cuda_graphs(tail)
+    runner._graphed.record, runner._graphed.device_type = record_on_cpu, "cpu"
+
+
+class WriteBacks:
+    """Spies on ``FxProgram.write_back``: the shapes of the caller's tensors that an input mutation copied into."""
+
+    def __init__(self, monkeypatch):
+        self.copied: list[torch.Size] = []
+        write_back = FxProgram.write_back
+
+        def spy(program, args, results):
+            done = write_back(program, args, results)
+            self.copied += [args[i].shape for i in done]
+            return done
+
+        monkeypatch.setattr(FxProgram, "write_back", spy)
+
+
+# ---- the graph runner on its own ---------------------------------------------------------------------------
+
+
+def _update(x, cache, idx):
+    """Writes ``x`` into rows ``idx`` of ``cache`` in place; returns (a new value, the cache itself)."""
+    cache.index_copy_(0, idx, x)
+    return cache.sum(0) * 2, cache
+
+
+@pytest.mark.parametrize("finish", [False, True], ids=["clone_outputs", "finish"])
+def test_an_input_updated_in_place_comes_back_as_the_callers_tensor(finish, rng):
+    seen = []
+
+    def keep(args, outs):
+        seen.append((args, outs))
+        return tuple(outs)
+
+    runner = CudaGraphRunner(_update, static_inputs=[1], finish=keep if finish else None, record=record_on_cpu,
+                             device_type="cpu")
+    cache, eager = torch.zeros(6, 3), torch.zeros(6, 3)
+    results = []
+    for step in range(3):
+        x, idx = torch.randn(2, 3, generator=rng), torch.tensor([2 * step, 2 * step + 1])
+        want = _update(x, eager, idx)[0]
+        total, same = runner(x, cache, idx)
+        assert same is cache and torch.equal(cache, eager)
+        torch.testing.assert_close(total, want, rtol=1e-6, atol=1e-6)
+        results.append((total, want))
+    (graph,) = runner.graphs  # one signature: the cache at one address, x and idx copied in before each replay
+    assert graph.copied == (0, 2) and graph.aliases == ((1, 1),) and graph.inputs[1] is cache
+    assert graph.graph.replays == 3
+    if finish:  # the finish step is handed the caller's cache and the graph's own memory for the rest
+        assert all(outs[1] is args[1] and outs[0] is graph.outputs[0] for args, outs in seen)
+    else:  # what was handed back is a copy: the next replays did not change it
+        assert all(torch.allclose(t, w, rtol=1e-6, atol=1e-6) for t, w in results)
+
+
+def test_a_new_address_of_a_static_input_is_a_new_graph(rng):
+    runner = CudaGraphRunner(_update, static_inputs=[1], record=record_on_cpu, device_type="cpu")
+    idx = torch.tensor([0, 1])
+    a, b = torch.zeros(4, 3), torch.zeros(4, 3)
+    for cache in (a, b, a):
+        x = torch.randn(2, 3, generator=rng)
+        assert runner(x, cache, idx)[1] is cache and torch.equal(cache[:2], x)
+    assert [g.inputs[1] for g in runner.graphs] == [a, b] and [g.graph.replays for g in runner.graphs] == [2, 1]
+
+
+def test_arguments_off_the_graph_device_run_the_function_directly(rng):
+    runner = CudaGraphRunner(_update, static_inputs=[1])  # a CUDA runner handed CPU tensors
+    cache, x = torch.zeros(4, 3), torch.randn(2, 3, generator=rng)
+    total, same = runner(x, cache, torch.tensor([1, 3]))
+    assert same is cache and torch.equal(cache[1], x[0]) and torch.equal(cache[3], x[1]) and not runner.graphs
+    torch.testing.assert_close(total, x.sum(0) * 2, rtol=1e-6, atol=1e-6)
+
+
+# ---- through torch.compile: the plan's head in the graph, its tail after --------------------------------------
+
+
+class _Step(torch.nn.Module):
+    """A decode step over a static cache: the cache and its position are buffers updated in place (as Hugging
+    Face's StaticLayer does), the output goes through a linear (the plan's tail)."""
+
+    def __init__(self, L=16, D=8):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2, L, D))
+        self.register_buffer("pos", torch.tensor(0))
+        self.q = torch.nn.Linear(D, D)
+        self.head = torch.nn.Linear(D, 5)
+
+    def forward(self, x):
+        idx = torch.arange(x.shape[1]) + self.pos
+        self.pos.add_(x.shape[1])
+        self.k.index_copy_(1, idx, self.q(x))
+        return self.head(torch.softmax(x @ self.k.transpose(1, 2), -1) @ self.k)
+
+
+def test_graph_and_tail_update_the_callers_cache_in_place(monkeypatch, rng):
+    model, eager = _Step(), _Step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=rng))
+    eager.load_state_dict(model.state_dict())
+    spy, runners = WriteBacks(monkeypatch), []
+    backend = make_backend(Options(target=C, quiet=True,
+                                   observer=lambda r: (runners.append(r), emulate_cuda_graphs(r))))
+    compiled = torch.compile(model, backend=backend)
+    address = model.k.data_ptr()
+    with torch.no_grad():
+        for step in range(6):
+            x = torch.randn(2, 1, 8, generator=rng)
+            torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(model.k, eager.k, rtol=1e-5, atol=1e-5)
+            assert model.pos.item() == eager.pos.item() == step + 1
+    assert model.k.data_ptr() == address and backend.failures == []
+    (runner,) = runners
+    assert 0 < eager_tail(runner.plan) < len(runner.plan.regions)  # a head captured, a tail run after it
+    (graph,) = runner._graphed.graphs
+    assert graph.graph.replays == 6 and graph.aliases  # the cache is one of the head's outputs, handed back as is
+    assert spy.copied == [torch.Size([])] * 6  # the position each step; the cache never
+
+
+def test_static_cache_decode_through_measure_graph_and_tail_matches_eager(monkeypatch, tmp_path):
+    """Hugging Face LLaMA decoding with a static cache, as on CUDA by default: the first call of each graph measured
+    region by region (timings injected: GEMM kernels lose to torch), then captured and replayed, the LM head after
+    the replay. Teacher-forced, every step's logits are eager's; the cache's counter and contents are eager's, and
+    only the 0-d counters are ever copied back."""
+    transformers = pytest.importorskip("transformers")
+    import inspect
+
+    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tune, "_device_time", lambda fn, args, kind: 2e-3 if getattr(
+        getattr(fn, "spec", None), "template", None) == "gemm" else 1e-3)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    eager = transformers.LlamaForCausalLM(cfg).eval()
+    compiled = type(eager)(cfg).eval()
+    compiled.load_state_dict(eager.state_dict())
+    spy, runners = WriteBacks(monkeypatch), []
+    options = Options(target=C, quiet=True, measure=True,
+                      observer=lambda r: (runners.append(r), emulate_cuda_graphs(r)))
+    compiled.forward = torch.compile(compiled.forward, backend=make_backend(options))
+    # transformers 5.17 names the argument past_key_values (an unknown ``cache=`` is ignored there), later ones cache
+    kw = "cache" if "cache" in inspect.signature(type(eager).forward).parameters else "past_key_values"
+    caches = [transformers.StaticCache(config=cfg, max_cache_len=48) for _ in range(2)]
+    ids = torch.randint(1, 256, (2, 7))
+    with torch.no_grad():
+        for step in range(12):
+            want = eager(ids, **{kw: caches[0]}).logits[:, -1]
+            got = compiled(ids, **{kw: caches[1]}).logits[:, -1]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m, step=step: f"step {step}: {m}")
+            ids = want.argmax(-1, keepdim=True)
+    assert len(runners) == 2  # prefill and decode
+    decode = runners[1]
+    assert any("measured" in n for n in decode.plan.notes), decode.plan.notes  # some regions went to torch
+    assert sum(g.graph.replays for g in decode._graphed.graphs) == 11 and decode._graphed.graphs[0].aliases
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert int(a.cumulative_length) == int(b.cumulative_length) == 7 + 11
+        torch.testing.assert_close(b.keys, a.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b.values, a.values, rtol=1e-5, atol=1e-5)
+    assert spy.copied and all(s.numel() == 1 for s in spy.copied), spy.copied
