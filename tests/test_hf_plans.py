@@ -1,7 +1,11 @@
 """Plans of Hugging Face transformers models (small configs, random weights, no network)."""
 
+from contextlib import ExitStack
+from unittest import mock
+
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 transformers = pytest.importorskip("transformers")
 
@@ -138,3 +142,118 @@ def test_hf_attention_numerics_on_c(name, impl):
         got = tilefuse.compile(model)(ids, mask)
     torch._dynamo.reset()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ---- torch's math SDPA: what dynamo hands a backend on CUDA (issue 14) -----------------------------------------------
+# On CUDA, torch's fused SDPA kernels refuse a mask whose last dim has stride 0 (sdp_utils: "All fused kernels require
+# the last dimension of the input to have stride 1"; the CPU kernel takes it), and transformers with torch < 2.14
+# never skips the mask under torch.compile: BERT's all-visible mask ``(q_idx >= 0)`` expanded to (B, 1, S, S) is such
+# a mask. SDPA then decomposes as ``_scaled_dot_product_attention_math``: fp32 upcasts, sqrt(scale) on q and k^T,
+# bmm, the mask added, ``_safe_softmax``, bmm, the downcast (H200: BERT-base b32x512 ran it as fp32 GEMMs, 31.8 ms
+# against eager's 7.7). Here the MATH backend forces that form on the CPU and ``forced`` makes transformers build
+# the mask as it does there.
+
+MATH_FAMILIES = ("bert", "gpt2")
+
+
+def _sdpa_context(backend: str, forced: bool) -> ExitStack:
+    stack = ExitStack()
+    if backend == "math":
+        stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+    if forced:  # transformers' mask skips off, as under torch.compile with torch < 2.14
+        mu = transformers.masking_utils
+        for name in ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa"):
+            stack.enter_context(mock.patch.object(mu, name, lambda *a, **k: False))
+    return stack
+
+
+class _Ids(torch.nn.Module):
+    """The model called as the H200 benchmark calls it: input_ids only."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        kw = {} if isinstance(self.model, transformers.BertModel) else {"use_cache": False}
+        out = self.model(input_ids=ids, **kw)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _math_case(name: str, call: str, dtype=torch.float32):
+    model = _tiny(name, "sdpa").to(dtype)
+    ids, mask = _inputs()
+    return (_Ids(model), (ids,)) if call == "ids" else (_Main(model), (ids, mask))
+
+
+def _check_attention_plan(p, name: str, call: str, dtype: str) -> None:
+    """LAYERS attention regions, each one sdpa on the model's dtype, causal as the family is, its mask per key
+    (none when the model passed none); nothing of the S x S mask or of the softmax guard left in the graph."""
+    att = [r for r in p.regions if r.kind == "attention"]
+    assert len(att) == LAYERS, p.to_text()
+    values = p.graph.values()
+    nodes = {n.name: n for n in p.graph.nodes}
+    for r in att:
+        a = nodes[r.anchor]
+        assert a.op == "sdpa" and bool(a.attr.get("is_causal")) == CAUSAL[name], (r.pattern, a.attr)
+        assert all(values[x].type.dtype == dtype for x in a.inputs[:3]), a.inputs  # the fp32 upcasts are gone
+        mask = a.inputs[3] if len(a.inputs) > 3 else ""
+        if call == "ids":
+            assert not mask, a.inputs  # an all-visible mask is no operand at all
+        else:
+            assert values[mask].type.shape[-2] == 1  # the padding mask: per key
+    S = _inputs()[0].shape[1]
+    big = [n.name for n in p.graph.nodes if n.op != "sdpa" and any(
+        (o.type.shape or ())[-2:] == (S, S) for o in n.outputs)]
+    assert not big, big
+    guard = [n.name for n in p.graph.nodes if n.op in ("torch_fallback", "all", "eq", "isnan")]
+    assert not guard, guard
+
+
+@pytest.mark.parametrize("call", ["ids", "padded"])
+@pytest.mark.parametrize("forced", [True, False])
+@pytest.mark.parametrize("backend", ["math", "default"])
+@pytest.mark.parametrize("name", MATH_FAMILIES)
+def test_math_sdpa_one_attention_region_per_layer(name, backend, forced, call):
+    model, args = _math_case(name, call)
+    with _sdpa_context(backend, forced):
+        g = _graph(model, args)
+    if backend == "math":  # the form under test is really there: fp32 bmm products and the decomposed guard
+        assert "sdpa" not in g.op_counts() and {"matmul", "softmax", "where"} <= set(g.op_counts())
+    p = plan(g, {"kind": "c"})
+    _check_attention_plan(p, name, call, "float32")
+    assert all(r.backend == "tilelang" for r in p.regions if r.kind == "attention")
+    if backend == "math":
+        assert sum("split_scale" in w for w in p.rewrites) == LAYERS, p.rewrites
+
+
+@pytest.mark.parametrize("name", MATH_FAMILIES)
+def test_math_sdpa_fp16_plan(name):
+    """fp16, as on the H200: the sdpa reads the fp16 q, k, v; the upcasts and the downcast are gone."""
+    model, args = _math_case(name, "ids", torch.float16)
+    with _sdpa_context("math", True):
+        g = _graph(model, args)
+    assert any(n.op == "cast" and n.outputs[0].type.dtype == "float32" for n in g.nodes)
+    p = plan(g, {"kind": "c"})
+    _check_attention_plan(p, name, "ids", "float16")
+    users = p.graph.users()
+    for n in p.graph.nodes:
+        if n.op == "sdpa":
+            assert n.outputs[0].type.dtype == "float16"
+            assert all(u.op != "cast" for u in users.get(n.outputs[0].name, ())), users[n.outputs[0].name]
+
+
+@pytest.mark.parametrize("call", ["ids", "padded"])
+@pytest.mark.parametrize("name", MATH_FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_math_sdpa_numerics_on_c(name, call, dtype):
+    import tilefuse
+
+    model, args = _math_case(name, call, dtype)
+    with torch.no_grad(), _sdpa_context("math", True):
+        want = model(*args)
+        torch._dynamo.reset()
+        got = tilefuse.compile(model)(*args)
+    torch._dynamo.reset()
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    torch.testing.assert_close(got, want, **tol)

@@ -1,6 +1,7 @@
 """A small pattern language over the graph IR, and the rewrite engine that applies a table of them.
 
-Note: a pattern is a tree of ``Op`` nodes whose leaves are capture names (strings). The same capture
+Note: a pattern is a tree of ``Op`` nodes whose leaves are capture names (strings, or ``Scalar`` for a
+constant only). The same capture
 name used twice must bind the same value (``x * rsqrt(mean(x^2))`` needs both ``x`` to be one
 value). ``Op(..., commutative=True)`` also tries its two inputs swapped. A ``Pattern`` adds a name
 (``family.detail``), a check on the captures (returns ``None`` when the match is good, else the
@@ -55,7 +56,15 @@ class Prod:
     name: str | None = None
 
 
-PatternLike = Union[Op, Opt, Prod, str]  # noqa: UP007  (a runtime alias of forward-declared classes)
+@dataclass(frozen=True)
+class Scalar:
+    """A capture that binds only a constant with one distinct value (``ctx.scalar`` is not None): in a
+    commutative ``mul(x, Scalar("s"))`` the scale is told from the tensor it scales, whichever side it is on."""
+
+    name: str
+
+
+PatternLike = Union[Op, Opt, Prod, Scalar, str]  # noqa: UP007  (a runtime alias of forward-declared classes)
 
 
 class Context:
@@ -110,6 +119,8 @@ def match(pattern: PatternLike, value: str, ctx: Context, caps: dict[str, Any] |
         return match(pattern.inner, value, ctx, caps)
     if isinstance(pattern, Prod):
         return _match_prod(pattern, value, ctx, caps)
+    if isinstance(pattern, Scalar):
+        return match(pattern.name, value, ctx, caps) if ctx.scalar(value) is not None else None
     node = ctx.producers.get(value)
     if node is None or node.op not in pattern.ops():
         return None

@@ -14,7 +14,7 @@ import torch
 
 from tilefuse.ir import torch_dtype
 from tilefuse.planner.attention_mask import MaskParts, analyse
-from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod
+from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod, Scalar
 
 _CAST = ("cast",)
 
@@ -383,9 +383,9 @@ def _nan_guarded(sm: Op) -> Op:
 
 def _safe_softmax(scores: Op) -> Op:
     """torch's ``_safe_softmax`` decomposed: ``where(all(s == -inf, dim=-1, keepdim), 0, softmax(s))``."""
-    row_all = Op(("all", "reduce_all", "torch_fallback"), (Op("eq", (scores, "ninf"), commutative=True),),
+    row_all = Op(("all", "reduce_all", "torch_fallback"), (Op("eq", (scores, Scalar("ninf")), commutative=True),),
                  name="row_all")
-    return Op("where", (row_all, "zero", Op("softmax", (scores,), name="softmax")), name="safe")
+    return Op("where", (row_all, Scalar("zero"), Op("softmax", (scores,), name="softmax")), name="safe")
 
 
 def _finite_mask_check(caps: dict, ctx: Context) -> str | None:
@@ -416,9 +416,9 @@ def _attention_split_scale(masked: bool, guard: str = "none", batched: bool = Fa
     q = Opt(_CAST, "q", name="q_cast")
     kt = Op(("transpose", "permute"), (Opt(_CAST, "k", name="k_cast"),), name="kt")
     if sides in ("both", "q"):
-        q = Op("mul", (q, "s1"), commutative=True)
+        q = Op("mul", (q, Scalar("s1")), commutative=True)
     if sides in ("both", "k"):
-        kt = Op("mul", (kt, "s2"), commutative=True)
+        kt = Op("mul", (kt, Scalar("s2")), commutative=True)
     s = _product(q, kt, "qk", batched)
     if masked:
         s = Op("add", (s, Opt(_CAST, "mask", name="mask_cast")), name="mask_op", commutative=True)
@@ -436,6 +436,18 @@ def _attention_split_scale(masked: bool, guard: str = "none", batched: bool = Fa
 
     return Pattern(name, root, _split_scale_rewrite, check,
                    "matmul(softmax((q*s1) @ (k^T*s2) + mask), v), upcasts and softmax guards included -> sdpa")
+
+
+_UPCAST_PAIRS = {("float16", "float32"), ("bfloat16", "float32"), ("float16", "float64"), ("bfloat16", "float64"),
+                 ("float32", "float64")}
+_ROUND_TRIP = Op("cast", (Op("cast", ("x",), name="up"),), name="root")
+
+
+def _round_trip_check(caps: dict, ctx: Context) -> str | None:
+    x, up, root = ctx.type(caps["x"]), caps["up"].outputs[0].type, caps["root"].outputs[0].type
+    if (x.dtype, up.dtype) not in _UPCAST_PAIRS or root != x:
+        return "not an exact float upcast and back"
+    return None
 
 
 # ---- rotary ---------------------------------------------------------------------------------
@@ -471,6 +483,8 @@ def _rotary_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
 # ---- the table, highest priority first ------------------------------------------------------
 
 PATTERNS: list[Pattern] = [
+    Pattern("cast.round_trip", _ROUND_TRIP, lambda caps, ctx, em: [caps["x"]], _round_trip_check,
+            "cast(cast(x, float32), x.dtype) -> x: exact (an sdpa rewritten from the math form on fp16 leaves one)"),
     Pattern("layout.transpose_via_reshape", _T_VIA_RESHAPE, _t_via_reshape, _t_via_reshape_check,
             "reshape/permute/reshape that swaps the last two dims -> transpose"),
     *[_attention_split_scale(masked, guard, batched, sides) for sides in ("both", "q", "k")
