@@ -97,11 +97,13 @@ class ModelSpec:
         return [self.static_batch] if self.mode == "pad" else None
 
     def example(self) -> list[torch.Tensor] | None:
-        """One row of zeros per input for warm-up, or None when a dim after dim 0 is symbolic or unknown."""
-        if self.mode == "none" or any(t.shape is None or not all(isinstance(d, int) for d in t.shape[1:])
-                                      for _, t in self.inputs):
+        """Zeros per input for warm-up: one row when batching (the batcher sizes dim 0), the declared shape
+        when not; None when a dim it needs is symbolic or unknown."""
+        first = 0 if self.mode == "none" else 1
+        if any(t.shape is None or not all(isinstance(d, int) for d in t.shape[first:]) for _, t in self.inputs):
             return None
-        return [torch.zeros((1, *t.shape[1:]), dtype=torch_dtype(t.dtype)) for _, t in self.inputs]
+        return [torch.zeros((1, *t.shape[1:]) if first else t.shape, dtype=torch_dtype(t.dtype))
+                for _, t in self.inputs]
 
 
 @dataclass

@@ -484,3 +484,15 @@ def test_a_compression_bomb_is_never_inflated_whole(zoo):
     finally:
         tracemalloc.stop()
     assert e.value.status == 413 and peak < 4 << 20, (e.value.status, peak)  # at most the 1 MiB cap, and change
+
+
+def test_unbatched_model_is_warmed_up_too(tmp_path):
+    """A static dim 0 served without --pad-batch runs each request alone; its warm-up runs it once at its shapes."""
+    from tilefuse.frontends.onnx import import_onnx
+
+    class Static:
+        graph = import_onnx(models.export_onnx("mlp", tmp_path / "mlp.onnx"))
+
+    with Server(Broken(Static()), "mlp") as s:
+        assert s.client().is_server_live() and not s.client().is_server_ready()
+        assert "failed its warm-up" in s.get("/v2/health/ready")[1]["error"]
