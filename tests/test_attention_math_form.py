@@ -138,3 +138,25 @@ def test_guard_over_another_axis_is_refused():
     pl = plan(g, C)
     assert "sdpa" not in pl.graph.op_counts()
     assert any("does not reduce over the key axis" in r for r in pl.refusals), pl.refusals
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cast_round_trip(rng, dtype):
+    """cast(cast(x, fp32), x.dtype) is x bit for bit and goes; a narrowing first cast stays; a graph output that
+    would become a graph input's own tensor keeps its casts."""
+    b = GraphBuilder("round_trip")
+    x = b.input("x", TensorType((3, 7), dtype))
+    y = b.add1("relu", [x])
+    back = b.add1("cast", [b.add1("cast", [y], dtype="float32")], dtype=dtype)
+    lossy = b.add1("cast", [b.add1("cast", [y], dtype="float16" if dtype == "bfloat16" else "bfloat16")], dtype=dtype)
+    same = b.add1("cast", [b.add1("cast", [x], dtype="float32")], dtype=dtype)
+    g = b.build([b.add1("add", [back, lossy]), same])
+    p = plan(g, C)
+    casts = [n for n in p.graph.nodes if n.op == "cast"]
+    assert len(casts) == 4, p.graph  # the lossy pair and the pair that returns x; the pair after relu went
+    assert any("would alias a graph input" in r for r in p.refusals), p.refusals
+    t = (torch.randn(3, 7, generator=rng) * 1e3).to(getattr(torch, dtype))
+    got, want = PlanRunner(p)(t), Executor(g)(t)
+    for a, w in zip(got, want):
+        assert torch.equal(a, w)
+    assert got[1].data_ptr() != t.data_ptr()

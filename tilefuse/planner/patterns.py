@@ -447,6 +447,10 @@ def _round_trip_check(caps: dict, ctx: Context) -> str | None:
     x, up, root = ctx.type(caps["x"]), caps["up"].outputs[0].type, caps["root"].outputs[0].type
     if (x.dtype, up.dtype) not in _UPCAST_PAIRS or root != x:
         return "not an exact float upcast and back"
+    src = caps["x"]
+    if caps["root"].outputs[0].name in ctx.graph.outputs and (
+            src in ctx.graph.constants or any(v.name == src for v in ctx.graph.inputs)):
+        return "the graph output would alias a graph input or constant"
     return None
 
 
