@@ -116,3 +116,23 @@ def test_cpu_timing_is_the_median_of_enough_calls(monkeypatch):
 
     assert tune._measure(long_fn, (), "c") == pytest.approx(1.0)
     assert len(calls) == warmup + tune.REPS["c"]  # long calls: REPS of them, no more
+
+
+def test_demo_says_how_many_regions_run_as_kernels(timings, monkeypatch, capsys):
+    """``tilefuse demo`` prints both timings, the speed relative to eager and the share of regions run as TileLang
+    kernels: all of them with the measured choice off, fewer where the (injected) timings give regions to torch."""
+    from tilefuse import cli
+
+    monkeypatch.setenv("TILEFUSE_TARGET", "c")
+    monkeypatch.setenv("TILEFUSE_MEASURE", "0")
+    assert cli.main(["demo", "--model", "mlp", "--size", "tiny", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    (share,) = [ln for ln in out.splitlines() if ln.startswith("TileLang kernels:")]
+    n = int(share.split(" of ")[1].split()[0])
+    assert n > 0 and share.startswith(f"TileLang kernels: {n} of {n} regions (100%)")
+    assert "eager's speed" in out and "OK" in out
+    monkeypatch.setenv("TILEFUSE_MEASURE", "1")
+    monkeypatch.setattr(tune, "_device_time", lambda fn, args, kind: 2e-3 if hasattr(fn, "spec") else 1e-3)
+    assert cli.main(["demo", "--model", "mlp", "--size", "tiny", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"TileLang kernels: 0 of {n} regions (0%); the others run through torch, measured faster there" in out

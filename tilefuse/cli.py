@@ -69,10 +69,20 @@ def cmd_demo(args) -> int:
     if args.sparsity:
         print(compiled.sparsity_report.summary())
     tol = 1e-2 if dtype == torch.float16 else 1e-4
+    kernels, regions = _kernel_share(runners)
+    print(f"TileLang kernels: {kernels} of {regions} regions ({100 * kernels / max(regions, 1):.0f}%); the others run "
+          "through torch" + (", measured faster there on the first call" if kernels < regions else ""))
+    speed = eager_ms / tf_ms if tf_ms > 0 else float("inf")
     print(f"compile (first call) {compile_s:.2f} s; eager {eager_ms:.2f} ms; tilefuse {tf_ms:.2f} ms "
-          f"(median of 10)")
+          f"(median of 10): {speed:.2f}x eager's speed ({'faster' if speed >= 1 else 'slower'})")
     print(f"max relative error vs eager: {err:.2e} ({'OK' if err <= tol else 'MISMATCH'}, tolerance {tol:g})")
     return 0 if err <= tol else 1
+
+
+def _kernel_share(runners) -> tuple[int, int]:
+    """(regions run as TileLang kernels, whole or split, regions that launch anything) over the compiled graphs."""
+    regions = [r for runner in runners for r in runner.plan.regions if r.launches]
+    return sum(r.backend in ("tilelang", "split") for r in regions), len(regions)
 
 
 def _load_graph(spec: str, size: str, sparsity: str | None = None, dtype: str = "float32"):
@@ -126,7 +136,10 @@ def cmd_explain(args) -> int:
         if p.sparsity is not None:
             print(p.sparsity.summary())
         if measured:
-            print(f"measured on {target} (tuning database; on a GPU the first call chooses, see README):")
+            runs = [m.get("runs") for m in measured.values() if m.get("runs")]
+            share = (f"; {sum(r != 'torch' for r in runs)} of {len(runs)} measured regions run as TileLang kernels"
+                     if runs else "")
+            print(f"measured on {target} (tuning database; the first call of a compiled model chooses{share}):")
             for name, m in measured.items():
                 times = ", ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in m.items() if k.endswith("_ms"))
                 print(f"  {name:<40} runs as {m.get('runs', 'kernel')}" + (f" ({times})" if times else "")
