@@ -156,6 +156,7 @@ def flash_attention(
             Q_s = d.shared((block_M, D), dtype)
             K_s = d.shared((block_N, D), dtype)
             V_s = d.shared((block_N, D), dtype)
+            K_t = d.shared((D, block_N), dtype) if d.cpu else None
             S_f = d.fragment((block_M, block_N), accum_dtype)
             P_c = d.fragment((block_M, block_N), dtype)
             O_f = d.fragment((block_M, D), accum_dtype)
@@ -182,9 +183,12 @@ def flash_attention(
                 k = kk + k_lo
                 T.copy(_tile(K, k_layout, bz, hk, k * block_N, D), K_s)
                 T.copy(_tile(V, v_layout, bz, hk, k * block_N, D), V_s)
-                if d.cpu:
+                if d.cpu:  # k outside a vectorized j, as gemm.py does on CPU (the same sums, in k order)
                     T.clear(S_f)
-                    T.gemm(Q_s, K_s, S_f, transpose_B=True)
+                    for c, j in T.grid(D, block_N):
+                        K_t[c, j] = K_s[j, c]
+                    for i, c, j in T.grid(block_M, D, block_N):
+                        S_f[i, j] += T.Cast(accum_dtype, Q_s[i, c]) * T.Cast(accum_dtype, K_t[c, j])
                 else:
                     T.gemm(Q_s, K_s, S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in d.tile_loop(block_M, block_N):
@@ -204,7 +208,8 @@ def flash_attention(
                     O_f[i, j] = O_f[i, j] * r_scale[i]
                 T.copy(S_f, P_c)
                 if d.cpu:
-                    T.gemm(P_c, V_s, O_f)
+                    for i, j, c in T.grid(block_M, block_N, D):
+                        O_f[i, c] += T.Cast(accum_dtype, P_c[i, j]) * T.Cast(accum_dtype, V_s[j, c])
                 else:
                     T.gemm(P_c, V_s, O_f, policy=T.GemmWarpPolicy.FullRow)
             for i, j in d.tile_loop(block_M, D):

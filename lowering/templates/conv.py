@@ -136,6 +136,7 @@ def conv2d(
             A_s = d.shared((block_M, block_K), in_dtype)
             B_s = d.shared((block_N, block_K), in_dtype)
             C_f = d.fragment((block_M, block_N), accum_dtype)
+            B_t = d.shared((block_K, block_N), in_dtype) if d.cpu else None
             T.clear(C_f)
             for ko in d.pipelined(T.ceildiv(K, block_K), num_stages):
                 for i, k in d.tile_loop(block_M, block_K):
@@ -149,6 +150,11 @@ def conv2d(
                     for i, j in T.Parallel(block_M, block_N):
                         for k in T.serial(block_K):
                             C_f[i, j] += A_s[i, k] * B_s[j, k]
+                elif d.cpu:  # k outside a vectorized j, as gemm.py does on CPU (the same sums, in k order)
+                    for k, j in T.grid(block_K, block_N):
+                        B_t[k, j] = B_s[j, k]
+                    for i, k, j in T.grid(block_M, block_K, block_N):
+                        C_f[i, j] += T.Cast(accum_dtype, A_s[i, k]) * T.Cast(accum_dtype, B_t[k, j])
                 else:
                     T.gemm(A_s, B_s, C_f, transpose_B=True)
             for i, j in d.tile_loop(block_M, block_N):
