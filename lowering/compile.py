@@ -27,7 +27,10 @@ if os.environ.get("TILEFUSE_VERBOSE", "0") == "0":
     # "Found kernel in memory cache": expected here (identical regions share one kernel).
     logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
 
-C_FLAGS = ("-O3", "-march=native")
+# -ffp-contract=off: gcc otherwise fuses a * b + c into one fma (one rounding where eager, one op at a time, has
+# two): a quarter of the elements of a fused x * y + z differed from eager in the last bit. Inductor turns
+# contraction off on the CPU too.
+C_FLAGS = ("-O3", "-march=native", "-ffp-contract=off")
 # TileLang's own vectorizer emits vector casts the C templates lack (float2 -> half2 fails to
 # compile whenever a tile width is even); gcc -O3 vectorizes the scalar loops itself.
 C_PASS_CONFIGS = {"tirx.disable_vectorize": True}

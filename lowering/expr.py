@@ -18,6 +18,15 @@ relu, clamp (hardtanh, relu6) and the hard activations keep NaN and keep ``x`` w
 (``relu(-0.0)`` is ``-0.0``). They are selects, which TileLang does not vectorize on GPUs. TVM's simplifier
 folds ``x == x`` to true and ``x != x`` to false for floats too, so float ``eq``/``ne`` also test for NaN.
 
+Note: TVM folds float arithmetic as if it were real numbers, in two places: building a node folds a literal
+zero operand (``x * 0.0`` -> 0, ``x + 0.0`` -> x, ``0.0 / x`` -> 0, ``x - (-0.0)`` -> x; ``x / 0.0`` is refused),
+and the simplifier that runs inside TileLang's lowering cancels subtractions (``x - x`` -> 0, ``(x + y) - y``
+-> x, ``select(c, y, z) - z`` -> ``select(c, y - z, 0)``) and negates float comparisons (``not x < y`` ->
+``y <= x``). Each is wrong for NaN, +-Inf, -0.0 or an overflow. So float ``sub`` is emitted as ``a + b * -1``
+(exact in IEEE arithmetic, no ``Sub`` node for a rule to match; gcc and nvcc turn it back into one subtraction),
+a literal zero operand of add/sub/mul/div as ``copysign(0, +-1)`` (an intrinsic call the simplifier keeps and
+the C and CUDA compilers fold back into the constant) and ``logical_not`` as a select.
+
 Indexed reads: ``Coord(d)`` is coordinate ``d`` of the element being produced (in its output's
 shape) and ``Load(i, index)`` reads input ``i`` at ``index`` (one integer expression per dim of the
 input). Index arithmetic is ordinary ``Call`` nodes on integers (``add``, ``mul``,
@@ -320,8 +329,60 @@ def _pow(T, a, b):
     return T.pow(a, b)
 
 
+def _zero(x) -> float | None:
+    """The value of ``x`` if it is a literal float zero (``0.0`` or ``-0.0``, maybe a cast integer 0), else None."""
+    from tilelang import tvm
+
+    tir = tvm.tirx
+    if not _is_float(x):
+        return None
+    if isinstance(x, tir.Cast):
+        x = x.value
+    if isinstance(x, (tir.IntImm, tir.FloatImm)) and float(x.value) == 0.0:
+        return math.copysign(0.0, float(x.value))
+    return None
+
+
+def _opaque(T, x):
+    """A literal float zero operand as ``copysign(0, +-1)``: TVM folds ``x * 0`` to 0, ``x + 0`` to x and
+    ``0 / x`` to 0 when it builds the node (see the module note); the compilers fold the call back."""
+    z = _zero(x)
+    if z is None:
+        return x
+    dtype = str(x.dtype)
+    return T.copysign(T.FloatImm(dtype, 0.0), T.FloatImm(dtype, math.copysign(1.0, z)))
+
+
+def _add(T, a, b):
+    if not _is_float(a):
+        return a + b
+    if _zero(a) is not None:
+        a, b = b, a  # exact either way round
+    z = _zero(b)
+    if z is not None and math.copysign(1.0, z) < 0:
+        return a  # x + -0.0 is x, bit for bit
+    return a + _opaque(T, b)
+
+
+def _sub(T, a, b):
+    # a + b * -1: the same IEEE result (negation is exact), with no Sub node for TVM's cancellation rules.
+    if not _is_float(a):
+        return a - b
+    z = _zero(b)
+    if z is not None and math.copysign(1.0, z) > 0:
+        return a  # x - 0.0 is x, bit for bit
+    return _add(T, a, _mul(T, b, _c(b, -1.0)))
+
+
+def _mul(T, a, b):
+    if not _is_float(a):
+        return a * b
+    return _opaque(T, a) * _opaque(T, b)
+
+
 def _div(T, a, b):
-    return a / b
+    # 0 / x and x / 0 keep IEEE's NaN, Inf and signed zeros (TVM folds the first to 0 and refuses the second).
+    return _opaque(T, a) / _opaque(T, b) if _is_float(a) else a / b
 
 
 def _softplus(T, x, attrs):
@@ -406,6 +467,12 @@ def _remainder(T, a, b):
     return r if wide else T.Cast(dtype, r)
 
 
+def _not(T, c):
+    """Logical not as a select: TVM's simplifier turns ``not x < y`` into ``y <= x``, false for NaN where torch
+    says true."""
+    return T.Select(c, T.bool(False), T.bool(True))
+
+
 def _bitwise(logical, bitwise):
     """An op that is logical on bools and bitwise on integers (torch's bitwise_* on bool tensors)."""
     def fn(T, a, attrs):
@@ -426,9 +493,9 @@ def _masked_fill(T, a, attrs):
 
 # One table: op name -> emitter(T, lowered args, attrs). Unary float ops widen ints/bools first.
 _EMIT: dict[str, Callable] = {
-    "add": _binary(lambda T, a, b: a + b),
-    "sub": _binary(lambda T, a, b: a - b),
-    "mul": _binary(lambda T, a, b: a * b),
+    "add": _binary(_add),
+    "sub": _binary(_sub),
+    "mul": _binary(_mul),
     "div": lambda T, a, attrs: _div(T, *_unify(T, _float(T, a[0]), _float(T, a[1]))),
     "pow": lambda T, a, attrs: _pow(T, *_unify(T, _float(T, a[0]), _float(T, a[1]))),
     "maximum": _binary(_maximum),
@@ -441,16 +508,16 @@ _EMIT: dict[str, Callable] = {
     "ge": _binary(lambda T, a, b: a >= b),
     "logical_and": lambda T, a, attrs: T.And(_as_bool(T, a[0]), _as_bool(T, a[1])),
     "logical_or": lambda T, a, attrs: T.Or(_as_bool(T, a[0]), _as_bool(T, a[1])),
-    "logical_not": lambda T, a, attrs: T.Not(_as_bool(T, a[0])),
+    "logical_not": lambda T, a, attrs: _not(T, _as_bool(T, a[0])),
     "where": _where,
     "cast": _cast,
     "identity": lambda T, a, attrs: a[0],
     "neg": lambda T, a, attrs: -a[0],
     "abs": lambda T, a, attrs: _abs(T, a[0]) if str(a[0].dtype) != "bool" else a[0],
-    "scale": _unary(lambda T, x, at: x * _c(x, at["factor"])),
+    "scale": _unary(lambda T, x, at: _mul(T, x, _c(x, at["factor"]))),
     "reciprocal": _unary(lambda T, x, at: _c(x, 1.0) / x),
     "relu": _unary(lambda T, x, at: _at_least(T, x, _c(x, 0.0))),
-    "leaky_relu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, x * _c(x, at.get("alpha", 0.01)))),
+    "leaky_relu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, _mul(T, x, _c(x, at.get("alpha", 0.01))))),
     "elu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, _c(x, at.get("alpha", 1.0)) * (T.exp(x) - _c(x, 1.0)))),
     "gelu": _unary(_gelu),
     "silu": _unary(lambda T, x, at: x / (_c(x, 1.0) + T.exp(-x))),
@@ -480,7 +547,7 @@ _EMIT: dict[str, Callable] = {
     "bitwise_and": _bitwise(lambda T, a, b: T.And(a, b), lambda T, a, b: T.bitwise_and(a, b)),
     "bitwise_or": _bitwise(lambda T, a, b: T.Or(a, b), lambda T, a, b: T.bitwise_or(a, b)),
     "bitwise_xor": _bitwise(lambda T, a, b: a != b, lambda T, a, b: T.bitwise_xor(a, b)),
-    "bitwise_not": _bitwise(lambda T, a: T.Not(a), lambda T, a: T.bitwise_not(a)),
+    "bitwise_not": _bitwise(lambda T, a: _not(T, a), lambda T, a: T.bitwise_not(a)),
     "logical_xor": lambda T, a, attrs: _as_bool(T, a[0]) != _as_bool(T, a[1]),
     "masked_fill": _masked_fill,
 }

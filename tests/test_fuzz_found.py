@@ -107,3 +107,66 @@ def test_gemm_epilogue_reads_an_operand(fn, caplog, rng):
     x, w = torch.randn(5, 5, generator=rng), torch.randn(5, 5, generator=rng)
     got = compiled(fn, caplog)(x, w)
     torch.testing.assert_close(got, fn(x, w), rtol=1e-5, atol=1e-5)
+
+
+FOLDED = {  # float arithmetic TVM folds as if it were real numbers (lowering/expr.py, the module note)
+    "x - x": lambda x, y: (x * 2) - (x * 2),
+    "(x + y) - y": lambda x, y: (x + y) - y,
+    "(x + y) - x": lambda x, y: (x + y) - x,
+    "x - (x + y)": lambda x, y: x - (x + y),
+    "where - its branch": lambda x, y: torch.where(x > 0, x, y) - y,
+    "x * 0.0": lambda x, y: (x + y) * 0.0,
+    "x * -0.0": lambda x, y: (x + y) * -0.0,
+    "0.0 * x": lambda x, y: 0.0 * (x + y),
+    "x + 0.0": lambda x, y: (x * y) + 0.0,
+    "x - -0.0": lambda x, y: (x * y) - (-0.0),
+    "0.0 - x": lambda x, y: 0.0 - (x * y),
+    "0.0 / x": lambda x, y: 0.0 / (x + y),
+    "-0.0 / x": lambda x, y: -0.0 / (x + y),
+    "x / 0.0": lambda x, y: (x * y) / 0.0,
+    "x / -0.0": lambda x, y: (x * y) / -0.0,
+    "scale by 0": lambda x, y: torch.mul(x - y, 0),
+    "leaky_relu slope 0": lambda x, y: F.leaky_relu(x * y, 0.0),
+    "not x < y": lambda x, y: torch.logical_not(x < y),
+    "not x >= y": lambda x, y: ~(x * 1.0 >= y),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOLDED))
+def test_float_arithmetic_is_not_folded(name, caplog, rng):
+    """``x - x``, ``x * 0.0``, ``x + 0.0``, ``0.0 / x`` and friends keep IEEE's NaN, Inf and signed zeros, as in
+    eager: TVM folded ``x - x`` and ``x * 0`` to 0 (``[nan, inf]`` gave ``[0, 0]``), ``(x + y) - y`` to ``x``
+    (wrong once ``x + y`` overflows), ``-0.0 + 0.0`` to ``-0.0``, ``0.0 / 0.0`` to 0, and ``not x < y`` to
+    ``y <= x`` (false for NaN); ``x / 0.0`` did not compile (found by the fuzzer: ``v1 - v1`` gave 0 for NaN)."""
+    fn = FOLDED[name]
+    edges = torch.tensor(EDGES)
+    x = torch.cat([edges.repeat_interleave(len(edges)), torch.randn(32, generator=rng)])
+    y = torch.cat([edges.repeat(len(edges)), torch.randn(32, generator=rng)])
+    got, want = compiled(fn, caplog)(x, y), fn(x, y)
+    if want.dtype == torch.bool:
+        assert torch.equal(got, want), [(a.item(), b.item()) for a, b, g, w in zip(x, y, got, want) if g != w][:8]
+    else:
+        assert same_bits(got, want), [(a.item(), b.item(), g.item(), w.item()) for a, b, g, w in zip(x, y, got, want)
+                                      if not same_bits(g.view(1), w.view(1))][:8]
+
+
+def test_rms_norm_of_a_0d_tensor(caplog):
+    """The rms_norm pattern on a 0-d tensor (``x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``, which torch
+    allows) is left as plain ops: its check took the mean's dim modulo the rank, 0, and the planner failed with
+    ``ZeroDivisionError`` (found by the fuzzer)."""
+    fn = lambda x, y: y * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    x, y = torch.tensor(3.0), torch.tensor([[1.5, -2.0, math.inf]])
+    got, want = compiled(fn, caplog)(x, y), fn(x, y)
+    assert same_bits(got, want), (got, want)
+
+
+@pytest.mark.parametrize("fn", [lambda x, y, z: x * y + z, lambda x, y, z: z - x * y, lambda x, y, z: (x + z) * y - z],
+                         ids=["x*y+z", "z-x*y", "(x+z)*y-z"])
+def test_products_are_rounded_before_the_sum(fn, caplog, rng):
+    """A fused ``x * y + z`` rounds the product and then the sum, as eager (two ops, two roundings): gcc contracted
+    it into one fma on ``c`` (``-march=native``), and a quarter of random elements differed from eager in the last
+    bit; ``1e-40 * -1e-42 + 0.0`` gave -0.0 (found by the fuzzer's zero-sign checks)."""
+    x, y, z = (torch.randn(4096, generator=rng) for _ in range(3))
+    x[:3], y[:3], z[:3] = torch.tensor([1e-40, -1e-40, 3e38]), torch.tensor([-1e-42, -1e-42, 3e38]), 0.0
+    got, want = compiled(fn, caplog)(x, y, z), fn(x, y, z)
+    assert same_bits(got, want), (got != want).sum()

@@ -206,7 +206,9 @@ def _rms_check(caps: dict, ctx: Context) -> str | None:
         return "epsilon is not a small constant"
     rank = ctx.type(caps["x"]).rank
     mean = caps["mean"].attr
-    if rank is None or not mean.get("keepdim") or [d % rank for d in mean.get("dims") or ()] != [rank - 1]:
+    if not rank:  # unknown, or a 0-d x (its mean over dim -1 is itself; no row to normalize)
+        return "x has no last axis"
+    if not mean.get("keepdim") or [d % rank for d in mean.get("dims") or ()] != [rank - 1]:
         return "mean is not over the last axis with keepdim"
     if "w" in caps:
         wt, xt = ctx.type(caps["w"]), ctx.type(caps["x"])
