@@ -129,12 +129,11 @@ def host_info(target: Mapping) -> dict:
 
 
 def _candidate_configs(spec, target: dict) -> list[dict]:
-    """The configs make_prim_func chooses among for ``spec`` (its template's seeds)."""
-    from tilefuse.lowering.registry import config_space
-    from tilefuse.lowering.tune import best_config
+    """The configs make_prim_func chooses among for ``spec``: the one it picks by default (tuned, or the
+    template's untuned pick, which may lie outside its seeds), then the template's seeds."""
+    from tilefuse.lowering.registry import config_space, kernel_key
 
-    tuned = best_config(spec, target)
-    return ([tuned] if tuned else []) + config_space(spec, target)
+    return [kernel_key(spec, target)[0], *config_space(spec, target)]
 
 
 def _tile_config(spec, target: dict, func) -> dict | None:

@@ -371,7 +371,8 @@ def test_kernel_missing_from_the_artifact_is_detected(saved, tmp_path):
     def edit(m, _):
         tuning = json.loads(m["tuning.json"])
         region = next(r for r in tuning["plans"][0]["regions"].values() if r["template"] == "gemm")
-        region["config"] = {**region["config"], "block_M": 64, "block_N": 64}
+        other = 32 if region["config"]["block_M"] != 32 else 64  # any tile but the one the kernel was built with
+        region["config"] = {**region["config"], "block_M": other}
         m["tuning.json"] = json.dumps(tuning).encode()
 
     other = rewrite(saved["mlp"]["tfz"], tmp_path / "retuned.tfz", edit)
