@@ -304,6 +304,19 @@ def _reduce(name: str) -> Converter:
     return conv
 
 
+def _truth_reduce(name: str) -> Converter:
+    """``aten.any``/``aten.all`` (default: every dim; ``dim``: one; ``dims``: a list, None for every dim). An
+    empty dim list reduces nothing (unlike sum's): each element's truth, ``x != 0`` (NaN is true)."""
+    def conv(cx: Ctx, a: dict) -> str:
+        x, dim, keepdim = a["self"], a.get("dim"), a.get("keepdim", False)
+        if dim is not None and not isinstance(dim, int) and len(dim) == 0:
+            truth = cx.op("ne", x, cx.tensor(0, x))
+            out = cx.out_type().dtype
+            return truth if out == "bool" else cx.op("cast", truth, dtype=getattr(torch, out))
+        return cx.op(name, x, dims=_dims(dim), keepdim=keepdim)
+    return conv
+
+
 def _arg_reduce(name: str) -> Converter:
     def conv(cx: Ctx, a: dict) -> str:
         x, dim, keepdim = a["self"], a.get("dim"), a.get("keepdim", False)
@@ -383,6 +396,12 @@ REDUCTIONS: dict[Any, Converter] = {
     aten.prod.dim_int: _reduce("prod"),
     aten.prod.default: _reduce("prod"),
     aten.logsumexp.default: _reduce("logsumexp"),
+    aten.any.default: _truth_reduce("any"),
+    aten.any.dim: _truth_reduce("any"),
+    aten.any.dims: _truth_reduce("any"),
+    aten.all.default: _truth_reduce("all"),
+    aten.all.dim: _truth_reduce("all"),
+    aten.all.dims: _truth_reduce("all"),
     aten.var.correction: _var,
     aten.var.dim: _var,
     aten.std.correction: lambda cx, a: cx.op("sqrt", _var(cx, a)),

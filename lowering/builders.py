@@ -122,8 +122,10 @@ def _static(region: Region, types: dict[str, TensorType], target: dict) -> None:
         t = types[v]
         _require(t.is_static, f"{v} has a symbolic or unknown shape {t}")
         # TileLang's C code generator types a bool buffer int8_t in the kernel and bool in its host
-        # wrapper, which fails to compile; the elementwise template stores bools as int8, the others not yet.
-        _require(region.kind == "elementwise" or not (target.get("kind") == "c" and t.dtype == "bool"),
+        # wrapper, which fails to compile; the elementwise template stores bools as int8, so does the row
+        # reduction its input and outputs (``_reduction`` refuses its other bool operands), the others not yet.
+        as_int8 = region.kind == "elementwise" or region.kind == "reduction" and not set(region.ops) & set(POOL_OPS)
+        _require(as_int8 or not (target.get("kind") == "c" and t.dtype == "bool"),
                  f"{v} is bool, which the {region.kind} template cannot take on the c target")
 
 
@@ -279,7 +281,8 @@ def broadcast(a: tuple, b: tuple) -> tuple:
     return broadcast_shapes(a, b) if (a or b) else ()
 
 
-_REDUCTION_OPS = {"softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "amax", "amin", "var"}
+_REDUCTION_OPS = {"softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "amax", "amin", "var", "any",
+                  "all"}
 _NORMALIZING = ("softmax", "log_softmax", "layer_norm", "rms_norm")
 POOL_OPS = ("max_pool", "avg_pool", "adaptive_avg_pool")
 
@@ -411,7 +414,10 @@ def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
             break
     _require(extra_shapes is not None, "an operand broadcasts against the reduction's input in a way the "
              f"row-reduction template cannot read: {[str(b.types[e]) for e in extra]}")
-    _require(xt.dtype in TEMPLATE_DTYPES and b.types[loaded].dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
+    dtypes = (*TEMPLATE_DTYPES, "bool") if anchor.op in ("any", "all") else TEMPLATE_DTYPES  # truth of bools too
+    _require(xt.dtype in dtypes and b.types[loaded].dtype in dtypes, f"input dtype {xt.dtype}")
+    _require(target.get("kind") != "c" or all(b.types[e].dtype != "bool" for e in extra),
+             "a bool operand besides the reduced input, which the row reduction cannot take on the c target")
     params = {"shape": shape, "kind": kind, "x_dtype": b.types[loaded].dtype, "out_dtype": out_t.dtype,
               "eps": float(a.get("eps", 1e-5)), "correction": int(a.get("correction", 1)), "keepdim": True,
               "has_weight": len(weights) > 0, "has_bias": len(weights) > 1,

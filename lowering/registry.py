@@ -114,8 +114,11 @@ class RegionKernel:
         self.spec, self.kernel, self.region = spec, kernel, region
         self.pre = [(nodes[p], ops.get(nodes[p].op), nodes[p].attr) for p in spec.pre]
         self.post = [(nodes[p], ops.get(nodes[p].op), nodes[p].attr) for p in spec.post]
-        # Bool tensors cross the kernel boundary as int8 (see templates/elementwise.py).
-        self.bool_outputs = {k for k, dt in enumerate(spec.factory_kwargs().get("out_dtypes") or ()) if dt == "bool"}
+        # Bool tensors cross the kernel boundary as int8 (see templates/elementwise.py; the row reduction's Out, Pre).
+        kw = spec.factory_kwargs()
+        dts = kw.get("out_dtypes") or ((kw.get("out_dtype"), kw.get("pre_dtype")) if spec.template == "row_reduction"
+                                       else ())
+        self.bool_outputs = {k for k, dt in enumerate(dts) if dt == "bool"}
 
     def __call__(self, args):
         env = dict(zip(self.region.inputs, args))

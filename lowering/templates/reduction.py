@@ -14,6 +14,16 @@ Note: NaN follows torch: a row holding one reduces to NaN. ``T.reduce_max``/``re
 target (C's ``a > b ? a : b``, CUDA's ``fmaxf``), so amax/amin also keep a per-element "NaN seen" tile, cheap
 register work per tile and one more reduction per row, and a flagged row gives NaN. Softmax and log_softmax
 need no flag: a NaN element makes ``exp(x - max)`` and so the row's sum NaN, whatever max was taken.
+
+Note: layer_norm of a row whose statistics overflow follows torch, not exact arithmetic: torch's CPU moments
+(``RowwiseMoments``: Welford per vector lane, lanes merged with ``m2 += delta * delta * c * m0``, where ``c * m0``
+is 0 for an empty lane or the first merge) make M2 NaN as soon as ``mean * mean`` overflows (|mean| >= 1.8e19),
+and its CUDA Welford merges empty partners the same way; so a row with such a mean gives NaN. A variance that
+overflows with a smaller mean gives ``rsqrt(inf) = 0`` and zeros, as in torch.
+
+Note: any/all reduce each element's truth (``x != 0``: NaN is true, -0.0 false) the same way: a per-element
+"seen" flag (any: a true element; all: a false one), one reduction per row; an empty row is False for any, True
+for all. Bool tensors cross the kernel boundary as int8 (``elementwise.storage_dtype``), X, Out and Pre alike.
 """
 
 from __future__ import annotations
@@ -35,9 +45,10 @@ from tilefuse.lowering.templates.common import (
     unravel,
     view,
 )
+from tilefuse.lowering.templates.elementwise import storage_dtype
 
 NORMALIZING = ("softmax", "log_softmax", "layer_norm", "rms_norm")
-REDUCING = ("sum", "mean", "amax", "amin", "var")
+REDUCING = ("sum", "mean", "amax", "amin", "var", "any", "all")
 KINDS = NORMALIZING + REDUCING
 _ALIASES = {"max": "amax", "min": "amin"}
 
@@ -102,8 +113,10 @@ def row_reduction(
     welford, online_max = kind in ("layer_norm", "var"), kind in ("softmax", "log_softmax", "amax")
     softmax_like = kind in ("softmax", "log_softmax")
     extremum = kind in ("amax", "amin")
+    truth = kind in ("any", "all")
     uses_s0 = online_max or welford or kind == "amin"
-    fill = {"amax": -math.inf, "softmax": -math.inf, "log_softmax": -math.inf, "amin": math.inf}.get(kind, 0.0)
+    fill = {"amax": -math.inf, "softmax": -math.inf, "log_softmax": -math.inf, "amin": math.inf, "all": 1.0}.get(
+        kind, 0.0)
     producer = producer if producer is not None else Acc()
     consumer = consumer if consumer is not None else Acc()
     f32 = "float32"
@@ -114,7 +127,8 @@ def row_reduction(
     def loaded(X, extras, row, col):
         """Producer of X[row, col]; the reduction's identity outside the matrix."""
         coords = [*unravel(row, lead), col]
-        val = emit(producer, Env(acc=X[row, col], arg=arg_loader(extras, extra_shapes, coords)))
+        x = X[row, col] if x_dtype != "bool" else X[row, col] != T.int8(0)  # bool is stored as int8
+        val = emit(producer, Env(acc=x, arg=arg_loader(extras, extra_shapes, coords)))
         return T.if_then_else(T.And(in_row(row), col < cols), T.Cast(f32, val), T.float32(fill))
 
     def finished(v, extras, row, col):
@@ -124,7 +138,8 @@ def row_reduction(
             coords = [*unravel(r, lead), col]
         else:
             coords = [*unravel(r, lead), 0] if keepdim else (unravel(r, lead) or [0])
-        return T.Cast(out_dtype, emit(consumer, Env(acc=v, arg=arg_loader(extras, extra_shapes, coords))))
+        val = emit(consumer, Env(acc=v, arg=arg_loader(extras, extra_shapes, coords)))
+        return T.Cast(storage_dtype(out_dtype), val)
 
     def normalized(x, st, W, Bias, r, col):
         """One normalized element from the row statistics ``st`` (fp32)."""
@@ -133,7 +148,10 @@ def row_reduction(
         if kind == "log_softmax":
             return x - st[0][r] - T.log(st[1][r])
         if kind == "layer_norm":
-            y = (x - st[0][r]) * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
+            mean = st[0][r]
+            y = (x - mean) * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
+            # torch's moments give NaN once the mean's square overflows (see the module note)
+            y = T.Select(mean * mean < T.float32(math.inf), y, T.float32(math.nan))
         else:
             y = x * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
         if has_weight:
@@ -145,6 +163,8 @@ def row_reduction(
     def reduced(st, r):
         if extremum:  # a NaN anywhere in the row makes the result NaN, as in torch
             return T.Select(st[1][r] > T.float32(0), T.float32(math.nan), st[0][r])
+        if truth:  # st[1]: a true element (any) or a false one (all) was seen
+            return st[1][r] > T.float32(0) if kind == "any" else st[1][r] == T.float32(0)
         scale = {"sum": 1, "mean": cols, "var": max(cols - correction, 0)}[kind]
         if scale == 0:  # x / 0 as torch has it (var with correction >= cols: NaN, or inf); TVM refuses a literal / 0
             return st[1][r] * T.float32(math.inf)
@@ -162,6 +182,10 @@ def row_reduction(
         if extremum:  # remember NaNs per element; one reduction of the flags at the end of the row
             for r, c in d.tile_loop(block_rows, block_N):
                 tmp_f[r, c] = T.max(tmp_f[r, c], T.Cast(f32, T.isnan(x_f[r, c])))
+        if truth:  # the same for a true element (any) or a false one (all); NaN != 0 is true
+            for r, c in d.tile_loop(block_rows, block_N):
+                seen = x_f[r, c] != T.float32(0) if kind == "any" else x_f[r, c] == T.float32(0)
+                tmp_f[r, c] = T.max(tmp_f[r, c], T.Cast(f32, seen))
         if softmax_like:
             for r, c in d.tile_loop(block_rows, block_N):
                 tmp_f[r, c] = T.exp(x_f[r, c] - s0[r])
@@ -190,12 +214,12 @@ def row_reduction(
 
     @T.prim_func
     def row_reduction_kernel():
-        X_nd = param("X", shape, x_dtype)
+        X_nd = param("X", shape, storage_dtype(x_dtype))
         W = param("weight", (cols,), weight_dtype) if has_weight else None
         Bias = param("bias", (cols,), weight_dtype) if has_bias else None
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
-        Out_nd = param("Out", out_shape, out_dtype)
-        Pre_nd = param("Pre", shape, pre_dtype) if write_pre else None
+        Out_nd = param("Out", out_shape, storage_dtype(out_dtype))
+        Pre_nd = param("Pre", shape, storage_dtype(pre_dtype)) if write_pre else None
         with d.kernel(T.ceildiv(rows, block_rows), threads=threads) as bx:
             # 2-D views of the N-D tensors, in a dict (see common.view).
             io = {"X": view(X_nd, (rows, cols)), "Out": view(Out_nd, (rows, cols) if normalizing else (rows,))}
@@ -204,7 +228,7 @@ def row_reduction(
             # Only the buffers this kind uses: an unused fragment has no inferable layout on GPUs.
             x_f = d.fragment((block_rows, block_N), f32)
             tmp_f = (d.fragment((block_rows, block_N), f32)
-                     if softmax_like or welford or extremum or kind == "rms_norm" else None)
+                     if softmax_like or welford or extremum or truth or kind == "rms_norm" else None)
             s0 = d.fragment((block_rows,), f32) if uses_s0 else None  # running max / min / mean
             s1 = d.fragment((block_rows,), f32)  # sum / sum of exp / M2 / sum of squares / NaN seen
             t0 = d.fragment((block_rows,), f32) if softmax_like or welford else None
@@ -212,7 +236,7 @@ def row_reduction(
             if uses_s0:
                 T.fill(s0, T.float32(fill) if online_max or kind == "amin" else T.float32(0))
             T.fill(s1, T.float32(0))
-            if extremum:
+            if extremum or truth:
                 T.fill(tmp_f, T.float32(0))
             row0 = bx * block_rows
             for t in T.serial(n_tiles):
@@ -221,9 +245,9 @@ def row_reduction(
                 if write_pre:
                     for r, c in d.tile_loop(block_rows, block_N):
                         if T.And(in_row(row0 + r), t * block_N + c < cols):
-                            io["Pre"][row0 + r, t * block_N + c] = T.Cast(pre_dtype, x_f[r, c])
+                            io["Pre"][row0 + r, t * block_N + c] = T.Cast(storage_dtype(pre_dtype), x_f[r, c])
                 gather_stats(x_f, tmp_f, s0, s1, t0, t1, t * block_N)
-            if extremum:
+            if extremum or truth:
                 T.reduce_max(tmp_f, s1, dim=1)
             if normalizing:
                 for t in T.serial(n_tiles):
@@ -266,7 +290,8 @@ def reference(x: torch.Tensor, kind: str, *, weight: torch.Tensor | None = None,
     elif kind == "var":
         y = torch.var(pre.double(), -1, correction=correction, keepdim=keepdim).float()
     else:
-        fn = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "amin": torch.amin}[kind]
+        fn = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "amin": torch.amin, "any": torch.any,
+              "all": torch.all}[kind]
         y = fn(pre, -1, keepdim=keepdim)
     if y.dim() == 0:
         y = y.reshape(1)

@@ -99,6 +99,20 @@ def amin(x, dims: tuple | None = None, keepdim: bool = False):
     return torch.amin(x, _dims(x, dims), keepdim)
 
 
+@register("any", R)
+def any_(x, dims: tuple | None = None, keepdim: bool = False):
+    """Whether any element along ``dims`` (every dim when None) is nonzero; NaN counts as nonzero, an empty
+    reduction is False. Bool out (uint8 for a uint8 input, as torch)."""
+    return torch.any(x, _dims(x, dims), keepdim)
+
+
+@register("all", R)
+def all_(x, dims: tuple | None = None, keepdim: bool = False):
+    """Whether every element along ``dims`` (every dim when None) is nonzero; NaN counts as nonzero, an empty
+    reduction is True. Bool out (uint8 for a uint8 input, as torch)."""
+    return torch.all(x, _dims(x, dims), keepdim)
+
+
 @register("var", R)
 def var(x, dims: tuple | None = None, correction: float = 1, keepdim: bool = False):
     return torch.var(x, _dims(x, dims), correction=correction, keepdim=keepdim)
