@@ -15,12 +15,6 @@ target (C's ``a > b ? a : b``, CUDA's ``fmaxf``), so amax/amin also keep a per-e
 register work per tile and one more reduction per row, and a flagged row gives NaN. Softmax and log_softmax
 need no flag: a NaN element makes ``exp(x - max)`` and so the row's sum NaN, whatever max was taken.
 
-Note: layer_norm of a row whose statistics overflow follows torch, not exact arithmetic: torch's CPU moments
-(``RowwiseMoments``: Welford per vector lane, lanes merged with ``m2 += delta * delta * c * m0``, where ``c * m0``
-is 0 for an empty lane or the first merge) make M2 NaN as soon as ``mean * mean`` overflows (|mean| >= 1.8e19),
-and its CUDA Welford merges empty partners the same way; so a row with such a mean gives NaN. A variance that
-overflows with a smaller mean gives ``rsqrt(inf) = 0`` and zeros, as in torch.
-
 Note: any/all reduce each element's truth (``x != 0``: NaN is true, -0.0 false) the same way: a per-element
 "seen" flag (any: a true element; all: a false one), one reduction per row; an empty row is False for any, True
 for all. Bool tensors cross the kernel boundary as int8 (``elementwise.storage_dtype``), X, Out and Pre alike.
@@ -148,10 +142,7 @@ def row_reduction(
         if kind == "log_softmax":
             return x - st[0][r] - T.log(st[1][r])
         if kind == "layer_norm":
-            mean = st[0][r]
-            y = (x - mean) * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
-            # torch's moments give NaN once the mean's square overflows (see the module note)
-            y = T.Select(mean * mean < T.float32(math.inf), y, T.float32(math.nan))
+            y = (x - st[0][r]) * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
         else:
             y = x * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
         if has_weight:
