@@ -270,6 +270,8 @@ def _permute(b, n, out, idx):
 
 @rule("transpose")
 def _transpose(b, n, out, idx):
+    if not idx:  # a 0-d tensor's transpose(0, -1) is itself
+        return b.at(n.inputs[0], ())
     d0, d1 = n.attr["dim0"] % len(idx), n.attr["dim1"] % len(idx)
     src = list(idx)
     src[d0], src[d1] = idx[d1], idx[d0]

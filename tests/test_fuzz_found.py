@@ -170,3 +170,13 @@ def test_products_are_rounded_before_the_sum(fn, caplog, rng):
     x[:3], y[:3], z[:3] = torch.tensor([1e-40, -1e-40, 3e38]), torch.tensor([-1e-42, -1e-42, 3e38]), 0.0
     got, want = compiled(fn, caplog)(x, y, z), fn(x, y, z)
     assert same_bits(got, want), (got != want).sum()
+
+
+def test_transpose_of_a_0d_tensor(caplog):
+    """``transpose(0, -1)`` of a 0-d tensor (torch allows it: the tensor itself) inside a fused region lowers: the
+    index rule took the dims modulo the rank, 0, and planning failed with ``ZeroDivisionError`` (found by the
+    fuzzer: ``v2.to(torch.float16).transpose(0, -1)``)."""
+    fn = lambda x, y: (x.to(torch.float16).transpose(0, -1), torch.gt(x.to(torch.float16), y))
+    x, y = torch.tensor(3.0), torch.tensor([[2.5, 3.0, math.nan]])
+    got, want = compiled(fn, caplog)(x, y), fn(x, y)
+    assert all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want)), (got, want)
