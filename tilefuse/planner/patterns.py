@@ -73,6 +73,8 @@ def _attn_check(caps: dict, ctx: Context) -> str | None:
         return "boolean runtime masks are left decomposed"
     if "mask" in caps and (ctx.type(caps["mask"]).rank or 0) < 2:
         return "the additive term is not a (q, k) mask"
+    if len({ctx.type(caps[x]).dtype for x in ("q", "k", "v")}) != 1:
+        return "q, k and v have different dtypes (sdpa takes one)"
     return None
 
 
