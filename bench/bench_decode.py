@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import json
 import platform
 import sys
@@ -105,27 +106,30 @@ def run_one(model, ref_model, mode: str, batch: int, cache_len: int, args, targe
     for c in caches:  # allocated up front (gpt-fast's setup_caches): static addresses for every mode's graphs
         c.early_initialization(batch, cfg.num_key_value_heads, head_dim, model.dtype, torch.device(dev))
     cache, ref_cache = caches
+    # the cache's argument: ``cache`` in newer transformers, ``past_key_values`` in older ones (5.17 drops an
+    # unknown ``cache=`` silently and decodes without one)
+    kw = "cache" if "cache" in inspect.signature(type(ref_model).forward).parameters else "past_key_values"
     with torch.no_grad():
         t0 = time.perf_counter()
-        logits = fwd(prompt, cache=cache).logits[:, -1].float()
+        logits = fwd(prompt, **{kw: cache}).logits[:, -1].float()
         sync(dev)
         prefill_s = time.perf_counter() - t0
-        want = ref_model(prompt, cache=ref_cache).logits[:, -1].float()
+        want = ref_model(prompt, **{kw: ref_cache}).logits[:, -1].float()
         worst = 0.0
         for _ in range(args.check + 1):  # the prefill's logits, then --check steps, all on eager's tokens
             worst = max(worst, ((logits - want).abs().max() / want.abs().max().clamp_min(1e-6)).item())
             tok = want.argmax(-1, keepdim=True)
             if _ == args.check:
                 break
-            logits = fwd(tok, cache=cache).logits[:, -1].float()
-            want = ref_model(tok, cache=ref_cache).logits[:, -1].float()
+            logits = fwd(tok, **{kw: cache}).logits[:, -1].float()
+            want = ref_model(tok, **{kw: ref_cache}).logits[:, -1].float()
         del ref_cache, caches
         for _ in range(args.warmup):
-            tok = fwd(tok, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+            tok = fwd(tok, **{kw: cache}).logits[:, -1].argmax(-1, keepdim=True)
         sync(dev)
         t0 = time.perf_counter()
         for _ in range(args.steps):
-            tok = fwd(tok, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+            tok = fwd(tok, **{kw: cache}).logits[:, -1].argmax(-1, keepdim=True)
         sync(dev)
         step_s = (time.perf_counter() - t0) / args.steps
     position = args.prompt + args.check + args.warmup + args.steps / 2
