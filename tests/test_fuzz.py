@@ -124,8 +124,10 @@ def _eval(expr: str, env: list[torch.Tensor]) -> torch.Tensor:
 DISCONTINUOUS = frozenset({"floor", "ceil", "round", "trunc", "sign", "remainder", "fmod", "argmax", "argmin",
                            "isnan", *COMPARE})
 # A min/max reduction over a row holding both 0.0 and -0.0 may keep either (torch's own order decides): its value
-# is exact but its zero's sign is not, so ops that tell -0.0 from 0.0 do not take it.
-ZERO_SIGN_FREE = frozenset({"amax", "amin", "max_values"})
+# is exact but its zero's sign is not, so ops that tell -0.0 from 0.0 do not take it. maximum/minimum of 0.0 and
+# -0.0 too: eager's vectorized body and its scalar tail return different operands (minimum(0.0, -0.0) gave 0.0
+# in one place of a tensor of 24 and -0.0 in another).
+ZERO_SIGN_FREE = frozenset({"amax", "amin", "max_values", "maximum", "minimum"})
 SIGN_SENSITIVE = frozenset({"reciprocal", "div", "rsqrt", "atan2", "pow", "remainder", "fmod", "log"})
 BITS, VALUE, CLOSE = 2, 1, 0  # how a value must match eager: bit for bit, equal values (either zero), in tolerance
 
