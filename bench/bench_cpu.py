@@ -121,8 +121,11 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(models.ZOO))
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--gemm", default="512,1024")
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (the kernels' OpenMP threads follow it)")
     ap.add_argument("--md", help="also write the tables and the machine's description to this markdown file")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if not os.environ.get("TILEFUSE_TUNING_DB"):  # the measured choice is made in this run, not read from before
         os.environ["TILEFUSE_TUNING_DB"] = str(Path(tempfile.mkdtemp(prefix="bench_cpu_")) / "tuning.json")
 

@@ -35,7 +35,8 @@ C_FLAGS = ("-O3", "-march=native", "-ffp-contract=off")
 # compile whenever a tile width is even); gcc -O3 vectorizes the scalar loops itself.
 C_PASS_CONFIGS = {"tirx.disable_vectorize": True}
 SOURCE_ONLY_KINDS = frozenset({"hip", "metal", "ascend", "webgpu"})
-# The grid of a c kernel runs over torch's OpenMP threads (lowering/cpu_parallel.py); False keeps it serial.
+# The grid of a c kernel runs over torch's OpenMP threads and its libm calls are vectorized (lowering/cpu_parallel.py);
+# False keeps TileLang's serial, scalar code.
 C_PARALLEL_GRID = True
 cpu_parallel.install()
 
@@ -70,7 +71,7 @@ def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int |
         pass_configs = {**C_PASS_CONFIGS, **(pass_configs or {})}
         prim_func = exact_float_constants(prim_func)  # the C source prints float32 constants to 7 digits
         if compile_flags is None and C_PARALLEL_GRID:
-            flags += cpu_parallel.grid_flags(prim_func)
+            flags += cpu_parallel.grid_flags(prim_func) + list(cpu_parallel.vector_math_flags())
     return tilelang.compile(prim_func, out_idx=_out_idx(out_idx), target=tilelang_target(target),
                             pass_configs=pass_configs, compile_flags=flags)
 

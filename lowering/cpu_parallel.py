@@ -1,4 +1,4 @@
-"""The kernel grid of a ``c`` kernel spread over the CPU's cores with OpenMP.
+"""``c`` kernels that use the machine: the grid spread over the CPU's cores with OpenMP, libm calls vectorized.
 
 Note: TileLang's C codegen runs a kernel's grid as serial loops around the program body, with the program's tiles
 declared once at the top of the function (``float C_f[4096];``), and has no option to emit OpenMP. Blocks of our
@@ -13,12 +13,20 @@ TileLang writes the source out (``LibraryGenerator.compile_lib``) and acts only 
 Where the source is not of the expected shape (the grid loops' extents differ from the grid's, a statement before
 them, tiles too large for a worker thread's stack) it stays serial, correct as before.
 
+Vector math: a loop calling ``tanhf`` or ``expf`` (a GELU epilogue, attention's ``exp2f``) stays scalar, since gcc
+vectorizes libm calls only where the header declares their SIMD variants (glibc does so under ``-ffast-math`` alone).
+``vector_math_flags`` asks for ``-fopenmp-simd -lmvec -fno-math-errno`` plus a ``-DTILEFUSE_VECTOR_MATH`` marker, and
+``declare_vector_math`` declares the float functions the source calls ``#pragma omp declare simd`` (glibc's libmvec
+has them: ``_ZGVeN16v_tanhf`` ...); results move by at most libmvec's few ulp (torch's own vectorized math differs
+from libm too). ``-fno-math-errno`` lets ``sqrtf`` vectorize (nothing reads errno).
+
 The kernels join torch's OpenMP runtime (torch's wheel ships ``libgomp.so.1``, loaded before any kernel, and the
 kernel libraries link that soname): a kernel uses ``torch.get_num_threads()`` threads and the same thread pool.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -35,6 +43,36 @@ _SIZES = {"float": 4, "double": 8, "half_t": 2, "bfloat16_t": 2, "bool": 1, "cha
 _FUNC = re.compile(r"^(?:int32_t|void) (\w+)\(.*\) \{$")
 _DECL = re.compile(r"^\s+((?:signed |unsigned )?\w+) (\w+)((?:\[\d+\])*)( = [^;]*)?;$")
 _FOR = re.compile(r"^(\s*)for \((?:int32_t|int64_t|int) (\w+) = 0; \2 < (\d+); \+\+\2\) \{$")
+
+
+VECTOR_MARKER = "TILEFUSE_VECTOR_MATH"
+# float functions with SIMD variants in glibc's libmvec (x86_64, glibc >= 2.35), and their arity
+VECTOR_MATH = {**{f: 1 for f in ("expf", "exp2f", "exp10f", "expm1f", "logf", "log2f", "log10f", "log1pf", "sinf",
+                                 "cosf", "tanf", "asinf", "acosf", "atanf", "sinhf", "coshf", "tanhf", "erff",
+                                 "erfcf", "cbrtf")},
+               "powf": 2, "atan2f": 2, "hypotf": 2}
+
+
+@functools.cache
+def vector_math_flags() -> tuple[str, ...]:
+    """The flags for vectorized libm calls, () where this machine has no libmvec (the loops stay scalar)."""
+    import ctypes.util
+    import platform
+
+    if platform.machine() != "x86_64" or ctypes.util.find_library("mvec") is None:
+        return ()
+    return ("-fopenmp-simd", "-fno-math-errno", "-lmvec", f"-D{VECTOR_MARKER}")
+
+
+def declare_vector_math(code: str) -> str:
+    """``code`` with the vector-math functions it calls declared ``omp declare simd`` after its first include."""
+    used = [f for f in VECTOR_MATH if re.search(rf"\b{f}\(", code)]
+    head = "#include <tl_templates/cpp/common.h>\n"
+    if not used or head not in code:
+        return code
+    decls = "".join(f"#pragma omp declare simd notinbranch\nfloat {f}({', '.join(['float'] * VECTOR_MATH[f])});\n"
+                    for f in used)
+    return code.replace(head, head + 'extern "C" {\n' + decls + "}\n", 1)
 
 
 def grid_extents(prim_func) -> tuple[int, ...] | None:
@@ -129,9 +167,12 @@ def install() -> None:
     original = LibraryGenerator.compile_lib
 
     def compile_lib(self, *args, **kwargs):
-        extents = marked_extents(getattr(self, "compile_flags", None))
+        flags = getattr(self, "compile_flags", None) or []
+        extents = marked_extents(flags)
         if extents is not None and getattr(self, "lib_code", None):
             self.lib_code = parallel_grid(self.lib_code, extents)
+        if f"-D{VECTOR_MARKER}" in flags and getattr(self, "lib_code", None):
+            self.lib_code = declare_vector_math(self.lib_code)
         return original(self, *args, **kwargs)
 
     compile_lib._tilefuse_omp = True

@@ -72,9 +72,10 @@ def _parallel(kernel) -> bool:
 
 
 def _kernels(f, out_idx):
-    """``f`` compiled with its grid parallel and serial."""
+    """``f`` compiled with its grid parallel and serial (both with vector math)."""
     par = tf_compile.compile_kernel(f, C, out_idx=out_idx)
-    ser = tf_compile.compile_kernel(f, C, out_idx=out_idx, compile_flags=list(tf_compile.C_FLAGS))
+    ser = tf_compile.compile_kernel(f, C, out_idx=out_idx,
+                                    compile_flags=[*tf_compile.C_FLAGS, *cpu_parallel.vector_math_flags()])
     return par, ser
 
 
@@ -117,3 +118,46 @@ def test_parallel_kernels_match_serial_ones_bit_for_bit(threads, rng):
         torch.testing.assert_close(par(y), torch.exp(y) * y, rtol=1e-6, atol=1e-6)
     finally:
         torch.set_num_threads(before)
+
+
+def test_vector_math_declared_for_the_functions_called():
+    code = "#include <tl_templates/cpp/common.h>\nint k() { return tanhf(x) + powf(a, b) + sqrtf(c) + exp2f(d); }"
+    out = cpu_parallel.declare_vector_math(code)
+    decls = out.split('extern "C" {\n')[1].split("}\n")[0]
+    assert decls == ("#pragma omp declare simd notinbranch\nfloat exp2f(float);\n"
+                     "#pragma omp declare simd notinbranch\nfloat tanhf(float);\n"
+                     "#pragma omp declare simd notinbranch\nfloat powf(float, float);\n")
+    assert out.endswith(code.split("\n", 1)[1])
+    assert cpu_parallel.declare_vector_math("#include <tl_templates/cpp/common.h>\nint k();") == \
+        "#include <tl_templates/cpp/common.h>\nint k();"  # no libm call: unchanged
+
+
+def test_vectorized_math_matches_torch_with_edge_values(rng):
+    """tanh, exp, erf and sqrt through libmvec's SIMD variants (where this machine has them): every element within
+    fp32 tolerance of torch, NaN, +-inf, +-0 and denormals included."""
+    from tilefuse.lowering.expr import Acc, call
+
+    n = 4099  # not a multiple of any vector width: the scalar tail runs too
+    x = torch.randn(n, generator=rng) * 4
+    x[:8] = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-40, -1e-40, 88.0])
+    exprs = [call("tanh", Acc()), call("exp", Acc()), call("erf", Acc()), call("sqrt", call("abs", Acc()))]
+    f = elementwise.elementwise([(n,)], ["float32"], exprs, ["float32"] * 4, block=1024, target=C)
+    kernel = tf_compile.compile_kernel(f, C, out_idx=[-4, -3, -2, -1])
+    if cpu_parallel.vector_math_flags():
+        assert b"_ZGV" in Path(kernel.adapter.libpath).read_bytes()  # the SIMD variants are called
+    got = kernel(x)
+    want = [torch.tanh(x), torch.exp(x), torch.erf(x), torch.sqrt(x.abs())]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-6, atol=1e-30, equal_nan=True)
+        assert torch.equal(torch.signbit(g[3:5]), torch.signbit(w[3:5]))  # tanh(-0.0) = -0.0
+
+
+def test_cpu_gemm_tile_fits_the_matrix():
+    from tilefuse.lowering.templates.gemm_configs import cpu_config, default_config, get_configs
+
+    base = get_configs(C)[0]
+    picks = {(M, N): (c["block_M"], c["block_N"]) for M, N in [(1, 1000), (200, 384), (200, 1000), (512, 512), (7, 100)]
+             for c in [cpu_config(base, M, N)]}
+    assert picks == {(1, 1000): (8, 256), (200, 384): (128, 128), (200, 1000): (128, 256), (512, 512): (128, 256),
+                     (7, 100): (8, 64)}
+    assert default_config(get_configs(C), 200, 384, 1, C) == cpu_config(base, 200, 384)
