@@ -158,6 +158,6 @@ def test_cpu_gemm_tile_fits_the_matrix():
     base = get_configs(C)[0]
     picks = {(M, N): (c["block_M"], c["block_N"]) for M, N in [(1, 1000), (200, 384), (200, 1000), (512, 512), (7, 100)]
              for c in [cpu_config(base, M, N)]}
-    assert picks == {(1, 1000): (8, 256), (200, 384): (128, 128), (200, 1000): (128, 256), (512, 512): (128, 256),
+    assert picks == {(1, 1000): (8, 256), (200, 384): (104, 128), (200, 1000): (104, 256), (512, 512): (128, 256),
                      (7, 100): (8, 64)}
     assert default_config(get_configs(C), 200, 384, 1, C) == cpu_config(base, 200, 384)
