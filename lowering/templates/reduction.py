@@ -193,15 +193,25 @@ def row_reduction(
             # Chan et al.: merge this tile's (count n_b, mean t0, M2 t1) into the running (n_a, s0, s1).
             n_b = T.Cast(f32, T.min(block_N, cols - c0))
             n_a = T.Cast(f32, c0)
-            T.reduce_sum(x_f, t0, dim=1)
-            for r in d.tile_loop(block_rows):
-                t0[r] = t0[r] / n_b
+            if d.cpu:
+                # The tile's mean about its first element (exact for a constant row, as torch's moments are: the
+                # plain sum / n of seven 3.082s is not 3.082, and layer_norm of such a row gave 7.5e-5, not 0).
+                # CPU only: on GPUs an element of another thread's fragment is not at hand.
+                for r, c in d.tile_loop(block_rows, block_N):
+                    tmp_f[r, c] = T.if_then_else(c0 + c < cols, x_f[r, c] - x_f[r, 0], T.float32(0))
+                T.reduce_sum(tmp_f, t0, dim=1)
+                for r in d.tile_loop(block_rows):
+                    t0[r] = x_f[r, 0] + t0[r] / n_b
+            else:
+                T.reduce_sum(x_f, t0, dim=1)
+                for r in d.tile_loop(block_rows):
+                    t0[r] = t0[r] / n_b
             for r, c in d.tile_loop(block_rows, block_N):
                 tmp_f[r, c] = T.if_then_else(c0 + c < cols, (x_f[r, c] - t0[r]) * (x_f[r, c] - t0[r]), T.float32(0))
             T.reduce_sum(tmp_f, t1, dim=1)
             for r in d.tile_loop(block_rows):
                 s1[r] = s1[r] + t1[r] + (t0[r] - s0[r]) * (t0[r] - s0[r]) * n_a * n_b / (n_a + n_b)
-                s0[r] = s0[r] + (t0[r] - s0[r]) * n_b / (n_a + n_b)
+                s0[r] = s0[r] + (t0[r] - s0[r]) * (n_b / (n_a + n_b))  # the first tile: exactly its mean
 
     @T.prim_func
     def row_reduction_kernel():
