@@ -290,7 +290,7 @@ def _slice(b, n, out, idx):
 def _flip(b, n, out, idx):
     x = n.inputs[0]
     src = list(idx)
-    for d in {d % len(idx) for d in n.attr["dims"]}:
+    for d in {d % len(idx) for d in n.attr["dims"]} if idx else ():  # a 0-d tensor's flip is the tensor itself
         src[d] = sub(lit(b.shape(x)[d] - 1), idx[d])
     return b.at(x, tuple(src))
 

@@ -182,6 +182,15 @@ def test_transpose_of_a_0d_tensor(caplog):
     assert all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want)), (got, want)
 
 
+def test_flip_of_a_0d_tensor(caplog):
+    """``flip(x, (-1,))`` of a 0-d tensor (torch allows it: the tensor itself) plans and lowers: the index rule took
+    the dims modulo the rank, 0, and planning failed with ``ZeroDivisionError`` (found by the fuzzer's long run)."""
+    fn = lambda x, y: (torch.maximum(x, x), torch.flip(y, (-1,)) * 2)
+    x, y = torch.randn(2, 3, 4), torch.tensor(3.0819921493530273)
+    got, want = compiled(fn, caplog)(x, y), fn(x, y)
+    assert all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want)), (got, want)
+
+
 @pytest.mark.xfail(reason="open (fuzzer bug 7): a layer_norm row whose variance overflows fp32 gives 0 where torch's CPU "
                           "kernel gives NaN (or 0, depending on how its vector lanes merge the moments); the fuzzer "
                           "draws no 3e38 for layer_norm programs until this is settled", strict=False)
