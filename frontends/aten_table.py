@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .fx import Ctx
+from .fx_context import Ctx
 
 aten = torch.ops.aten
 Converter = Callable[[Ctx, dict], Any]

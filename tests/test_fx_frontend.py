@@ -12,7 +12,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tilefuse import ops
 from tilefuse.frontends import fx as fxf
 from tilefuse.frontends.aten_table import CONVERTERS, GENERATORS
-from tilefuse.frontends.fx import FxImportError, import_fx, import_fx_program, scalar_dtype
+from tilefuse.frontends.fx import FxImportError, import_fx, import_fx_program
+from tilefuse.frontends.fx_context import scalar_dtype
 from tilefuse.ir import TensorType
 from tilefuse.ops.fallback import decode_arg, encode_arg, flatten_outputs, resolve_op
 from tilefuse.runtime.executor import run_graph
