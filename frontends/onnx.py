@@ -25,8 +25,7 @@ import dataclasses
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import onnx
@@ -34,24 +33,20 @@ import onnx.defs
 import torch
 from onnx import helper
 
-from tilefuse import ops
-from tilefuse.frontends.onnx_shapes import MAX_ELEMENTS, Elements, propagate
-from tilefuse.frontends.onnx_tensors import (
-    DTYPE_TO_ONNX,
-    UnsupportedDtypeError,
-    onnx_dtype,
-    tensor_from_proto,
-    type_from_proto,
-)
-from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value, freeze, prune
+from tilefuse.frontends import onnx_nn, onnx_ops
+from tilefuse.frontends.onnx_context import FOLD_LIMIT, Converter, Ctx, OnnxNode, Unsupported, evaluate
+from tilefuse.frontends.onnx_tensors import DTYPE_TO_ONNX, UnsupportedDtypeError, tensor_from_proto, type_from_proto
+from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value, prune
 
-FOLD_LIMIT = 1 << 16  # fold a node on constants only if its outputs have at most this many elements
 # Ops with data-dependent output shapes that are still folded on constant inputs: shape arithmetic
 # whose outputs are no larger than its inputs (``range_dynamic``: the Range converter checks the count).
 FOLD_DYNAMIC = frozenset({"range_dynamic", "nonzero", "slice_dynamic", "reshape_dynamic", "squeeze_dynamic",
                           "unsqueeze_dynamic", "shape_of", "numel", "compress", "split_dynamic", "topk_dynamic",
                           "reduce_dynamic"})
 NEWEST_OPSET = min(28, onnx.defs.onnx_opset_version())  # the newest opset the converters were checked against
+# The converter of each default-domain ONNX op, and the oldest op version it understands where that is not 7.
+CONVERTERS: dict[str, Converter] = {**onnx_ops.CONVERTERS, **onnx_nn.CONVERTERS}
+OLDEST: dict[str, int] = {**onnx_ops.OLDEST, **onnx_nn.OLDEST}
 
 
 class OnnxImportError(ValueError):
@@ -60,34 +55,6 @@ class OnnxImportError(ValueError):
 
 class UnsupportedOnnxOpError(OnnxImportError):
     """A node whose op (or this use of it) tilefuse does not support: names file, op, node, domain."""
-
-
-class Unsupported(Exception):
-    """Raised by a converter for an attribute/input combination it does not handle (with the reason)."""
-
-
-@dataclass(frozen=True)
-class OnnxNode:
-    """One ONNX node as converters see it: attributes parsed, ``version`` = the op's since_version."""
-
-    op: str
-    domain: str
-    name: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: Mapping[str, Any]
-    version: int
-    opsets: Mapping[str, int]
-    proto: onnx.NodeProto
-
-    def attr(self, key: str, default: Any = None) -> Any:
-        return self.attrs.get(key, default)
-
-    def has_input(self, i: int) -> bool:
-        return i < len(self.inputs) and bool(self.inputs[i])
-
-
-Converter = Callable[["Ctx", OnnxNode], list[str]]
 
 
 def import_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *, name: str | None = None) -> Graph:
@@ -112,7 +79,7 @@ def import_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *, name: str
     except Exception:  # noqa: BLE001  (inference is a hint: our registry infers types on its own)
         inferred = g
     onnx_types = {vi.name: vi.type for vi in (*inferred.value_info, *inferred.output)}
-    ctx = Ctx(GraphBuilder(name or g.name or "onnx_model"), label, base_dir, onnx_types)
+    ctx = Ctx(GraphBuilder(name or g.name or "onnx_model"), label, base_dir, onnx_types, FOLD_DYNAMIC)
     if g.sparse_initializer:
         raise UnsupportedOnnxOpError(f"{label}: sparse initializers are not supported")
     for init in g.initializer:
@@ -133,7 +100,7 @@ def import_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *, name: str
         ctx.env[vi.name] = ctx.b.input(vi.name, t)
         ctx.symbols.update(d for d in t.shape or () if isinstance(d, str))
     for node in g.node:
-        ctx.convert(node, opsets)
+        _convert(ctx, node, opsets)
     for vo in g.output:
         if vo.name not in ctx.env:
             raise OnnxImportError(f"{label}: graph output {vo.name!r} is never produced")
@@ -141,7 +108,7 @@ def import_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *, name: str
     return _rename_values(prune(graph), {ctx.env[vo.name]: vo.name for vo in g.output})
 
 
-# ---- loading and checking ----------------------------------------------------------------------
+# ---- loading and checking -----------------------------------------------------------------------
 
 def _load(model) -> tuple[onnx.ModelProto, str, str]:
     if isinstance(model, onnx.ModelProto):
@@ -203,214 +170,100 @@ def _opsets(m: onnx.ModelProto, label: str) -> dict[str, int]:
     return opsets
 
 
-# ---- the conversion context ---------------------------------------------------------------------
+# ---- node conversion ----------------------------------------------------------------------------
 
-class Ctx:
-    """State of one import: the builder, ONNX name -> tilefuse value name, known constants."""
+def _convert(ctx: Ctx, proto: onnx.NodeProto, opsets: Mapping[str, int]) -> None:
+    """Convert one ONNX node (expanding it into its ONNX function body when it has no converter)."""
+    domain = "" if proto.domain == "ai.onnx" else proto.domain
+    where = f"node {proto.name or '(unnamed)'!r} (op {proto.op_type!r}, domain {domain or 'ai.onnx'!r})"
+    if domain not in opsets:
+        raise OnnxImportError(f"{ctx.label}: {where}: domain not in the model's opset_import")
+    try:
+        schema = onnx.defs.get_schema(proto.op_type, opsets[domain], domain)
+    except Exception:  # noqa: BLE001  (SchemaError: unknown op)
+        raise UnsupportedOnnxOpError(f"{ctx.label}: {where}: unsupported op (no such op in "
+                                     f"{domain or 'ai.onnx'} opset {opsets[domain]}); export the model with "
+                                     "standard ONNX ops") from None
+    conv = CONVERTERS.get(proto.op_type) if domain == "" else None
+    missing = [i for i in proto.input if i and i not in ctx.env]
+    if missing:
+        raise OnnxImportError(f"{ctx.label}: {where} reads {missing} before they are defined")
+    if conv is None or schema.since_version < OLDEST.get(proto.op_type, 7):
+        body = _function_body(ctx, proto, schema, opsets)
+        if body is None:
+            what = "unsupported op" if conv is None else f"unsupported op version {schema.since_version}"
+            what += " (control flow is not supported)" if proto.op_type in ("If", "Loop", "Scan") else ""
+            raise UnsupportedOnnxOpError(f"{ctx.label}: {where}: {what}; tilefuse has no converter for it "
+                                         "(add one to CONVERTERS in tilefuse/frontends/onnx_ops.py)")
+        for sub, sub_opsets in body:
+            _convert(ctx, sub, sub_opsets)
+        return
+    try:
+        n = OnnxNode(proto.op_type, domain, proto.name, tuple(proto.input), tuple(proto.output),
+                     _attrs(proto, ctx.base_dir), schema.since_version, dict(opsets), proto)
+        outs = conv(ctx, n)
+    except (Unsupported, UnsupportedDtypeError) as e:
+        raise UnsupportedOnnxOpError(f"{ctx.label}: {where}: unsupported: {e}") from e
+    except OnnxImportError:
+        raise
+    except Exception as e:
+        raise OnnxImportError(f"{ctx.label}: {where}: {type(e).__name__}: {e}") from e
+    for onnx_name, ours in zip(proto.output, outs):
+        if onnx_name:
+            ctx.env[onnx_name] = _check_type(ctx, onnx_name, ours, where)
+    absent = [o for o in proto.output[len(outs):] if o]
+    if absent:
+        raise UnsupportedOnnxOpError(f"{ctx.label}: {where}: unsupported optional outputs {absent}")
 
-    def __init__(self, builder: GraphBuilder, label: str, base_dir: str, onnx_types: Mapping[str, onnx.TypeProto]):
-        self.b = builder
-        self.label = label
-        self.base_dir = base_dir
-        self.onnx_types = onnx_types
-        self.env: dict[str, str] = {}
-        self.unknown: set[str] = set()  # symbolic dims we named for values whose size is data-dependent
-        self.symbols: set[str] = set()  # the symbolic dims of the graph inputs
-        self.values: dict[str, Elements] = {}  # known elements of shape tensors computed at run time
 
-    # -- values ------------------------------------------------------------------------------
-    def inp(self, n: OnnxNode, i: int) -> str:
-        """Our value name for input ``i`` of ``n`` ('' when absent)."""
-        if not n.has_input(i):
-            return ""
-        return self.env[n.inputs[i]]
-
-    def const(self, name: str) -> torch.Tensor | None:
-        """The tensor of value ``name`` if it is a constant, else ``None``."""
-        return self.b.constants.get(name) if name else None
-
-    def type(self, name: str) -> TensorType:
-        return self.b.types[name]
-
-    def shape(self, name: str) -> tuple | None:
-        return self.b.types[name].shape
-
-    def rank(self, name: str) -> int:
-        r = self.b.types[name].rank
-        if r is None:
-            raise Unsupported(f"value {name!r} has unknown rank")
-        return r
-
-    def static_shape(self, name: str, why: str = "") -> tuple[int, ...]:
-        t = self.b.types[name]
-        if not t.is_static:
-            raise Unsupported(f"needs the static shape of {name!r} ({t}){': ' + why if why else ''}")
-        return t.shape
-
-    def dtype(self, name: str) -> str:
-        return self.b.types[name].dtype
-
-    def constant(self, tensor: torch.Tensor, base: str = "const") -> str:
-        return self.b.constant(base, tensor)
-
-    def scalar(self, value: Any, dtype: str) -> str:
-        """A 0-d constant of ``dtype``."""
-        return self.constant(torch.tensor(value, dtype=getattr(torch, dtype)), "scalar")
-
-    # -- ops ---------------------------------------------------------------------------------
-    def add(self, op: str, inputs: Iterable[str], *, types: list[TensorType] | None = None,
-            **attrs: Any) -> list[str]:
-        """Add registry op ``op``; fold it right away when every input is a constant and its outputs
-        are small (known before evaluating: static shapes, or a shape-arithmetic op in FOLD_DYNAMIC).
-        ``types`` overrides the registry's inference (dims named ``"?"`` are unknown)."""
-        inputs = tuple(inputs)
-        attrs = {k: freeze(v) for k, v in attrs.items()}
-        if types is None:
-            types = self._infer(op, inputs, attrs)
-        consts = [self.const(i) if i else None for i in inputs]
-        if all(c is not None for c, i in zip(consts, inputs) if i) and (
-                all(t.is_static for t in types) and sum(t.numel for t in types) <= FOLD_LIMIT or op in FOLD_DYNAMIC):
-            outs = _evaluate(op, consts, attrs)
-            if outs is not None:
-                return [self.constant(t, op) for t in outs]
-        if any(t.shape and "?" in t.shape for t in types):  # data-dependent dims: name each one
-            base = self.b.fresh(f"{op}_dim")
-            types = [t if not t.shape else TensorType(tuple(f"{base}{j}_{k}" if d == "?" else d
-                                                            for k, d in enumerate(t.shape)), t.dtype)
-                     for j, t in enumerate(types)]
-            self.unknown.update(d for t in types if t.shape for d in t.shape if isinstance(d, str))
-        outs = self.b.add(op, inputs, out_types=types, **attrs)
-        if len(outs) == 1:
-            elements = propagate(op, [self.known(i) for i in inputs], [self.b.types.get(i) for i in inputs], attrs,
-                                 types[0])
-            if elements is not None:
-                self.values[outs[0]] = elements
-        return outs
-
-    def known(self, name: str) -> Elements | None:
-        """The elements of a small int tensor as far as known at import (see ``onnx_shapes``)."""
-        t = self.const(name)
-        if t is not None:
-            ok = t.dim() <= 1 and t.numel() <= MAX_ELEMENTS and not t.dtype.is_floating_point
-            return tuple(int(v) for v in t.reshape(-1).tolist()) if ok and t.dtype != torch.bool else None
-        return self.values.get(name)
-
-    def _infer(self, op: str, inputs: tuple[str, ...], attrs: dict) -> list[TensorType]:
-        """Registry inference; when distinct symbolic dims make it fail (two unknown dims that the
-        model's semantics make equal), retry with every symbol identified and leave the symbolic
-        output dims unknown."""
-        in_types = [self.b.types[i] if i else None for i in inputs]
-        try:
-            return ops.infer_types(op, in_types, attrs, node=op)
-        except ops.InferenceError:
-            if not any(t is not None and t.shape and any(isinstance(d, str) for d in t.shape) for t in in_types):
-                raise
-            one = [t if t is None or t.shape is None else
-                   TensorType(tuple("sym" if isinstance(d, str) else d for d in t.shape), t.dtype) for t in in_types]
-            types = ops.infer_types(op, one, attrs, node=op)
-            return [t if t.shape is None else TensorType(tuple("?" if isinstance(d, str) else d for d in t.shape),
-                                                         t.dtype) for t in types]
-
-    def add1(self, op: str, inputs: Iterable[str], **attrs: Any) -> str:
-        (out,) = self.add(op, inputs, **attrs)
-        return out
-
-    def cast(self, name: str, dtype: str) -> str:
-        return name if self.dtype(name) == dtype else self.add1("cast", [name], dtype=dtype)
-
-    # -- node conversion ---------------------------------------------------------------------
-    def convert(self, proto: onnx.NodeProto, opsets: Mapping[str, int]) -> None:
-        """Convert one ONNX node (expanding it into its ONNX function body when it has no converter)."""
-        from tilefuse.frontends.onnx_ops import CONVERTERS, OLDEST
-
-        domain = "" if proto.domain == "ai.onnx" else proto.domain
-        where = f"node {proto.name or '(unnamed)'!r} (op {proto.op_type!r}, domain {domain or 'ai.onnx'!r})"
-        if domain not in opsets:
-            raise OnnxImportError(f"{self.label}: {where}: domain not in the model's opset_import")
-        try:
-            schema = onnx.defs.get_schema(proto.op_type, opsets[domain], domain)
-        except Exception:  # noqa: BLE001  (SchemaError: unknown op)
-            raise UnsupportedOnnxOpError(f"{self.label}: {where}: unsupported op (no such op in "
-                                         f"{domain or 'ai.onnx'} opset {opsets[domain]}); export the model with "
-                                         "standard ONNX ops") from None
-        conv = CONVERTERS.get(proto.op_type) if domain == "" else None
-        missing = [i for i in proto.input if i and i not in self.env]
-        if missing:
-            raise OnnxImportError(f"{self.label}: {where} reads {missing} before they are defined")
-        if conv is None or schema.since_version < OLDEST.get(proto.op_type, 7):
-            body = _function_body(self, proto, schema, opsets)
-            if body is None:
-                what = "unsupported op" if conv is None else f"unsupported op version {schema.since_version}"
-                what += " (control flow is not supported)" if proto.op_type in ("If", "Loop", "Scan") else ""
-                raise UnsupportedOnnxOpError(f"{self.label}: {where}: {what}; tilefuse has no converter for it "
-                                             "(add one to CONVERTERS in tilefuse/frontends/onnx_ops.py)")
-            for sub, sub_opsets in body:
-                self.convert(sub, sub_opsets)
-            return
-        try:
-            n = OnnxNode(proto.op_type, domain, proto.name, tuple(proto.input), tuple(proto.output),
-                         _attrs(proto, self.base_dir), schema.since_version, dict(opsets), proto)
-            outs = conv(self, n)
-        except (Unsupported, UnsupportedDtypeError) as e:
-            raise UnsupportedOnnxOpError(f"{self.label}: {where}: unsupported: {e}") from e
-        except OnnxImportError:
-            raise
-        except Exception as e:
-            raise OnnxImportError(f"{self.label}: {where}: {type(e).__name__}: {e}") from e
-        for onnx_name, ours in zip(proto.output, outs):
-            if onnx_name:
-                self.env[onnx_name] = self._check_type(onnx_name, ours, where)
-        absent = [o for o in proto.output[len(outs):] if o]
-        if absent:
-            raise UnsupportedOnnxOpError(f"{self.label}: {where}: unsupported optional outputs {absent}")
-
-    def _check_type(self, onnx_name: str, ours: str, where: str) -> str:
-        """Our inferred type must agree with ONNX shape inference where both are known; where ours
-        has unknown rank (a data-dependent op), ONNX's shape is adopted. Returns ``ours``."""
-        tp = self.onnx_types.get(onnx_name)
-        try:
-            theirs = type_from_proto(tp, onnx_name) if tp is not None else None
-        except UnsupportedDtypeError:
-            return ours
-        t = self.type(ours)
-        if theirs is None:
-            return ours
-        if theirs.dtype != t.dtype:
-            raise OnnxImportError(f"{self.label}: {where}: output {onnx_name!r} converted to {t}, but ONNX says "
-                                  f"{theirs} (a tilefuse converter bug)")
-        if theirs.shape is None:
-            return ours
-        if t.shape is not None and len(t.shape) != len(theirs.shape):
-            raise OnnxImportError(f"{self.label}: {where}: output {onnx_name!r} converted to {t}, but ONNX says "
-                                  f"{theirs} (a tilefuse converter bug)")
-        if t.shape is not None and any(isinstance(a, int) and isinstance(b, int) and a != b
-                                       for a, b in zip(t.shape, theirs.shape)):
-            # ONNX's shape inference is not always right (MaxPool's ceil_mode, ...): ours follows the
-            # reference semantics and runs; say so rather than refuse the model.
-            warnings.warn(f"{self.label}: {where}: output {onnx_name!r} has type {t}; ONNX shape inference "
-                          f"says {theirs}", stacklevel=2)
-            return ours
-        # Where ours is unknown (a data-dependent size) and ONNX knows an int or a graph-input symbol, take it.
-        mine = t.shape if t.shape is not None else (None,) * len(theirs.shape)
-        better = tuple(b if (a is None or a in self.unknown) and (isinstance(b, int) or b in self.symbols) else
-                       ("?" if a is None else a) for a, b in zip(mine, theirs.shape))
-        if better != t.shape:
-            if "?" in better:
-                base = self.b.fresh(f"{onnx_name}_dim")
-                better = tuple(f"{base}{k}" if d == "?" else d for k, d in enumerate(better))
-                self.unknown.update(d for d in better if isinstance(d, str) and d.startswith(base))
-            self._retype(ours, TensorType(better, t.dtype))
+def _check_type(ctx: Ctx, onnx_name: str, ours: str, where: str) -> str:
+    """Our inferred type must agree with ONNX shape inference where both are known; where ours
+    has unknown rank (a data-dependent op), ONNX's shape is adopted. Returns ``ours``."""
+    tp = ctx.onnx_types.get(onnx_name)
+    try:
+        theirs = type_from_proto(tp, onnx_name) if tp is not None else None
+    except UnsupportedDtypeError:
         return ours
+    t = ctx.type(ours)
+    if theirs is None:
+        return ours
+    if theirs.dtype != t.dtype:
+        raise OnnxImportError(f"{ctx.label}: {where}: output {onnx_name!r} converted to {t}, but ONNX says "
+                              f"{theirs} (a tilefuse converter bug)")
+    if theirs.shape is None:
+        return ours
+    if t.shape is not None and len(t.shape) != len(theirs.shape):
+        raise OnnxImportError(f"{ctx.label}: {where}: output {onnx_name!r} converted to {t}, but ONNX says "
+                              f"{theirs} (a tilefuse converter bug)")
+    if t.shape is not None and any(isinstance(a, int) and isinstance(b, int) and a != b
+                                   for a, b in zip(t.shape, theirs.shape)):
+        # ONNX's shape inference is not always right (MaxPool's ceil_mode, ...): ours follows the
+        # reference semantics and runs; say so rather than refuse the model.
+        warnings.warn(f"{ctx.label}: {where}: output {onnx_name!r} has type {t}; ONNX shape inference "
+                      f"says {theirs}", stacklevel=2)
+        return ours
+    # Where ours is unknown (a data-dependent size) and ONNX knows an int or a graph-input symbol, take it.
+    mine = t.shape if t.shape is not None else (None,) * len(theirs.shape)
+    better = tuple(b if (a is None or a in ctx.unknown) and (isinstance(b, int) or b in ctx.symbols) else
+                   ("?" if a is None else a) for a, b in zip(mine, theirs.shape))
+    if better != t.shape:
+        if "?" in better:
+            base = ctx.b.fresh(f"{onnx_name}_dim")
+            better = tuple(f"{base}{k}" if d == "?" else d for k, d in enumerate(better))
+            ctx.unknown.update(d for d in better if isinstance(d, str) and d.startswith(base))
+        _retype(ctx, ours, TensorType(better, t.dtype))
+    return ours
 
-    def _retype(self, name: str, t: TensorType) -> None:
-        """Give the node output ``name`` the type ``t`` (refining an unknown shape)."""
-        for k in range(len(self.b.nodes) - 1, -1, -1):
-            node = self.b.nodes[k]
-            if any(o.name == name for o in node.outputs):
-                outs = tuple(Value(o.name, t) if o.name == name else o for o in node.outputs)
-                self.b.nodes[k] = dataclasses.replace(node, outputs=outs)
-                self.b.types[name] = t
-                return
+
+def _retype(ctx: Ctx, name: str, t: TensorType) -> None:
+    """Give the node output ``name`` the type ``t`` (refining an unknown shape)."""
+    for k in range(len(ctx.b.nodes) - 1, -1, -1):
+        node = ctx.b.nodes[k]
+        if any(o.name == name for o in node.outputs):
+            outs = tuple(Value(o.name, t) if o.name == name else o for o in node.outputs)
+            ctx.b.nodes[k] = dataclasses.replace(node, outputs=outs)
+            ctx.b.types[name] = t
+            return
 
 
 def _attrs(proto: onnx.NodeProto, base_dir: str) -> dict[str, Any]:
@@ -432,18 +285,7 @@ def _attrs(proto: onnx.NodeProto, base_dir: str) -> dict[str, Any]:
     return out
 
 
-def _evaluate(op: str, inputs: list[torch.Tensor | None], attrs: dict) -> tuple[torch.Tensor, ...] | None:
-    """Outputs of ``op`` on constant ``inputs`` through its reference, or ``None`` when too big to fold."""
-    try:
-        outs = ops.get(op).run(inputs, dict(attrs))
-    except Exception:  # noqa: BLE001  (leave it to the runtime, which reports the node)
-        return None
-    if sum(o.numel() for o in outs) > FOLD_LIMIT:
-        return None
-    return tuple(o.contiguous() for o in outs)
-
-
-# ---- ONNX functions ------------------------------------------------------------------------------
+# ---- ONNX functions -----------------------------------------------------------------------------
 
 def _function_body(ctx: Ctx, proto: onnx.NodeProto, schema, opsets: Mapping[str, int]
                    ) -> list[tuple[onnx.NodeProto, dict]] | None:
@@ -523,7 +365,7 @@ def fold_constants(graph: Graph) -> Graph:
         elif all(i in consts for i in n.inputs if i) and (
                 all(o.type.is_static for o in n.outputs) and sum(o.type.numel for o in n.outputs) <= FOLD_LIMIT
                 or n.op in FOLD_DYNAMIC):
-            outs = _evaluate(n.op, [consts[i] if i else None for i in n.inputs], n.attr)
+            outs = evaluate(n.op, [consts[i] if i else None for i in n.inputs], n.attr)
         if outs is None or len(outs) != len(n.outputs):
             nodes.append(n)
             continue
@@ -552,14 +394,9 @@ def _rename_values(graph: Graph, wanted: Mapping[str, str]) -> Graph:
 
 
 __all__ = [
-    "Converter",
-    "Ctx",
+    "CONVERTERS",
     "OnnxImportError",
-    "OnnxNode",
-    "Unsupported",
     "UnsupportedOnnxOpError",
     "fold_constants",
     "import_onnx",
-    "onnx_dtype",
-    "prune",
 ]

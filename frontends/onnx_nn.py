@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from tilefuse.frontends.onnx import Ctx, OnnxNode, Unsupported, onnx_dtype
-from tilefuse.frontends.onnx_ops import WIDE, axis_of, const_input, ints, runtime
+from tilefuse.frontends.onnx_context import WIDE, Ctx, OnnxNode, Unsupported, axis_of, const_input, ints, runtime
+from tilefuse.frontends.onnx_tensors import onnx_dtype
 from tilefuse.ops import onnx_extra, onnx_more
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")

@@ -14,41 +14,23 @@ import math
 
 import torch
 
-from tilefuse.frontends.onnx import FOLD_LIMIT, Converter, Ctx, OnnxNode, Unsupported, onnx_dtype
+from tilefuse.frontends.onnx_context import (
+    FOLD_LIMIT,
+    WIDE,
+    Converter,
+    Ctx,
+    OnnxNode,
+    Unsupported,
+    axis_of,
+    const_input,
+    ints,
+    runtime,
+)
 from tilefuse.frontends.onnx_shapes import resolve_reshape
+from tilefuse.frontends.onnx_tensors import onnx_dtype
 from tilefuse.ir import TensorType
 
-WIDE = ("uint16", "uint32", "uint64")  # torch computes little in these: widened to int64 and back
-
-
 # ---- helpers ------------------------------------------------------------------------------------
-
-def ints(ctx: Ctx, n: OnnxNode, i: int, attr: str | None = None) -> list[int] | None:
-    """Input ``i`` (or, for old op versions, attribute ``attr``) as constant ints; None if absent;
-    ``Unsupported`` if it is a runtime tensor."""
-    if attr is not None and attr in n.attrs:
-        return [int(v) for v in n.attrs[attr]]
-    if not n.has_input(i):
-        return None
-    t = ctx.const(ctx.inp(n, i))
-    if t is None:
-        raise Unsupported(f"input {i} ({n.inputs[i]!r}) must be a constant")
-    return [int(v) for v in t.reshape(-1).tolist()]
-
-
-def runtime(ctx: Ctx, n: OnnxNode, i: int) -> bool:
-    """Whether input ``i`` is present and only known at run time."""
-    return n.has_input(i) and ctx.const(ctx.inp(n, i)) is None
-
-
-def const_input(ctx: Ctx, n: OnnxNode, i: int):
-    """Input ``i`` as a constant tensor, ``None`` if absent or computed at run time."""
-    return ctx.const(ctx.inp(n, i)) if n.has_input(i) else None
-
-
-def axis_of(ctx: Ctx, name: str, axis: int) -> int:
-    return axis % ctx.rank(name) if axis < 0 else axis
-
 
 def binary(ctx: Ctx, op: str, a: str, b: str) -> str:
     if ctx.dtype(a) in WIDE:
@@ -559,10 +541,4 @@ OLDEST = {"Not": 1, "Identity": 1, "Constant": 1, "Shape": 1, "Size": 1, "Transp
           "Tile": 6, "Abs": 6, "Neg": 6, "Exp": 6, "Log": 6, "Sqrt": 6, "Reciprocal": 6, "Relu": 6, "Sigmoid": 6,
           "Tanh": 6, "Floor": 6, "Ceil": 6, "Clip": 6, "Elu": 6, "LeakyRelu": 6, "Selu": 6, "HardSigmoid": 6,
           "Softsign": 1, "Softplus": 1, "Pad": 2, "TopK": 10, "Max": 8, "Min": 8, "Sum": 8, "Mean": 8,
-          "Cast": 6, "Dropout": 7, "Upsample": 9}
-
-from tilefuse.frontends.onnx_nn import CONVERTERS as _NN
-from tilefuse.frontends.onnx_nn import OLDEST as _NN_OLDEST
-
-CONVERTERS.update(_NN)
-OLDEST.update(_NN_OLDEST)
+          "Cast": 6, "Dropout": 7}
