@@ -9,7 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 transformers = pytest.importorskip("transformers")
 
-from tilefuse.frontends.capture import capture_graphs
+from tilefuse.capture import capture_graphs
 from tilefuse.models.hf import MainOutput, build_hf
 from tilefuse.planner import plan
 

@@ -10,7 +10,7 @@ import torch
 
 from tilefuse import models
 from tilefuse.api import compile_graph
-from tilefuse.frontends.capture import capture_graphs
+from tilefuse.capture import capture_graphs
 from tilefuse.ir import GraphBuilder, TensorType
 from tilefuse.planner import canonicalize
 from tilefuse.planner.layout import channels_last

@@ -17,8 +17,8 @@ import torch
 import tilefuse
 from tilefuse import models
 from tilefuse.api import compile_graph
+from tilefuse.capture import capture_graphs
 from tilefuse.config import default_target
-from tilefuse.frontends.capture import capture_graphs
 from tilefuse.ir import GraphBuilder, TensorType
 from tilefuse.lowering.registry import KernelSpec, build
 from tilefuse.models.hf import MainOutput, build_hf

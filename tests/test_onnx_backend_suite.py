@@ -1,6 +1,6 @@
 """Conformance: the official ONNX backend node suite (``onnx.backend.test``) through tilefuse.
 
-Every node test runs through ``tilefuse.frontends.onnx_backend`` (ONNX import -> tilefuse graph ->
+Every node test runs through ``tilefuse.onnx_backend`` (ONNX import -> tilefuse graph ->
 ``compile_onnx`` -> registry ops with torch references); nothing is computed by onnxruntime or
 onnx's reference evaluator. Tests of features tilefuse does not support are skipped by the explicit
 ``EXCLUDE`` table (regex -> reason); known bugs outside the frontend are expected failures
@@ -22,7 +22,7 @@ from types import MappingProxyType
 import onnx.backend.test
 import torch
 
-from tilefuse.frontends.onnx_backend import TilefuseBackend
+from tilefuse.onnx_backend import TilefuseBackend
 
 BAR = 1000  # node tests that must pass (onnxruntime 1.32 passes 1588 of 1884 here)
 

@@ -16,7 +16,7 @@ from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 import tilefuse
-from tilefuse.frontends import onnx_backend
+from tilefuse import onnx_backend
 from tilefuse.frontends.onnx import OnnxImportError, UnsupportedOnnxOpError, fold_constants, import_onnx
 
 OPSET = 18

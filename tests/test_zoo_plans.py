@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tilefuse import models
-from tilefuse.frontends.capture import capture_graphs
+from tilefuse.capture import capture_graphs
 from tilefuse.planner import plan
 from tilefuse.runtime.plan_runner import PlanRunner
 

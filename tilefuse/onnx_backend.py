@@ -1,6 +1,6 @@
 """The ONNX Backend API (``onnx.backend.base``) over tilefuse, like ``onnxruntime.backend``.
 
-    from tilefuse.frontends import onnx_backend as backend
+    from tilefuse import onnx_backend as backend
     rep = backend.prepare(model, "CPU")
     (y,) = rep.run([x])          # numpy in, numpy out (dtypes kept exactly)
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch
 
+import tilefuse
 from tilefuse.ir import Graph
 
 
 def capture_graphs(model: torch.nn.Module, inputs: tuple, **options) -> list[Graph]:
     """Compile ``model`` with tilefuse, run it once on ``inputs`` (no grad), return the imported graphs."""
-    import tilefuse
-
     runners: list = []
     torch._dynamo.reset()
     compiled = tilefuse.compile(model, observer=runners.append, **options)
