@@ -45,6 +45,9 @@ from typing import Any
 
 import torch
 
+from tilefuse import ops
+
+FLOAT_ONLY = ops.with_trait("float_only")  # ops whose integer/bool operands are widened to float32 first
 _HALF = ("float16", "bfloat16")
 _FLOAT_RANK = {"float32": 1, "float64": 2}
 
@@ -244,7 +247,10 @@ def emit(expr: Expr, env: Env):
             raise NotImplementedError(
                 f"op {expr.op!r} has no TileLang emitter (supported: {sorted(_EMIT)}); "
                 "the planner should keep this op out of the fused region")
-        return prim(fn(T, [emit(a, env) for a in expr.args], dict(expr.attrs)))
+        args = [emit(a, env) for a in expr.args]
+        if expr.op in FLOAT_ONLY:
+            args = [_float(T, a) for a in args]
+        return prim(fn(T, args, dict(expr.attrs)))
     raise TypeError(f"not an expression node: {expr!r}")
 
 
@@ -305,7 +311,7 @@ def _binary(fn):
 
 
 def _unary(fn):
-    return lambda T, a, attrs: fn(T, _float(T, a[0]), attrs)
+    return lambda T, a, attrs: fn(T, a[0], attrs)
 
 
 def _gelu(T, x, attrs):
@@ -491,13 +497,14 @@ def _masked_fill(T, a, attrs):
     return T.Select(mask, fill, x)
 
 
-# One table: op name -> emitter(T, lowered args, attrs). Unary float ops widen ints/bools first.
+# One table: op name -> emitter(T, lowered args, attrs). ``emit`` widens the integer/bool operands of the
+# ops with the trait float_only (``FLOAT_ONLY``) to float32 before it calls theirs.
 _EMIT: dict[str, Callable] = {
     "add": _binary(_add),
     "sub": _binary(_sub),
     "mul": _binary(_mul),
-    "div": lambda T, a, attrs: _div(T, *_unify(T, _float(T, a[0]), _float(T, a[1]))),
-    "pow": lambda T, a, attrs: _pow(T, *_unify(T, _float(T, a[0]), _float(T, a[1]))),
+    "div": _binary(_div),
+    "pow": _binary(_pow),
     "maximum": _binary(_maximum),
     "minimum": _binary(_minimum),
     "eq": _binary(lambda T, a, b: T.And(a == b, T.Not(T.isnan(a))) if _is_float(a) else a == b),
@@ -561,8 +568,6 @@ def evaluate(expr: Expr, acc: torch.Tensor | None, args: Sequence[torch.Tensor] 
 
     ``shape`` is the produced output's shape, which ``Coord`` nodes range over (an int64 arange
     along their dim, broadcast against the others)."""
-    from tilefuse import ops
-
     if isinstance(expr, Coord):
         if shape is None:
             raise ValueError(f"expression reads {expr} but no output shape was given")
@@ -584,7 +589,7 @@ def evaluate(expr: Expr, acc: torch.Tensor | None, args: Sequence[torch.Tensor] 
     if isinstance(expr, Call):
         vals = [evaluate(a, acc, args, shape) for a in expr.args]
         attrs = dict(expr.attrs)
-        if expr.op in _FLOAT_ONLY:
+        if expr.op in FLOAT_ONLY:
             vals = [v if v.is_floating_point() else v.float() for v in vals]
         (out,) = ops.get(expr.op).run(vals, attrs)
         return _widen_t(out)
@@ -593,11 +598,3 @@ def evaluate(expr: Expr, acc: torch.Tensor | None, args: Sequence[torch.Tensor] 
 
 def _widen_t(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
-
-
-# Ops whose emitter widens integer/bool inputs to fp32 first (torch would reject or keep ints).
-_FLOAT_ONLY = frozenset({
-    "scale", "reciprocal", "relu", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "hardsigmoid", "hardswish",
-    "softplus", "mish", "softsign", "clamp", "tanh", "erf", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tan",
-    "floor", "ceil", "sign", "div", "pow",
-})

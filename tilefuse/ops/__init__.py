@@ -1,6 +1,7 @@
 """The op registry (one source of truth per op) and the declarations that fill it.
 
-``tilefuse.ops.get("gelu")`` gives the ``OpSpec``: fusion kind, type inference, torch reference.
+``tilefuse.ops.get("gelu")`` gives the ``OpSpec``: fusion kind, type inference, torch reference, traits
+(``with_trait("view")``: the ops that only change metadata).
 Declarations live in modules by meaning (pointwise math, tensor manipulation, neural-net ops);
 importing this package registers them all.
 """
@@ -8,6 +9,7 @@ importing this package registers them all.
 from tilefuse.ops import fallback, nn, onnx_extra, onnx_more, onnx_seq, pointwise, tensor  # noqa: F401  (registers the ops)
 from tilefuse.ops.registry import (  # noqa: F401
     FUSIBLE_POINTWISE,
+    TRAITS,
     InferenceError,
     OpKind,
     OpSpec,
@@ -17,4 +19,9 @@ from tilefuse.ops.registry import (  # noqa: F401
     has,
     infer_types,
     register,
+    with_trait,
 )
+
+# Op groups read off the traits (``TRAITS``), for the passes outside the planner that ask them.
+MAY_ALIAS = with_trait("may_alias")  # the frontends copy a graph output that may share an input's storage
+POOL_OPS = with_trait("pool")

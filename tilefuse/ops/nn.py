@@ -149,14 +149,14 @@ def log_softmax(x, dim: int = -1):
 
 # ---- normalizations --------------------------------------------------------------------------
 
-@register("layer_norm", R)
+@register("layer_norm", R, traits=("norm",))
 def layer_norm(x, weight=None, bias=None, axis: int = -1, eps: float = 1e-5):
     """Normalize over dims ``axis..end`` (ONNX LayerNormalization, ATen layer_norm)."""
     axis = axis % x.dim()
     return F.layer_norm(x, x.shape[axis:], weight, bias, eps)
 
 
-@register("rms_norm", R)
+@register("rms_norm", R, traits=("norm",))
 def rms_norm(x, weight=None, axis: int = -1, eps: float = 1e-6):
     """x / sqrt(mean(x^2) + eps) * weight over dims ``axis..end``, computed in fp32."""
     axis = axis % x.dim()
@@ -167,7 +167,7 @@ def rms_norm(x, weight=None, axis: int = -1, eps: float = 1e-6):
     return y * weight if weight is not None else y
 
 
-@register("batch_norm", OpKind.BROADCAST)
+@register("batch_norm", OpKind.BROADCAST, traits=("epilogue", "axis"))
 def batch_norm(x, weight, bias, running_mean, running_var, eps: float = 1e-5, channels_last: bool = False):
     """Inference batch norm with running statistics (channels on dim 1, or the last with ``channels_last``):
     a per-channel affine map, so it fuses like a broadcast op (a convolution's epilogue)."""
@@ -189,7 +189,7 @@ def instance_norm(x, weight=None, bias=None, eps: float = 1e-5):
 
 # Pooling is channels first, or (N, *spatial, C) in and out with ``channels_last``.
 
-@register("max_pool", R)
+@register("max_pool", R, traits=("pool",))
 def max_pool(x, kernel: tuple, stride: tuple, padding: tuple = (0, 0), dilation: tuple = (1, 1),
              ceil_mode: bool = False, channels_last: bool = False):
     fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[len(kernel)]
@@ -197,7 +197,7 @@ def max_pool(x, kernel: tuple, stride: tuple, padding: tuple = (0, 0), dilation:
                            channels_last=channels_last)
 
 
-@register("avg_pool", R)
+@register("avg_pool", R, traits=("pool",))
 def avg_pool(x, kernel: tuple, stride: tuple, padding: tuple = (0, 0), ceil_mode: bool = False,
              count_include_pad: bool = True, channels_last: bool = False):
     fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[len(kernel)]
@@ -205,7 +205,7 @@ def avg_pool(x, kernel: tuple, stride: tuple, padding: tuple = (0, 0), ceil_mode
                            channels_last=channels_last)
 
 
-@register("adaptive_avg_pool", R)
+@register("adaptive_avg_pool", R, traits=("pool",))
 def adaptive_avg_pool(x, output_size: tuple, channels_last: bool = False):
     fn = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}[len(output_size)]
     return _channels_first(fn, x, tuple(output_size), channels_last=channels_last)
@@ -242,7 +242,7 @@ def sdpa(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
 
 
-@register("rotary_embedding", OpKind.BROADCAST)
+@register("rotary_embedding", OpKind.BROADCAST, traits=("axis",))
 def rotary_embedding(x, cos, sin, interleaved: bool = False):
     """x * cos + rotate_half(x) * sin (rotate_half pairs the two halves of the last dim, or
     adjacent elements when ``interleaved``); cos/sin broadcast against x."""
@@ -255,7 +255,7 @@ def rotary_embedding(x, cos, sin, interleaved: bool = False):
     return x * cos + rot * sin
 
 
-@register("dropout", OpKind.ELEMENTWISE)
+@register("dropout", OpKind.ELEMENTWISE, traits=("view", "may_alias", "epilogue"))
 def dropout(x):
     """Inference dropout: the identity."""
     return x

@@ -272,7 +272,7 @@ def _per_axis(scale, x, axis: int, block_size: int):
     return scale.reshape([-1 if i == axis else 1 for i in range(x.dim())])
 
 
-@register("quantize_linear", E)
+@register("quantize_linear", E, traits=("axis",))
 def quantize_linear(x, scale, zero_point=None, axis: int = 1, block_size: int = 0, dtype: str = "uint8",
                     saturate: int = 1):
     """round(x / scale) + zero_point, saturated to ``dtype`` (ties to even); float8 outputs cast."""
@@ -289,7 +289,7 @@ def quantize_linear(x, scale, zero_point=None, axis: int = 1, block_size: int = 
     return torch.round(y).clamp(info.min, info.max).to(out)
 
 
-@register("dequantize_linear", E)
+@register("dequantize_linear", E, traits=("axis",))
 def dequantize_linear(x, scale, zero_point=None, axis: int = 1, block_size: int = 0, dtype: str | None = None):
     """(x - zero_point) * scale in the scale's dtype (or ``dtype``)."""
     s = _per_axis(scale, x, axis, block_size)
@@ -331,7 +331,7 @@ def conv_integer(x, w, x_zp=None, w_zp=None, stride: tuple = (1, 1), padding: tu
     return fn(xf, wf, None, tuple(stride), tuple(padding), tuple(dilation), groups).round().to(torch.int32)
 
 
-@register("bitcast", E)
+@register("bitcast", E, traits=("axis",))
 def bitcast(x, dtype: str):
     """Reinterpret the bits of ``x`` as ``dtype`` (same width)."""
     return x.view(torch_dtype(dtype))

@@ -10,7 +10,7 @@ a runtime tensor) gets an unknown shape; the runtime still executes it through i
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,20 @@ class OpKind(str, enum.Enum):
 
 FUSIBLE_POINTWISE = frozenset({OpKind.ELEMENTWISE, OpKind.BROADCAST})
 
+# Facts about an op that passes ask by name (TVM Relax's op attributes), set where the op is registered;
+# ``with_trait`` gives the ops that have one (planner.plan.VIEW_OPS is ``with_trait("view")``).
+TRAITS = {
+    "view": "metadata only: no data moves when the input is contiguous (reshape, squeeze, ...)",
+    "may_alias": "the output may share the (first) input's storage (a view, a no-op cast)",
+    "permute": "reorders axes only (permute, transpose)",
+    "slicing": "takes a part of its input along one dim (slice, split)",
+    "epilogue": "a template's epilogue/prologue expression may compute it (lowering/expr.py has its emitter)",
+    "float_only": "in a fused expression its integer and bool operands are widened to float32 first",
+    "norm": "a normalization over the last dims (layer_norm, rms_norm): an add before it fuses into its kernel",
+    "pool": "a pooling window (max, average, adaptive average)",
+    "axis": "pointwise, but an attribute or an operand names an axis: not free of the layout",
+}
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -45,6 +59,7 @@ class OpSpec:
     infer: Callable[[Sequence[TensorType | None], dict[str, Any]], list[TensorType]] | None = None
     num_outputs: int = 1
     doc: str = ""
+    traits: frozenset[str] = frozenset()  # names from TRAITS
 
     def run(self, inputs: Sequence[torch.Tensor | None], attrs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
         out = self.ref(*inputs, **attrs)
@@ -62,13 +77,18 @@ class InferenceError(ValueError):
 _REGISTRY: dict[str, OpSpec] = {}
 
 
-def register(name: str, kind: OpKind, *, infer=None, num_outputs: int = 1):
-    """Decorator: declare the op ``name`` with the decorated function as its torch reference."""
+def register(name: str, kind: OpKind, *, infer=None, num_outputs: int = 1, traits: Iterable[str] = ()):
+    """Decorator: declare the op ``name`` with the decorated function as its torch reference and the facts
+    ``traits`` (names from ``TRAITS``) about it."""
+    traits = frozenset(traits)
+    unknown = traits - TRAITS.keys()
+    if unknown:
+        raise ValueError(f"op {name!r}: unknown traits {sorted(unknown)}; known: {sorted(TRAITS)}")
 
     def deco(fn):
         if name in _REGISTRY:
             raise ValueError(f"op {name!r} is registered twice")
-        _REGISTRY[name] = OpSpec(name, kind, fn, infer, num_outputs, (fn.__doc__ or "").strip())
+        _REGISTRY[name] = OpSpec(name, kind, fn, infer, num_outputs, (fn.__doc__ or "").strip(), traits)
         return fn
 
     return deco
@@ -87,6 +107,13 @@ def has(name: str) -> bool:
 
 def all_ops() -> dict[str, OpSpec]:
     return dict(_REGISTRY)
+
+
+def with_trait(trait: str) -> frozenset[str]:
+    """The names of the registered ops that have ``trait`` (a name from ``TRAITS``)."""
+    if trait not in TRAITS:
+        raise ValueError(f"unknown trait {trait!r}; known: {sorted(TRAITS)}")
+    return frozenset(name for name, spec in _REGISTRY.items() if trait in spec.traits)
 
 
 # ---- type inference ------------------------------------------------------------------------

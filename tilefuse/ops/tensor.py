@@ -16,7 +16,7 @@ from tilefuse.ops.registry import OpKind, register
 I, O = OpKind.INJECTIVE, OpKind.OPAQUE
 
 
-@register("reshape", I)
+@register("reshape", I, traits=("view", "may_alias"))
 def reshape(x, shape: tuple):
     """Reshape to ``shape`` (one dim may be -1)."""
     return x.reshape(shape)
@@ -31,23 +31,23 @@ def reshape_dynamic(x, shape, allowzero: int = 0):
     return x.reshape(dims)
 
 
-@register("permute", I)
+@register("permute", I, traits=("permute", "may_alias"))
 def permute(x, perm: tuple):
     return x.permute(perm)
 
 
-@register("transpose", I)
+@register("transpose", I, traits=("permute", "may_alias"))
 def transpose(x, dim0: int, dim1: int):
     return x.transpose(dim0, dim1)
 
 
-@register("expand", I)
+@register("expand", I, traits=("view", "may_alias"))
 def expand(x, shape: tuple):
     """Broadcast to ``shape`` (-1 keeps a dim)."""
     return x.expand(shape)
 
 
-@register("slice", I)
+@register("slice", I, traits=("slicing", "may_alias"))
 def slice_(x, dim: int, start: int | None = None, end: int | None = None, step: int = 1):
     idx = [slice(None)] * x.dim()
     idx[dim] = slice(start, end, step)
@@ -84,13 +84,13 @@ def _split_infer(in_types, attrs):
     return out
 
 
-@register("split", I, infer=_split_infer, num_outputs=-1)
+@register("split", I, infer=_split_infer, num_outputs=-1, traits=("slicing", "may_alias"))
 def split(x, dim: int, sizes: tuple):
     """Split into pieces of ``sizes`` along ``dim`` (one output per piece)."""
     return tuple(torch.split(x, list(sizes), dim))
 
 
-@register("squeeze", I)
+@register("squeeze", I, traits=("view", "may_alias"))
 def squeeze(x, dims: tuple | None = None):
     if dims is None:
         return x.squeeze()
@@ -99,7 +99,7 @@ def squeeze(x, dims: tuple | None = None):
     return x
 
 
-@register("unsqueeze", I)
+@register("unsqueeze", I, traits=("view", "may_alias"))
 def unsqueeze(x, dims: tuple):
     """Insert size-1 dims at ``dims`` (positions in the output)."""
     rank = x.dim() + len(dims)
@@ -108,7 +108,7 @@ def unsqueeze(x, dims: tuple):
     return x
 
 
-@register("flatten", I)
+@register("flatten", I, traits=("view", "may_alias"))
 def flatten(x, start_dim: int = 0, end_dim: int = -1):
     return torch.flatten(x, start_dim, end_dim)
 

@@ -18,9 +18,8 @@ from tilefuse import ops
 from tilefuse.ir import Graph, Node, TensorType, Value
 
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
-POOLS = frozenset({"max_pool", "avg_pool", "adaptive_avg_pool"})
-# Pointwise ops whose attributes or operands name an axis: not layout-free.
-AXIS_OPS = frozenset({"rotary_embedding", "quantize_linear", "dequantize_linear", "bitcast", "batch_norm"})
+POOLS = ops.with_trait("pool")
+AXIS_OPS = ops.with_trait("axis")  # pointwise ops whose attributes or operands name an axis: not layout-free
 
 
 def _pointwise(op: str) -> bool:

@@ -16,15 +16,10 @@ from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.ops import OpKind
 from tilefuse.planner.plan import VIEW_OPS
 
-# What the templates' epilogue/prologue expressions can compute (lowering/expr.py's vocabulary).
-EPILOGUE_OPS = frozenset({
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "abs", "reciprocal", "relu", "gelu", "silu",
-    "sigmoid", "tanh", "erf", "exp", "log", "sqrt", "rsqrt", "clamp", "where", "eq", "ne", "lt", "le", "gt", "ge",
-    "cast", "leaky_relu", "softplus", "sin", "cos", "scale", "identity", "dropout", "batch_norm",
-})
-LAYOUT_OPS = frozenset({"permute", "transpose"}) | VIEW_OPS
-SPLIT_OPS = frozenset({"split", "slice"})
-NORM_OPS = frozenset({"layer_norm", "rms_norm"})
+EPILOGUE_OPS = ops.with_trait("epilogue")  # what the templates' epilogue/prologue expressions compute
+LAYOUT_OPS = ops.with_trait("permute") | VIEW_OPS
+SPLIT_OPS = ops.with_trait("slicing")
+NORM_OPS = ops.with_trait("norm")
 MAX_OUTPUTS = {"gemm": 1, "gemm_sp": 1, "attention": 1, "reduction": 2, "elementwise": 8}
 
 

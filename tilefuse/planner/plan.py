@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tilefuse import ops
 from tilefuse.ir import Graph
 
 # Region kinds. ``view`` regions hold only metadata ops (reshape, squeeze, ...): no kernel.
@@ -104,7 +105,7 @@ class FusionPlan:
 
 
 # Ops that only change metadata (no data movement when the input is contiguous).
-VIEW_OPS = frozenset({"reshape", "squeeze", "unsqueeze", "flatten", "identity", "dropout", "expand"})
+VIEW_OPS = ops.with_trait("view")
 
 
 def compute_nodes(graph: Graph) -> int:
