@@ -2,11 +2,25 @@
 
 ``tilefuse.ops.get("gelu")`` gives the ``OpSpec``: fusion kind, type inference, torch reference, traits
 (``with_trait("view")``: the ops that only change metadata).
-Declarations live in modules by meaning (pointwise math, tensor manipulation, neural-net ops);
-importing this package registers them all.
+Declarations live in modules by meaning (pointwise math, tensor manipulation, neural-net ops, and the
+ONNX-only ops in ``onnx_*``); importing this package registers them all.
 """
 
-from tilefuse.ops import fallback, nn, onnx_extra, onnx_more, onnx_seq, pointwise, tensor  # noqa: F401  (registers the ops)
+from tilefuse.ops import (  # noqa: F401  (registers the ops)
+    fallback,
+    nn,
+    onnx_extra,
+    onnx_image,
+    onnx_index,
+    onnx_layers,
+    onnx_math,
+    onnx_more,
+    onnx_quant,
+    onnx_shape,
+    onnx_signal,
+    pointwise,
+    tensor,
+)
 from tilefuse.ops.registry import (  # noqa: F401
     FUSIBLE_POINTWISE,
     TRAITS,
