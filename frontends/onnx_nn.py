@@ -13,7 +13,9 @@ import torch
 
 from tilefuse.frontends.onnx_context import WIDE, Ctx, OnnxNode, Unsupported, axis_of, const_input, ints, runtime
 from tilefuse.frontends.onnx_tensors import onnx_dtype
-from tilefuse.ops import onnx_extra, onnx_more
+from tilefuse.ops.onnx_common import extreme
+from tilefuse.ops.onnx_image import resize_geometry
+from tilefuse.ops.onnx_layers import pool_geometry
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 
@@ -68,7 +70,7 @@ def _empty_reduction(ctx: Ctx, x: str, kind: str, dims, keep: bool) -> str:
     shape = [1 if i in dims else d for i, d in enumerate(t.shape)] if keep else [
         d for i, d in enumerate(t.shape) if i not in dims]
     dt = getattr(torch, t.dtype)
-    value = onnx_extra._extreme(dt, high=kind == "min")
+    value = extreme(dt, high=kind == "min")
     return ctx.constant(torch.full(shape, value, dtype=dt), "empty_reduce")
 
 
@@ -206,7 +208,7 @@ def _windows_fit(ctx: Ctx, x: str, kernel, strides, pads, dil, ceil) -> bool:
     shape = ctx.shape(x)
     if shape is None or not all(isinstance(d, int) for d in shape[2:]):
         return True
-    out, _ = onnx_extra._pool_geometry(shape, kernel, strides, pads, dil, ceil)
+    out, _ = pool_geometry(shape, kernel, strides, pads, dil, ceil)
     return min(out) > 0
 
 
@@ -378,8 +380,8 @@ def resize(ctx: Ctx, n: OnnxNode) -> list[str]:
     shape = ctx.shape(x)
     consts = {k: ctx.const(v) if v else None for k, v in inputs.items()}
     if ctx.type(x).is_static and all(v == "" or consts[k] is not None for k, v in inputs.items()):
-        sizes, scales, roi = onnx_more.resize_geometry(shape, consts.get("scales"), consts.get("sizes"),
-                                                        consts.get("roi"), **geometry)
+        sizes, scales, roi = resize_geometry(shape, consts.get("scales"), consts.get("sizes"), consts.get("roi"),
+                                             **geometry)
         if attrs["coordinate_mode"] != "tf_crop_and_resize":
             roi = None
         return ctx.add("resize", [x], sizes=sizes, scales=scales, roi=roi, **attrs)
