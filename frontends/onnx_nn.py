@@ -1,4 +1,5 @@
-"""The ONNX converter table, part 2: reductions, GEMM, convolution, pooling, normalization.
+"""The ONNX converter table, part 2: reductions, GEMM, convolution, pooling, normalization, resize, sampling,
+quantization, signal processing and recurrent layers (``onnx.CONVERTERS`` merges it with ``onnx_ops``).
 
 Note: convolution and pooling pads are resolved at import (``auto_pad`` needs the static spatial
 size); symmetric pads map onto the canonical ``conv``/``max_pool``/``avg_pool``, asymmetric ones get

@@ -1,4 +1,5 @@
-"""The ONNX converter table, part 1: elementwise math, casts, shapes and data movement.
+"""The ONNX converter table, part 1: elementwise math, casts, shapes and data movement (``onnx.CONVERTERS``
+merges it with ``onnx_nn``).
 
 Note: ``CONVERTERS`` maps an ONNX op type to a function ``(ctx, node) -> [output value names]``;
 the many 1:1 ops are one-liners built by ``_unary``/``_binary``. An input that ONNX passes as a
