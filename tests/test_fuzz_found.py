@@ -191,14 +191,33 @@ def test_flip_of_a_0d_tensor(caplog):
     assert all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want)), (got, want)
 
 
-@pytest.mark.xfail(reason="open (fuzzer bug 7): a layer_norm row whose variance overflows fp32 gives 0 where torch's CPU "
-                          "kernel gives NaN (or 0, depending on how its vector lanes merge the moments); the fuzzer "
-                          "draws no 3e38 for layer_norm programs until this is settled", strict=False)
-def test_layer_norm_whose_variance_overflows(caplog):
-    fn = lambda x: F.layer_norm(x, (7,))
-    x = torch.tensor([[1.5165e-01, 6.1744e-02, -2.4845e00, 3.0e38, 2.6542e00, -3.8657e-01, 1.0002e00]])
-    got, want = compiled(fn, caplog)(x), fn(x)
-    assert same_bits(got, want), (got, want)
+@pytest.mark.parametrize("cols", [7, 3000])  # one column tile, and several (the moments merged across tiles)
+def test_layer_norm_whose_variance_overflows_is_nan(cols, caplog, rng):
+    """A layer_norm row whose variance (or mean) overflows float32 comes out NaN, so the overflow shows (issue 15):
+    the kernel gave 0 (``(x - mean) * rsqrt(inf)``), a silent wrong answer, where float64 gives e.g. -0.41, and
+    torch's CPU kernel gives NaN or 0 by how its vector lanes merge the moments (fuzzer bug 7). A row whose mean
+    is past 1.8e19 but whose variance is finite gets float64's answer: the multi-tile merge gave NaN
+    (``(mean - 0)^2 * 0``), and torch's CPU kernel gives NaN for it where its lanes hold such a mean."""
+    w, b = torch.randn(cols, generator=rng), torch.randn(cols, generator=rng)
+    fn = lambda x: F.layer_norm(x * 1.0, (cols,), w, b)
+    x = torch.randn(8, cols, generator=rng)
+    x[0, :7] = torch.tensor([1.5165e-01, 6.1744e-02, -2.4845e00, 3.0e38, 2.6542e00, -3.8657e-01, 1.0002e00])
+    x[1, [0, 5]] = torch.tensor([3e38, -3e38])  # x - mean overflows, and x - x[0]
+    x[2, 1] = 3e19  # M2 = 9e38 (1 - 1/cols): past float32's 3.4e38, the variance itself is not
+    x[3, :] = 3e38  # the sum overflows
+    x[3, -1] = 1e38
+    x[4] = 3e19 + x[4] * 1e17  # a mean past 1.8e19 (its square overflows), M2 about 1e34 * cols
+    x[5] = 1e30  # a constant row: exactly 0 (then the bias)
+    x[6, 4] = 1e19  # M2 = 1e38: finite
+    over = torch.tensor([True, True, True, True, False, False, False, False])
+    got = compiled(fn, caplog)(x)
+    assert got[over].isnan().all(), got[over][:, :8]
+    exact = F.layer_norm(x.double(), (cols,), w.double(), b.double())
+    assert exact[over].isfinite().all()  # NaN is our rule, not float64's answer
+    # Within 5e-4: float32 moments of rows whose mean is 300 times their spread (row 4), or whose one element is 1e19
+    # among normal ones (row 6), over 3000 columns, are that far from float64's (about 5e-5 seen).
+    torch.testing.assert_close(got[~over], exact[~over].float(), rtol=5e-4, atol=5e-4)
+    torch.testing.assert_close(got[7], fn(x[7:])[0], rtol=1e-5, atol=1e-5)  # an ordinary row, as eager
 
 
 @pytest.mark.parametrize("fn", [lambda x: F.layer_norm(x, (7,)), lambda x: torch.var(x, -1),

@@ -337,3 +337,25 @@ def test_nan_propagating_cuda_kernels_compile_for_sm_90a():
     for name in ("amax_multi_tile", "amin_rows4"):  # the row's NaN flag picks a NaN result
         assert "CUDART_NAN_F" in src[name], name
     assert "!=" in src["max_pool"]  # a NaN tap wins the window (isnan prints as x != x)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_layer_norm_overflow_is_nan_in_cuda_kernels():
+    """A layer_norm row whose M2 (or mean) overflows float32 comes out NaN on CUDA as on ``c`` (issue 15; the ``c``
+    case is tests/test_fuzz_found.py): the row's 1 / std is a select between ``rsqrtf`` and NaN, computed once per
+    row (before: ``rsqrtf(inf) = 0`` per element, a silent 0)."""
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    kernels = {
+        "one_tile_rows4": (reduction.row_reduction((33, 37), "layer_norm", has_weight=True, has_bias=True, block_rows=4,
+                                                   block_N=64, threads=128, target=target), [-1]),
+        "multi_tile": (reduction.row_reduction((64, 5000), "layer_norm", x_dtype="float16", block_N=2048, threads=256,
+                                               target=target), [-1]),
+    }
+    built = compile_many(list(kernels.values()), target, return_exceptions=True)
+    failures = [f"{name}: {type(k).__name__}: {str(k).strip().splitlines()[-1][:300]}"
+                for name, k in zip(kernels, built) if isinstance(k, BaseException)]
+    assert not failures, "\n".join(failures)
+    for name, k in zip(kernels, built):
+        src = k.get_kernel_source()
+        assert "< CUDART_INF_F" in src and "CUDART_NAN_F" in src, name  # M2 < inf (false for NaN) or NaN
+        assert src.count("rsqrtf(") == 1, name  # once per row, not per element

@@ -15,6 +15,14 @@ target (C's ``a > b ? a : b``, CUDA's ``fmaxf``), so amax/amin also keep a per-e
 register work per tile and one more reduction per row, and a flagged row gives NaN. Softmax and log_softmax
 need no flag: a NaN element makes ``exp(x - max)`` and so the row's sum NaN, whatever max was taken.
 
+Note: a layer_norm row whose moments overflow float32 (M2, the sum of squared deviations, past 3.4e38, or a mean that
+overflowed) is NaN on every target, so that the overflow shows: ``(x - mean) * rsqrt(inf)`` made it 0, a silent wrong
+answer (float64 gives e.g. -0.41; torch's CPU kernel gives NaN or 0 by how its vector lanes merge the moments). The
+row's 1 / std is computed once, a select between it and NaN; float64's answer would need the row scaled by its
+maximum first, another pass over it. So NaN from a variance of 3.4e38 / cols up (M2 = variance * cols), or with
+several tiles from about 3.4e38 / cols^2 (the merge's ``delta^2 * n_a * n_b``). The first tile's M2 is its own: its
+merge with the empty row (``(mean - 0)^2 * 0``) made a finite row whose mean is past 1.8e19 NaN (var too).
+
 Note: any/all reduce each element's truth (``x != 0``: NaN is true, -0.0 false) the same way: a per-element
 "seen" flag (any: a true element; all: a false one), one reduction per row; an empty row is False for any, True
 for all. Bool tensors cross the kernel boundary as int8 (``elementwise.storage_dtype``), X, Out and Pre alike.
@@ -141,8 +149,8 @@ def row_reduction(
             return T.exp(x - st[0][r]) / st[1][r]
         if kind == "log_softmax":
             return x - st[0][r] - T.log(st[1][r])
-        if kind == "layer_norm":
-            y = (x - st[0][r]) * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
+        if kind == "layer_norm":  # st[1]: the row's 1 / std, or NaN (see rstd_or_nan)
+            y = (x - st[0][r]) * st[1][r]
         else:
             y = x * T.rsqrt(st[1][r] / T.float32(cols) + T.float32(eps))
         if has_weight:
@@ -210,8 +218,17 @@ def row_reduction(
                 tmp_f[r, c] = T.if_then_else(c0 + c < cols, (x_f[r, c] - t0[r]) * (x_f[r, c] - t0[r]), T.float32(0))
             T.reduce_sum(tmp_f, t1, dim=1)
             for r in d.tile_loop(block_rows):
-                s1[r] = s1[r] + t1[r] + (t0[r] - s0[r]) * (t0[r] - s0[r]) * n_a * n_b / (n_a + n_b)
+                # The first tile's M2 is its own: (t0 - 0)^2 * 0 is NaN for a mean past 1.8e19, a finite row.
+                s1[r] = T.if_then_else(c0 > 0, s1[r] + t1[r] + (t0[r] - s0[r]) * (t0[r] - s0[r]) * n_a * n_b
+                                       / (n_a + n_b), t1[r])
                 s0[r] = s0[r] + (t0[r] - s0[r]) * (n_b / (n_a + n_b))  # the first tile: exactly its mean
+
+    @T.macro
+    def rstd_or_nan(s1):
+        """layer_norm: M2 -> 1 / sqrt(M2 / cols + eps), once per row; NaN for a row whose M2 (or mean) overflowed."""
+        for r in d.tile_loop(block_rows):
+            s1[r] = T.if_then_else(s1[r] < T.float32(math.inf), T.rsqrt(s1[r] / T.float32(cols) + T.float32(eps)),
+                                   T.float32(math.nan))
 
     @T.prim_func
     def row_reduction_kernel():
@@ -250,6 +267,8 @@ def row_reduction(
                 gather_stats(x_f, tmp_f, s0, s1, t0, t1, t * block_N)
             if extremum or truth:
                 T.reduce_max(tmp_f, s1, dim=1)
+            if kind == "layer_norm":
+                rstd_or_nan(s1)
             if normalizing:
                 for t in T.serial(n_tiles):
                     if two_pass:  # several tiles: recompute the producer (one tile: x_f still holds it)
