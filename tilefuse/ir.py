@@ -9,9 +9,9 @@ inputs, outputs and constants (weights). Everything is frozen: passes build new 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import networkx as nx
 import torch
@@ -254,15 +254,27 @@ def _define(defined: set[str], name: str, what: str) -> None:
     defined.add(name)
 
 
+# (op, input types (None for an absent input), attributes, node name) -> output types
+InferTypes = Callable[[str, Sequence[TensorType | None], dict[str, Any], str], list[TensorType]]
+
+
 class GraphBuilder:
     """Incremental construction of a ``Graph`` with unique names and type inference.
 
-    Frontends use it: ``b.add(op, inputs, **attrs)`` infers output types through the op
-    registry and returns the output value names.
+    ``b.add(op, inputs, **attrs)`` infers the output types with ``infer`` and returns the output value names.
+
+    Note: the op registry sits above this module (``tilefuse.ops`` imports ``ir``, never the reverse), so
+    the builder is handed its type inference: ``tilefuse.ops.GraphBuilder`` is this builder with the
+    registry's ``infer_types``, the one frontends and passes use. Left out, ``infer`` is ``default_infer``, which
+    ``tilefuse.ops`` sets when it is imported: kept only while frontends/fx.py and frontends/onnx.py build
+    this class; delete it once they build ``tilefuse.ops.GraphBuilder``.
     """
 
-    def __init__(self, name: str):
+    default_infer: ClassVar[InferTypes | None] = None
+
+    def __init__(self, name: str, infer: InferTypes | None = None):
         self.name = name
+        self.infer = infer
         self.inputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constants: dict[str, torch.Tensor] = {}
@@ -297,13 +309,15 @@ class GraphBuilder:
     def add(self, op: str, inputs: Iterable[str], *, name: str | None = None,
             out_names: Iterable[str] | None = None, out_types: list[TensorType] | None = None,
             **attrs: Any) -> list[str]:
-        from tilefuse.ops import infer_types
-
         inputs = tuple(inputs)
         attrs = {k: freeze(v) for k, v in attrs.items()}
         if out_types is None:
+            infer = self.infer or GraphBuilder.default_infer
+            if infer is None:
+                raise RuntimeError(f"no type inference for {op} ({name or op}): build the graph with "
+                                   "tilefuse.ops.GraphBuilder, or pass infer= or out_types")
             in_types = [self.types[i] if i else None for i in inputs]
-            out_types = infer_types(op, in_types, attrs, node=name or op)
+            out_types = infer(op, in_types, attrs, name or op)
         node_name = self.fresh(name or op, self._used_nodes)
         bases = list(out_names) if out_names is not None else [node_name] * len(out_types)
         outs = [Value(self.fresh(b), t) for b, t in zip(bases, out_types)]

@@ -9,12 +9,10 @@ ONNX-only ops in ``onnx_*``); importing this package registers them all.
 from tilefuse.ops import (  # noqa: F401  (registers the ops)
     fallback,
     nn,
-    onnx_extra,
     onnx_image,
     onnx_index,
     onnx_layers,
     onnx_math,
-    onnx_more,
     onnx_quant,
     onnx_shape,
     onnx_signal,
@@ -24,6 +22,7 @@ from tilefuse.ops import (  # noqa: F401  (registers the ops)
 from tilefuse.ops.registry import (  # noqa: F401
     FUSIBLE_POINTWISE,
     TRAITS,
+    GraphBuilder,
     InferenceError,
     OpKind,
     OpSpec,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tilefuse import ir
 from tilefuse.ir import TensorType, dtype_name, torch_dtype
 
 
@@ -136,6 +137,16 @@ def infer_types(op: str, in_types: Sequence[TensorType | None], attrs: dict[str,
             _META_CACHE.pop(next(iter(_META_CACHE)))
         _META_CACHE[key] = tuple(_infer_by_meta(spec, in_types, attrs, node))
     return list(_META_CACHE[key])
+
+
+class GraphBuilder(ir.GraphBuilder):
+    """``tilefuse.ir.GraphBuilder`` whose output types come from the registry (``infer_types``)."""
+
+    def __init__(self, name: str):
+        super().__init__(name, infer_types)
+
+
+ir.GraphBuilder.default_infer = infer_types  # until the frontends build ops.GraphBuilder (see its note)
 
 
 # Inference on meta tensors costs about 0.8 ms a node; a model's repeated layers ask the same question again

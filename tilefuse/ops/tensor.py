@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tilefuse.ir import torch_dtype
+from tilefuse.ir import TensorType, torch_dtype
 from tilefuse.ops.registry import OpKind, register
 
 I, O = OpKind.INJECTIVE, OpKind.OPAQUE
@@ -70,8 +70,6 @@ def stack(*xs, dim: int):
 
 
 def _split_infer(in_types, attrs):
-    from tilefuse.ir import TensorType
-
     (t,) = in_types
     dim, sizes = attrs["dim"], attrs["sizes"]
     if t is None or t.shape is None:

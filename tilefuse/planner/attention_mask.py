@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tilefuse import ops
 from tilefuse.planner.pattern import Context
 
 MAX_ELEMENTS = 1 << 24
@@ -48,8 +49,6 @@ class MaskParts:
 def evaluate(value: str, ctx: Context, cache: dict | None = None) -> torch.Tensor | None:
     """The tensor ``value`` holds when it depends on constants only (computed with the ops' references),
     else None. Refuses (None) past ``MAX_ELEMENTS`` elements."""
-    from tilefuse import ops
-
     cache = {} if cache is None else cache
     if value in cache:
         return cache[value]

@@ -11,13 +11,16 @@ Matched interior nodes are removed when nothing else reads them (dead-code elimi
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 import torch
 
-from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, prune
+from tilefuse import ops
+from tilefuse.ir import Graph, Node, TensorType, prune
+from tilefuse.ops import GraphBuilder
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,6 @@ class Context:
         if node is not None and node.op in ("cast", "reshape", "expand", "identity") and node.inputs[0]:
             inner = self.const(node.inputs[0])
             if inner is not None:
-                from tilefuse import ops
-
                 return ops.get(node.op).run([inner], node.attr)[0]
         return None
 
@@ -154,8 +155,6 @@ def _factorings(value: str, ctx: Context, depth: int) -> list[list[str]]:
 
 
 def _match_prod(pattern: Prod, value: str, ctx: Context, caps: dict) -> dict | None:
-    import itertools
-
     node = ctx.producers.get(value)
     if node is None or node.op != "mul":
         return None
