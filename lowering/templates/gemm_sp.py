@@ -23,10 +23,10 @@ import tilelang.language as T
 import torch
 
 from tilefuse.lowering.expr import Expr, evaluate
-from tilefuse.lowering.sparse import E_FACTOR, K_ALIGN, SPARSE_DTYPES, decompress_2_4, padded_k
 from tilefuse.lowering.templates.common import check_dtype, dialect, normalize_shapes, param
 from tilefuse.lowering.templates.gemm import epilogue_at
 from tilefuse.lowering.templates.gemm_configs import SMEM_LIMIT
+from tilefuse.ops.sparse_layout import E_FACTOR, K_ALIGN, SPARSE_DTYPES, decompress_2_4, padded_k
 
 META_DTYPE = "int16"
 

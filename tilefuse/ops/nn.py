@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from tilefuse.ir import TensorType, torch_dtype
 from tilefuse.ops.registry import OpKind, register
+from tilefuse.ops.sparse_layout import decompress_2_4
 
 G, C, R, A, O = OpKind.GEMM, OpKind.CONV, OpKind.REDUCTION, OpKind.ATTENTION, OpKind.OPAQUE
 
@@ -34,10 +35,8 @@ def _sparse_linear_type(in_types, attrs):
 @register("sparse_linear", G, infer=_sparse_linear_type)
 def sparse_linear(x, values, meta, bias=None, in_features: int = 0):
     """``linear`` with a 2:4 sparse weight (N, in_features) given compressed: ``values`` (N, Kp/2) and
-    ``meta`` (N, Kp/16) int16 (``lowering.sparse.compress_2_4``). The planner makes it (``Options.sparsity``);
+    ``meta`` (N, Kp/16) int16 (``ops.sparse_layout.compress_2_4``). The planner makes it (``Options.sparsity``);
     CUDA runs it as the ``gemm_sp`` template, this reference decompresses the weight."""
-    from tilefuse.lowering.sparse import decompress_2_4
-
     return F.linear(x, decompress_2_4(values, meta, in_features).to(x.dtype), bias)
 
 

@@ -11,13 +11,14 @@ the 2 largest |w| of every 4 along K of each eligible weight, the same on every 
 the same way everywhere; the pruned weight is a new constant (``<name>.pruned_2_4``: artifacts keep the
 source's and the plan's constants side by side by name). The kernel choice depends on the target: on CUDA
 an eligible fp16/bf16 weight with the 2:4 pattern (pruned, or already so: no option needed) is compressed
-(``lowering.sparse``) and its GEMMs become ``sparse_linear`` nodes, which plan as ``gemm_sp`` regions;
+(``ops.sparse_layout``) and its GEMMs become ``sparse_linear`` nodes, which plan as ``gemm_sp`` regions;
 elsewhere (``c`` has no gemm_sp) and for fp32 weights the GEMM stays dense on the pruned weight, and the
 plan's notes say why.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tilefuse.ir import Graph, Node, TensorType, Value
+from tilefuse.ops.sparse_layout import compress_2_4, is_2_4, prune_2_4
 
 MODES = ("2:4",)
 MIN_K = 64
@@ -183,8 +185,6 @@ def eligibility(w: torch.Tensor) -> str | None:
 def sparsify(graph: Graph, target: dict | None, mode: str | None) -> tuple[Graph, SparsityReport]:
     """Prune eligible GEMM weights (``mode="2:4"``) and, on CUDA, turn the GEMMs of eligible fp16/bf16 2:4
     weights into ``sparse_linear`` nodes over the compressed weight. Returns the new graph and the report."""
-    from tilefuse.lowering.sparse import compress_2_4, is_2_4, prune_2_4
-
     mode = check_mode(mode)
     on_cuda = (target or {}).get("kind") == "cuda"
     if mode is None and not on_cuda:  # without the option only CUDA has a use for 2:4 weights
@@ -299,10 +299,6 @@ def freeze_linear_weights(graph: Graph, tensors: Mapping[str, torch.Tensor],
 def prune_module(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` whose ``nn.Linear`` weights are pruned as ``sparsify`` prunes them (eligible shape
     and dtype, not tied to another module): the eager model a ``sparsity="2:4"`` compile should match."""
-    import copy
-
-    from tilefuse.lowering.sparse import prune_2_4
-
     counts: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         counts[id(p)] = counts.get(id(p), 0) + 1
