@@ -18,7 +18,7 @@ from tilefuse.lowering.builders import (
     _require,
 )
 from tilefuse.lowering.expr import Acc
-from tilefuse.lowering.sparse import SPARSE_DTYPES
+from tilefuse.ops.sparse_layout import SPARSE_DTYPES
 
 
 def build_gemm_sp(b: _Builder, anchor: Node, target: dict) -> KernelSpec:

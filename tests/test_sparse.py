@@ -16,8 +16,8 @@ from tilefuse.ir import GraphBuilder, TensorType
 from tilefuse.lowering.compile import compile_kernel, compile_many
 from tilefuse.lowering.expr import Acc, Arg, call
 from tilefuse.lowering.registry import KernelSpec, build, make_prim_func
-from tilefuse.lowering.sparse import compress_2_4, decompress_2_4, is_2_4, padded_k, prune_2_4
 from tilefuse.lowering.templates import gemm_sp
+from tilefuse.ops.sparse_layout import compress_2_4, decompress_2_4, is_2_4, padded_k, prune_2_4
 from tilefuse.planner import plan
 from tilefuse.planner.sparsity import prune_module, sparsify
 
