@@ -1,4 +1,4 @@
-"""Epilogue/prologue expressions as data: a tiny IR, its TileLang emitter and its torch evaluator.
+"""Epilogue/prologue expressions as data: a tiny IR, its TileLang emission and its torch evaluator.
 
 Note: a fused region carries small expression trees over the value a template produces (``Acc``:
 a GEMM accumulator element, a loaded element, a reduction's result) and the region's extra inputs
@@ -12,21 +12,6 @@ way the templates compute; ``cast`` rounds to its dtype and the result is widene
 in the middle of a chain behaves the same in the kernel and in ``evaluate``. float64 stays float64,
 integers stay integers until an op needs a float, comparisons give bool.
 
-NaN and signed zeros follow torch, not the targets' ``max``/``min`` (C's ``a > b ? a : b`` and CUDA's
-``fmaxf`` return the other operand for a NaN): ``maximum``/``minimum`` give NaN when either operand is NaN;
-relu, clamp (hardtanh, relu6) and the hard activations keep NaN and keep ``x`` where it equals a bound
-(``relu(-0.0)`` is ``-0.0``). They are selects, which TileLang does not vectorize on GPUs. TVM's simplifier
-folds ``x == x`` to true and ``x != x`` to false for floats too, so float ``eq``/``ne`` also test for NaN.
-
-Note: TVM folds float arithmetic as if it were real numbers, in two places: building a node folds a literal
-zero operand (``x * 0.0`` -> 0, ``x + 0.0`` -> x, ``0.0 / x`` -> 0, ``x - (-0.0)`` -> x; ``x / 0.0`` is refused),
-and the simplifier that runs inside TileLang's lowering cancels subtractions (``x - x`` -> 0, ``(x + y) - y``
--> x, ``select(c, y, z) - z`` -> ``select(c, y - z, 0)``) and negates float comparisons (``not x < y`` ->
-``y <= x``). Each is wrong for NaN, +-Inf, -0.0 or an overflow. So float ``sub`` is emitted as ``a + b * -1``
-(exact in IEEE arithmetic, no ``Sub`` node for a rule to match; gcc and nvcc turn it back into one subtraction),
-a literal zero operand of add/sub/mul/div as ``copysign(0, +-1)`` (an intrinsic call the simplifier keeps and
-the C and CUDA compilers fold back into the constant) and ``logical_not`` as a select.
-
 Indexed reads: ``Coord(d)`` is coordinate ``d`` of the element being produced (in its output's
 shape) and ``Load(i, index)`` reads input ``i`` at ``index`` (one integer expression per dim of the
 input). Index arithmetic is ordinary ``Call`` nodes on integers (``add``, ``mul``,
@@ -34,11 +19,12 @@ input). Index arithmetic is ordinary ``Call`` nodes on integers (``add``, ``mul`
 computed place: a transpose, a slice, a gather by an index tensor. A ``Load`` trusts its index:
 whoever builds one keeps it inside the input (``lowering.index`` clamps where a branch of a
 ``where`` may compute an index outside it).
+
+The emitter of each op, and the NaN and constant-folding rules they keep, are in ``lowering.emitters``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,10 +32,9 @@ from typing import Any
 import torch
 
 from tilefuse import ops
+from tilefuse.lowering.emitters import EMITTERS, as_float, constant, prim, widen
 
 FLOAT_ONLY = ops.with_trait("float_only")  # ops whose integer/bool operands are widened to float32 first
-_HALF = ("float16", "bfloat16")
-_FLOAT_RANK = {"float32": 1, "float64": 2}
 
 
 # ---- the IR ------------------------------------------------------------------------------------
@@ -198,7 +183,7 @@ def ops_used(expr: Expr | None) -> frozenset[str]:
 
 def ops_supported() -> frozenset[str]:
     """Op names that ``emit`` can lower (ask this before planning a fused region)."""
-    return frozenset(_EMIT)
+    return frozenset(EMITTERS)
 
 
 def is_lowerable(expr: Expr | None) -> bool:
@@ -221,18 +206,18 @@ class Env:
 
 def emit(expr: Expr, env: Env):
     """Lower ``expr`` to a TIR PrimExpr (fp32 compute for floating values, see the module note)."""
-    from tilelang import language as T
+    from tilelang import language as T  # tilelang loads only where a kernel is built
 
     if isinstance(expr, Acc):
         if env.acc is None:
             raise ValueError("expression reads acc but the template binds no accumulator here")
-        return _widen(T, prim(env.acc))
+        return widen(T, prim(env.acc))
     if isinstance(expr, Arg):
         if env.arg is None:
             raise ValueError(f"expression reads {expr} but the template binds no extra inputs here")
-        return _widen(T, prim(env.arg(expr.index)))
+        return widen(T, prim(env.arg(expr.index)))
     if isinstance(expr, Const):
-        return _const(T, expr)
+        return constant(T, expr.value, expr.dtype)
     if isinstance(expr, Coord):
         if env.coord is None:
             raise ValueError(f"expression reads {expr} but the template binds no coordinates here")
@@ -240,324 +225,18 @@ def emit(expr: Expr, env: Env):
     if isinstance(expr, Load):
         if env.load is None:
             raise ValueError(f"expression reads {expr} but the template binds no indexed loads here")
-        return _widen(T, prim(env.load(expr.arg, [emit(i, env) for i in expr.index])))
+        return widen(T, prim(env.load(expr.arg, [emit(i, env) for i in expr.index])))
     if isinstance(expr, Call):
-        fn = _EMIT.get(expr.op)
+        fn = EMITTERS.get(expr.op)
         if fn is None:
             raise NotImplementedError(
-                f"op {expr.op!r} has no TileLang emitter (supported: {sorted(_EMIT)}); "
+                f"op {expr.op!r} has no TileLang emitter (supported: {sorted(EMITTERS)}); "
                 "the planner should keep this op out of the fused region")
         args = [emit(a, env) for a in expr.args]
         if expr.op in FLOAT_ONLY:
-            args = [_float(T, a) for a in args]
+            args = [as_float(T, a) for a in args]
         return prim(fn(T, args, dict(expr.attrs)))
     raise TypeError(f"not an expression node: {expr!r}")
-
-
-def prim(x):
-    """A PrimExpr for ``x``: TVM's ``a == b`` / ``a != b`` give lazy EqualOp/NotEqualOp objects
-    (they have no ``dtype`` until converted)."""
-    return x.asobject() if hasattr(x, "asobject") else x
-
-
-def _widen(T, v):
-    return T.Cast("float32", v) if str(v.dtype) in _HALF else v
-
-
-def _const(T, c: Const):
-    if c.dtype == "bool":
-        return T.bool(bool(c.value))
-    if c.dtype in _HALF:  # round through the narrow dtype, compute in fp32
-        return T.float32(float(torch.tensor(c.value, dtype=getattr(torch, c.dtype)).float()))
-    if c.dtype.startswith("float"):
-        return T.FloatImm(c.dtype, float(c.value))
-    return T.IntImm(c.dtype, int(c.value))
-
-
-def _rank(dtype: str) -> float:
-    if dtype == "bool":
-        return 0
-    return _FLOAT_RANK.get(dtype, 0.5)  # integers sit between bool and fp32
-
-
-def _unify(T, *xs):
-    """Cast operands to their common dtype: bool < int < float32 < float64 (torch's promotion)."""
-    dts = [str(x.dtype) for x in xs]
-    top = max(dts, key=_rank)
-    if top == "bool" and len(set(dts)) == 1:
-        return xs
-    if _rank(top) < 1 and len(set(dts)) > 1:
-        top = next(d for d in dts if d != "bool")
-    return tuple(x if str(x.dtype) == top else T.Cast(top, x) for x in xs)
-
-
-def _float(T, x):
-    return x if str(x.dtype) in _FLOAT_RANK else T.Cast("float32", x)
-
-
-def _c(x, v: float):
-    """A constant of x's float dtype."""
-    from tilelang import language as T
-
-    return T.FloatImm(str(x.dtype), v)
-
-
-def _as_bool(T, x):
-    return x if str(x.dtype) == "bool" else x != T.Cast(str(x.dtype), 0)
-
-
-def _binary(fn):
-    return lambda T, a, attrs: fn(T, *_unify(T, *a))
-
-
-def _unary(fn):
-    return lambda T, a, attrs: fn(T, a[0], attrs)
-
-
-def _gelu(T, x, attrs):
-    if attrs.get("approximate", "none") == "tanh":
-        inner = _c(x, math.sqrt(2.0 / math.pi)) * (x + _c(x, 0.044715) * x * x * x)
-        return _c(x, 0.5) * x * (_c(x, 1.0) + T.tanh(inner))
-    return _c(x, 0.5) * x * (_c(x, 1.0) + T.erf(x * _c(x, math.sqrt(0.5))))
-
-
-def _abs(T, x):
-    # T.abs lowers to tirx.fabs, which the C codegen cannot print; a select works everywhere. ``0 - x`` (not
-    # ``-x``) on the non-positive side: abs(-0.0) is +0.0, as in torch.
-    zero = T.Cast(str(x.dtype), 0)
-    return T.Select(x <= zero, zero - x, x)
-
-
-def _pow(T, a, b):
-    # Small integral exponents as products: exact for negative bases, cheaper than powf.
-    if isinstance(b, T.FloatImm) and float(b.value) in (1.0, 2.0, 3.0):
-        return {1.0: a, 2.0: a * a, 3.0: a * a * a}[float(b.value)]
-    return T.pow(a, b)
-
-
-def _zero(x) -> float | None:
-    """The value of ``x`` if it is a literal float zero (``0.0`` or ``-0.0``, maybe a cast integer 0), else None."""
-    from tilelang import tvm
-
-    tir = tvm.tirx
-    if not _is_float(x):
-        return None
-    if isinstance(x, tir.Cast):
-        x = x.value
-    if isinstance(x, (tir.IntImm, tir.FloatImm)) and float(x.value) == 0.0:
-        return math.copysign(0.0, float(x.value))
-    return None
-
-
-def _opaque(T, x):
-    """A literal float zero operand as ``copysign(0, +-1)``: TVM folds ``x * 0`` to 0, ``x + 0`` to x and
-    ``0 / x`` to 0 when it builds the node (see the module note); the compilers fold the call back."""
-    z = _zero(x)
-    if z is None:
-        return x
-    dtype = str(x.dtype)
-    return T.copysign(T.FloatImm(dtype, 0.0), T.FloatImm(dtype, math.copysign(1.0, z)))
-
-
-def _add(T, a, b):
-    if not _is_float(a):
-        return a + b
-    if _zero(a) is not None:
-        a, b = b, a  # exact either way round
-    z = _zero(b)
-    if z is not None and math.copysign(1.0, z) < 0:
-        return a  # x + -0.0 is x, bit for bit
-    return a + _opaque(T, b)
-
-
-def _sub(T, a, b):
-    # a + b * -1: the same IEEE result (negation is exact), with no Sub node for TVM's cancellation rules.
-    if not _is_float(a):
-        return a - b
-    z = _zero(b)
-    if z is not None and math.copysign(1.0, z) > 0:
-        return a  # x - 0.0 is x, bit for bit
-    return _add(T, a, _mul(T, b, _c(b, -1.0)))
-
-
-def _mul(T, a, b):
-    if not _is_float(a):
-        return a * b
-    return _opaque(T, a) * _opaque(T, b)
-
-
-def _div(T, a, b):
-    # 0 / x and x / 0 keep IEEE's NaN, Inf and signed zeros (TVM folds the first to 0 and refuses the second).
-    return _opaque(T, a) / _opaque(T, b) if _is_float(a) else a / b
-
-
-def _softplus(T, x, attrs):
-    # torch's defaults (beta=1, threshold=20), as the registry's softplus takes no attributes.
-    return T.Select(x > _c(x, 20.0), x, T.log1p(T.exp(x)))
-
-
-def _clamp(T, x, attrs):
-    lo, hi = attrs.get("min"), attrs.get("max")
-    if any(b is not None and math.isnan(b) for b in (lo, hi)):
-        return _c(x, math.nan)  # torch.clamp with a NaN bound gives NaN everywhere
-    if lo is not None:
-        x = _at_least(T, x, _c(x, lo))
-    if hi is not None:
-        x = _at_most(T, x, _c(x, hi))
-    return x
-
-
-def _at_least(T, x, lo):
-    """``x`` raised to ``lo``, as torch's clamp_min: NaN stays NaN and ``x == lo`` keeps ``x`` (relu(-0.0) is -0.0).
-
-    Note: not ``T.max``: C's ``a > b ? a : b`` and CUDA's ``fmaxf`` both drop a NaN operand."""
-    return T.Select(x < lo, lo, x)
-
-
-def _at_most(T, x, hi):
-    """``x`` lowered to ``hi``, as torch's clamp_max (NaN stays NaN, ``x == hi`` keeps ``x``)."""
-    return T.Select(x > hi, hi, x)
-
-
-def _maximum(T, a, b):
-    """torch.maximum: NaN if either operand is NaN (``T.max`` drops it on every target)."""
-    if not _is_float(a):
-        return T.max(a, b)
-    return T.Select(T.Or(T.isnan(a), a > b), a, b)
-
-
-def _minimum(T, a, b):
-    """torch.minimum: NaN if either operand is NaN."""
-    if not _is_float(a):
-        return T.min(a, b)
-    return T.Select(T.Or(T.isnan(a), a < b), a, b)
-
-
-def _cast(T, a, attrs):
-    dtype = attrs["dtype"]
-    x = a[0]
-    if dtype in _HALF and str(x.dtype) not in _FLOAT_RANK:
-        # Integers reach fp16/bf16 through fp32 (exact below 2**24): cutlass's half_t has no
-        # unambiguous int64 constructor.
-        x = T.Cast("float32", x)
-    v = x if str(x.dtype) == dtype else T.Cast(dtype, x)
-    return _widen(T, v)
-
-
-def _where(T, a, attrs):
-    x, y = _unify(T, a[1], a[2])
-    return T.Select(_as_bool(T, a[0]), x, y)
-
-
-def _is_float(x) -> bool:
-    return str(x.dtype) in _FLOAT_RANK
-
-
-def _floor_divide(T, a, b):
-    return T.floor(a / b) if _is_float(a) else T.floordiv(a, b)
-
-
-def _remainder(T, a, b):
-    # torch.remainder: the sign of the divisor (floor modulo), for floats and integers alike. Floats as torch's
-    # scalar path: the exact fmod, moved to the divisor's sign when nonzero (a - b * floor(a / b) gave NaN for an
-    # infinite divisor, remainder(1, inf) is 1, and lost the low digits of large quotients).
-    if not _is_float(a):
-        return T.floormod(a, b)
-    dtype = str(a.dtype)
-    wide = dtype in ("float32", "float64")
-    x, y = (a, b) if wide else (T.Cast("float32", a), T.Cast("float32", b))
-    # fmodf/fmod by name: TVM's C codegen has no lowering for its fmod intrinsic (CUDA has both functions too)
-    m = T.call_pure_extern(str(x.dtype), "fmodf" if str(x.dtype) == "float32" else "fmod", x, y)
-    zero = T.Cast(str(m.dtype), 0)
-    r = T.Select((m != zero) & ((y < zero) != (m < zero)), m + y, m)
-    return r if wide else T.Cast(dtype, r)
-
-
-def _not(T, c):
-    """Logical not as a select: TVM's simplifier turns ``not x < y`` into ``y <= x``, false for NaN where torch
-    says true."""
-    return T.Select(c, T.bool(False), T.bool(True))
-
-
-def _bitwise(logical, bitwise):
-    """An op that is logical on bools and bitwise on integers (torch's bitwise_* on bool tensors)."""
-    def fn(T, a, attrs):
-        xs = _unify(T, *a)
-        if str(xs[0].dtype) == "bool":
-            return logical(T, *xs)
-        return bitwise(T, *xs)
-    return fn
-
-
-def _masked_fill(T, a, attrs):
-    x, mask = a[0], _as_bool(T, a[1])
-    v = attrs["value"]
-    dt = str(x.dtype)
-    fill = T.bool(bool(v)) if dt == "bool" else T.FloatImm(dt, float(v)) if dt in _FLOAT_RANK else T.IntImm(dt, int(v))
-    return T.Select(mask, fill, x)
-
-
-# One table: op name -> emitter(T, lowered args, attrs). ``emit`` widens the integer/bool operands of the
-# ops with the trait float_only (``FLOAT_ONLY``) to float32 before it calls theirs.
-_EMIT: dict[str, Callable] = {
-    "add": _binary(_add),
-    "sub": _binary(_sub),
-    "mul": _binary(_mul),
-    "div": _binary(_div),
-    "pow": _binary(_pow),
-    "maximum": _binary(_maximum),
-    "minimum": _binary(_minimum),
-    "eq": _binary(lambda T, a, b: T.And(a == b, T.Not(T.isnan(a))) if _is_float(a) else a == b),
-    "ne": _binary(lambda T, a, b: T.Or(a != b, T.isnan(a)) if _is_float(a) else a != b),
-    "lt": _binary(lambda T, a, b: a < b),
-    "le": _binary(lambda T, a, b: a <= b),
-    "gt": _binary(lambda T, a, b: a > b),
-    "ge": _binary(lambda T, a, b: a >= b),
-    "logical_and": lambda T, a, attrs: T.And(_as_bool(T, a[0]), _as_bool(T, a[1])),
-    "logical_or": lambda T, a, attrs: T.Or(_as_bool(T, a[0]), _as_bool(T, a[1])),
-    "logical_not": lambda T, a, attrs: _not(T, _as_bool(T, a[0])),
-    "where": _where,
-    "cast": _cast,
-    "identity": lambda T, a, attrs: a[0],
-    "neg": lambda T, a, attrs: -a[0],
-    "abs": lambda T, a, attrs: _abs(T, a[0]) if str(a[0].dtype) != "bool" else a[0],
-    "scale": _unary(lambda T, x, at: _mul(T, x, _c(x, at["factor"]))),
-    "reciprocal": _unary(lambda T, x, at: _c(x, 1.0) / x),
-    "relu": _unary(lambda T, x, at: _at_least(T, x, _c(x, 0.0))),
-    "leaky_relu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, _mul(T, x, _c(x, at.get("alpha", 0.01))))),
-    "elu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, _c(x, at.get("alpha", 1.0)) * (T.exp(x) - _c(x, 1.0)))),
-    "gelu": _unary(_gelu),
-    "silu": _unary(lambda T, x, at: x / (_c(x, 1.0) + T.exp(-x))),
-    "sigmoid": _unary(lambda T, x, at: _c(x, 1.0) / (_c(x, 1.0) + T.exp(-x))),
-    "hardsigmoid": _unary(lambda T, x, at: _clamp(
-        T, x * _c(x, at.get("alpha", 1 / 6)) + _c(x, at.get("beta", 0.5)), {"min": 0.0, "max": 1.0})),
-    "hardswish": _unary(lambda T, x, at: x * _clamp(T, x + _c(x, 3.0), {"min": 0.0, "max": 6.0}) / _c(x, 6.0)),
-    "softplus": _unary(_softplus),
-    "mish": _unary(lambda T, x, at: x * T.tanh(_softplus(T, x, {}))),
-    "softsign": _unary(lambda T, x, at: x / (_c(x, 1.0) + _abs(T, x))),
-    "clamp": _unary(_clamp),
-    "tanh": _unary(lambda T, x, at: T.tanh(x)),
-    "erf": _unary(lambda T, x, at: T.erf(x)),
-    "exp": _unary(lambda T, x, at: T.exp(x)),
-    "log": _unary(lambda T, x, at: T.log(x)),
-    "sqrt": _unary(lambda T, x, at: T.sqrt(x)),
-    "rsqrt": _unary(lambda T, x, at: T.rsqrt(x)),
-    "sin": _unary(lambda T, x, at: T.sin(x)),
-    "cos": _unary(lambda T, x, at: T.cos(x)),
-    "tan": _unary(lambda T, x, at: T.tan(x)),
-    "floor": _unary(lambda T, x, at: T.floor(x)),
-    "ceil": _unary(lambda T, x, at: T.ceil(x)),
-    "sign": _unary(lambda T, x, at: T.Cast(str(x.dtype), x > _c(x, 0.0)) - T.Cast(str(x.dtype), x < _c(x, 0.0))),
-    "isnan": lambda T, a, attrs: T.isnan(a[0]) if str(a[0].dtype) in _FLOAT_RANK else T.bool(False),
-    "floor_divide": _binary(_floor_divide),
-    "remainder": _binary(_remainder),
-    "bitwise_and": _bitwise(lambda T, a, b: T.And(a, b), lambda T, a, b: T.bitwise_and(a, b)),
-    "bitwise_or": _bitwise(lambda T, a, b: T.Or(a, b), lambda T, a, b: T.bitwise_or(a, b)),
-    "bitwise_xor": _bitwise(lambda T, a, b: a != b, lambda T, a, b: T.bitwise_xor(a, b)),
-    "bitwise_not": _bitwise(lambda T, a: _not(T, a), lambda T, a: T.bitwise_not(a)),
-    "logical_xor": lambda T, a, attrs: _as_bool(T, a[0]) != _as_bool(T, a[1]),
-    "masked_fill": _masked_fill,
-}
 
 
 # ---- torch evaluation (the reference) ---------------------------------------------------------------
