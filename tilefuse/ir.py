@@ -294,6 +294,12 @@ class GraphBuilder:
         used.add(name)
         return name
 
+    def reserve(self, names: Iterable[str]) -> None:
+        """Take ``names`` for values and nodes alike: a builder of nodes to add to an existing graph."""
+        names = set(names)
+        self._used |= names
+        self._used_nodes |= names
+
     def input(self, name: str, type: TensorType) -> str:
         name = self.fresh(name)
         self.inputs.append(Value(name, type))

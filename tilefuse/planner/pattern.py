@@ -193,8 +193,7 @@ class Emitter:
 
     def __init__(self, taken: Iterable[str], types: dict[str, TensorType]):
         self._b = GraphBuilder("rewrite")
-        self._b._used.update(taken)
-        self._b._used_nodes.update(taken)
+        self._b.reserve(taken)
         self._b.types.update(types)
 
     def add1(self, op: str, inputs: Iterable[str], **attrs: Any) -> str:
@@ -202,6 +201,10 @@ class Emitter:
 
     def constant(self, name: str, t: torch.Tensor) -> str:
         return self._b.constant(name, t)
+
+    def type(self, value: str) -> TensorType:
+        """The type of ``value``: a value of the graph or one added here."""
+        return self._b.types[value]
 
     @property
     def nodes(self) -> list[Node]:
@@ -255,9 +258,9 @@ def _rewrite_once(graph: Graph, patterns: list[Pattern], log: RewriteLog) -> Gra
             start = len(em.nodes)
             outs = p.rewrite(caps, ctx, em)
             for old, new in zip(node.outputs, outs):
-                if em._b.types[new] != old.type:
+                if em.type(new) != old.type:
                     raise AssertionError(f"pattern {p.name} changed the type of {old.name}: "
-                                         f"{old.type} -> {em._b.types[new]}")
+                                         f"{old.type} -> {em.type(new)}")
                 replace[old.name] = new
             inserted_after[node.name] = em.nodes[start:]
             consumed |= matched

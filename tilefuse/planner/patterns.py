@@ -114,7 +114,7 @@ def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
         mask = [em.add1("add", [caps["bias"], mask[0]]) if mask[0] else caps["bias"]]
     out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], scale=float(scale), **attrs)
     root_t = ctx.type(caps["root"].outputs[0].name)
-    if em._b.types[out].dtype != root_t.dtype:
+    if em.type(out).dtype != root_t.dtype:
         out = em.add1("cast", [out], dtype=root_t.dtype)
     return [out]
 
@@ -234,7 +234,7 @@ def _rms_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
             "cast", [out], dtype=root_t.dtype), w])
     else:
         out = em.add1("rms_norm", [x, w or ""], eps=eps)
-    if em._b.types[out].dtype != root_t.dtype:
+    if em.type(out).dtype != root_t.dtype:
         out = em.add1("cast", [out], dtype=root_t.dtype)
     return [out]
 
@@ -375,7 +375,7 @@ def _split_scale_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     mask, attrs = _mask_args(caps, ctx, em)
     out = em.add1("sdpa", [*_qkv(caps, ctx), *mask], scale=float(scale), **attrs)
     root_t = ctx.type(caps["root"].outputs[0].name)
-    if em._b.types[out].dtype != root_t.dtype:
+    if em.type(out).dtype != root_t.dtype:
         out = em.add1("cast", [out], dtype=root_t.dtype)
     return [out]
 
