@@ -29,7 +29,7 @@ from bench_models import cuda_time_ms
 
 from tilefuse.lowering.compile import compile_many
 from tilefuse.lowering.templates import attention
-from tilefuse.lowering.tune import _device_time
+from tilefuse.lowering.timing import device_time
 
 # (B, Hq, Hkv, S, D, causal)
 ISSUE = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True)]
@@ -46,7 +46,7 @@ def flops(B, H, S, D, causal) -> float:
 
 def timed(fn, *args, reps: int, how: str) -> float:
     """Milliseconds per call: CUDA-graph replays (``graph``) or single calls between CUDA events."""
-    return _device_time(fn, args, "cuda") * 1e3 if how == "graph" else cuda_time_ms(fn, *args, reps=reps)
+    return device_time(fn, args, "cuda") * 1e3 if how == "graph" else cuda_time_ms(fn, *args, reps=reps)
 
 
 def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph"):

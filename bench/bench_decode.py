@@ -75,8 +75,8 @@ def compiled_forward(model, mode: str, target: dict, runners: list):
             return fn(*args, **kw)
         return step, None
     if mode == "tilefuse":
+        from tilefuse.backend import make_backend
         from tilefuse.config import Options
-        from tilefuse.frontends.dynamo import make_backend
 
         backend = make_backend(Options(target=target, quiet=True, observer=runners.append))
         return torch.compile(forward, backend=backend), backend

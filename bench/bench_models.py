@@ -149,9 +149,9 @@ PROFILE, KERNEL_TABLE, WARM = True, False, True  # set by main's flags
 
 def chosen_sum_ms(runners) -> float:
     """Every launching region of the plans as it now runs (kernel, torch or split, as chosen), timed alone on the
-    last call's values with cold caches (``tune._device_time``), summed: what the measured choice judged by. Near
+    last call's values with cold caches (``lowering.timing.device_time``), summed: what the measured choice judged by. Near
     the whole model's time, the choice judged each region as it runs in the model."""
-    from tilefuse.lowering.tune import _device_time
+    from tilefuse.lowering.timing import device_time
 
     total = 0.0
     for runner in runners:
@@ -164,7 +164,7 @@ def chosen_sum_ms(runners) -> float:
             ins = [env[i] for i in region.inputs]
             outs = fn(ins)
             if region.launches:
-                total += _device_time(fn, (ins,), "cuda") * 1e3
+                total += device_time(fn, (ins,), "cuda") * 1e3
             env.update(zip(region.outputs, outs))
     return total
 
@@ -173,7 +173,7 @@ def kernel_table(runners) -> list[dict]:
     """Each lowered region (distinct signature once) against its torch reference, same inputs; device time
     (CUDA-graph replays), with the bytes each kernel moves, so ``bench/calibrate_cost.py`` can fit the
     planner's cost model to it."""
-    from tilefuse.lowering.tune import _device_time
+    from tilefuse.lowering.timing import device_time
     from tilefuse.runtime.plan_runner import PlanRunner
 
     rows, seen = [], set()
@@ -193,8 +193,8 @@ def kernel_table(runners) -> list[dict]:
                 seen.add(key)
                 # CUDA-graph replays: device time, as the runtime replays it (single-call event timings
                 # include Python's launch latency, tens of us, which swamps small kernels)
-                t_k = _device_time(kernel, (ins,), "cuda") * 1e3
-                t_r = _device_time(fn_ref, (ins,), "cuda") * 1e3
+                t_k = device_time(kernel, (ins,), "cuda") * 1e3
+                t_r = device_time(fn_ref, (ins,), "cuda") * 1e3
                 nbytes = sum(t.numel() * t.element_size() for t in ins) + sum(
                     o.numel() * o.element_size() for o in outs)
                 flops = _flops(runner.plan, region)

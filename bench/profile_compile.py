@@ -21,8 +21,8 @@ import torch
 import tilefuse
 from tilefuse import models
 
-PHASES = ("convert_frame.py", "aot_autograd.py", "frontends/dynamo.py", "planner/__init__.py", "lowering/registry.py",
-          "lowering/tune.py", "runtime/plan_runner.py", "runtime/graphs.py", "tilelang/jit")
+PHASES = ("convert_frame.py", "aot_autograd.py", "tilefuse/backend.py", "planner/__init__.py", "lowering/lower.py",
+          "tilefuse/pipeline.py", "lowering/tune.py", "runtime/plan_runner.py", "runtime/graphs.py", "tilelang/jit")
 
 
 def main() -> int:

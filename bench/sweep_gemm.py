@@ -4,7 +4,7 @@ Usage (on the device machine):  python bench/sweep_gemm.py [--models gpt2,bert,l
 
 Plans each zoo model (bench size, fp16, the CUDA target), takes its distinct ``gemm`` kernel specs (epilogues
 included), compiles every config of ``gemm_configs.get_configs`` for each in one parallel batch, and times each
-with cold caches (``tune._device_time``: CUDA-graph replays, each call on its own copy of the operands); cuBLAS is
+with cold caches (``lowering.timing.device_time``: CUDA-graph replays, each call on its own copy of the operands); cuBLAS is
 ``torch.matmul`` on the same operands (no epilogue), timed the same way. Prints per shape the untuned pick, the
 best config and both against cuBLAS, and the configs within 2% of the best; writes all timings as JSON.
 """
@@ -20,10 +20,11 @@ import time
 import torch
 
 from tilefuse import models
-from tilefuse.frontends.capture import capture_graphs
+from tilefuse.capture import capture_graphs
 from tilefuse.lowering import tune
-from tilefuse.lowering.registry import config_space, kernel_key, region_specs
-from tilefuse.planner import plan
+from tilefuse.lowering.dispatch import region_specs
+from tilefuse.lowering.lower import config_space, default_config
+from tilefuse.pipeline import plan
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -52,7 +53,7 @@ def cublas_ms(spec) -> float:
     def f(a, b):
         return torch.matmul(a.mT if kw.get("trans_A") else a, b.mT if kw.get("trans_B") else b)
 
-    return tune._device_time(f, (a, b), "cuda") * 1e3
+    return tune.device_time(f, (a, b), "cuda") * 1e3
 
 
 def main() -> int:
@@ -78,7 +79,7 @@ def main() -> int:
     for job, (spec, users) in zip(jobs, specs.values()):
         kw = spec.factory_kwargs()
         timed, failed = tune.time_candidates(job, TARGET)
-        pick = kernel_key(spec, TARGET, None, tuned=False)[0]
+        pick = default_config(spec, TARGET)
         by_cfg = {json.dumps(job.configs[i], sort_keys=True): s * 1e3 for s, i in timed}
         ref = cublas_ms(spec)
         best_ms, best_i = min(timed) if timed else (None, None)

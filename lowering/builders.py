@@ -1,6 +1,6 @@
 """Per-kind region builders: a region's nodes -> one template instance (``KernelSpec``).
 
-See ``lowering.registry`` for the model (pre views, kernel, post reshapes; the (rows, cols) domain).
+See ``lowering.dispatch`` for the model (pre views, kernel, post reshapes; the (rows, cols) domain).
 """
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ class KernelSpec:
         return dict(self.params)
 
 
-def _require(cond: bool, why: str) -> None:
+def require(cond: bool, why: str) -> None:
     if not cond:
         raise NotLowerable(why)
 
 
-def _numel(shape) -> int:
+def numel(shape) -> int:
     return math.prod(shape)
 
 
-class _Builder:
+class Builder:
     """Builds the expressions of one region: leaves for outside values, Calls for its nodes."""
 
     def __init__(self, region: Region, graph: Graph, nodes: dict[str, Node], types: dict[str, TensorType]):
@@ -63,7 +63,7 @@ class _Builder:
         c = self.graph.constants.get(value)
         if c is not None and c.numel() == 1:
             return Const(c.reshape(()).item(), str(c.dtype).removeprefix("torch."))
-        _require(value in self.available, f"{value} is computed inside the region before the kernel could read it")
+        require(value in self.available, f"{value} is computed inside the region before the kernel could read it")
         if value not in self.args:
             self.args.append(value)
         return Arg(self.args.index(value))
@@ -77,7 +77,7 @@ class _Builder:
                 if n.inputs[0] in env:
                     env[n.outputs[0].name] = env[n.inputs[0]]
                 else:
-                    _require(n.inputs[0] in self.available, f"view {n.name} reads a value the kernel computes")
+                    require(n.inputs[0] in self.available, f"view {n.name} reads a value the kernel computes")
                     self.pre.append(n.name)
                     self.available.add(n.outputs[0].name)
                 continue
@@ -86,30 +86,30 @@ class _Builder:
                 eps = n.attr.get("eps", 1e-5)
                 env[n.outputs[0].name] = (x - mean) * Call("rsqrt", (var + Const(float(eps)),)) * w + b
                 continue
-            _require(n.op in supported, f"the templates' expressions cannot compute {n.op} ({n.name})")
-            _require(len(n.outputs) == 1, f"{n.op} has several outputs")
+            require(n.op in supported, f"the templates' expressions cannot compute {n.op} ({n.name})")
+            require(len(n.outputs) == 1, f"{n.op} has several outputs")
             args = tuple(env[i] if i in env else self.leaf(i) for i in n.inputs if i)
             env[n.outputs[0].name] = Call(n.op, args, n.attrs)
         return env
 
 
-def _domain_shape(t: TensorType, rows: int, cols: int) -> tuple:
+def domain_shape(t: TensorType, rows: int, cols: int) -> tuple:
     """How an extra operand reads in the (rows, cols) domain: full, a row vector, or a scalar."""
-    n = _numel(t.shape)
+    n = numel(t.shape)
     if n == rows * cols and t.shape[-1:] == (cols,):
         return (rows, cols)
     if n == cols and (not t.shape or t.shape[-1] == cols):
         return (cols,)
-    _require(n == 1, f"operand {t} does not fit the ({rows}, {cols}) domain")
+    require(n == 1, f"operand {t} does not fit the ({rows}, {cols}) domain")
     return ()
 
 
-def _outputs(b: _Builder, env: dict[str, Expr], region: Region) -> tuple[list[Expr], list[tuple]]:
+def _outputs(b: Builder, env: dict[str, Expr], region: Region) -> tuple[list[Expr], list[tuple]]:
     """Distinct output expressions, and for each region output (kernel output #, its shape)."""
     exprs: list[Expr] = []
     mapping = []
     for o in region.outputs:
-        _require(o in env, f"output {o} is not computed by the kernel")
+        require(o in env, f"output {o} is not computed by the kernel")
         e = env[o]
         if e not in exprs:
             exprs.append(e)
@@ -117,21 +117,21 @@ def _outputs(b: _Builder, env: dict[str, Expr], region: Region) -> tuple[list[Ex
     return exprs, mapping
 
 
-def _static(region: Region, types: dict[str, TensorType], target: dict) -> None:
+def check_static(region: Region, types: dict[str, TensorType], target: dict) -> None:
     for v in (*region.inputs, *region.outputs):
         t = types[v]
-        _require(t.is_static, f"{v} has a symbolic or unknown shape {t}")
+        require(t.is_static, f"{v} has a symbolic or unknown shape {t}")
         # TileLang's C code generator types a bool buffer int8_t in the kernel and bool in its host
         # wrapper, which fails to compile; the elementwise template stores bools as int8, so does the row
-        # reduction its input and outputs (``_reduction`` refuses its other bool operands), the others not yet.
+        # reduction its input and outputs (``build_reduction`` refuses its other bool operands), the others not yet.
         as_int8 = region.kind == "elementwise" or region.kind == "reduction" and not set(region.ops) & set(POOL_OPS)
-        _require(as_int8 or not (target.get("kind") == "c" and t.dtype == "bool"),
+        require(as_int8 or not (target.get("kind") == "c" and t.dtype == "bool"),
                  f"{v} is bool, which the {region.kind} template cannot take on the c target")
 
 
 # ---- per kind ---------------------------------------------------------------------------------
 
-def _check_dtypes(dtypes, target: dict, what: str) -> None:
+def check_dtypes(dtypes, target: dict, what: str) -> None:
     for dt in dtypes:
         try:
             check_dtype(dt, target, what)
@@ -139,7 +139,7 @@ def _check_dtypes(dtypes, target: dict, what: str) -> None:
             raise NotLowerable(str(e)) from None
 
 
-def _elementwise(b: _Builder, target: dict) -> KernelSpec:
+def build_elementwise(b: Builder, target: dict) -> KernelSpec:
     """Pointwise and injective nodes as one elementwise kernel, each output element pulled through
     the nodes' index maps (``lowering.index``)."""
     types = b.types
@@ -156,7 +156,7 @@ def _elementwise(b: _Builder, target: dict) -> KernelSpec:
         base_of[o] = v
     bases = list(dict.fromkeys(base_of.values()))
     shapes = [tuple(types[v].shape) for v in bases]
-    _require(all(_numel(s) > 0 for s in shapes), "an empty output")
+    require(all(numel(s) > 0 for s in shapes), "an empty output")
     current: list[tuple] = [()]
 
     def leaf(value: str, idx: tuple) -> Expr:
@@ -176,11 +176,11 @@ def _elementwise(b: _Builder, target: dict) -> KernelSpec:
         ib.reset()
         exprs.append(ib.at(v, index.coords(shape)))
     n_nodes = index.size(exprs)
-    _require(n_nodes <= index.MAX_EXPR_NODES,
+    require(n_nodes <= index.MAX_EXPR_NODES,
              f"the region's expressions unfold to {n_nodes} nodes (limit {index.MAX_EXPR_NODES})")
     in_dtypes = tuple(types[a].dtype for a in b.args)
     out_dtypes = tuple(types[v].dtype for v in bases)
-    _check_dtypes((*in_dtypes, *out_dtypes), target, "elementwise")
+    check_dtypes((*in_dtypes, *out_dtypes), target, "elementwise")
     in_shapes = tuple(tuple(types[a].shape) for a in b.args)
     params = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "exprs": tuple(exprs), "out_dtypes": out_dtypes,
               "out_shapes": tuple(shapes)}
@@ -190,19 +190,19 @@ def _elementwise(b: _Builder, target: dict) -> KernelSpec:
                       tuple((a, None) for a in b.args), mapping, tuple(b.pre))
 
 
-def _trace_operand(b: _Builder, value: str, env_nodes: dict[str, Node]) -> tuple[str, bool, list[Node]]:
+def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]) -> tuple[str, bool, list[Node]]:
     """Follow a GEMM operand back through the region: (outside value, transposed?, prologue nodes)."""
     trans, prologue = False, []
     while value in b.produced:
         n = env_nodes[value]
         rank = len(b.types[n.inputs[0]].shape)
         if n.op == "transpose":
-            _require(sorted(d % rank for d in (n.attr["dim0"], n.attr["dim1"])) == [rank - 2, rank - 1],
+            require(sorted(d % rank for d in (n.attr["dim0"], n.attr["dim1"])) == [rank - 2, rank - 1],
                      "a transpose of other than the last two dims")
             trans = not trans
         elif n.op == "permute":
             perm = [p % rank for p in n.attr["perm"]]
-            _require(perm == list(range(rank - 2)) + [rank - 1, rank - 2], f"permute {perm} before the GEMM")
+            require(perm == list(range(rank - 2)) + [rank - 1, rank - 2], f"permute {perm} before the GEMM")
             trans = not trans
         elif n.op in ("cast", "scale"):
             prologue.insert(0, n)
@@ -214,31 +214,31 @@ def _trace_operand(b: _Builder, value: str, env_nodes: dict[str, Node]) -> tuple
     return value, trans, prologue
 
 
-def _epilogue(b: _Builder, anchor: Node, bias: str | None, after: list[Node], what: str) -> tuple[list[Expr], list]:
+def epilogue_exprs(b: Builder, anchor: Node, bias: str | None, after: list[Node], what: str) -> tuple[list[Expr], list]:
     """The GEMM-family epilogue: the anchor's accumulator plus its ``bias`` (if any), through the elementwise
     nodes ``after`` it; one output expression and the region outputs' mapping (see ``_outputs``)."""
     out = anchor.outputs[0].name
     env: dict[str, Expr] = {out: Call("add", (Acc(), b.leaf(bias))) if bias else Acc()}
     b.available.discard(out)
     exprs, mapping = _outputs(b, b.pointwise(after, env), b.region)
-    _require(len(exprs) == 1, f"a {what} region with several outputs")
+    require(len(exprs) == 1, f"a {what} region with several outputs")
     return exprs, mapping
 
 
-def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+def build_gemm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     by_out = {v.name: n for n in b.members for v in n.outputs}
     pos = b.members.index(anchor)
-    _require(all(n.op in PASS_VIEWS or n.op in ("cast", "scale", "transpose", "permute")
+    require(all(n.op in PASS_VIEWS or n.op in ("cast", "scale", "transpose", "permute")
                  for n in b.members[:pos]), "the GEMM prologue holds more than casts, scales and layouts")
     a_val, trans_a, pro_a = _trace_operand(b, anchor.inputs[0], by_out)
     b_val, trans_b, pro_b = _trace_operand(b, anchor.inputs[1], by_out)
-    _require(not pro_b, "a prologue on the weight operand")
+    require(not pro_b, "a prologue on the weight operand")
     at, bt = b.types[a_val].shape, b.types[b_val].shape
     if anchor.op == "linear":
-        _require(len(bt) == 2 and not trans_b, "linear weight is not a plain (N, K) matrix")
+        require(len(bt) == 2 and not trans_b, "linear weight is not a plain (N, K) matrix")
         trans_b = True
-        _require(not trans_a, "a transposed linear input")
-    _require(len(at) >= 2 and len(bt) >= 2, "1-D GEMM operands")
+        require(not trans_a, "a transposed linear input")
+    require(len(at) >= 2 and len(bt) >= 2, "1-D GEMM operands")
     if trans_a:
         M, K = at[-1], at[-2]
     else:
@@ -247,23 +247,23 @@ def _gemm(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     batch_a, batch_b = tuple(at[:-2]), tuple(bt[:-2])
     a_shape = None
     if not batch_b and not trans_a:  # fold A's batch into M: (..., M, K) -> (M', K)
-        M, batch_a, a_shape = _numel(at[:-1]), (), (_numel(at[:-1]), K)
+        M, batch_a, a_shape = numel(at[:-1]), (), (numel(at[:-1]), K)
     for v in (a_val, b_val):
-        _require(b.types[v].dtype in TEMPLATE_DTYPES, f"{v} is {b.types[v].dtype}")
+        require(b.types[v].dtype in TEMPLATE_DTYPES, f"{v} is {b.types[v].dtype}")
     pro = None
     for n in pro_a:
         pro = Call(n.op, (pro or Acc(),), n.attrs)
     bias = anchor.inputs[2] if anchor.op == "linear" and len(anchor.inputs) > 2 else None
-    exprs, mapping = _epilogue(b, anchor, bias, b.members[pos + 1:], "GEMM")
-    rows, cols = (_numel((*broadcast(batch_a, batch_b), M)), N)
+    exprs, mapping = epilogue_exprs(b, anchor, bias, b.members[pos + 1:], "GEMM")
+    rows, cols = (numel((*broadcast(batch_a, batch_b), M)), N)
     extra = list(b.args)  # an operand the epilogue also reads (x @ w + x) stays an extra: Arg(i) indexes b.args
-    extra_shapes = tuple(_domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
+    extra_shapes = tuple(domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
                          else tuple(b.types[a].shape) for a in extra)
-    return _gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
+    return gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
                       trans_A=trans_a, trans_B=trans_b, batch_A=batch_a, batch_B=batch_b, prologue=pro)
 
 
-def _gemm_spec(b: _Builder, M: int, N: int, K: int, a: tuple, b_: tuple, epilogue: Expr, mapping, extra,
+def gemm_spec(b: Builder, M: int, N: int, K: int, a: tuple, b_: tuple, epilogue: Expr, mapping, extra,
                extra_shapes, **layout) -> KernelSpec:
     """The ``gemm`` template's spec: operands ``a`` and ``b_`` as (value, reshape-to), the epilogue over
     ``extra`` (read with ``extra_shapes``), ``layout`` the transposes, batch dims and prologue."""
@@ -287,7 +287,7 @@ _NORMALIZING = ("softmax", "log_softmax", "layer_norm", "rms_norm")
 POOL_OPS = ("max_pool", "avg_pool", "adaptive_avg_pool")
 
 
-def _loaded_operand(b: _Builder, x: str, before: list[Node], fits, why: str) -> tuple[str, dict[str, Expr]]:
+def loaded_operand(b: Builder, x: str, before: list[Node], fits, why: str) -> tuple[str, dict[str, Expr]]:
     """The tensor a reduction or pooling kernel loads for its input ``x``: ``x`` itself, or where the region
     computes ``x`` from a producer chain (``before``), that chain's first outside operand whose type ``fits``
     (the chain then runs on each loaded element). Returns it with the producer chain's expressions."""
@@ -296,7 +296,7 @@ def _loaded_operand(b: _Builder, x: str, before: list[Node], fits, why: str) -> 
     if x in b.produced:
         outside = [i for n in before for i in n.inputs if i and i not in b.produced and i in b.available
                    and fits(b.types[i])]
-        _require(bool(outside), why)
+        require(bool(outside), why)
         loaded = outside[0]
         env[loaded] = Acc()
     return loaded, b.pointwise(before, env)
@@ -306,15 +306,15 @@ def _reduced_from(anchor: Node, rank: int) -> int:
     """The first reduced dim ``k``: the anchor reduces dims ``k..rank-1``, a row reduction over
     their product (rows = the product of the dims before)."""
     a = anchor.attr
-    _require(rank > 0, "a reduction of a 0-d tensor")
+    require(rank > 0, "a reduction of a 0-d tensor")
     if anchor.op in ("softmax", "log_softmax"):
-        _require(a.get("dim", -1) % rank == rank - 1, "softmax over another axis than the last")
+        require(a.get("dim", -1) % rank == rank - 1, "softmax over another axis than the last")
         return rank - 1
     if anchor.op in ("layer_norm", "rms_norm"):
         return a.get("axis", -1) % rank
     dims = a.get("dims")
     dims = sorted({d % rank for d in dims}) if dims is not None else list(range(rank))
-    _require(bool(dims) and dims == list(range(dims[0], rank)), f"a reduction over dims {dims}, not trailing ones")
+    require(bool(dims) and dims == list(range(dims[0], rank)), f"a reduction over dims {dims}, not trailing ones")
     return dims[0]
 
 
@@ -327,7 +327,7 @@ def _row_operand(shape: tuple, x_shape: tuple, k: int, flat: bool) -> tuple | No
         return None
     padded = (1,) * (rank - len(shape)) + tuple(shape)
     lead, tail = padded[:k], padded[k:]
-    cols = _numel(x_shape[k:])
+    cols = numel(x_shape[k:])
     if tail == tuple(x_shape[k:]):
         last = cols
     elif all(d == 1 for d in tail):
@@ -338,16 +338,16 @@ def _row_operand(shape: tuple, x_shape: tuple, k: int, flat: bool) -> tuple | No
         return (*lead, last)
     if all(d == 1 for d in lead):
         return (last,) if last > 1 else ()
-    return (_numel(x_shape[:k]), last) if lead == tuple(x_shape[:k]) else None
+    return (numel(x_shape[:k]), last) if lead == tuple(x_shape[:k]) else None
 
 
-def _result_operand(shape: tuple, domain: tuple) -> tuple | None:
+def result_operand(shape: tuple, domain: tuple) -> tuple | None:
     """How a consumer operand reads against the result ``domain``: the planner lets only the full
     result (any view of it), a vector over its last dim or a scalar through."""
-    n = _numel(shape)
+    n = numel(shape)
     if n == 1:
         return ()
-    if n == _numel(domain):
+    if n == numel(domain):
         return domain
     stripped = tuple(shape)
     while stripped[:1] == (1,):
@@ -357,33 +357,33 @@ def _result_operand(shape: tuple, domain: tuple) -> tuple | None:
 
 def _splits_at(shape: tuple, cols: int) -> bool:
     """Whether ``shape``'s trailing dims multiply to ``cols`` (its rows are whole rows of the domain)."""
-    return any(_numel(shape[j:]) == cols for j in range(len(shape) + 1))
+    return any(numel(shape[j:]) == cols for j in range(len(shape) + 1))
 
 
-def _global_pool(anchor: Node) -> bool:
+def is_global_pool(anchor: Node) -> bool:
     """adaptive_avg_pool to all-ones over the trailing dims: a mean over the pooled dims, which the row reduction
     does best (channels last, the channels follow them: the pool template reads them)."""
     return (anchor.op == "adaptive_avg_pool" and all(d == 1 for d in anchor.attr["output_size"])
             and not anchor.attr.get("channels_last", False))
 
 
-def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+def build_reduction(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     """A row reduction (softmax, norms, sums, a global average pool), with its producers and consumers; other
     pooling is ``conv_builder.build_pool``'s."""
-    _require(anchor.op in _REDUCTION_OPS or _global_pool(anchor), f"no row-reduction template for {anchor.op}")
-    kind = "mean" if _global_pool(anchor) else anchor.op
+    require(anchor.op in _REDUCTION_OPS or is_global_pool(anchor), f"no row-reduction template for {anchor.op}")
+    kind = "mean" if is_global_pool(anchor) else anchor.op
     x = anchor.inputs[0]
     xt = b.types[x]
     xs = tuple(xt.shape)
-    k = len(xs) - len(anchor.attr["output_size"]) if _global_pool(anchor) else _reduced_from(anchor, len(xs))
-    rows, cols = _numel(xs[:k]), _numel(xs[k:])
+    k = len(xs) - len(anchor.attr["output_size"]) if is_global_pool(anchor) else _reduced_from(anchor, len(xs))
+    rows, cols = numel(xs[:k]), numel(xs[k:])
     norm = anchor.op in ("layer_norm", "rms_norm")
     a = anchor.attr
     pos = b.members.index(anchor)
     before, after = b.members[:pos], b.members[pos + 1:]
     # The loaded tensor: the producer chain's first outside operand with X's full size.
-    loaded, env = _loaded_operand(
-        b, x, before, lambda t: _numel(t.shape) == rows * cols and _splits_at(t.shape, cols),
+    loaded, env = loaded_operand(
+        b, x, before, lambda t: numel(t.shape) == rows * cols and _splits_at(t.shape, cols),
         "the norm's input is not built from a full-size operand")
     producer = env.get(x) if x in b.produced else None
     pre_values = [o for o in b.region.outputs if o in env]
@@ -391,32 +391,32 @@ def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     weights = [anchor.inputs[i] for i in ((1, 2) if anchor.op == "layer_norm" else (1,) if norm else ())
                if len(anchor.inputs) > i and anchor.inputs[i]]
     for i in weights:
-        _require(tuple(b.types[i].shape) == xs[k:], "norm weight/bias is not shaped like the normalized dims")
+        require(tuple(b.types[i].shape) == xs[k:], "norm weight/bias is not shaped like the normalized dims")
     cenv = b.pointwise(after, {anchor.outputs[0].name: Acc()})
     outs = [o for o in b.region.outputs if o not in pre_values]
-    _require(len({cenv[o] for o in outs if o in cenv}) == 1 and all(o in cenv for o in outs),
+    require(len({cenv[o] for o in outs if o in cenv}) == 1 and all(o in cenv for o in outs),
              "the reduction region's outputs are not its result")
     for o in pre_values:
-        _require(env[o] == producer, "the region writes an intermediate other than the norm's input")
+        require(env[o] == producer, "the region writes an intermediate other than the norm's input")
     consumer = cenv[outs[0]] if cenv[outs[0]] != Acc() else None
     out_t = b.types[outs[0]]
     normalizing = kind in _NORMALIZING
     extra = [e for e in b.args if e != loaded and e not in weights]
-    _require(extra == b.args, "the norm's input or weight is also read by the fused expressions")
+    require(extra == b.args, "the norm's input or weight is also read by the fused expressions")
     extra_shapes = None
     for flat in (True, False):  # the 2-D (rows, cols) domain, else X's leading dims kept
         shape = (rows, cols) if flat else (*xs[:k], cols)
         result = shape if normalizing else (*shape[:-1], 1)
         found = [_row_operand(b.types[e].shape, xs, k, flat) if e in extra_pro else
-                 _result_operand(b.types[e].shape, result) for e in extra]
+                 result_operand(b.types[e].shape, result) for e in extra]
         if all(f is not None for f in found):
             extra_shapes = found
             break
-    _require(extra_shapes is not None, "an operand broadcasts against the reduction's input in a way the "
+    require(extra_shapes is not None, "an operand broadcasts against the reduction's input in a way the "
              f"row-reduction template cannot read: {[str(b.types[e]) for e in extra]}")
     dtypes = (*TEMPLATE_DTYPES, "bool") if anchor.op in ("any", "all") else TEMPLATE_DTYPES  # truth of bools too
-    _require(xt.dtype in dtypes and b.types[loaded].dtype in dtypes, f"input dtype {xt.dtype}")
-    _require(target.get("kind") != "c" or all(b.types[e].dtype != "bool" for e in extra),
+    require(xt.dtype in dtypes and b.types[loaded].dtype in dtypes, f"input dtype {xt.dtype}")
+    require(target.get("kind") != "c" or all(b.types[e].dtype != "bool" for e in extra),
              "a bool operand besides the reduced input, which the row reduction cannot take on the c target")
     params = {"shape": shape, "kind": kind, "x_dtype": b.types[loaded].dtype, "out_dtype": out_t.dtype,
               "eps": float(a.get("eps", 1e-5)), "correction": int(a.get("correction", 1)), "keepdim": True,
@@ -440,7 +440,7 @@ def _reduction(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
 ATTENTION_LAYOUTS = PASS_VIEWS | {"transpose", "permute", "split", "slice", "contiguous"}
 
 
-def _attention(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+def build_attention(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     """The sdpa node as one ``flash_attention`` kernel. The head split of q, k, v and the head merge of
     the output become the kernel's operand layouts where they match (``lowering.attention_layout``:
     a fused QKV projection is read in place, the output written as (B, S, H*D)); the layout ops left
@@ -448,25 +448,25 @@ def _attention(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     pos = b.members.index(anchor)
     others = [n for n in b.members if n is not anchor]
     bad = sorted({n.op for n in others if n.op not in ATTENTION_LAYOUTS})
-    _require(not bad, f"the attention region holds {' '.join(bad)} besides layouts; only layouts run around sdpa")
+    require(not bad, f"the attention region holds {' '.join(bad)} besides layouts; only layouts run around sdpa")
     pre, post = b.members[:pos], b.members[pos + 1:]
     produced_pre = {v.name for n in pre for v in n.outputs}
-    _require(all(i in b.available or i in produced_pre for n in pre for i in n.inputs if i),
+    require(all(i in b.available or i in produced_pre for n in pre for i in n.inputs if i),
              "a layout before sdpa reads a value the region computes after it")
     q, k, v, *rest = anchor.inputs
     mask = rest[0] if rest and rest[0] else None
     qt, kt, vt = (b.types[x] for x in (q, k, v))
-    _require(len(qt.shape) == 4 and len(kt.shape) == 4 and kt.shape == vt.shape,
+    require(len(qt.shape) == 4 and len(kt.shape) == 4 and kt.shape == vt.shape,
              f"sdpa on q {qt.shape}, k {kt.shape}, v {vt.shape}: the template takes (B, H, S, D) with equal k/v")
     B, Hq, Sq, D = qt.shape
     _, Hkv, Skv, Dk = kt.shape
-    _require(Dk == D and kt.shape[0] == B and Hq % Hkv == 0, f"sdpa shapes q {qt.shape}, k {kt.shape} do not pair")
+    require(Dk == D and kt.shape[0] == B and Hq % Hkv == 0, f"sdpa shapes q {qt.shape}, k {kt.shape} do not pair")
     dtype = qt.dtype
-    _require(kt.dtype == dtype and vt.dtype == dtype, "q, k and v differ in dtype")
+    require(kt.dtype == dtype and vt.dtype == dtype, "q, k and v differ in dtype")
     if target.get("kind") == "c":
-        _require(dtype == "float32", f"attention on the c target computes float32, not {dtype}")
+        require(dtype == "float32", f"attention on the c target computes float32, not {dtype}")
     else:
-        _require(dtype in ("float16", "bfloat16"), f"attention on GPUs takes fp16/bf16 (MMA), not {dtype}")
+        require(dtype in ("float16", "bfloat16"), f"attention on GPUs takes fp16/bf16 (MMA), not {dtype}")
     params = {"B": B, "Hq": Hq, "Sq": Sq, "Skv": Skv, "D": D, "Hkv": Hkv,
               "is_causal": bool(anchor.attr.get("is_causal", False)), "scale": anchor.attr.get("scale"),
               "dtype": dtype}
@@ -479,12 +479,12 @@ def _attention(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     params.update({f"{name}_layout": a.layout for name, a in zip("qkv", operands) if a.layout is not None})
     if mask is not None:
         mt = b.types[mask]
-        _require(mt.dtype in TEMPLATE_DTYPES, f"an sdpa mask of {mt.dtype} (only additive float masks lower)")
-        _require(len(mt.shape) <= 4 and broadcast_shapes((B, Hq, Sq, Skv), mt.shape) == (B, Hq, Sq, Skv),
+        require(mt.dtype in TEMPLATE_DTYPES, f"an sdpa mask of {mt.dtype} (only additive float masks lower)")
+        require(len(mt.shape) <= 4 and broadcast_shapes((B, Hq, Sq, Skv), mt.shape) == (B, Hq, Sq, Skv),
                  f"sdpa mask {mt.shape} does not broadcast to {(B, Hq, Sq, Skv)}")
-        _require(mask in b.available or mask in produced_pre, "the sdpa mask is computed inside the region")
+        require(mask in b.available or mask in produced_pre, "the sdpa mask is computed inside the region")
         if target.get("kind") == "c":
-            _require(mt.dtype == "float32", f"an sdpa mask of {mt.dtype} on the c target")
+            require(mt.dtype == "float32", f"an sdpa mask of {mt.dtype} on the c target")
         params.update(mask_shape=tuple(mt.shape), mask_dtype=mt.dtype)
         inputs.append((mask, None))
     out = anchor.outputs[0].name

@@ -1,4 +1,4 @@
-"""The convolution and pooling region builders (``registry.build`` calls them for ``gemm`` regions anchored on a
+"""The convolution and pooling region builders (``dispatch.build`` calls them for ``gemm`` regions anchored on a
 convolution and ``reduction`` regions anchored on a pool): a region -> one ``conv2d``, ``gemm`` (a 1x1
 convolution) or ``pool2d`` template instance. NCHW, or NHWC where ``planner.layout`` made the region
 channels last.
@@ -9,31 +9,30 @@ from __future__ import annotations
 from tilefuse.ir import Node, TensorType
 from tilefuse.lowering.builders import (
     TEMPLATE_DTYPES,
+    Builder,
     KernelSpec,
-    _Builder,
-    _check_dtypes,
-    _domain_shape,
-    _epilogue,
-    _gemm_spec,
-    _loaded_operand,
-    _require,
-    _result_operand,
     broadcast,
+    check_dtypes,
+    domain_shape,
+    epilogue_exprs,
+    gemm_spec,
+    loaded_operand,
+    require,
+    result_operand,
 )
 from tilefuse.lowering.expr import Acc
+from tilefuse.lowering.templates import pool
 
 
-def build_pool(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+def build_pool(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     """max_pool / avg_pool / adaptive_avg_pool over the last two dims, with elementwise producers
     (same shape as the input) and consumers (the pooled result, any view of it)."""
-    from tilefuse.lowering.templates import pool
-
     x, a = anchor.inputs[0], anchor.attr
     xs = tuple(b.types[x].shape)
     kind = {"max_pool": "max", "avg_pool": "avg", "adaptive_avg_pool": "adaptive_avg"}[anchor.op]
     dims = len(a["output_size"]) if kind == "adaptive_avg" else len(a["kernel"])
-    _require(dims == 2 and len(xs) >= 3, f"{anchor.op} over {dims} dims (the pool template does 2-D)")
-    _require(not (target.get("kind") == "cuda" and "bfloat16" in {b.types[v].dtype for v in b.region.inputs}),
+    require(dims == 2 and len(xs) >= 3, f"{anchor.op} over {dims} dims (the pool template does 2-D)")
+    require(not (target.get("kind") == "cuda" and "bfloat16" in {b.types[v].dtype for v in b.region.inputs}),
              "bf16 pooling on CUDA: TileLang 0.1.15 emits an undefined __pack_bfloat162 (seen on the H200)")
     if kind == "adaptive_avg":
         geometry = {"output_size": tuple(a["output_size"])}
@@ -47,32 +46,32 @@ def build_pool(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
     if a.get("channels_last", False):
         geometry["channels_last"] = True
     out_shape = tuple(anchor.outputs[0].type.shape)
-    _require(pool.output_shape(xs, kind, **{k: v for k, v in geometry.items() if k != "count_include_pad"})
+    require(pool.output_shape(xs, kind, **{k: v for k, v in geometry.items() if k != "count_include_pad"})
              == out_shape, f"{anchor.op} output {out_shape} differs from the template's")
     pos = b.members.index(anchor)
     before, after = b.members[:pos], b.members[pos + 1:]
-    loaded, env = _loaded_operand(b, x, before, lambda t: tuple(t.shape) == xs,
+    loaded, env = loaded_operand(b, x, before, lambda t: tuple(t.shape) == xs,
                                   f"the {anchor.op} input is not built from an operand of its shape")
     producer = env.get(x) if x in b.produced else None
     pre_values = [o for o in b.region.outputs if o in env]
     for o in pre_values:
-        _require(env[o] == producer, f"the {anchor.op} region writes an intermediate other than its input")
+        require(env[o] == producer, f"the {anchor.op} region writes an intermediate other than its input")
     n_pro = len(b.args)
     cenv = b.pointwise(after, {anchor.outputs[0].name: Acc()})
     outs = [o for o in b.region.outputs if o not in pre_values]
-    _require(all(o in cenv for o in outs) and len({cenv[o] for o in outs}) == 1,
+    require(all(o in cenv for o in outs) and len({cenv[o] for o in outs}) == 1,
              f"the {anchor.op} region writes more than its pooled result")
     consumer = cenv[outs[0]]
     extra_shapes = []
     for i, e in enumerate(b.args):
         t = tuple(b.types[e].shape)
-        shape = t if i < n_pro and broadcast(t, xs) == xs else _result_operand(t, out_shape) if i >= n_pro else None
-        _require(shape is not None, f"operand {e} ({b.types[e]}) does not broadcast against the {anchor.op}")
+        shape = t if i < n_pro and broadcast(t, xs) == xs else result_operand(t, out_shape) if i >= n_pro else None
+        require(shape is not None, f"operand {e} ({b.types[e]}) does not broadcast against the {anchor.op}")
         extra_shapes.append(shape)
     pre_dtype = b.types[pre_values[0]].dtype if pre_values else None
     dtypes = (b.types[loaded].dtype, b.types[outs[0]].dtype, *(b.types[e].dtype for e in b.args))
-    _require(dtypes[0] in TEMPLATE_DTYPES, f"input dtype {dtypes[0]}")
-    _check_dtypes((*dtypes, pre_dtype or dtypes[0]), target, "pool2d")
+    require(dtypes[0] in TEMPLATE_DTYPES, f"input dtype {dtypes[0]}")
+    check_dtypes((*dtypes, pre_dtype or dtypes[0]), target, "pool2d")
     params = {"x_shape": xs, "kind": kind, **geometry, "x_dtype": dtypes[0], "out_dtype": dtypes[1],
               "producer": producer if producer != Acc() else None,
               "consumer": consumer if consumer != Acc() else None, "extra_shapes": tuple(extra_shapes),
@@ -83,13 +82,13 @@ def build_pool(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
                       tuple(b.pre))
 
 
-def build_conv(b: _Builder, anchor: Node, target: dict) -> KernelSpec:
+def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     x, w = anchor.inputs[0], anchor.inputs[1]
-    _require(b.members.index(anchor) == 0, "a prologue before the convolution")
+    require(b.members.index(anchor) == 0, "a prologue before the convolution")
     xt, wt = b.types[x], b.types[w]
-    _require(len(wt.shape) == 4 and anchor.attr.get("groups", 1) == 1, "only 2-D convolutions with groups=1")
-    _require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
-    exprs, mapping = _epilogue(b, anchor, anchor.inputs[2] if len(anchor.inputs) > 2 else None, b.members[1:],
+    require(len(wt.shape) == 4 and anchor.attr.get("groups", 1) == 1, "only 2-D convolutions with groups=1")
+    require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
+    exprs, mapping = epilogue_exprs(b, anchor, anchor.inputs[2] if len(anchor.inputs) > 2 else None, b.members[1:],
                                "convolution")
     out_shape = tuple(anchor.outputs[0].type.shape)
     a = anchor.attr
@@ -119,7 +118,7 @@ def _pointwise_conv(x_shape, w_shape, attr) -> bool:
             and tuple(attr.get("padding", (0, 0))) == (0, 0) and tuple(attr.get("dilation", (1, 1))) == (1, 1))
 
 
-def _conv_1x1_as_gemm(b: _Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
+def _conv_1x1_as_gemm(b: Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
     """``out[n] = W (O, C) @ x[n] (C, H*W)``: the NCHW output is the GEMM's (N, O, H*W) output as it lies in
     memory, and x is read as (N, C, H*W) with H*W contiguous (the tensor-core GEMM template's TMA loads), where
     the implicit-GEMM convolution gathers element by element. Epilogue operands broadcast against
@@ -130,17 +129,17 @@ def _conv_1x1_as_gemm(b: _Builder, x: str, w: str, xt, wt, exprs, mapping, extra
     gemm_shapes = []
     for s in extra_shapes:
         d0, d1, d2, d3 = (1,) * (4 - len(s)) + tuple(s)
-        _require((d2, d3) in ((1, 1), (H, W)), f"an epilogue operand {tuple(s)} broadcast along H or W alone")
+        require((d2, d3) in ((1, 1), (H, W)), f"an epilogue operand {tuple(s)} broadcast along H or W alone")
         gemm_shapes.append((d0, d1, 1 if (d2, d3) == (1, 1) else H * W))
-    return _gemm_spec(b, O, H * W, C, (w, (O, C)), (x, (Nb, C, H * W)), exprs[0], mapping, extra, gemm_shapes,
+    return gemm_spec(b, O, H * W, C, (w, (O, C)), (x, (Nb, C, H * W)), exprs[0], mapping, extra, gemm_shapes,
                       batch_B=(Nb,))
 
 
-def _conv_1x1_nhwc(b: _Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
+def _conv_1x1_nhwc(b: Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
     """``out (N*H*W, O) = x (N*H*W, C) @ W (O, C)^T``: on NHWC data a 1x1 convolution is one plain GEMM, a
     linear layer over the pixels. Epilogue operands read in its (rows, cols) domain: the full output, a
     per-channel vector or a scalar."""
     Nb, H, W, C = xt.shape
     O, M = wt.shape[0], Nb * H * W
-    shapes = tuple(_domain_shape(TensorType(tuple(s), "float32"), M, O) for s in extra_shapes)
-    return _gemm_spec(b, M, O, C, (x, (M, C)), (w, (O, C)), exprs[0], mapping, extra, shapes, trans_B=True)
+    shapes = tuple(domain_shape(TensorType(tuple(s), "float32"), M, O) for s in extra_shapes)
+    return gemm_spec(b, M, O, C, (x, (M, C)), (w, (O, C)), exprs[0], mapping, extra, shapes, trans_B=True)

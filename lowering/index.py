@@ -33,7 +33,7 @@ MAX_EXPR_NODES = 4096  # a region whose expressions unfold larger runs through t
 
 
 class NotLowerable(Exception):
-    """Why a region cannot run as a TileLang kernel (``registry.build`` returns the message)."""
+    """Why a region cannot run as a TileLang kernel (``dispatch.build`` returns the message)."""
 
 
 def require(cond: bool, why: str) -> None:

@@ -1,7 +1,7 @@
 """A GEMM region in two: its anchor through torch, the rest of the region as one TileLang elementwise kernel.
 
-Note: ``tune.choose_backends`` weighs three ways of running a GEMM region: the fused kernel, the region's ops
-through torch, and this split. The split pays where the library GEMM beats our fused kernel but the
+Note: the pipeline's ``decide`` step weighs three ways of running a GEMM region: the fused kernel, the region's ops
+through torch, and this split (``runtime.kernels.SplitRegion`` runs it). The split pays where the library GEMM beats our fused kernel but the
 epilogue has several ops that torch would run one kernel each: LLaMA's ``silu(gate) * up`` after the up
 projection (fused kernel 0.71 ms, cuBLAS then two torch kernels 0.62 ms, on the H200), or a convolution's
 batch norm, residual add and ReLU.
@@ -9,7 +9,6 @@ batch norm, residual add and ReLU.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from tilefuse.planner.plan import VIEW_OPS, FusionPlan, Region
@@ -60,30 +59,3 @@ def split(plan: FusionPlan, region: Region, maps: tuple[dict, dict] | None = Non
 def _reads(nodes: dict, members: Sequence[str], inputs: Sequence[str]) -> tuple[str, ...]:
     used = {i for m in members for i in nodes[m].inputs}
     return tuple(i for i in inputs if i in used)
-
-
-class SplitRegion:
-    """A region run as its head through torch, then its tail's kernel: a ``RegionFn`` like the others."""
-
-    def __init__(self, region: Region, head: Region, tail: Region, head_fn, tail_fn):
-        self.region, self.head, self.tail, self.head_fn, self.tail_fn = region, head, tail, head_fn, tail_fn
-
-    def __call__(self, args):
-        env = dict(zip(self.region.inputs, args))
-        env.update(zip(self.head.outputs, self.head_fn([env[i] for i in self.head.inputs])))
-        env.update(zip(self.tail.outputs, self.tail_fn([env[i] for i in self.tail.inputs])))
-        return [env[o] for o in self.region.outputs]
-
-
-def lower_splits(plan: FusionPlan, regions: Sequence[Region], target: dict) -> dict[str, SplitRegion]:
-    """The split of each of ``regions`` that has one and whose tail lowers (all tails compiled in one batch)."""
-    from tilefuse.lowering.registry import lower_plan
-    from tilefuse.runtime.plan_runner import reference_region
-
-    maps = node_maps(plan)
-    pairs = {r.name: (r, s) for r in regions for s in [split(plan, r, maps)] if s is not None}
-    if not pairs:
-        return {}
-    tails = lower_plan(dataclasses.replace(plan, regions=tuple(t for _, (_, t) in pairs.values())), target)
-    return {name: SplitRegion(r, head, tail, reference_region(plan, head), tails[tail.name])
-            for name, (r, (head, tail)) in pairs.items() if tail.name in tails}

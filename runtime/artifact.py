@@ -45,7 +45,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -53,9 +52,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tilelang
 import torch
+import tvm
 
+from tilefuse.config import VERSION as __version__
 from tilefuse.ir import dtype_name, torch_dtype
+from tilefuse.lowering.compile import compile_kernel
+from tilefuse.lowering.lower import make_prim_func
 from tilefuse.runtime.integrity import (
     FORMAT,
     FORMAT_VERSION,
@@ -76,15 +80,16 @@ from tilefuse.runtime.integrity import (
     rebuilt_entries,
     root_bytes,
 )
+from tilefuse.runtime.kernels import RegionKernel
 from tilefuse.runtime.machine import local_target_hint, target_problem
 from tilefuse.runtime.serialize import (
-    _type_json,
-    _weights_bytes,
-    _weights_from,
     graph_from_json,
     graph_to_json,
     plan_from_json,
     plan_to_json,
+    type_json,
+    weights_bytes,
+    weights_from,
 )
 
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member dates: the same model saves to the same bytes
@@ -128,31 +133,6 @@ def host_info(target: Mapping) -> dict:
     return info
 
 
-def _candidate_configs(spec, target: dict) -> list[dict]:
-    """The configs make_prim_func chooses among for ``spec``: the one it picks by default (tuned, or the
-    template's untuned pick, which may lie outside its seeds), then the template's seeds."""
-    from tilefuse.lowering.registry import config_space, kernel_key
-
-    return [kernel_key(spec, target)[0], *config_space(spec, target)]
-
-
-def _tile_config(spec, target: dict, func) -> dict | None:
-    """The tile config ``func`` was built with: the candidate whose PrimFunc prints the same (None if none)."""
-    from tilefuse.config import CPU_KINDS
-    from tilefuse.lowering.exact_constants import exact_float_constants
-    from tilefuse.lowering.registry import make_prim_func
-
-    if func is None:
-        return None
-    want = func.script(show_meta=True)
-    as_compiled = exact_float_constants if target.get("kind") in CPU_KINDS else (lambda f: f)  # as compile_kernel
-    for config in _candidate_configs(spec, target):
-        with contextlib.suppress(Exception):  # a seed this spec cannot take is simply not the one chosen
-            if as_compiled(make_prim_func(spec, target, config)).script(show_meta=True) == want:
-                return dict(config)
-    return None
-
-
 def _cache_entry(kernel) -> tuple[str, Path] | None:
     """The TileLang cache entry a compiled kernel came from (TileLang tags kernels with it), if it exists."""
     key, path = getattr(kernel, "_tilelang_cache_key", None), getattr(kernel, "_tilelang_cache_path", None)
@@ -164,35 +144,29 @@ def _cache_entry(kernel) -> tuple[str, Path] | None:
 
 def _kernel_entries(runner, target: dict, scratch: Path) -> tuple[dict, dict[str, Path], dict]:
     """``runner``'s tuning decisions by region, the cache entry directory and the PrimFunc of each kernel."""
-    from tilefuse.lowering.compile import compile_kernel
-    from tilefuse.lowering.registry import RegionKernel, make_prim_func
-
-    regions, entries, configs, funcs = {}, {}, {}, {}
+    regions, entries, funcs = {}, {}, {}
     for name, rk in sorted(runner.kernels.items()):
         rk = getattr(rk, "tail_fn", rk)  # a split region keeps its epilogue's kernel (its GEMM runs through torch)
         if not isinstance(rk, RegionKernel):
             raise TypeError(f"region {name} runs a {type(rk).__name__}, not a TileLang kernel; it cannot be saved")
-        spec = rk.spec
-        sk = (spec.template, spec.params, spec.out_idx)
-        if sk not in configs:
-            configs[sk] = _tile_config(spec, target, getattr(rk.kernel, "prim_func", None))
+        spec, config = rk.spec, rk.config  # the config it was built with (lowering.lower.Lowered)
         found = _cache_entry(rk.kernel)
         if found is None:  # compiled with the cache off (or its entry was deleted): build one in scratch
-            with _tilelang_cache(scratch):
-                found = _cache_entry(compile_kernel(make_prim_func(spec, target, configs[sk]), target,
+            with kernel_cache(scratch):
+                found = _cache_entry(compile_kernel(make_prim_func(spec, target, config), target,
                                                     list(spec.out_idx)))
             if found is None:
                 raise RuntimeError(f"region {name}: TileLang wrote no cache entry for its kernel; cannot save it")
         entries[found[0]] = found[1]
-        regions[name] = {"template": spec.template, "config": configs[sk], "kernel": found[0],
-                         "spec": _spec_digest(spec, configs[sk])}
+        regions[name] = {"template": spec.template, "config": config, "kernel": found[0],
+                         "spec": spec_digest(spec, config)}
         func = getattr(rk.kernel, "prim_func", None)
         if func is not None:
             funcs[found[0]] = func
     return {"regions": regions}, entries, funcs
 
 
-def _spec_digest(spec, config) -> str:
+def spec_digest(spec, config) -> str:
     """What a kernel was built from: a saved PrimFunc stands in for a rebuild only while this matches."""
     return hashlib.sha256(repr((spec.template, spec.params, spec.out_idx, config)).encode()).hexdigest()
 
@@ -206,10 +180,6 @@ def save(compiled, path: str | os.PathLike) -> Path:
 
     The file is written next to ``path`` and renamed into place, so a reader never sees half of it.
     """
-    import tilelang
-
-    from tilefuse import __version__
-
     graph, options = compiled.graph, compiled.options
     # A static graph has one runner; a graph with symbolic dims one per input signature compiled so far.
     runners = [(None, compiled.runner)] if compiled.runner is not None else list(compiled._specialized.items())
@@ -241,19 +211,17 @@ def save(compiled, path: str | os.PathLike) -> Path:
                     raise ValueError(f"TileLang cache entry {entry} holds {f.name}, which artifacts do not carry "
                                      "(use the default execution backend)")
                 members[f"kernels/{key}/{f.name}"] = f.read_bytes()
-    import tvm
-
     for key, func in sorted(funcs.items()):
         members[f"funcs/{key}.json"] = tvm.ir.save_json(func).encode()
-    members[WEIGHTS] = _weights_bytes(constants)
-    signature = [{"name": v.name, **_type_json(v.type)} for v in graph.inputs]
+    members[WEIGHTS] = weights_bytes(constants)
+    signature = [{"name": v.name, **type_json(v.type)} for v in graph.inputs]
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "tilefuse": __version__,
         "tilelang": tilelang.__version__, "torch": torch.__version__, "python": platform.python_version(),
         "target": target, "host": host_info(target), "graph": graph.name,
         "options": {"fuse": options.fuse, "lower": options.lower, "cuda_graphs": options.cuda_graphs,
                     "sparsity": options.sparsity},
-        "inputs": signature, "outputs": [{"name": v.name, **_type_json(v.type)} for v in graph.output_values()],
+        "inputs": signature, "outputs": [{"name": v.name, **type_json(v.type)} for v in graph.output_values()],
         "kernels": sorted(entries),
         "members": {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for n, b in members.items()},
     }
@@ -293,31 +261,26 @@ def _blame(path: Path, member: str):
 # ---- load -------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _tilelang_cache(root: str | os.PathLike):
-    """Point TileLang's kernel cache at ``root``, with the cache on, for the block (process-wide)."""
-    from tilelang.env import CacheState
+def kernel_cache(root: str | os.PathLike):
+    """Point TileLang's kernel cache at ``root``, with the cache on, for the block (process-wide): through
+    TileLang's own overrides of its settings (``tilelang.env``), never by writing ``os.environ``."""
+    from tilelang.env import CacheState, Environment
 
-    saved = {k: os.environ.get(k) for k in ("TILELANG_CACHE_DIR", "TILELANG_DISABLE_CACHE")}
+    settings = (Environment.__dict__["TILELANG_CACHE_DIR"], Environment.__dict__["TILELANG_DISABLE_CACHE"])
+    saved = [v._forced_value for v in settings]
     was_on = CacheState.is_enabled()
-    os.environ.update(TILELANG_CACHE_DIR=str(root), TILELANG_DISABLE_CACHE="0")
+    settings[0]._forced_value, settings[1]._forced_value = str(root), "0"
     CacheState.enable()
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        for v, old in zip(settings, saved):
+            v._forced_value = old
         if not was_on:
             CacheState.disable()
 
 
 def _mismatches(manifest: dict, target: dict, strict: bool) -> list[str]:
-    import tilelang
-
-    from tilefuse import __version__
-
     why = []
     if json.dumps(manifest["target"], sort_keys=True) != json.dumps(target, sort_keys=True):
         why.append(f"it was compiled for target {manifest['target']}, not {target}")
@@ -343,68 +306,6 @@ def _tuning(doc: dict, keys: set[str]) -> dict[str, tuple[str, dict | None, str,
     return out
 
 
-def _lower(path: Path, plan, target: dict, tuning: dict, scratch: Path, funcs: dict[str, bytes] | None = None):
-    """Each tilelang region's kernel, built from its stored config and loaded from the unpacked cache."""
-    from tilefuse.lowering.compile import compile_many
-    from tilefuse.lowering.registry import KernelSpec, RegionKernel, build, graph_facts, make_prim_func
-    from tilefuse.lowering.split import SplitRegion, node_maps, split
-    from tilefuse.runtime.plan_runner import reference_region
-
-    graph = plan.graph
-    facts = graph_facts(graph)
-    specs, parts, maps = {}, {}, node_maps(plan)
-    for r in plan.regions:
-        if r.backend not in ("tilelang", "split"):
-            continue
-        if r.backend == "split":  # the stored kernel is the epilogue's, the part after the GEMM
-            parts[r.name] = split(plan, r, maps)
-            if parts[r.name] is None:
-                raise _Mismatch(f"region {r.name} was saved split in two and does not split here")
-        lowered = parts[r.name][1] if r.name in parts else r
-        s, (template, config, _) = build(lowered, graph, target, facts), tuning.get(r.name, (None, None, None, None))[:3]
-        if not isinstance(s, KernelSpec) or s.template != template:
-            raise _Mismatch(f"region {r.name} lowers differently here ({getattr(s, 'template', s)}) "
-                            f"than when it was saved ({template})")
-        specs[r.name] = (s, config)
-
-    def key(s, c):  # regions with one spec and config share one kernel
-        return s.template, s.params, s.out_idx, json.dumps(c, sort_keys=True)
-
-    distinct = {key(s, c): (s, c) for s, c in specs.values()}
-    stored = {key(s, c): tuning[name][2] for name, (s, c) in specs.items()}
-    same = {key(s, c): tuning[name][3] == _spec_digest(s, c) for name, (s, c) in specs.items()}
-    items = []
-    for k, (s, c) in distinct.items():
-        blob = (funcs or {}).get(stored[k]) if same[k] else None
-        if blob is not None:  # the saved PrimFunc: same cache key, milliseconds to read
-            import tvm
-
-            with _blame(path, f"funcs/{stored[k]}.json"):
-                items.append((tvm.ir.load_json(blob.decode()), list(s.out_idx)))
-            continue
-        with _blame(path, TUNING):  # a stored config the template rejects
-            items.append((make_prim_func(s, target, c), list(s.out_idx)))
-    with _tilelang_cache(scratch):
-        compiled = dict(zip(distinct, compile_many(items, target, return_exceptions=True))) if items else {}
-    kernels, failed = {}, []
-    nodes = facts[0]
-    for name, (s, c) in specs.items():
-        k = compiled[key(s, c)]
-        if isinstance(k, BaseException):
-            failed.append(name)
-            warnings.warn(f"{path}: region {name}'s kernel failed to load ({type(k).__name__}: {k}); "
-                          "it runs through torch", ArtifactWarning, stacklevel=3)
-            continue
-        region = next(r for r in plan.regions if r.name == name)
-        if name in parts:
-            head, tail = parts[name]
-            kernels[name] = SplitRegion(region, head, tail, reference_region(plan, head), RegionKernel(s, k, tail, nodes))
-        else:
-            kernels[name] = RegionKernel(s, k, region, nodes)
-    keys = [getattr(k, "_tilelang_cache_key", None) for k in compiled.values() if not isinstance(k, BaseException)]
-    return kernels, failed, keys
-
-
 def _plans(path: Path, data: dict[str, bytes], constants: dict, keys: set[str]) -> list[tuple]:
     """(input signature or None, FusionPlan, tuning by region) for each plan the artifact holds."""
     with _blame(path, PLAN):
@@ -419,58 +320,28 @@ def _plans(path: Path, data: dict[str, bytes], constants: dict, keys: set[str]) 
     return [(sig, plan, tuning) for (sig, plan), tuning in zip(plans, tunings)]
 
 
-def _restore(path: Path, plans: list[tuple], options, data: dict[str, bytes]):
-    """A runner per plan, kernels from the artifact: ([(signature, runner)], cache keys of the kernels loaded,
-    keys of the artifact's kernels TileLang compiled again, regions whose kernel failed)."""
-    import dataclasses
+@dataclass
+class Contents:
+    """An artifact read and checked (every member hashed, parsed and consistent): what a load builds from."""
 
-    from tilelang.cache.kernel_cache import KernelCache
-
-    from tilefuse.runtime.plan_runner import PlanRunner
-
-    scratch = tempfile.TemporaryDirectory(prefix="tilefuse-kernels-")  # removed with the last runner using it
-    with _tilelang_cache(scratch.name):
-        root = Path(KernelCache._get_cache_root())  # <dir>/<tilelang version>/<os-machine>/kernels
-    for name, blob in data.items():
-        m = KERNEL_MEMBER.fullmatch(name)
-        if m:  # a name that matched a strict pattern: it cannot leave root
-            (root / m[1]).mkdir(parents=True, exist_ok=True)
-            (root / m[1] / m[2]).write_bytes(blob)
-    stamps = entry_stamps(root, {m[1] for name in data for m in [KERNEL_MEMBER.fullmatch(name)] if m})
-    runners, keys, failures = [], [], []
-    for sig, plan, tuning in plans:
-        funcs = {m[1]: blob for name, blob in data.items() for m in [FUNC_MEMBER.fullmatch(name)] if m}
-        kernels, failed, loaded = _lower(path, plan, options.target, tuning, Path(scratch.name), funcs) \
-            if options.lower else ({}, [], [])
-        plan = dataclasses.replace(plan, regions=tuple(dataclasses.replace(r, backend="torch") if r.name in failed
-                                                       else r for r in plan.regions))
-        runner = PlanRunner(plan, kernels)
-        if options.cuda_graphs and options.target.get("kind") == "cuda" and plan.kernels:
-            runner.enable_cuda_graphs(options.eager_tail)
-        runner.artifact_dir = scratch
-        runners.append((sig, runner))
-        keys += loaded
-        failures += failed
-    return runners, keys, rebuilt_entries(root, stamps), failures
+    path: Path
+    manifest: dict
+    data: dict[str, bytes]
+    graph: Any
+    plans: list[tuple]  # (input signature or None, FusionPlan, tuning by region: (template, config, key, digest))
+    options: Any  # the compile options the artifact records, with the target to load for
+    why: list[str]  # why its kernels cannot be loaded as they are (target, host, versions): recompile or refuse
 
 
-def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: bool = False):
-    """Load the artifact at ``path`` as a runnable ``CompiledModel`` without compiling anything.
-
-    ``target`` defaults to the artifact's. On another target, tilelang version or host the model is
-    recompiled from the artifact's graph with an ``ArtifactWarning``, or, with ``strict``,
-    ``ArtifactMismatchError`` is raised. A corrupted, tampered or malformed artifact raises
-    ``ArtifactError`` naming the member. ``model.load_report`` says what happened (``compiled == 0``).
-    """
-    from tilefuse import __version__
-    from tilefuse.api import CompiledModel
-    from tilefuse.config import Options, parse_target
-
-    t0 = time.perf_counter()
+def read(path: str | os.PathLike, options_for: Any, target: str | dict | None = None,
+         strict: bool = False) -> Contents:
+    """Read and check the artifact at ``path``. ``options_for(target, manifest options)`` makes the compile
+    options (``config.Options``). Raises ``ArtifactError`` for a corrupted, tampered or malformed artifact, and
+    ``ArtifactMismatchError`` for a target this machine cannot run."""
     path = Path(path)
     manifest, data = read_artifact(path)
     with _blame(path, WEIGHTS):
-        constants = _weights_from(data[WEIGHTS])
+        constants = weights_from(data[WEIGHTS])
     with _blame(path, GRAPH):
         graph = graph_from_json(json_member(path, GRAPH, data[GRAPH]), constants)
     plans = _plans(path, data, constants, set(manifest["kernels"]))
@@ -478,28 +349,56 @@ def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: b
     if set(constants) - used:
         raise ArtifactError(f"{path}: member {WEIGHTS} holds tensors no graph uses: {sorted(set(constants) - used)[:5]}")
     with _blame(path, MANIFEST):
-        opts = manifest["options"]
-        options = Options(target=parse_target(target if target is not None else manifest["target"]),
-                          fuse=bool(opts["fuse"]), lower=bool(opts["lower"]), cuda_graphs=bool(opts["cuda_graphs"]),
-                          sparsity=opts.get("sparsity"))
+        options = options_for(target if target is not None else manifest["target"], manifest["options"])
     problem = target_problem(options.target)
     if problem is not None:
         raise ArtifactMismatchError(f"{path}: {problem}, so its kernels cannot run here. Load it on such a machine, "
                                     f"or pass {local_target_hint()} to recompile it from its graph")
-    why = _mismatches(manifest, options.target, strict)
-    if not why:
-        try:
-            runners, keys, rebuilt, failed = _restore(path, plans, options, data)
-        except _Mismatch as e:
-            why = [str(e)]
-    if why:
-        if strict:
-            raise ArtifactMismatchError(f"{path}: {'; '.join(why)} (strict load: not recompiling)")
-        warnings.warn(f"{path}: {'; '.join(why)}; recompiling it from its graph", ArtifactWarning, stacklevel=3)
-        model = CompiledModel(graph, options)
-        n = len({id(k.kernel) for k in getattr(model.runner, "kernels", {}).values()})
-        model.load_report = LoadReport(str(path), time.perf_counter() - t0, n, 0, n, "; ".join(why))
-        return model
+    return Contents(path, manifest, data, graph, plans, options, _mismatches(manifest, options.target, strict))
+
+
+class KernelStore:
+    """The artifact's kernels unpacked as a TileLang cache in a temporary directory (removed with the last runner
+    that keeps this store), and its saved PrimFuncs: ``prebuilt`` hands the lowering a saved PrimFunc wherever
+    the spec and config it was saved for are the ones asked for (the same cache key, milliseconds to read)."""
+
+    def __init__(self, contents: Contents):
+        self.contents = contents
+        self.scratch = tempfile.TemporaryDirectory(prefix="tilefuse-kernels-")
+        with kernel_cache(self.scratch.name):
+            from tilelang.cache.kernel_cache import KernelCache  # (tilelang's own cache layout)
+
+            root = Path(KernelCache._get_cache_root())  # <dir>/<tilelang version>/<os-machine>/kernels
+        data = contents.data
+        for name, blob in data.items():
+            m = KERNEL_MEMBER.fullmatch(name)
+            if m:  # a name that matched a strict pattern: it cannot leave root
+                (root / m[1]).mkdir(parents=True, exist_ok=True)
+                (root / m[1] / m[2]).write_bytes(blob)
+        self.root = root
+        self.stamps = entry_stamps(root, {m[1] for name in data for m in [KERNEL_MEMBER.fullmatch(name)] if m})
+        self.funcs = {}
+        for name, blob in data.items():
+            m = FUNC_MEMBER.fullmatch(name)
+            if m:
+                with _blame(contents.path, name):
+                    self.funcs[m[1]] = tvm.ir.load_json(blob.decode())
+
+    def prebuilt(self, tuning: dict) -> Any:
+        """``lower``'s ``prebuilt(spec, config)`` for one plan's ``tuning``."""
+        saved = {digest: key for _, _, key, digest in tuning.values() if digest}
+        return lambda spec, config: self.funcs.get(saved.get(spec_digest(spec, config), ""))
+
+    def rebuilt(self) -> set[str]:
+        """Keys of the artifact's kernels TileLang compiled again (its entry rejected)."""
+        return rebuilt_entries(self.root, self.stamps)
+
+
+def report(contents: Contents, keys: list, rebuilt: set[str], failed: list[str], seconds: float,
+           strict: bool) -> LoadReport:
+    """What a load did, from the cache keys of the kernels loaded (warned of; refused when ``strict`` and anything
+    compiled)."""
+    path, manifest = contents.path, contents.manifest
     n = len({k for k in keys if k}) + keys.count(None)  # distinct kernels; None: a kernel with no cache key
     rebuilt &= set(keys)
     hits = len({k for k in keys if k} & set(manifest["kernels"]) - rebuilt)
@@ -515,16 +414,6 @@ def load(path: str | os.PathLike, *, target: str | dict | None = None, strict: b
         msgs.append(f"the kernels of regions {', '.join(failed)} failed to load; they run through torch")
     if msgs and strict:
         raise ArtifactMismatchError(f"{path}: {'; '.join(msgs)} (strict load: refusing a load that compiled)")
-    for msg in msgs[:len(msgs) - bool(failed)]:  # _lower has warned of each failed region already
+    for msg in msgs:
         warnings.warn(f"{path}: {msg}", ArtifactWarning, stacklevel=3)
-    static = [r for sig, r in runners if sig is None]
-    model = CompiledModel(graph, options, runner=static[0] if static else None)
-    for sig, runner in runners:
-        if sig is not None:  # a symbolic graph's specializations compiled before saving
-            model._specialized[sig] = runner
-    seconds = time.perf_counter() - t0
-    for sig, runner in runners:
-        runner.compile_seconds = seconds
-        runner.source_graph = graph if sig is None else runner.plan.graph  # a specialization's: as planned
-    model.load_report = LoadReport(str(path), seconds, n, hits, n - hits, failed=len(failed))
-    return model
+    return LoadReport(str(path), seconds, n, hits, n - hits, failed=len(failed))

@@ -1,5 +1,7 @@
 """Run a FusionPlan region by region: a compiled kernel where lowering gave one, else the region's
-nodes through their torch references (an explicit, reported fallback: ``backend == "torch"``).
+nodes through their torch references (an explicit, reported fallback: ``backend == "torch"``). The runner is
+built by ``tilefuse.pipeline``; its first call may decide, per region, between kernel, torch and split
+(``first_call``, then ``apply``).
 
 Note: values are freed after the last region that reads them, so peak memory follows liveness at
 region granularity (a fused region's interior values never exist in device memory at all once it
@@ -16,45 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from tilefuse import ops
-from tilefuse.config import CPU_KINDS, Options
-from tilefuse.ir import Graph
-from tilefuse.planner import FusionPlan
-from tilefuse.planner import plan as make_plan
-from tilefuse.progress import wanted
-from tilefuse.runtime.executor import check_inputs, run_node
+from tilefuse.ops.reference import NodesFn, check_inputs
+from tilefuse.planner.plan import FusionPlan
+from tilefuse.runtime.graphs import CudaGraphRunner
 
 RegionFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
 
-class _RefRegion:
-    """A region run node by node through the registry references."""
-
-    def __init__(self, graph_nodes, region):
-        self.steps = [(n, ops.get(n.op), n.attr) for n in graph_nodes]
-        self.inputs = region.inputs
-        self.outputs = region.outputs
-
-    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        env = dict(zip(self.inputs, args))
-        device = args[0].device if args else torch.device("cpu")
-        for node, spec, attrs in self.steps:
-            ins = [env[i] if i else None for i in node.inputs]
-            outs = run_node(node, spec, ins, attrs, device)
-            for v, o in zip(node.outputs, outs):
-                env[v.name] = o
-        return [env[o] for o in self.outputs]
-
-
 def reference_region(plan: FusionPlan, region) -> RegionFn:
     """``region`` of ``plan`` run node by node through torch (what a region without a kernel runs)."""
-    nodes = {n.name: n for n in plan.graph.nodes}
-    return _RefRegion([nodes[m] for m in region.nodes], region)
+    return NodesFn(plan.graph, region.nodes, region.inputs, region.outputs)
 
 
 class PlanRunner:
@@ -67,7 +44,7 @@ class PlanRunner:
         self.device_type = device_type  # "cuda" for a CUDA target's plan: inputs elsewhere are staged onto it
         self._staged: dict[int, torch.Tensor] = {}  # input position -> its buffer on the plan's device
         self._foreign: tuple[torch.device, tuple[int, ...]] | None = None  # decided once when check is off
-        self.static_inputs: tuple[int, ...] = ()  # set by build_runner: inputs CUDA graphs read in place
+        self.static_inputs: tuple[int, ...] = ()  # inputs CUDA graphs read in place (set by the pipeline)
         self.kernels = dict(kernels or {})
         self.fns: list[RegionFn] = [self.kernels.get(r.name) or reference_region(plan, r) for r in plan.regions]
         last: dict[str, int] = {}
@@ -81,7 +58,9 @@ class PlanRunner:
                 self.frees.setdefault(k, []).append(name)
         self._constants: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._graphed = None
-        self.choose = None  # (TuningDB, target): on the first call, keep kernel or torch per region, measured
+        # Called once with the first call's inputs (on the plan's device), before it runs: the pipeline's measured
+        # choice, which decides per region and calls ``apply``.
+        self.first_call: Callable[[Sequence[torch.Tensor]], None] | None = None
         self.record = False  # keep the last call's inputs (benchmarks re-run regions on them)
         self.last_inputs: tuple[torch.Tensor, ...] | None = None
 
@@ -97,8 +76,6 @@ class PlanRunner:
         the plan's last regions, where they write its outputs (a language model's logits), run after the
         replay outside the graph: their outputs are then fresh tensors, where an output of the graph is copied
         out of its memory (GPT-2's logits, 8x1024x50257 fp16: 0.39 ms of copy per call on the H200)."""
-        from tilefuse.runtime.graphs import CudaGraphRunner
-
         g, regions = self.plan.graph, self.plan.regions
         start = eager_tail(self.plan) if tail else len(regions)
         if not any(r.launches for r in regions[:start]):  # no tail, or nothing left to capture before it
@@ -159,13 +136,9 @@ class PlanRunner:
         args = self.place(args)
         if self.record:
             self.last_inputs = args
-        if self.choose is not None and args and (args[0].is_cuda or self.device_type == "cpu"):
-            from tilefuse.lowering.tune import choose_backends
-
-            (db, target), self.choose = self.choose, None
-            with torch.no_grad():
-                choose_backends(self, args, db, target,
-                                log=lambda m: logging.getLogger("tilefuse").info("%s: %s", self.plan.graph.name, m))
+        if self.first_call is not None and args and (args[0].is_cuda or self.device_type == "cpu"):
+            first, self.first_call = self.first_call, None
+            first(args)
         graphed = self._graphed
         if graphed is not None and args and args[0].device.type == graphed.device_type:
             if self.check:
@@ -179,9 +152,28 @@ class PlanRunner:
                 self._graphed = None
         return self.run(*args)
 
+    def apply(self, runs: Mapping[str, str], splits: Mapping[str, RegionFn], notes: Sequence[str] = ()) -> None:
+        """Run each region named in ``runs`` as decided: ``"torch"`` (its nodes through torch) or ``"split"`` (its
+        entry of ``splits``); the plan says so (backend, and ``notes``)."""
+        if not runs:
+            return
+        regions = list(self.plan.regions)
+        for k, region in enumerate(regions):
+            how = runs.get(region.name)
+            if how == "split":
+                self.fns[k] = self.kernels[region.name] = splits[region.name]
+            elif how == "torch":
+                self.fns[k] = reference_region(self.plan, region)
+                self.kernels.pop(region.name, None)
+            elif how is not None:
+                raise ValueError(f"region {region.name}: unknown way to run {how!r}")
+            if how is not None:
+                regions[k] = dataclasses.replace(region, backend=how)
+        self.plan = dataclasses.replace(self.plan, regions=tuple(regions), notes=self.plan.notes + tuple(notes))
+
     def run(self, *args: torch.Tensor, before_region: Callable | None = None) -> tuple[torch.Tensor, ...]:
         """Execute the plan once, region by region (no CUDA graph). ``before_region(k, region, inputs)`` is
-        called before region ``k`` runs and may replace ``self.fns[k]`` (``tune.choose_backends`` does)."""
+        called before region ``k`` runs (the pipeline's ``decide`` times it there)."""
         env = self._env(args)
         self._run_regions(env, 0, len(self.plan.regions), before_region)
         return tuple(env[o] for o in self.plan.graph.outputs)
@@ -229,71 +221,3 @@ def eager_tail(plan: FusionPlan) -> int:
             break
         start -= 1
     return start
-
-
-def build_runner(graph: Graph, options: Options, example_inputs: Sequence[torch.Tensor] | None = None,
-                 static_inputs: Collection[int] = (), check: bool = True) -> PlanRunner:
-    """Plan ``graph`` for ``options.target``, lower what can be lowered, return the runner. With
-    ``options.sparsity`` the runner's ``sparsity_report`` says how much pruning changed the outputs on
-    ``example_inputs`` (random ones when not given). ``static_inputs``: positions of the graph's inputs
-    that keep their address across calls (a module's parameters and buffers), see ``enable_cuda_graphs``.
-    ``check=False`` skips checking each call's inputs against the graph, for callers that already have."""
-    t0 = time.perf_counter()
-    p = make_plan(graph, options.target, fuse=options.fuse, sparsity=options.sparsity, layout=options.channels_last)
-    if p.sparsity is not None:
-        p = dataclasses.replace(p, sparsity=_measure_sparsity(graph, p, options, example_inputs))
-    kernels, db = {}, None
-    if options.lower:
-        try:
-            from tilefuse.lowering.registry import lower_plan
-            from tilefuse.lowering.tune import tuned
-        except ImportError:
-            lower_plan = None
-        if lower_plan is not None:
-            with tuned(p, options) as db:  # a no-op unless options.tune: winners apply while lowering
-                kernels = lower_plan(p, options.target, progress=wanted(options.quiet))
-        # Regions whose kernel did not compile run through torch: the plan must say so.
-        p = dataclasses.replace(p, regions=tuple(
-            r if r.backend != "tilelang" or r.name in kernels else dataclasses.replace(r, backend="torch")
-            for r in p.regions))
-    runner = PlanRunner(p, kernels, check=check, device_type="cuda" if options.target.get("kind") == "cuda" else "cpu")
-    runner.sparsity_report = p.sparsity
-    runner.static_inputs = tuple(static_inputs)
-    if options.lower and kernels and options.measure and options.target.get("kind") in ("cuda", *CPU_KINDS):
-        # each region keeps the fastest of kernel, torch and split, measured on the first call (or remembered)
-        if db is None:
-            from tilefuse.lowering.tune import TuningDB
-
-            db = TuningDB()
-        runner.choose = (db, options.target)
-    if options.cuda_graphs and options.target.get("kind") == "cuda" and p.kernels:
-        runner.enable_cuda_graphs(options.eager_tail)  # (a plan of views alone launches nothing: no graph)
-    runner.compile_seconds = time.perf_counter() - t0
-    runner.source_graph = graph
-    if options.observer is not None:
-        options.observer(runner)
-    return runner
-
-
-def _measure_sparsity(graph: Graph, p: FusionPlan, options: Options, inputs: Sequence[torch.Tensor] | None):
-    """The plan's sparsity report with the outputs' change measured (when pruning changed any weight), and
-    logged: pruning changes what the model computes, so the compile says by how much."""
-    from tilefuse.planner.sparsity import example_inputs, output_change
-
-    report = p.sparsity
-    log = logging.getLogger("tilefuse")
-    if report.pruned:
-        how = "example inputs"
-        if inputs is None:
-            device = "cuda" if options.target.get("kind") == "cuda" and torch.cuda.is_available() else "cpu"
-            inputs, how = example_inputs(graph.inputs, device), "random N(0, 1) inputs"
-        if inputs is not None:
-            try:
-                report = dataclasses.replace(report, max_rel_change=output_change(graph, p.graph, inputs),
-                                             measured_on=how)
-            except Exception as e:  # noqa: BLE001 -- the report says it could not measure, the compile goes on
-                report = dataclasses.replace(report, measured_on=f"not measured ({type(e).__name__}: {e})")
-        log.warning("%s: %s", graph.name, report.summary())
-    elif report.sparse_kernel or report.mode:
-        log.info("%s: %s", graph.name, report.summary())
-    return report

@@ -5,6 +5,7 @@ Used by artifacts (``runtime/artifact.py``); pure functions, each with its inver
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -13,11 +14,12 @@ from typing import Any
 import torch
 
 from tilefuse.ir import Graph, Node, TensorType, Value, dtype_name, torch_dtype
+from tilefuse.planner.plan import BACKENDS, KINDS, FusionPlan, Region
 
 _RAW_DTYPES = frozenset({"complex128"})  # safetensors has no such dtype: stored as bytes
 
 
-def _type_json(t: TensorType) -> dict:
+def type_json(t: TensorType) -> dict:
     return {"shape": None if t.shape is None else list(t.shape), "dtype": t.dtype}
 
 
@@ -55,10 +57,10 @@ def _attr_from(v: Any) -> Any:
 def graph_to_json(graph: Graph) -> dict:
     """A lossless JSON form of ``graph`` (constants by name, dtype and shape; their data goes elsewhere)."""
     nodes = [{"name": n.name, "op": n.op, "inputs": list(n.inputs),
-              "outputs": [{"name": o.name, **_type_json(o.type)} for o in n.outputs],
+              "outputs": [{"name": o.name, **type_json(o.type)} for o in n.outputs],
               "attrs": [[k, _attr_json(v, f"node {n.name!r} ({n.op}) attribute {k!r}")] for k, v in n.attrs]}
              for n in graph.nodes]
-    return {"name": graph.name, "inputs": [{"name": v.name, **_type_json(v.type)} for v in graph.inputs],
+    return {"name": graph.name, "inputs": [{"name": v.name, **type_json(v.type)} for v in graph.inputs],
             "outputs": list(graph.outputs),
             "constants": [{"name": k, "shape": list(t.shape), "dtype": dtype_name(t.dtype)}
                           for k, t in graph.constants.items()],
@@ -98,10 +100,6 @@ def plan_to_json(plan) -> dict:
 
 def plan_from_json(doc: Mapping, constants: Mapping[str, torch.Tensor]):
     """The ``FusionPlan`` of ``plan_to_json``'s ``doc``; ``ValueError`` unless its regions partition its graph."""
-    import dataclasses
-
-    from tilefuse.planner.plan import BACKENDS, KINDS, FusionPlan, Region
-
     graph = graph_from_json(doc["graph"], constants)
     regions = tuple(Region(**{f.name: tuple(r[f.name]) if isinstance(r[f.name], list) else r[f.name]
                               for f in dataclasses.fields(Region)}) for r in doc["regions"])
@@ -118,7 +116,7 @@ def plan_from_json(doc: Mapping, constants: Mapping[str, torch.Tensor]):
 
 # ---- weights ----------------------------------------------------------------------------------
 
-def _weights_bytes(constants: Mapping[str, torch.Tensor]) -> bytes:
+def weights_bytes(constants: Mapping[str, torch.Tensor]) -> bytes:
     from safetensors.torch import save as st_save
 
     tensors, raw, seen = {}, {}, set()
@@ -135,7 +133,7 @@ def _weights_bytes(constants: Mapping[str, torch.Tensor]) -> bytes:
     return st_save(tensors, metadata={"raw": json.dumps(raw)})
 
 
-def _weights_from(data: bytes) -> dict[str, torch.Tensor]:
+def weights_from(data: bytes) -> dict[str, torch.Tensor]:
     from safetensors.torch import load as st_load
 
     tensors = st_load(data)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tilefuse import ops
+from tilefuse.backend import make_backend
 from tilefuse.config import Options
-from tilefuse.frontends.dynamo import make_backend
 from tilefuse.lowering.compile import compile_kernel
 from tilefuse.lowering.templates import elementwise, reduction
 

@@ -142,7 +142,7 @@ def test_weights_round_trip_every_dtype():
               "c128": torch.randn(2, dtype=torch.complex128), "c128_0d": torch.tensor(1 + 2j, dtype=torch.complex128),
               "transposed": torch.randn(3, 5).t()}
     consts["view_of_half"] = consts["half"][1]  # shares memory with another constant
-    back = artifact._weights_from(artifact._weights_bytes(consts))
+    back = artifact.weights_from(artifact.weights_bytes(consts))
     assert set(back) == set(consts)
     for k, t in consts.items():
         assert back[k].dtype == t.dtype and back[k].shape == t.shape and torch.equal(back[k], t), k
@@ -453,12 +453,12 @@ def test_cuda_artifact_loads_in_a_fresh_process_without_compiling(name, tmp_path
 
 
 def test_load_reads_saved_primfuncs_instead_of_rebuilding(saved, monkeypatch):
-    from tilefuse.lowering import registry
+    from tilefuse.lowering import lower
 
     def no_rebuild(*a, **kw):
         raise AssertionError("load rebuilt a PrimFunc from its template")
 
-    monkeypatch.setattr(registry, "make_prim_func", no_rebuild)
+    monkeypatch.setattr(lower, "make_prim_func", no_rebuild)
     tfz = saved["gpt2"]["tfz"]
     with zipfile.ZipFile(tfz) as zf:
         assert any(n.startswith("funcs/") and n.endswith(".json") for n in zf.namelist())

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tilefuse.ir import GraphBuilder, TensorType
-from tilefuse.planner import plan
-from tilefuse.runtime.executor import Executor
+from tilefuse.ops.reference import Executor
+from tilefuse.pipeline import plan
 from tilefuse.runtime.plan_runner import PlanRunner
 
 B, H, S, D = 2, 3, 13, 16

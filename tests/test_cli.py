@@ -54,15 +54,16 @@ def test_console_script_is_installed():
 def test_explain_shows_the_measured_choices_the_tuning_database_holds(tmp_path, monkeypatch, capsys):
     """Regions the database has measured say how they run (kernel, torch or split) and on what times; the others
     say nothing. Nothing is compiled or timed."""
-    from tilefuse.lowering import tune
-    from tilefuse.lowering.registry import KernelSpec, build
-    from tilefuse.planner import plan
+    from tilefuse.lowering import tuning_db
+    from tilefuse.lowering.builders import KernelSpec
+    from tilefuse.lowering.dispatch import build
+    from tilefuse.pipeline import plan
 
-    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setenv(tuning_db.DB_ENV, str(tmp_path / "tuning.json"))
     p = plan(cli._load_graph("mlp", "tiny"), C)
     gemms = [r for r in p.regions if r.kind == "gemm" and isinstance(build(r, p.graph, C), KernelSpec)]
     assert len(gemms) >= 2
-    db = tune.TuningDB()
+    db = tuning_db.TuningDB()
     db.put(build(gemms[0], p.graph, C), C, {"kernel_ms": 0.2, "torch_ms": 0.1, "torch": True, "split": False}, "choice")
     db.put(build(gemms[1], p.graph, C), C, {"config": {"block_M": 32}}, "")
     assert cli.main(["explain", "mlp", "--target", "c", "--json"]) == 0

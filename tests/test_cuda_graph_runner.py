@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tilefuse import pipeline
+from tilefuse.backend import make_backend
 from tilefuse.config import Options
-from tilefuse.frontends.dynamo import make_backend
 from tilefuse.frontends.fx import FxProgram
-from tilefuse.lowering import tune
+from tilefuse.lowering import tuning_db
 from tilefuse.runtime.graphs import CudaGraphRunner
 from tilefuse.runtime.plan_runner import eager_tail
 
@@ -174,8 +175,8 @@ def test_static_cache_decode_through_measure_graph_and_tail_matches_eager(monkey
     transformers = pytest.importorskip("transformers")
     import inspect
 
-    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(tune, "_device_time", lambda fn, args, kind: 2e-3 if getattr(
+    monkeypatch.setenv(tuning_db.DB_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind: 2e-3 if getattr(
         getattr(fn, "spec", None), "template", None) == "gemm" else 1e-3)
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

@@ -9,12 +9,13 @@ import inspect
 import pytest
 import torch
 
+from tilefuse.backend import make_backend
 from tilefuse.config import Options
-from tilefuse.frontends.dynamo import make_backend
 from tilefuse.frontends.fx import FxProgram
 from tilefuse.ir import Graph, GraphBuilder, TensorType
-from tilefuse.planner import plan as make_plan
-from tilefuse.runtime.plan_runner import PlanRunner, build_runner
+from tilefuse.pipeline import build_runner
+from tilefuse.pipeline import plan as make_plan
+from tilefuse.runtime.plan_runner import PlanRunner
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,9 +13,9 @@ from torch import nn
 
 import tilefuse
 from tilefuse import models
+from tilefuse.backend import make_backend
 from tilefuse.config import Options, parse_target
-from tilefuse.frontends import dynamo
-from tilefuse.frontends.dynamo import make_backend
+from tilefuse import backend as dynamo
 
 CPU = Options(target=parse_target("c"))
 # Whole models: fp32 with room for reordered reductions (fused GEMMs, norms) once kernels are lowered.
@@ -172,7 +172,7 @@ def test_backend_entry_point_works_without_importing_tilefuse():
         "m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))\n"
         "x = torch.randn(3, 8)\n"
         "torch.testing.assert_close(torch.compile(m, backend='tilefuse')(x), m(x), rtol=1e-5, atol=1e-6)\n"
-        "assert 'tilefuse.frontends.dynamo' in sys.modules\n"
+        "assert 'tilefuse.backend' in sys.modules\n"
         "print('ok')\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/",

@@ -4,9 +4,12 @@ keys follow everything the function is built from, and a damaged entry is rebuil
 import pytest
 import torch
 
+from tilefuse.config import Options
 from tilefuse.ir import GraphBuilder, TensorType
-from tilefuse.lowering import func_cache, registry
-from tilefuse.planner import plan
+from tilefuse.lowering import func_cache, lower
+from tilefuse.lowering.builders import KernelSpec
+from tilefuse.lowering.dispatch import build
+from tilefuse.pipeline import lower_step, plan, plan_step
 
 C = {"kind": "c"}
 
@@ -23,26 +26,21 @@ def gemm_spec():
     x = b.input("x", TensorType((16, 32), "float32"))
     y = b.add1("relu", [b.add1("linear", [x, b.constant("w", torch.randn(24, 32)), ""])])
     p = plan(b.build([y]), C)
-    (spec,) = [s for r in p.regions for s in [registry.build(r, p.graph, C)] if isinstance(s, registry.KernelSpec)]
+    (spec,) = [s for r in p.regions for s in [build(r, p.graph, C)] if isinstance(s, KernelSpec)]
     return spec
 
 
 def test_second_build_loads_the_stored_function(cache, monkeypatch):
     spec = gemm_spec()
-    first = registry.make_prim_func(spec, C)
+    first = lower.make_prim_func(spec, C)
     assert len(list(cache.glob("*.json"))) == 1
     built = []
-    real = registry._template
-
-    def counting(name):
-        module, factory = real(name)
-        return module, lambda **kw: built.append(kw) or factory(**kw)
-
-    monkeypatch.setattr(registry, "_template", counting)
-    again = registry.make_prim_func(spec, C)
+    module, factory = lower.TEMPLATES["gemm"]
+    monkeypatch.setitem(lower.TEMPLATES, "gemm", (module, lambda **kw: built.append(kw) or factory(**kw)))
+    again = lower.make_prim_func(spec, C)
     assert not built  # loaded, not rebuilt
     assert again.script(show_meta=True) == first.script(show_meta=True)
-    registry.make_prim_func(spec, C, {"block_M": 16, "block_N": 16, "block_K": 16, "num_stages": 0,
+    lower.make_prim_func(spec, C, {"block_M": 16, "block_N": 16, "block_K": 16, "num_stages": 0,
                                    "threads": 1, "enable_rasterization": False})
     assert built and len(list(cache.glob("*.json"))) == 2  # another config is another entry
 
@@ -58,33 +56,33 @@ def test_keys_cover_params_config_target_and_source(cache, monkeypatch):
 
 def test_a_damaged_entry_is_rebuilt(cache, caplog):
     spec = gemm_spec()
-    first = registry.make_prim_func(spec, C)
+    first = lower.make_prim_func(spec, C)
     (entry,) = cache.glob("*.json")
     entry.write_text("{ not json")
-    again = registry.make_prim_func(spec, C)
+    again = lower.make_prim_func(spec, C)
     assert again.script(show_meta=True) == first.script(show_meta=True)
     assert "unreadable" in caplog.text
-    registry.make_prim_func(spec, C)  # rewritten: loads cleanly now
+    lower.make_prim_func(spec, C)  # rewritten: loads cleanly now
     assert entry.read_text().startswith("{")
 
 
 def test_off_switch(cache, monkeypatch):
     monkeypatch.setenv("TILEFUSE_FUNC_CACHE", "0")
-    registry.make_prim_func(gemm_spec(), C)
+    lower.make_prim_func(gemm_spec(), C)
     assert not cache.exists() or not list(cache.glob("*.json"))
 
 
 def test_a_recompile_in_the_same_process_reuses_its_kernels(cache, monkeypatch):
-    """lower_plan keeps what it compiled by kernel key: planning the same graph again builds no function and
+    """The lower step keeps what it compiled by kernel key: planning the same graph again builds no function and
     compiles nothing, and the kernel is the same object."""
     spec = gemm_spec()
     b = GraphBuilder("fc")
     x = b.input("x", TensorType((16, 32), "float32"))
     y = b.add1("relu", [b.add1("linear", [x, b.constant("w", torch.randn(24, 32)), ""])])
     g = b.build([y])
-    first = registry.lower_plan(plan(g, C), C)
+    first = lower_step(plan_step(g, Options(target=C)), {}, C)[1]
     calls = []
-    monkeypatch.setattr(registry, "make_prim_func", lambda *a, **k: calls.append(a))
-    again = registry.lower_plan(plan(g, C), C)
+    monkeypatch.setattr(lower, "make_prim_func", lambda *a, **k: calls.append(a))
+    again = lower_step(plan_step(g, Options(target=C)), {}, C)[1]
     assert not calls and [k.kernel for k in again.values()] == [k.kernel for k in first.values()]
     assert [k.spec for k in again.values()] == [spec]

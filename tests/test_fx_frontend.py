@@ -16,7 +16,7 @@ from tilefuse.frontends.fx import FxImportError, import_fx, import_fx_program
 from tilefuse.frontends.fx_context import scalar_dtype
 from tilefuse.ir import TensorType
 from tilefuse.ops.fallback import decode_arg, encode_arg, flatten_outputs, resolve_op
-from tilefuse.runtime.executor import run_graph
+from tilefuse.ops.reference import run_graph
 
 aten = torch.ops.aten
 

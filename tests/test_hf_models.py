@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
+from tilefuse.backend import make_backend
 from tilefuse.config import Options, parse_target
-from tilefuse.frontends.dynamo import make_backend
 from tilefuse.models.hf import FAMILIES, IMAGE, VOCAB
 from tilefuse.models.hf import build_hf as build
 

@@ -13,7 +13,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from tilefuse.frontends.onnx import import_onnx
 from tilefuse.models.hf import FAMILIES, IMAGE, VOCAB, MainOutput, build_hf
-from tilefuse.planner import plan
+from tilefuse.pipeline import plan
 from tilefuse.runtime.plan_runner import PlanRunner
 
 

@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from tilefuse.capture import capture_graphs
 from tilefuse.models.hf import MainOutput, build_hf
-from tilefuse.planner import plan
+from tilefuse.pipeline import plan
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
@@ -88,7 +88,7 @@ def _graph(model, args):
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    from tilefuse.frontends.dynamo import decompositions
+    from tilefuse.backend import decompositions
     from tilefuse.frontends.fx import import_fx_program
 
     graphs = []

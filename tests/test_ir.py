@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tilefuse.ir import Graph, GraphBuilder, GraphError, Node, TensorType, Value
-from tilefuse.runtime.executor import Executor
+from tilefuse.ops.reference import Executor
 
 
 def _mlp_graph():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tilefuse
-from tilefuse.lowering.registry import _boundary_error, _dense
+from tilefuse.runtime.kernels import boundary_error, dense
 
 
 def _zero_stride_empty(cols: int) -> torch.Tensor:
@@ -33,19 +33,19 @@ def test_zero_row_numpy_input_runs_through_a_gemm(frontend, rng):
 
 def test_dense_gives_row_major_strides_without_copying():
     x = torch.randn(5, 100)[:1, :8]  # contiguous by torch's rule (a size-1 dim's stride is free), stride (100, 1)
-    d = _dense(x)
+    d = dense(x)
     assert d.stride() == (8, 1) and d.data_ptr() == x.data_ptr() and torch.equal(d, x)
-    e = _dense(_zero_stride_empty(3))
+    e = dense(_zero_stride_empty(3))
     assert e.shape == (0, 3) and e.stride() == (3, 1)
     y = torch.randn(4, 6).t()  # really not contiguous: copied
-    assert _dense(y).stride() == (4, 1) and torch.equal(_dense(y), y)
+    assert dense(y).stride() == (4, 1) and torch.equal(dense(y), y)
     z = torch.randn(2, 3)
-    assert _dense(z) is z
+    assert dense(z) is z
 
 
 def test_mixed_devices_at_a_kernel_are_named():
     err = RuntimeError("elementwise_kernel input in1 device_type mismatch")
     t = [torch.zeros(2, device="meta"), torch.zeros(2)]
-    msg = str(_boundary_error("fused_add_0", [("a", None), ("b", None)], t, err))
+    msg = str(boundary_error("fused_add_0", [("a", None), ("b", None)], t, err))
     assert "fused_add_0" in msg and "b on cpu" in msg and "a on meta" in msg and "device_type mismatch" in msg
-    assert _boundary_error("r", [("a", None)], [torch.zeros(1)], err) is None
+    assert boundary_error("r", [("a", None)], [torch.zeros(1)], err) is None

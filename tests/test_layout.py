@@ -12,9 +12,9 @@ from tilefuse import models
 from tilefuse.api import compile_graph
 from tilefuse.capture import capture_graphs
 from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ops.reference import run_graph
 from tilefuse.planner import canonicalize
 from tilefuse.planner.layout import channels_last
-from tilefuse.runtime.executor import run_graph
 
 C = {"kind": "c"}
 
@@ -134,7 +134,7 @@ def test_channels_last_by_default_on_every_target(rng):
     """Options.channels_last unset: on for c and for CUDA (measured on the H200: ResNet-50 4.02 -> 2.70 ms tuned);
     ``layout=False`` (``TILEFUSE_CHANNELS_LAST=0``) keeps channels first."""
     from tilefuse.config import Options
-    from tilefuse.planner import plan
+    from tilefuse.pipeline import plan
 
     g = _net(rng, keepdim=False)
 

@@ -20,10 +20,11 @@ from tilefuse.api import compile_graph
 from tilefuse.capture import capture_graphs
 from tilefuse.config import default_target
 from tilefuse.ir import GraphBuilder, TensorType
-from tilefuse.lowering.registry import KernelSpec, build
+from tilefuse.lowering.builders import KernelSpec
+from tilefuse.lowering.dispatch import build
 from tilefuse.models.hf import MainOutput, build_hf
-from tilefuse.planner import plan
-from tilefuse.runtime.executor import Executor
+from tilefuse.ops.reference import Executor
+from tilefuse.pipeline import plan
 
 C = {"kind": "c"}
 FP32 = {"rtol": 1e-4, "atol": 1e-5}  # whole models: fused GEMMs and norms sum in another order than eager

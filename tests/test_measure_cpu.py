@@ -1,6 +1,6 @@
 """The measured choice on the CPU target ``c``: the first call times each region's kernel against its own ops
 through torch, keeps the faster, remembers it in the tuning database and the plan says how many regions run as
-kernels. Timings are injected (``tune._device_time`` or the clock): nothing here depends on this machine's speed."""
+kernels. Timings are injected (``pipeline.device_time`` or the clock): nothing here depends on this machine's speed."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
+from tilefuse import pipeline
 from tilefuse.api import compile_graph
 from tilefuse.ir import GraphBuilder, TensorType
-from tilefuse.lowering import tune
+from tilefuse.lowering import timing, tuning_db
 
 C = {"kind": "c"}
 
@@ -30,7 +31,7 @@ def two_region_graph(w: torch.Tensor):
 def timings(monkeypatch, tmp_path):
     """A fresh tuning database and a fake device clock: the GEMM region's kernel "takes" 2 ms, every other way
     1 ms; records what was timed."""
-    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setenv(tuning_db.DB_ENV, str(tmp_path / "tuning.json"))
     timed = []
 
     def fake_time(fn, args, kind):
@@ -38,7 +39,7 @@ def timings(monkeypatch, tmp_path):
         timed.append((is_kernel, kind))
         return 2e-3 if is_kernel and fn.spec.template == "gemm" else 1e-3
 
-    monkeypatch.setattr(tune, "_device_time", fake_time)
+    monkeypatch.setattr(pipeline, "device_time", fake_time)
     return timed
 
 
@@ -78,7 +79,7 @@ def test_measure_off_runs_every_region_as_its_kernel(timings, monkeypatch, rng):
     compiled = compile_graph(two_region_graph(w), target="c")
     _check(compiled(x, z), w, x, z)
     assert timings == [] and "2 TileLang, 0 torch" in compiled.plan.summary()
-    assert compile_graph(two_region_graph(w), target="c", measure=False).runner.choose is None
+    assert compile_graph(two_region_graph(w), target="c", measure=False).runner.first_call is None
 
 
 def test_measure_is_on_by_default_for_c(timings, monkeypatch, rng):
@@ -86,7 +87,7 @@ def test_measure_is_on_by_default_for_c(timings, monkeypatch, rng):
     w, x, z = _inputs(rng)
     monkeypatch.delenv("TILEFUSE_MEASURE", raising=False)
     compiled = compile_graph(two_region_graph(w), target="c")
-    assert compiled.options.measure and compiled.runner.choose is not None
+    assert compiled.options.measure and compiled.runner.first_call is not None
     _check(compiled(x, z), w, x, z)
     assert "1 TileLang, 1 torch" in compiled.plan.summary()
 
@@ -95,7 +96,7 @@ def test_cpu_timing_is_the_median_of_enough_calls(monkeypatch):
     """One call in several slowed by a neighbour does not decide: the median does, over at least ``REPS`` calls and
     more for short ones (up to ``CPU_MAX_REPS``)."""
     clock = [0.0]
-    monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
     durations = iter([1e-3, 1e-3, 50e-3, 1e-3, 40e-3, 1e-3, 1e-3] + [1e-3] * 100)
     calls = []
 
@@ -103,9 +104,9 @@ def test_cpu_timing_is_the_median_of_enough_calls(monkeypatch):
         calls.append(1)
         clock[0] += next(durations)
 
-    assert tune._measure(fn, (), "c") == pytest.approx(1e-3)
-    warmup = tune.WARMUP["c"]
-    want = max(tune.REPS["c"], min(tune.CPU_MAX_REPS, round(tune.CPU_TIME_BUDGET_S / 1e-3)))
+    assert timing.measure(fn, (), "c") == pytest.approx(1e-3)
+    warmup = timing.WARMUP["c"]
+    want = max(timing.REPS["c"], min(timing.CPU_MAX_REPS, round(timing.CPU_TIME_BUDGET_S / 1e-3)))
     assert len(calls) == warmup + want
     slow = iter([1.0] * 100)
     calls.clear()
@@ -114,8 +115,8 @@ def test_cpu_timing_is_the_median_of_enough_calls(monkeypatch):
         calls.append(1)
         clock[0] += next(slow)
 
-    assert tune._measure(long_fn, (), "c") == pytest.approx(1.0)
-    assert len(calls) == warmup + tune.REPS["c"]  # long calls: REPS of them, no more
+    assert timing.measure(long_fn, (), "c") == pytest.approx(1.0)
+    assert len(calls) == warmup + timing.REPS["c"]  # long calls: REPS of them, no more
 
 
 def test_demo_says_how_many_regions_run_as_kernels(timings, monkeypatch, capsys):
@@ -132,7 +133,7 @@ def test_demo_says_how_many_regions_run_as_kernels(timings, monkeypatch, capsys)
     assert n > 0 and share.startswith(f"TileLang kernels: {n} of {n} regions (100%)")
     assert "eager's speed" in out and "OK" in out
     monkeypatch.setenv("TILEFUSE_MEASURE", "1")
-    monkeypatch.setattr(tune, "_device_time", lambda fn, args, kind: 2e-3 if hasattr(fn, "spec") else 1e-3)
+    monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind: 2e-3 if hasattr(fn, "spec") else 1e-3)
     assert cli.main(["demo", "--model", "mlp", "--size", "tiny", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert f"TileLang kernels: 0 of {n} regions (0%); the others run through torch, measured faster there" in out

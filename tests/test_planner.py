@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tilefuse.ir import GraphBuilder, TensorType
-from tilefuse.planner import plan
+from tilefuse.ops.reference import Executor
+from tilefuse.pipeline import plan
 from tilefuse.planner.legality import Facts, creates_cycle
-from tilefuse.runtime.executor import Executor
 from tilefuse.runtime.plan_runner import PlanRunner
 
 F32 = "float32"

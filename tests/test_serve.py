@@ -30,7 +30,7 @@ import torch
 import tilefuse
 from tilefuse import models
 from tilefuse.runtime.batching import Batcher, QueueFullError, batch_mode, default_buckets
-from tilefuse.runtime.serve import ModelSpec, ProtocolError, create_app, decode_request, load_model
+from tilefuse.serve import ModelSpec, ProtocolError, create_app, decode_request, load_model
 
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")

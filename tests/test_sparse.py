@@ -13,12 +13,14 @@ from tilefuse import models, ops
 from tilefuse.api import compile_graph
 from tilefuse.config import default_target
 from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import compile_kernel, compile_many
+from tilefuse.lowering.dispatch import build
 from tilefuse.lowering.expr import Acc, Arg, call
-from tilefuse.lowering.registry import KernelSpec, build, make_prim_func
+from tilefuse.lowering.lower import make_prim_func
 from tilefuse.lowering.templates import gemm_sp
 from tilefuse.ops.sparse_layout import compress_2_4, decompress_2_4, is_2_4, padded_k, prune_2_4
-from tilefuse.planner import plan
+from tilefuse.pipeline import plan
 from tilefuse.planner.sparsity import prune_module, sparsify
 
 C = {"kind": "c"}
@@ -158,7 +160,7 @@ def test_sparsify_on_cuda_compresses_and_rewrites(rng):
     node = next(n for n in sg.nodes if n.name == "linear")
     assert node.inputs[1:] == ("w1.values_2_4", "w1.meta_2_4", "b1") and node.attr == {"in_features": 64}
     x = randn(rng, (37, 64), torch.float16)
-    from tilefuse.runtime.executor import run_graph
+    from tilefuse.ops.reference import run_graph
 
     pruned, _ = sparsify(g, C, "2:4")
     for a, b in zip(run_graph(sg, x), run_graph(pruned, x)):
@@ -204,7 +206,7 @@ def test_sparse_linear_on_c_runs_through_torch(rng):
     assert regions and all(r.backend == "torch" for r in regions)
     assert any("no gemm_sp" in why for why in m.plan.refusals)
     x = randn(rng, (37, 64), torch.float16)
-    from tilefuse.runtime.executor import run_graph
+    from tilefuse.ops.reference import run_graph
 
     for a, b in zip(m(x), run_graph(sg, x)):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
@@ -237,7 +239,7 @@ def test_compile_graph_with_sparsity_reports_random_input_change(rng, caplog):
     rep = m.sparsity_report
     assert len(rep.pruned) == 4 and rep.measured_on.startswith("random") and rep.max_rel_change > 0
     x = randn(rng, (37, 64))
-    from tilefuse.runtime.executor import run_graph
+    from tilefuse.ops.reference import run_graph
 
     pruned, _ = sparsify(g, C, "2:4")
     for a, b in zip(m(x), run_graph(pruned, x)):

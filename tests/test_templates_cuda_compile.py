@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import compile_many
+from tilefuse.lowering.dispatch import build
 from tilefuse.lowering.expr import Acc, Arg, call
-from tilefuse.lowering.registry import KernelSpec, build, make_prim_func
+from tilefuse.lowering.lower import make_prim_func
 from tilefuse.lowering.templates import conv, elementwise, gemm, pool, reduction
-from tilefuse.planner import plan
+from tilefuse.pipeline import plan
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 

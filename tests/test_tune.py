@@ -9,11 +9,18 @@ import threading
 import pytest
 import torch
 
+from tilefuse import pipeline
 from tilefuse.api import compile_graph
+from tilefuse.config import Options
 from tilefuse.ir import GraphBuilder, TensorType
-from tilefuse.lowering import tune
-from tilefuse.lowering.registry import KernelSpec, build, make_prim_func
-from tilefuse.planner import plan
+from tilefuse.lowering import timing, tune, tuning_db
+from tilefuse.lowering.builders import KernelSpec
+from tilefuse.lowering.dispatch import build
+from tilefuse.lowering.lower import make_prim_func
+from tilefuse.lowering.split import split
+from tilefuse.pipeline import build_runner, plan, splits_step
+from tilefuse.runtime.kernels import SplitRegion
+from tilefuse.runtime.plan_runner import PlanRunner
 
 C = {"kind": "c"}
 
@@ -38,28 +45,28 @@ def specs_by_template(graph) -> dict[str, KernelSpec]:
 def counted(monkeypatch):
     """Counts timed candidates."""
     calls = []
-    real = tune._measure
+    real = timing.measure
 
     def measure(kernel, args, kind):
         calls.append(kind)
         return real(kernel, args, kind)
 
-    monkeypatch.setattr(tune, "_measure", measure)
+    monkeypatch.setattr(timing, "measure", measure)
     return calls
 
 
 def test_db_round_trip_and_atomic_writes(tmp_path):
     spec = specs_by_template(small_graph())["gemm"]
-    db = tune.TuningDB(tmp_path / "sub" / "tuning.json")
+    db = tuning_db.TuningDB(tmp_path / "sub" / "tuning.json")
     assert db.get(spec, C) is None
     db.put(spec, C, {"config": {"block_M": 32}, "seconds": 1e-3})
-    again = tune.TuningDB(db.path)
+    again = tuning_db.TuningDB(db.path)
     assert again.get(spec, C)["config"] == {"block_M": 32}
     assert again.get(spec, {"kind": "cuda", "arch": "sm_90a"}) is None  # keyed by target
-    key = tune.db_key(spec, C)
+    key = tuning_db.db_key(spec, C)
     assert key.startswith("gemm|") and "tilelang-" in key
     # Concurrent writers of different entries: the file is always whole JSON and keeps every entry.
-    other = [tune.TuningDB(db.path) for _ in range(8)]
+    other = [tuning_db.TuningDB(db.path) for _ in range(8)]
     threads = [threading.Thread(target=o.put, args=(spec, {"kind": "c", "n": i}, {"config": {"i": i}}))
                for i, o in enumerate(other)]
     for t in threads:
@@ -76,42 +83,43 @@ def test_corrupt_db_is_reset_with_a_warning(tmp_path, caplog):
     path = tmp_path / "tuning.json"
     path.write_text('{"half a file": ')
     with caplog.at_level(logging.WARNING, logger="tilefuse"):
-        db = tune.TuningDB(path)
+        db = tuning_db.TuningDB(path)
         assert db.get(spec, C) is None
     assert "not valid" in caplog.text and (tmp_path / "tuning.json.corrupt").exists()
     db.put(spec, C, {"config": {"block_rows": 1}})
-    assert tune.TuningDB(path).get(spec, C)["config"] == {"block_rows": 1}
+    assert tuning_db.TuningDB(path).get(spec, C)["config"] == {"block_rows": 1}
 
 
 @pytest.mark.parametrize("template", ["gemm", "row_reduction"])
 def test_tune_spec_measures_then_hits(tmp_path, counted, template):
     spec = specs_by_template(small_graph())[template]
-    db = tune.TuningDB(tmp_path / "tuning.json")
+    db = tuning_db.TuningDB(tmp_path / "tuning.json")
     configs = tune.candidates(spec, C, 3)
     assert 2 <= len(configs) <= 3
     first = tune.tune_spec(spec, C, 3, db)
     assert first.source == "measured" and first.measured == len(configs) == len(counted), first.failed
     assert first.config in configs and first.seconds > 0
     make_prim_func(spec, C, first.config)  # a config the template takes
-    assert tune.TuningDB(db.path).get(spec, C)["config"] == first.config
-    second = tune.tune_spec(spec, C, 3, tune.TuningDB(db.path))
+    assert tuning_db.TuningDB(db.path).get(spec, C)["config"] == first.config
+    second = tune.tune_spec(spec, C, 3, tuning_db.TuningDB(db.path))
     assert (second.source, second.config, second.measured) == ("db", first.config, 0)
     assert len(counted) == len(configs)  # the hit timed nothing
 
 
-def test_best_config_only_while_applying(tmp_path):
-    spec = specs_by_template(small_graph())["gemm"]
-    db = tune.TuningDB(tmp_path / "tuning.json")
+def test_configs_come_from_the_database_only_when_tuning(tmp_path):
+    """The configs step: untuned compiles never read a database; tuned ones take its winners for their target."""
+    graph = small_graph()
+    planned = pipeline.plan_step(graph, Options(target=C))
+    name, spec = next((r, s) for r, s in planned.specs.items() if s.template == "gemm")
+    db = tuning_db.TuningDB(tmp_path / "tuning.json")
     db.put(spec, C, {"config": {"block_M": 64}})
-    assert tune.best_config(spec, C) is None  # untuned compiles never read a database
-    with tune.applying(db, C):
-        assert tune.best_config(spec, C) == {"block_M": 64}
-        assert tune.best_config(spec, {"kind": "cuda", "arch": "sm_90a"}) is None
-    assert tune.best_config(spec, C) is None
+    assert pipeline.configs_step(planned, Options(target=C, tune="none"), db) == ({}, db)
+    assert tune.tuned_configs(planned.specs, C, db) == {name: {"block_M": 64}}
+    assert tune.tuned_configs(planned.specs, {"kind": "cuda", "arch": "sm_90a"}, db) == {}
 
 
 def test_second_compile_is_a_db_hit(tmp_path, monkeypatch, counted):
-    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setenv(tuning_db.DB_ENV, str(tmp_path / "tuning.json"))
     graph = small_graph()
     args = [torch.randn(16, 32), torch.randn(8, 64)]
     first = compile_graph(graph, target="c", tune="fast")
@@ -126,7 +134,7 @@ def test_second_compile_is_a_db_hit(tmp_path, monkeypatch, counted):
 
 
 def test_unknown_tune_mode(tmp_path, monkeypatch):
-    monkeypatch.setenv(tune.DB_ENV, str(tmp_path / "tuning.json"))
+    monkeypatch.setenv(tuning_db.DB_ENV, str(tmp_path / "tuning.json"))
     with pytest.raises(ValueError, match="unknown tune mode 'fastest'"):
         compile_graph(small_graph(), target="c", tune="fastest")
 
@@ -135,9 +143,6 @@ def test_choose_backends_gives_losing_kernels_back_to_torch(tmp_path, monkeypatc
     """The measured choice: a region whose kernel times slower than its own ops through torch runs through
     torch (said in the plan's notes, outputs unchanged); the choice is stored, so a second compile measures
     nothing."""
-    from tilefuse.config import Options
-    from tilefuse.runtime.plan_runner import build_runner
-
     graph = small_graph()
     runner = build_runner(graph, Options(target=C, cuda_graphs=False))
     gemm = next(r.name for r in runner.plan.regions if r.kind == "gemm")
@@ -149,11 +154,11 @@ def test_choose_backends_gives_losing_kernels_back_to_torch(tmp_path, monkeypatc
         slow = is_kernel and fn.region.name == gemm
         return 2e-3 if slow else 1e-3
 
-    monkeypatch.setattr(tune, "_device_time", fake_time)
+    monkeypatch.setattr(pipeline, "device_time", fake_time)
     x, z = torch.randn(16, 32, generator=rng), torch.randn(8, 64, generator=rng)
     want = runner.run(x, z)
-    db = tune.TuningDB(tmp_path / "t.json")
-    lines = tune.choose_backends(runner, (x, z), db, C)
+    db = tuning_db.TuningDB(tmp_path / "t.json")
+    lines = pipeline.choose(runner, (x, z), db, C)
     assert len(lines) == 1 and lines[0].startswith(f"{gemm}: torch 1.000 ms < kernel 2.000 ms"), lines
     assert {r.name: r.backend for r in runner.plan.regions}[gemm] == "torch"
     assert any("measured" in n for n in runner.plan.notes)
@@ -161,7 +166,7 @@ def test_choose_backends_gives_losing_kernels_back_to_torch(tmp_path, monkeypatc
     for got, ref in zip(runner.run(x, z), want):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     again = build_runner(graph, Options(target=C, cuda_graphs=False))
-    assert tune.choose_backends(again, (x, z), tune.TuningDB(db.path), C) == lines[:1] and len(timed) == 4
+    assert pipeline.choose(again, (x, z), tuning_db.TuningDB(db.path), C) == lines[:1] and len(timed) == 4
 
 
 # (After conftest's COUNT_COMPILES, through the ``child_script`` fixture.)
@@ -169,10 +174,10 @@ WARM_CHILD = r'''
 import torch
 import tilefuse
 from tilefuse import models
-from tilefuse.lowering import tune
+from tilefuse.lowering import timing
 measured = []
-_measure = tune._measure
-tune._measure = lambda *a, **k: measured.append(1) or _measure(*a, **k)
+_measure = timing.measure
+timing.measure = lambda *a, **k: measured.append(1) or _measure(*a, **k)
 model, inputs = models.build("mlp", "tiny")
 t = time.perf_counter()
 with torch.no_grad():
@@ -216,15 +221,12 @@ def epilogue_graph():
 
 
 def test_split_runs_the_gemm_through_torch_and_the_epilogue_as_one_kernel(rng):
-    from tilefuse.lowering.split import lower_splits, split
-    from tilefuse.runtime.plan_runner import PlanRunner
-
     p = plan(epilogue_graph(), C)
     (gemm,) = [r for r in p.regions if r.kind == "gemm"]
     head, tail = split(p, gemm)
     assert [p.graph.nodes[[n.name for n in p.graph.nodes].index(m)].op for m in head.nodes] == ["linear"]
     assert tail.kind == "elementwise" and set(tail.ops) >= {"silu", "mul"} and tail.outputs == gemm.outputs
-    (fn,) = lower_splits(p, [gemm], C).values()
+    (fn,) = splits_step(p, [gemm], C).values()
     x, g = torch.randn(16, 32, generator=rng), torch.randn(16, 24, generator=rng)
     want = PlanRunner(p).run(x, g)
     runner = PlanRunner(p)
@@ -235,10 +237,6 @@ def test_split_runs_the_gemm_through_torch_and_the_epilogue_as_one_kernel(rng):
 
 
 def test_choose_backends_takes_the_split_where_it_is_fastest(tmp_path, monkeypatch, rng):
-    from tilefuse.config import Options
-    from tilefuse.lowering.split import SplitRegion
-    from tilefuse.runtime.plan_runner import build_runner
-
     graph = epilogue_graph()
     runner = build_runner(graph, Options(target=C, cuda_graphs=False))
     gemm = next(r.name for r in runner.plan.regions if r.kind == "gemm")
@@ -248,11 +246,11 @@ def test_choose_backends_takes_the_split_where_it_is_fastest(tmp_path, monkeypat
         timed.append(type(fn).__name__)
         return {"SplitRegion": 1e-3, "RegionKernel": 2e-3}.get(type(fn).__name__, 1.5e-3)
 
-    monkeypatch.setattr(tune, "_device_time", fake_time)
+    monkeypatch.setattr(pipeline, "device_time", fake_time)
     x, g = torch.randn(16, 32, generator=rng), torch.randn(16, 24, generator=rng)
     want = runner.run(x, g)
-    db = tune.TuningDB(tmp_path / "t.json")
-    lines = tune.choose_backends(runner, (x, g), db, C)
+    db = tuning_db.TuningDB(tmp_path / "t.json")
+    lines = pipeline.choose(runner, (x, g), db, C)
     assert len(lines) == 1 and lines[0].startswith(f"{gemm}: split 1.000 ms"), lines
     k = [r.name for r in runner.plan.regions].index(gemm)
     assert isinstance(runner.fns[k], SplitRegion) and runner.kernels[gemm] is runner.fns[k]
@@ -261,7 +259,7 @@ def test_choose_backends_takes_the_split_where_it_is_fastest(tmp_path, monkeypat
     torch.testing.assert_close(runner.run(x, g), want, rtol=1e-5, atol=1e-5)
     n = len(timed)
     again = build_runner(graph, Options(target=C, cuda_graphs=False))  # the stored choice: nothing timed
-    assert tune.choose_backends(again, (x, g), tune.TuningDB(db.path), C) == lines and len(timed) == n
+    assert pipeline.choose(again, (x, g), tuning_db.TuningDB(db.path), C) == lines and len(timed) == n
     assert isinstance(again.fns[k], SplitRegion)
     torch.testing.assert_close(again.run(x, g), want, rtol=1e-5, atol=1e-5)
 
@@ -270,13 +268,10 @@ def test_choose_backends_takes_the_split_where_it_is_fastest(tmp_path, monkeypat
 def test_split_on_the_gpu_matches_the_region(rng):
     """The split's epilogue kernel on the GPU: the region's outputs, fresh inputs, every element."""
     from tilefuse.config import default_target
-    from tilefuse.lowering.split import lower_splits
-    from tilefuse.runtime.plan_runner import PlanRunner
-
     target = default_target()
     p = plan(epilogue_graph(), target)
     (gemm,) = [r for r in p.regions if r.kind == "gemm"]
-    (fn,) = lower_splits(p, [gemm], target).values()
+    (fn,) = splits_step(p, [gemm], target).values()
     x, g = (torch.randn(s, generator=rng).cuda() for s in ((16, 32), (16, 24)))
     runner = PlanRunner(p)
     want = runner.run(x, g)
@@ -288,13 +283,11 @@ def test_a_split_region_is_saved_and_loads_split(tmp_path, monkeypatch, rng):
     """The plan says ``split``; an artifact keeps the epilogue's kernel and loads the region split again, without
     compiling, with the same outputs."""
     import tilefuse
-    from tilefuse.lowering.split import SplitRegion
-
-    monkeypatch.setattr(tune, "_device_time", lambda fn, args, kind: {"SplitRegion": 1e-3}.get(type(fn).__name__, 2e-3))
+    monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind: {"SplitRegion": 1e-3}.get(type(fn).__name__, 2e-3))
     compiled = compile_graph(epilogue_graph(), target="c")
     x, g = torch.randn(16, 32, generator=rng), torch.randn(16, 24, generator=rng)
     want = compiled(x, g)
-    tune.choose_backends(compiled.runner, (x, g), tune.TuningDB(tmp_path / "t.json"), C)
+    pipeline.choose(compiled.runner, (x, g), tuning_db.TuningDB(tmp_path / "t.json"), C)
     (gemm,) = [r for r in compiled.plan.regions if r.kind == "gemm"]
     assert gemm.backend == "split" and "1 split" in compiled.plan.summary()
     loaded = tilefuse.load(tilefuse.save(compiled, tmp_path / "m.tfz"))

@@ -10,7 +10,7 @@ import torch
 
 from tilefuse import models
 from tilefuse.capture import capture_graphs
-from tilefuse.planner import plan
+from tilefuse.pipeline import plan
 from tilefuse.runtime.plan_runner import PlanRunner
 
 LAYERS = 2  # every tiny zoo transformer has two blocks

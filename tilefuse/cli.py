@@ -11,6 +11,14 @@ from pathlib import Path
 
 import torch
 
+import tilefuse
+from tilefuse import draw, models
+from tilefuse.capture import capture_graphs
+from tilefuse.config import Options, default_target, parse_target
+from tilefuse.frontends.onnx import import_onnx
+from tilefuse.pipeline import plan_step, stored
+from tilefuse.planner.sparsity import prune_module
+
 
 def _time_ms(fn, *args, reps: int = 10) -> float:
     """Median wall time of ``fn(*args)`` in ms after one warm-up (CUDA-synchronized where needed)."""
@@ -29,8 +37,6 @@ def _time_ms(fn, *args, reps: int = 10) -> float:
 
 def _quiet(args) -> bool:
     """``--quiet``, else ``TILEFUSE_QUIET``; unlike the Python API, a command shows progress even into a log."""
-    from tilefuse.config import Options
-
     return bool(args.quiet or Options(target={"kind": "c"}).quiet)
 
 
@@ -41,10 +47,6 @@ def _max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def cmd_demo(args) -> int:
     """Compile a zoo model for the local target, run it, compare with eager, print plan and timings."""
-    import tilefuse
-    from tilefuse import models
-    from tilefuse.config import default_target
-
     target = default_target()
     device = "cuda" if target["kind"] == "cuda" else "cpu"
     dtype = torch.float16 if device == "cuda" else torch.float32
@@ -55,8 +57,6 @@ def cmd_demo(args) -> int:
     compiled = tilefuse.compile(model, target=target, observer=runners.append, sparsity=args.sparsity,
                                 quiet=_quiet(args))
     if args.sparsity:  # the compiled model is the pruned one: compare with that in eager
-        from tilefuse.planner.sparsity import prune_module
-
         model = prune_module(model)
     with torch.no_grad():
         out = compiled(*inputs)
@@ -89,37 +89,19 @@ def _load_graph(spec: str, size: str, sparsity: str | None = None, dtype: str = 
     """An ONNX file path or a zoo model name (built in ``dtype``) -> tilefuse Graph (the largest captured graph;
     with ``sparsity`` its linear weights are frozen into constants, as compiling with it does)."""
     if spec.endswith(".onnx") or Path(spec).is_file():
-        from tilefuse.frontends.onnx import import_onnx
-
         return import_onnx(spec)
-    from tilefuse import models
-
     if spec not in models.ZOO:
         raise SystemExit(f"tilefuse: {spec!r} is neither an ONNX file nor a zoo model ({', '.join(models.ZOO)})")
-    from tilefuse.frontends.capture import capture_graphs
-
     model, inputs = models.build(spec, size, dtype=getattr(torch, dtype))
     graphs = capture_graphs(model, inputs, lower=False, sparsity=sparsity)  # planning needs no kernels
     return max(graphs, key=lambda g: len(g.nodes))
 
 
-def _stored_choices(p, target: dict) -> dict[str, dict]:
-    """The tuning database's entries for the plan's regions, where TileLang can lower them here."""
-    try:
-        from tilefuse.lowering.tune import stored_choices
-    except ImportError:  # planning needs no TileLang; without it there is nothing stored to show
-        return {}
-    return stored_choices(p, target)
-
-
 def cmd_explain(args) -> int:
-    from tilefuse.config import Options, parse_target
-    from tilefuse.planner import plan
-
     target = parse_target(args.target)
     graph = _load_graph(args.model, args.size, args.sparsity, args.dtype)
-    p = plan(graph, target, sparsity=args.sparsity, layout=Options(target=target).channels_last)
-    measured = _stored_choices(p, target)
+    planned = plan_step(graph, Options(target=target, sparsity=args.sparsity))
+    p, measured = planned.plan, stored(planned, target)
     if args.json:
         doc = {"nodes": p.source_nodes, "kernels": p.kernels,
                "regions": [{**{k: r.to_json()[k] for k in ("name", "kind", "pattern", "ops", "inputs", "outputs",
@@ -144,8 +126,6 @@ def cmd_explain(args) -> int:
                 times = ", ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in m.items() if k.endswith("_ms"))
                 print(f"  {name:<40} runs as {m.get('runs', 'kernel')}" + (f" ({times})" if times else "")
                       + (f"; config {m['config']}" if m.get("config") else ""))
-    from tilefuse import draw
-
     if args.svg:
         Path(args.svg).write_text(draw.to_svg(p))
         print(f"wrote {args.svg}", file=sys.stderr)
@@ -156,8 +136,6 @@ def cmd_explain(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    import tilefuse
-
     t0 = time.perf_counter()
     compiled = tilefuse.compile_onnx(args.model, target=args.target, sparsity=args.sparsity, quiet=_quiet(args))
     print(compiled.summary())
@@ -172,7 +150,7 @@ def cmd_compile(args) -> int:
 
 def cmd_serve(args) -> int:
     """Serve a .tfz artifact or an .onnx file over the Open Inference Protocol (KServe v2 REST)."""
-    from tilefuse.runtime.serve import load_model, serve
+    from tilefuse.serve import load_model, serve  # (FastAPI and uvicorn: only when serving)
 
     if args.threads:
         torch.set_num_threads(args.threads)

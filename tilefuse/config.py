@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+VERSION = "0.1.0"  # tilefuse's (the package's __version__)
+
+
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"TILEFUSE_{name}", default)
 
@@ -48,6 +51,37 @@ def parse_target(spec: str | dict | None) -> dict:
     return {"kind": kind}
 
 
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What kernels are sized by, for one GPU arch family."""
+
+    sms: int  # streaming multiprocessors: a wave of tiles
+    smem_per_block: int  # bytes of shared memory a block may opt in to
+    l2_bytes: int
+
+
+# By arch family: sm_90 is the H200 (what we run on), sm_80 an A100, sm_86/sm_89 the consumer parts' shared memory.
+DEVICE_FACTS = {"sm_90": DeviceFacts(132, 227 * 1024, 50 * 2**20), "sm_80": DeviceFacts(108, 163 * 1024, 40 * 2**20),
+                "sm_86": DeviceFacts(84, 99 * 1024, 6 * 2**20), "sm_89": DeviceFacts(128, 99 * 1024, 72 * 2**20)}
+
+
+def arch_family(target: dict | str) -> str:
+    """``"sm_90"`` for ``{"kind": "cuda", "arch": "sm_90a"}`` (the default CUDA arch), and so on."""
+    arch = target.get("arch", "sm_90a") if isinstance(target, dict) else str(target).partition(":")[2] or "sm_90a"
+    return arch.rstrip("a")[:5]
+
+
+def device_facts(target: dict | str) -> DeviceFacts:
+    """The facts of ``target``'s arch family; an unknown family gets sm_80's SM count and 99 KB of shared memory."""
+    return DEVICE_FACTS.get(arch_family(target), DeviceFacts(108, 99 * 1024, 40 * 2**20))
+
+
+def setting(name: str, default: str = "") -> str:
+    """``TILEFUSE_<name>`` as it is now: the one place outside ``Options`` that the environment is read (the tuning
+    database's and the PrimFunc cache's paths, which are read where they are used)."""
+    return _env(name, default)
+
+
 def _read(name: str, default: str, parse: Callable[[str], Any] = str, **kw):
     """A field whose default is read from ``TILEFUSE_<name>`` when an ``Options`` is constructed (not when this
     module is imported: a variable set later in the process counts)."""
@@ -79,7 +113,7 @@ class Options:
     channels_last: bool = _read("CHANNELS_LAST", "1", _on)
     # Each region keeps the fastest of its fused kernel, its own ops through torch and (a GEMM with an epilogue)
     # the split, measured with cold caches on its first call's inputs and remembered in the tuning database
-    # (lowering/tune.py choose_backends). On CUDA and on the CPU targets (there timed with perf_counter, the median
+    # (tilefuse/pipeline.py decide). On CUDA and on the CPU targets (there timed with perf_counter, the median
     # of enough calls); 0 runs every region that lowered as its kernel. The test session sets 0 (tests/conftest.py).
     measure: bool = _read("MEASURE", "1", _on)
     # Graphs with symbolic input dims compile once per input signature; this many are kept.

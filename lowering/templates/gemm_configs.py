@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import math
 
+from tilefuse.config import DEVICE_FACTS, device_facts
 from tilefuse.lowering.templates.common import dialect
 
-# Shared memory per block that a config may use (opt-in maximum), by arch family.
-SMEM_LIMIT = {"sm_90": 227 * 1024, "sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024}
-# Streaming multiprocessors by arch family (the H200 for sm_90, an A100 for sm_80).
-SM_COUNT = {"sm_90": 132, "sm_80": 108}
+# Shared memory per block that a config may use (opt-in maximum), by arch family (``config.DEVICE_FACTS``).
+SMEM_LIMIT = {arch: f.smem_per_block for arch, f in DEVICE_FACTS.items()}
 
 # sm_90a, 16-bit operands: (block_M, block_N, block_K, num_stages, threads, panel or 0 for no swizzle).
 # The measured leaders come first: default_config chooses among them.
@@ -48,6 +47,11 @@ CPU_SPACE = [(128, 256, 32, 0, 1, 0), (64, 256, 32, 0, 1, 0), (64, 128, 64, 0, 1
 def arch_family(target: dict | str) -> str:
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     return arch.rstrip("a")[:5]
+
+
+def sm_count(target: dict | str) -> int:
+    """``target``'s streaming multiprocessors (a CUDA target without an arch: the default, sm_90a)."""
+    return device_facts(target).sms
 
 
 def shared_memory_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, dtype: str = "float16") -> int:
@@ -136,7 +140,7 @@ def default_config(configs: list[dict], M: int, N: int, batch: int, target: dict
         return cpu_config(configs[0], M, N)
     if not isinstance(target, dict) or target.get("kind") != "cuda":
         return configs[0]
-    sms = SM_COUNT.get(arch_family(target), 132)
+    sms = sm_count(target)
     lead = configs[:len(SM90_LEADERS)] if arch_family(target) == "sm_90" else configs
     pool = [c for c in lead if c["block_M"] <= max(M, 64)] or configs
     if M < 128:  # decode-like rows: a tall tile would compute mostly padding

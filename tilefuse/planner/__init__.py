@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from tilefuse.ir import Graph
 from tilefuse.planner.canonicalize import canonicalize, simplify  # noqa: F401
 from tilefuse.planner.cost import CostModel
 from tilefuse.planner.layout import channels_last
-from tilefuse.planner.partition import partition
+from tilefuse.planner.partition import partition, region_name
 from tilefuse.planner.pattern import RewriteLog
 from tilefuse.planner.plan import FusionPlan, Region, compute_nodes
 from tilefuse.planner.sparsity import SparsityReport, sparsify
 
 
 def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None, fuse: bool = True,
-         sparsity: str | None = None, layout: bool | None = None) -> FusionPlan:
+         sparsity: str | None = None, layout: bool | None = None,
+         why_not: Callable[[Region, Graph], str | None] | None = None) -> FusionPlan:
     """Plan ``graph``: canonicalize it, apply ``sparsity`` (``"2:4"`` prunes linear weights; 2:4 weights take
     the sparse GEMM where the target has one, see ``planner.sparsity``), group its nodes into regions, say
     how each region runs. With ``layout`` (None: on) convolutional networks run channels last (``planner.layout``;
-    ``Options.channels_last`` says why)."""
+    ``Options.channels_last`` says why). Which regions a kernel takes is the lowering's answer, asked through
+    ``why_not(region, graph)``: None where a template takes the region for ``target``, else the reason it runs
+    through torch (``tilefuse.pipeline`` asks ``lowering.dispatch``); without it every region runs through torch."""
     log = RewriteLog()
     canon = canonicalize(graph, log) if fuse else graph
     if fuse and layout is not False:
@@ -27,7 +31,7 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
     canon, sparse = sparsify(canon, target, sparsity)
     regions, refusals = partition(canon, cost) if fuse else _one_per_node(canon)
     regions, notes = _mark_sparse(regions, canon, sparse)
-    backends = [_backend(r, canon, target) for r in regions]
+    backends = [_backend(r, canon, target, why_not) for r in regions]
     regions = [dataclasses.replace(r, backend=b) for r, (b, _) in zip(regions, backends)]
     rewrites = [f"{p}: {node}" for p, node in log.applied]
     refusals = refusals + [f"pattern {p} at {node}: {why}" for p, node, why in log.refused]
@@ -57,23 +61,21 @@ def _mark_sparse(regions: list[Region], graph: Graph, report: SparsityReport) ->
     return out, tuple(notes)
 
 
-def _backend(region: Region, graph: Graph, target: dict | None) -> tuple[str, str]:
+def _backend(region: Region, graph: Graph, target: dict | None, why_not) -> tuple[str, str]:
     """("tilelang", "") when a template takes the region for ``target``, else ("torch", why)."""
     if region.kind == "view":
         return "torch", "metadata only"
     if target is None:
         return "torch", "no target given"
-    from tilefuse.lowering.registry import KernelSpec, build
-
-    spec = build(region, graph, target)
-    return ("tilelang", "") if isinstance(spec, KernelSpec) else ("torch", spec)
+    if why_not is None:
+        return "torch", "planned without lowering (tilefuse.pipeline.plan decides which regions take kernels)"
+    why = why_not(region, graph)
+    return ("tilelang", "") if why is None else ("torch", why)
 
 
 def _one_per_node(graph: Graph):
-    from tilefuse.planner.partition import _name
-
     regions = []
     for i, n in enumerate(graph.nodes):
-        regions.append(Region(_name([n.op], "opaque", i), "opaque", (n.name,), (n.op,), tuple(x for x in n.inputs if x),
+        regions.append(Region(region_name([n.op], "opaque", i), "opaque", (n.name,), (n.op,), tuple(x for x in n.inputs if x),
                               tuple(o.name for o in n.outputs)))
     return regions, []

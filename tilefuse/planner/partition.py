@@ -211,7 +211,7 @@ def _finish(f: Facts, regions: list[_Open], cost: CostModel) -> list[Region]:
         in_t = [f.types[i] for i in inputs]
         out_t = [f.types[o] for o in outputs]
         est = int(cost.region_us(in_t, out_t, 0) * cost.bandwidth_bytes_per_us) if r.kind != "view" else 0
-        out.append(Region(_name(op_names, r.kind, pos), r.kind, tuple(members), tuple(op_names), tuple(inputs),
+        out.append(Region(region_name(op_names, r.kind, pos), r.kind, tuple(members), tuple(op_names), tuple(inputs),
                           tuple(outputs), r.anchor, ",".join(r.patterns) or None, "torch", est))
     return out
 
@@ -228,7 +228,7 @@ def attention_pattern(node: Node, types) -> str:
     return "attention." + ("_".join(p for p in parts if p) or "plain")
 
 
-def _name(op_names: list[str], kind: str, pos: int) -> str:
+def region_name(op_names: list[str], kind: str, pos: int) -> str:
     compute = [o for o in dict.fromkeys(op_names) if o not in VIEW_OPS] or list(dict.fromkeys(op_names))
     base = "_".join(compute[:4])
     return f"fused_{base}_{pos}" if len(op_names) > 1 else f"{base}_{pos}"

@@ -333,7 +333,7 @@ def example_inputs(inputs: Sequence[Value], device: torch.device | str, seed: in
 def output_change(before: Graph, after: Graph, inputs: Sequence[torch.Tensor]) -> float:
     """max over float outputs of max |after - before| / max |before|, both graphs run through the reference
     executor on ``inputs``."""
-    from tilefuse.runtime.executor import Executor
+    from tilefuse.ops.reference import Executor
 
     device = inputs[0].device if inputs else torch.device("cpu")
     with torch.no_grad():

@@ -29,8 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from tilefuse import api
+from tilefuse.config import VERSION
 from tilefuse.ir import TensorType, torch_dtype
 from tilefuse.runtime.batching import Batcher, QueueFullError, ShuttingDownError, batch_mode, default_buckets
+from tilefuse.runtime.machine import target_problem
 
 # v2 datatype names <-> tilefuse (torch) dtype names.
 DATATYPES: dict[str, str] = {
@@ -353,20 +356,15 @@ def encode_response(spec: ModelSpec, req: InferRequest, outs: Sequence[torch.Ten
 
 def load_model(path: str | Path, target: str | dict | None = None, **options: Any) -> Any:
     """A CompiledModel from a saved ``.tfz`` artifact (``tilefuse.load``) or an ``.onnx`` file (compiled)."""
-    import tilefuse
-
     p = str(path)
     if Path(p).is_dir():
         raise ValueError(f"{p} is a directory; give the path of a .tfz artifact or an .onnx file")
     if not Path(p).exists():
         raise FileNotFoundError(f"no model file {p!r}")
     if p.endswith(".tfz"):
-        load = getattr(tilefuse, "load", None)
-        if load is None:
-            raise NotImplementedError(f"{p}: this tilefuse cannot load .tfz artifacts yet; serve the .onnx file")
-        return load(p)
+        return api.load(p, target=target)  # (target None: the artifact's own)
     if p.endswith(".onnx"):
-        return tilefuse.compile_onnx(p, target=target, **options)
+        return api.compile_onnx(p, target=target, **options)
     raise ValueError(f"{p}: expected a .tfz artifact or an .onnx file")
 
 
@@ -433,8 +431,6 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
     when the app shuts down. A model whose target this machine cannot run raises ``ValueError`` here; one
     that fails its warm-up is served as not ready (503) with the failure as the reason.
     """
-    from tilefuse.runtime.machine import target_problem
-
     _require_serve_extra()
     target = getattr(getattr(model, "options", None), "target", None)
     problem = target_problem(target) if target and device is None else None
@@ -443,8 +439,6 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
     from fastapi import FastAPI, Request, Response
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
-
-    import tilefuse
 
     spec = ModelSpec.of(model, name, pad_batch)
     buckets = spec.buckets(max_batch_size, batch_buckets)
@@ -479,7 +473,7 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
             state["batcher"] = None  # readiness turns false; requests still in flight finish below
             await asyncio.to_thread(batcher.close, True)
 
-    app = FastAPI(title="tilefuse", version=tilefuse.__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="tilefuse", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.spec, app.state.metrics, app.state.buckets = spec, metrics, buckets
 
     def error(status: int, message: str) -> JSONResponse:
@@ -511,7 +505,7 @@ def create_app(model: Any, name: str, *, max_batch_size: int = 8, max_delay_ms: 
 
     @app.get("/v2")
     async def server_metadata():
-        return {"name": "tilefuse", "version": tilefuse.__version__, "extensions": ["binary_tensor_data"]}
+        return {"name": "tilefuse", "version": VERSION, "extensions": ["binary_tensor_data"]}
 
     @app.get("/v2/models/{model_name}")
     @app.get("/v2/models/{model_name}/versions/{version}")

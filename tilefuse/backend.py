@@ -4,8 +4,8 @@
 ``torch_dynamo_backends`` entry point; ``tilefuse.compile(model, ...)`` goes through ``make_backend``.
 
 Note: AOTAutograd hands each forward, backward or inference graph to ``TilefuseBackend.compile_graph``
-as ATen; it is imported with ``import_fx_program`` and run by ``build_runner``. The compiled function
-uses AOTAutograd's boxed calling convention (one list argument, cleared by the callee). A graph with
+as ATen; it is imported with ``import_fx_program`` and compiled by ``tilefuse.pipeline.build_runner``. The
+compiled function uses AOTAutograd's boxed calling convention (one list argument, cleared by the callee). A graph with
 symbolic sizes (dynamo's automatic dynamic shapes, after a recompile) is specialized: on each new
 concrete signature it is re-traced with ``make_fx`` at those sizes and compiled as a static graph.
 Nothing ever crashes a model: a graph that cannot be imported or planned runs as traced, through
@@ -25,9 +25,9 @@ from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tilefuse.config import Options, parse_target
-from tilefuse.planner.sparsity import SparsityLog
-
-from .fx import FxProgram, import_fx_program, is_symbolic
+from tilefuse.frontends.fx import FxProgram, import_fx_program, is_symbolic
+from tilefuse.pipeline import build_runner
+from tilefuse.planner.sparsity import SparsityLog, freeze_linear_weights
 
 log = logging.getLogger("tilefuse")
 aten = torch.ops.aten
@@ -120,8 +120,6 @@ class TilefuseBackend:
             self._fail(f"{name}: cannot import ({type(e).__name__}: {_first_line(e)})")
             return _boxed(gm)
         try:
-            from tilefuse.runtime.plan_runner import build_runner
-
             inputs = None
             with unset_fake_temporarily():
                 if self.options.sparsity:
@@ -145,8 +143,6 @@ class TilefuseBackend:
     def _freeze(self, gm: fx.GraphModule, program: FxProgram, real: Sequence[Any] | None, name: str):
         """``program`` with its parameters that are read only as linear weights made constants (sparsity
         prunes constants), and the real inputs left to it; unchanged (with a warning) when that is not safe."""
-        from tilefuse.planner.sparsity import freeze_linear_weights
-
         if real is None:
             log.warning("tilefuse: %s: sparsity applies to static-shape inference graphs (run the model under "
                         "torch.no_grad(), without dynamic shapes); this graph keeps its dense weights", name)

@@ -1,4 +1,6 @@
-"""Reference runtime: run a graph node by node through the registry's torch references.
+"""The IR's meaning: run a graph (or some of its nodes) node by node through the registry's torch references.
+
+Every compiled form of a graph is checked against this, and a region without a kernel runs through it.
 
 Note: each intermediate is dropped right after its last use, so peak memory follows liveness
 rather than the whole graph. Constants are moved to the target device once, when the executor is
@@ -11,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from tilefuse import ops
 from tilefuse.ir import Graph, TensorType, torch_dtype
+from tilefuse.ops.registry import get
 
 
 class ExecutionError(RuntimeError):
@@ -58,7 +60,7 @@ class Executor:
         self.device = torch.device(device)
         self.check = check
         self.constants = {k: t.to(self.device) for k, t in graph.constants.items()}
-        self.specs = [ops.get(n.op) for n in graph.nodes]
+        self.specs = [get(n.op) for n in graph.nodes]
         self.attrs = [n.attr for n in graph.nodes]
         self.frees = last_uses(graph)
 
@@ -100,3 +102,23 @@ def run_graph(graph: Graph, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def types_of(args: Sequence[torch.Tensor]) -> list[TensorType]:
     return [TensorType.of(a) for a in args]
+
+
+class NodesFn:
+    """Some of a graph's nodes run through their references: ``fn(args)`` takes the values named ``inputs``
+    and returns those named ``outputs`` (a fusion region without a kernel runs so)."""
+
+    def __init__(self, graph: Graph, nodes: Sequence[str], inputs: Sequence[str], outputs: Sequence[str]):
+        by_name = {n.name: n for n in graph.nodes}
+        self.steps = [(n, get(n.op), n.attr) for n in (by_name[m] for m in nodes)]
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        env = dict(zip(self.inputs, args))
+        device = args[0].device if args else torch.device("cpu")
+        for node, spec, attrs in self.steps:
+            outs = run_node(node, spec, [env[i] if i else None for i in node.inputs], attrs, device)
+            for v, o in zip(node.outputs, outs):
+                env[v.name] = o
+        return [env[o] for o in self.outputs]

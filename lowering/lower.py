@@ -1,0 +1,139 @@
+"""Kernel specs -> compiled kernels: each template's config space, the config a spec builds with, and the compile.
+
+Note: a spec's config is chosen before it is built (``pipeline`` step ``configs``: tuned winners where tuning ran,
+else ``default_config``), and the compiled kernel keeps it (``Lowered.config``): what runs, what an artifact saves
+and what a reload rebuilds is that one config, never a config recovered afterwards. Each distinct (spec, config)
+compiles once per process (``_COMPILED``), in one parallel batch per plan.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from tilefuse.lowering import func_cache
+from tilefuse.lowering.builders import KernelSpec, broadcast, numel
+from tilefuse.lowering.compile import compile_many
+from tilefuse.lowering.templates import attention, conv, elementwise, gemm, gemm_configs, gemm_sp, pool, reduction
+from tilefuse.progress import Progress
+
+_log = logging.getLogger("tilefuse")
+
+# template name (``KernelSpec.template``) -> (its module: config space; its factory: the PrimFunc)
+TEMPLATES = {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.row_reduction),
+             "elementwise": (elementwise, elementwise.elementwise), "conv2d": (conv, conv.conv2d),
+             "pool2d": (pool, pool.pool2d), "flash_attention": (attention, attention.flash_attention),
+             "gemm_sp": (gemm_sp, gemm_sp.gemm_sp)}
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A region's compiled kernel and what it was built from."""
+
+    spec: KernelSpec
+    config: dict
+    kernel: object  # TileLang's JITKernel: call it with the spec's inputs
+
+
+def config_space(spec: KernelSpec, target: dict) -> list[dict]:
+    """The tile configs ``spec``'s template offers for ``target``: its ``config_space`` where it has one wider
+    than its ``get_configs`` seeds (the seeds come first either way; the default pick is made from them)."""
+    module, _ = TEMPLATES[spec.template]
+    kw = spec.factory_kwargs()
+    if spec.template == "gemm_sp":  # block_K must divide the padded K; the output tile's bytes count too
+        return module.get_configs(target, kw["K"], kw.get("out_dtype"))
+    space = getattr(module, "config_space", module.get_configs)
+    # gemm/conv seeds depend on the operand dtype, flash attention's on the head dim
+    arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype"), "flash_attention": kw.get("D")}.get(spec.template)
+    return space(target, arg) if arg else space(target)
+
+
+def gemm_batch(kw: dict) -> int:
+    return numel(broadcast(tuple(kw.get("batch_A", ())), tuple(kw.get("batch_B", ()))))
+
+
+def gemm_wave_cost(config: dict, kw: dict, target: dict) -> int:
+    """Padded output elements one SM computes over the waves of ``config``'s tiles on ``target``'s SMs (less is
+    better: it counts tile padding and a last, partly idle wave)."""
+    return gemm_configs.wave_cost(config, kw["M"], kw["N"], gemm_batch(kw), gemm_configs.sm_count(target))
+
+
+def default_config(spec: KernelSpec, target: dict) -> dict:
+    """The config ``spec`` builds with when nothing was tuned: for GEMMs the measured leaders' pick by padded
+    waves (``gemm_configs.default_config``), for 2:4 GEMMs on CUDA the fewest padded waves, else the first seed."""
+    configs = config_space(spec, target)
+    kw = spec.factory_kwargs()
+    if spec.template == "gemm":
+        return gemm_configs.default_config(configs, kw["M"], kw["N"], gemm_batch(kw), target)
+    if spec.template == "gemm_sp" and configs and target.get("kind") == "cuda":
+        return min(configs, key=lambda c: gemm_wave_cost(c, kw, target))
+    return configs[0] if configs else {}
+
+
+def func_key(spec: KernelSpec, target: dict, config: dict) -> str:
+    """The key of ``spec`` built with ``config`` for ``target`` (``func_cache.key``)."""
+    return func_cache.key(spec.template, spec.params, spec.out_idx, config, target)
+
+
+def make_prim_func(spec: KernelSpec, target: dict, config: dict | None = None):
+    """The template's ``T.prim_func`` for ``spec`` with tile ``config`` (None: ``default_config``)."""
+    _, factory = TEMPLATES[spec.template]
+    config = default_config(spec, target) if config is None else config
+    return func_cache.cached(func_key(spec, target, config),
+                             lambda: factory(**spec.factory_kwargs(), **config, target=target))
+
+
+# Kernels compiled in this process, by ``func_key``: a recompile (dynamo's, after a guard fails or a reset) takes
+# them as they are, without reading the function back or asking TileLang's cache.
+_COMPILED: collections.OrderedDict[str, object] = collections.OrderedDict()
+COMPILED_KEEP = 1024
+
+
+def lower(specs: Mapping[str, KernelSpec], configs: Mapping[str, dict], target: dict, name: str = "",
+          log: Callable[[str], None] | None = None, progress: bool = False,
+          prebuilt: Callable[[KernelSpec, dict], object | None] | None = None,
+          use_process_cache: bool = True) -> dict[str, Lowered | BaseException]:
+    """Compile each region's spec with its config (a region missing from ``configs``: ``default_config``), each
+    distinct pair once, in one parallel batch: region name -> ``Lowered``, or the exception that stopped it (a
+    template refusing the config, a compile error). With ``progress``, kernels compiled and the time left go to
+    stderr (``tilefuse.progress``). ``prebuilt(spec, config)``: a PrimFunc to compile instead of building one, or
+    None (an artifact's saved ones); ``use_process_cache=False`` compiles (or loads from TileLang's cache) even
+    what this process compiled before (an artifact's load must see its own kernels)."""
+    chosen = {r: (s, dict(configs[r]) if r in configs else default_config(s, target)) for r, s in specs.items()}
+    keys = {r: func_key(s, target, c) for r, (s, c) in chosen.items()}
+    t0 = time.perf_counter()
+    kernels: dict[str, object] = {}
+    funcs, built = [], []
+    for r, key in keys.items():
+        if key in kernels or key in built:
+            continue
+        if use_process_cache and key in _COMPILED:
+            _COMPILED.move_to_end(key)
+            kernels[key] = _COMPILED[key]
+            continue
+        spec, config = chosen[r]
+        try:
+            func = prebuilt(spec, config) if prebuilt is not None else None
+            funcs.append((func if func is not None else make_prim_func(spec, target, config), list(spec.out_idx)))
+            built.append(key)
+        except Exception as e:  # noqa: BLE001 -- a template refusing the spec is reported like a compile failure
+            kernels[key] = e
+    with Progress(f"compiling {name}", len(funcs), "kernels", enabled=progress) as bar:
+        compiled = compile_many(funcs, target, return_exceptions=True, on_done=bar.tick) if funcs else []
+    for key, kernel in zip(built, compiled):
+        kernels[key] = kernel
+        if not isinstance(kernel, BaseException):
+            _COMPILED[key] = kernel
+            while len(_COMPILED) > COMPILED_KEEP:
+                _COMPILED.popitem(last=False)
+    if log is not None:
+        log(f"compiled {len(set(keys.values()))} distinct kernels for {len(specs)} regions in "
+            f"{time.perf_counter() - t0:.1f} s")
+    out: dict[str, Lowered | BaseException] = {}
+    for r, (spec, config) in chosen.items():
+        k = kernels[keys[r]]
+        out[r] = k if isinstance(k, BaseException) else Lowered(spec, config, k)
+    return out

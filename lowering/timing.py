@@ -1,0 +1,113 @@
+"""Timing kernels and regions: the median of enough calls, with cold caches where the device has caches to warm.
+
+Note: on CUDA a timing replays a CUDA graph of ``REPS`` calls (what the runtime replays: no Python launch cost,
+which would favour one kernel over several torch ops), each call on its own copy of the operands so none finds
+them in L2 (``rotations``); on the CPU calls are timed one by one with ``perf_counter`` and the median decides.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+WARMUP, REPS = {"c": 2, "cuda": 5}, {"c": 5, "cuda": 20}
+
+
+def measure(kernel, args, kind: str) -> float:
+    """Seconds per call of ``kernel(*args)``: the median of ``REPS`` after ``WARMUP`` calls."""
+    reps = REPS.get(kind, 3)
+    for _ in range(WARMUP.get(kind, 1)):
+        kernel(*args)
+    if kind == "cuda":
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(reps):
+            kernel(*args)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+    return cpu_time(kernel, args, reps)
+
+
+# On the CPU a timing shares the cores with everything else running (on a loaded 2-core machine one call in
+# several is slowed by a neighbour): calls are timed one by one, enough of them to fill CPU_TIME_BUDGET_S (at least
+# the kind's REPS, at most CPU_MAX_REPS), and the median decides.
+CPU_TIME_BUDGET_S = 0.02
+CPU_MAX_REPS = 25
+
+
+def cpu_time(fn, args, reps: int) -> float:
+    """Median seconds of ``fn(*args)`` over at least ``reps`` calls, more for short ones (see CPU_TIME_BUDGET_S)."""
+    times: list[float] = []
+    want = reps
+    while len(times) < want:
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+        if len(times) == reps:  # short calls: more of them, as many as the median so far fits in the budget
+            want = max(reps, min(CPU_MAX_REPS, math.ceil(CPU_TIME_BUDGET_S / max(sorted(times)[reps // 2], 1e-7))))
+    return sorted(times)[len(times) // 2]
+
+
+# Timings that decide must see the operands where the model has them: in HBM, not in the 50 MB L2 that a kernel
+# called again on the same inputs finds them in (a 25 MB layer norm "ran" at 3 TB/s so). Each timed call reads its
+# own copy of the operands, enough copies to span this many bytes.
+ROTATE_BYTES = 256 * 2**20
+ROTATE_MAX_COPIES = 32
+
+
+def _nbytes(args) -> int:
+
+    if isinstance(args, torch.Tensor):
+        return args.numel() * args.element_size()
+    if isinstance(args, (list, tuple)):
+        return sum(_nbytes(a) for a in args)
+    return 0
+
+
+def _copy(args):
+
+    if isinstance(args, torch.Tensor):
+        return args.clone()
+    if isinstance(args, (list, tuple)):
+        return type(args)(_copy(a) for a in args)
+    return args
+
+
+def rotations(args, span: int = ROTATE_BYTES, most: int = ROTATE_MAX_COPIES) -> list:
+    """``args`` and enough copies of it that calls cycling through them read ``span`` bytes of distinct
+    operands (at most ``most`` sets; one where the operands alone span it)."""
+    size = _nbytes(args)
+    n = 1 if size >= span or size == 0 else min(most, math.ceil(span / size))
+    return [args] + [_copy(args) for _ in range(n - 1)]
+
+
+def device_time(fn, args, kind: str) -> float:
+    """Seconds of device time per ``fn(*args)`` with cold caches: on CUDA, replays of a CUDA graph of ``REPS``
+    calls (what the runtime replays, free of Python's launch cost, which would otherwise favour one kernel over
+    several torch ops), each call on its own copy of the operands (``rotations``) so that none finds them in
+    L2; ``measure`` where capture fails (a region reading values on the host) or off CUDA."""
+    if kind != "cuda":
+        return measure(fn, args, kind)
+
+    sets = rotations(args)
+    try:
+        reps = max(REPS["cuda"], len(sets))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(*args)  # warm-up outside the graph (lazy initialisation must not be captured)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for r in range(reps):
+                fn(*sets[r % len(sets)])
+        return measure(lambda: graph.replay(), (), kind) / reps
+    except Exception:  # noqa: BLE001 -- not capturable: time it plainly
+        torch.cuda.synchronize()
+        return measure(lambda: [fn(*a) for a in sets], (), kind) / len(sets)

@@ -1,0 +1,102 @@
+"""What a plan runs per region: its TileLang kernel with the views around it, or a GEMM region split in two.
+
+Note: a kernel parameter is compiled for row-major strides and int8 storage of booleans; ``RegionKernel`` hands it
+tensors so (``dense``, ``as_storage``) and names the region and the devices when a kernel is given tensors on
+several devices.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tilefuse.ir import Node
+from tilefuse.lowering.lower import Lowered
+from tilefuse.ops import get as get_op
+from tilefuse.planner.plan import Region
+
+
+class RegionKernel:
+    """A compiled region: views torch runs first, the kernel, the output reshapes."""
+
+    def __init__(self, lowered: Lowered, region: Region, nodes: dict[str, Node]):
+        self.spec, self.config, self.kernel, self.region = lowered.spec, lowered.config, lowered.kernel, region
+        spec = lowered.spec
+        self.pre = [(nodes[p], get_op(nodes[p].op), nodes[p].attr) for p in spec.pre]
+        self.post = [(nodes[p], get_op(nodes[p].op), nodes[p].attr) for p in spec.post]
+        # Bool tensors cross the kernel boundary as int8 (see templates/elementwise.py; the row reduction's Out, Pre).
+        kw = spec.factory_kwargs()
+        dts = kw.get("out_dtypes") or ((kw.get("out_dtype"), kw.get("pre_dtype")) if spec.template == "row_reduction"
+                                       else ())
+        self.bool_outputs = {k for k, dt in enumerate(dts) if dt == "bool"}
+
+    def __call__(self, args):
+        env = dict(zip(self.region.inputs, args))
+        _run_nodes(self.pre, env)
+        tensors = [as_storage(dense(env[v].reshape(s) if s is not None else env[v])) for v, s in self.spec.inputs]
+        try:
+            outs = self.kernel(*tensors)
+        except (RuntimeError, ValueError) as e:
+            raise boundary_error(self.region.name, self.spec.inputs, tensors, e) or e
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        outs = [o.view(torch.bool) if k in self.bool_outputs else o for k, o in enumerate(outs)]
+        if not self.post:
+            return [outs[k].reshape(shape) for k, _, shape in self.spec.outputs]
+        env.update({v: outs[k].reshape(shape) for k, v, shape in self.spec.outputs})
+        _run_nodes(self.post, env)
+        return [env[o] for o in self.region.outputs]
+
+
+def _run_nodes(nodes, env: dict) -> None:
+    """Run layout nodes through torch, every output (a split has several)."""
+    for node, spec, attrs in nodes:
+        for v, t in zip(node.outputs, spec.run([env[i] for i in node.inputs], attrs)):
+            env[v.name] = t
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the row-major strides a kernel parameter is compiled for. ``contiguous()`` alone keeps any
+    stride on a dim of size 1 and every stride of an empty tensor (numpy's zero-row arrays: strides (0, 0)),
+    which TileLang's wrapper refuses ("Static stride mismatch"): those get their canonical strides over the
+    same memory (no copy), an empty one a new empty tensor."""
+    t = t.contiguous()
+    canon = _STRIDES.get(t.shape)
+    if canon is None:  # the products of the later dims, as TileLang compiles them: (3, 0) has (0, 1), not torch's (1, 1)
+        canon = _STRIDES[t.shape] = tuple(math.prod(t.shape[i + 1:]) for i in range(t.dim()))
+    if t.stride() == canon:
+        return t
+    if t.numel() == 0:
+        return torch.empty_strided(t.shape, canon, dtype=t.dtype, device=t.device)
+    return t.as_strided(t.shape, canon)
+
+
+_STRIDES: dict[torch.Size, tuple[int, ...]] = {}  # shape -> row-major strides (kernels see a few shapes each)
+
+
+def boundary_error(region: str, inputs, tensors: list[torch.Tensor], e: Exception) -> Exception | None:
+    """A clear error for inputs a kernel cannot take because they are on different devices (a host tensor
+    reaching a GPU kernel), naming the region and the inputs; None when that is not why it failed."""
+    devices = {t.device for t in tensors}
+    if len(devices) < 2:
+        return None
+    where = ", ".join(f"{v} on {t.device}" for (v, _), t in zip(inputs, tensors))
+    return RuntimeError(f"region {region}: its kernel's inputs are on different devices ({where}); a plan runs on "
+                        f"one device (PlanRunner.place stages the others onto it): {e}")
+
+
+def as_storage(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int8) if t.dtype == torch.bool else t
+
+
+class SplitRegion:
+    """A region run as its head through torch, then its tail's kernel: a ``RegionFn`` like the others."""
+
+    def __init__(self, region: Region, head: Region, tail: Region, head_fn, tail_fn):
+        self.region, self.head, self.tail, self.head_fn, self.tail_fn = region, head, tail, head_fn, tail_fn
+
+    def __call__(self, args):
+        env = dict(zip(self.region.inputs, args))
+        env.update(zip(self.head.outputs, self.head_fn([env[i] for i in self.head.inputs])))
+        env.update(zip(self.tail.outputs, self.tail_fn([env[i] for i in self.tail.inputs])))
+        return [env[o] for o in self.region.outputs]
