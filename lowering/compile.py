@@ -17,12 +17,13 @@ from typing import Any
 
 import tilelang
 
+from tilefuse.config import setting
 from tilefuse.lowering import cpu_parallel
 from tilefuse.lowering.exact_constants import exact_float_constants
 from tilefuse.lowering.templates.common import CPU_KINDS, target_kind
 
 # TileLang logs every compile at INFO; tilefuse reports compile counts and times itself.
-if os.environ.get("TILEFUSE_VERBOSE", "0") == "0":
+if setting("VERBOSE", "0") == "0":
     logging.getLogger("tilelang").setLevel(logging.WARNING)
     # "Found kernel in memory cache": expected here (identical regions share one kernel).
     logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)

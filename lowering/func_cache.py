@@ -17,21 +17,21 @@ import functools
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from tilefuse.config import setting
 from tilefuse.fileio import write_atomic
 
 _log = logging.getLogger("tilefuse")
 
 
 def enabled() -> bool:
-    return os.environ.get("TILEFUSE_FUNC_CACHE", "1") != "0"
+    return setting("FUNC_CACHE", "1") != "0"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TILEFUSE_FUNC_CACHE_DIR") or Path.home() / ".cache" / "tilefuse" / "funcs")
+    return Path(setting("FUNC_CACHE_DIR") or Path.home() / ".cache" / "tilefuse" / "funcs")
 
 
 @functools.cache
