@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tilefuse.ir import Graph, Node, TensorType, Value
+from tilefuse.ops.reference import Executor
 from tilefuse.ops.sparse_layout import compress_2_4, is_2_4, prune_2_4
 
 MODES = ("2:4",)
@@ -333,8 +334,6 @@ def example_inputs(inputs: Sequence[Value], device: torch.device | str, seed: in
 def output_change(before: Graph, after: Graph, inputs: Sequence[torch.Tensor]) -> float:
     """max over float outputs of max |after - before| / max |before|, both graphs run through the reference
     executor on ``inputs``."""
-    from tilefuse.ops.reference import Executor
-
     device = inputs[0].device if inputs else torch.device("cpu")
     with torch.no_grad():
         ref = Executor(before, device)(*inputs)
