@@ -173,7 +173,9 @@ class PlanRunner:
 
     def run(self, *args: torch.Tensor, before_region: Callable | None = None) -> tuple[torch.Tensor, ...]:
         """Execute the plan once, region by region (no CUDA graph). ``before_region(k, region, inputs)`` is
-        called before region ``k`` runs (the pipeline's ``decide`` times it there)."""
+        called before region ``k`` runs and may return another function to run it with in this call (the pipeline's
+        ``decide`` times the ways to run it there, then runs the one it chose, so that the regions after it see
+        their inputs as they will be made: a torch GEMM's output strides are not a kernel's)."""
         env = self._env(args)
         self._run_regions(env, 0, len(self.plan.regions), before_region)
         return tuple(env[o] for o in self.plan.graph.outputs)
@@ -195,9 +197,10 @@ class PlanRunner:
         for k in range(lo, hi):
             region = self.plan.regions[k]
             ins = [env[i] for i in region.inputs]
-            if before_region is not None:
-                before_region(k, region, ins)
-            outs = self.fns[k](ins)
+            fn = self.fns[k]
+            if before_region is not None:  # (it may run this region another way, for this call only)
+                fn = before_region(k, region, ins) or fn
+            outs = fn(ins)
             for name, o in zip(region.outputs, outs):
                 env[name] = o
             for name in self.frees.get(k, ()):
