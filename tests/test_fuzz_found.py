@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tilefuse.backend import make_backend
 from tilefuse.config import Options, parse_target
-from tilefuse.frontends.dynamo import make_backend
 
 
 def compiled(fn, caplog):
