@@ -23,18 +23,12 @@ import torch
 from torch import fx
 
 from tilefuse.ir import Graph, GraphBuilder, TensorType, dtype_name, torch_dtype
-from tilefuse.ops import fallback
+from tilefuse.ops import MAY_ALIAS, fallback
 
 from .aten_table import CONVERTERS, GENERATORS
 from .fx_context import Ctx, FxImportError, tensor_type, used
 
 log = logging.getLogger("tilefuse")
-
-# Ops whose result may share storage with their (first) input: an output computed through them from a
-# graph input or constant may be that very tensor, so the caller copies it before handing it out.
-_MAY_ALIAS = frozenset({"identity", "reshape", "permute", "transpose", "expand", "slice", "squeeze",
-                        "unsqueeze", "flatten", "split", "cast", "dropout"})
-
 
 aten = torch.ops.aten
 
@@ -387,7 +381,9 @@ class _Importer:
     # -- helpers the converters reach through Ctx ------------------------------------------------
     def add(self, op: str, inputs: Sequence[str | None], base: str, attrs: dict[str, Any]) -> list[str]:
         names = self.b.add(op, [i or "" for i in inputs], name=base, **attrs)
-        if op in _MAY_ALIAS and inputs and inputs[0] in self.persistent:
+        # an output computed through an op that may share its input's storage (a view, a no-op cast) from a
+        # graph input or constant may be that very tensor: the caller copies it before handing it out
+        if op in MAY_ALIAS and inputs and inputs[0] in self.persistent:
             for n in names:
                 self.persistent[n] = self.persistent[inputs[0]]
         return names
