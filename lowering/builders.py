@@ -14,7 +14,9 @@ from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.lowering import attention_layout, index
 from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, Load, ops_supported
 from tilefuse.lowering.index import NotLowerable
+from tilefuse.lowering.templates import reduction
 from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype
+from tilefuse.ops import POOL_OPS
 from tilefuse.planner.plan import VIEW_OPS, Region
 
 PASS_VIEWS = VIEW_OPS - {"expand"}
@@ -124,7 +126,7 @@ def check_static(region: Region, types: dict[str, TensorType], target: dict) -> 
         # TileLang's C code generator types a bool buffer int8_t in the kernel and bool in its host
         # wrapper, which fails to compile; the elementwise template stores bools as int8, so does the row
         # reduction its input and outputs (``build_reduction`` refuses its other bool operands), the others not yet.
-        as_int8 = region.kind == "elementwise" or region.kind == "reduction" and not set(region.ops) & set(POOL_OPS)
+        as_int8 = region.kind == "elementwise" or region.kind == "reduction" and not set(region.ops) & POOL_OPS
         require(as_int8 or not (target.get("kind") == "c" and t.dtype == "bool"),
                  f"{v} is bool, which the {region.kind} template cannot take on the c target")
 
@@ -281,12 +283,6 @@ def broadcast(a: tuple, b: tuple) -> tuple:
     return broadcast_shapes(a, b) if (a or b) else ()
 
 
-_REDUCTION_OPS = {"softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "amax", "amin", "var", "any",
-                  "all"}
-_NORMALIZING = ("softmax", "log_softmax", "layer_norm", "rms_norm")
-POOL_OPS = ("max_pool", "avg_pool", "adaptive_avg_pool")
-
-
 def loaded_operand(b: Builder, x: str, before: list[Node], fits, why: str) -> tuple[str, dict[str, Expr]]:
     """The tensor a reduction or pooling kernel loads for its input ``x``: ``x`` itself, or where the region
     computes ``x`` from a producer chain (``before``), that chain's first outside operand whose type ``fits``
@@ -370,7 +366,7 @@ def is_global_pool(anchor: Node) -> bool:
 def build_reduction(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     """A row reduction (softmax, norms, sums, a global average pool), with its producers and consumers; other
     pooling is ``conv_builder.build_pool``'s."""
-    require(anchor.op in _REDUCTION_OPS or is_global_pool(anchor), f"no row-reduction template for {anchor.op}")
+    require(anchor.op in reduction.KINDS or is_global_pool(anchor), f"no row-reduction template for {anchor.op}")
     kind = "mean" if is_global_pool(anchor) else anchor.op
     x = anchor.inputs[0]
     xt = b.types[x]
@@ -400,7 +396,7 @@ def build_reduction(b: Builder, anchor: Node, target: dict) -> KernelSpec:
         require(env[o] == producer, "the region writes an intermediate other than the norm's input")
     consumer = cenv[outs[0]] if cenv[outs[0]] != Acc() else None
     out_t = b.types[outs[0]]
-    normalizing = kind in _NORMALIZING
+    normalizing = kind in reduction.NORMALIZING
     extra = [e for e in b.args if e != loaded and e not in weights]
     require(extra == b.args, "the norm's input or weight is also read by the fused expressions")
     extra_shapes = None

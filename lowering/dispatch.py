@@ -20,7 +20,6 @@ from collections.abc import Callable
 
 from tilefuse.ir import Graph, Node
 from tilefuse.lowering.builders import (
-    POOL_OPS,
     Builder,
     KernelSpec,
     build_attention,
@@ -33,6 +32,7 @@ from tilefuse.lowering.builders import (
 from tilefuse.lowering.conv_builder import build_conv, build_pool
 from tilefuse.lowering.index import NotLowerable
 from tilefuse.lowering.sparse_builder import build_gemm_sp
+from tilefuse.ops import POOL_OPS
 from tilefuse.planner.plan import FusionPlan, Region
 
 # Targets whose kernels TileLang builds here; the others (hip, metal, ascend) stop at source.
@@ -53,7 +53,7 @@ BUILDERS: dict[tuple[str, str | None], Builds] = {
     ("gemm", "matmul"): build_gemm,
     ("gemm", "conv"): build_conv,
     ("gemm_sp", None): build_gemm_sp,  # a 2:4 sparse weight (lowering/sparse_builder.py)
-    **{("reduction", op): _pool for op in POOL_OPS},
+    **{("reduction", op): _pool for op in sorted(POOL_OPS)},
     ("reduction", None): build_reduction,
     ("attention", "sdpa"): build_attention,
 }
