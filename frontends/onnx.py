@@ -37,12 +37,8 @@ from tilefuse.frontends import onnx_nn, onnx_ops
 from tilefuse.frontends.onnx_context import FOLD_LIMIT, Converter, Ctx, OnnxNode, Unsupported, evaluate
 from tilefuse.frontends.onnx_tensors import DTYPE_TO_ONNX, UnsupportedDtypeError, tensor_from_proto, type_from_proto
 from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value, prune
+from tilefuse.ops import FOLD_DYNAMIC
 
-# Ops with data-dependent output shapes that are still folded on constant inputs: shape arithmetic
-# whose outputs are no larger than its inputs (``range_dynamic``: the Range converter checks the count).
-FOLD_DYNAMIC = frozenset({"range_dynamic", "nonzero", "slice_dynamic", "reshape_dynamic", "squeeze_dynamic",
-                          "unsqueeze_dynamic", "shape_of", "numel", "compress", "split_dynamic", "topk_dynamic",
-                          "reduce_dynamic"})
 NEWEST_OPSET = min(28, onnx.defs.onnx_opset_version())  # the newest opset the converters were checked against
 # The converter of each default-domain ONNX op, and the oldest op version it understands where that is not 7.
 CONVERTERS: dict[str, Converter] = {**onnx_ops.CONVERTERS, **onnx_nn.CONVERTERS}
@@ -79,7 +75,7 @@ def import_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *, name: str
     except Exception:  # noqa: BLE001  (inference is a hint: our registry infers types on its own)
         inferred = g
     onnx_types = {vi.name: vi.type for vi in (*inferred.value_info, *inferred.output)}
-    ctx = Ctx(GraphBuilder(name or g.name or "onnx_model"), label, base_dir, onnx_types, FOLD_DYNAMIC)
+    ctx = Ctx(GraphBuilder(name or g.name or "onnx_model"), label, base_dir, onnx_types)
     if g.sparse_initializer:
         raise UnsupportedOnnxOpError(f"{label}: sparse initializers are not supported")
     for init in g.initializer:
@@ -364,7 +360,7 @@ def fold_constants(graph: Graph) -> Graph:
             outs = (torch.tensor(types[n.inputs[0]].shape[a.get("start", 0):a.get("end")], dtype=torch.int64),)
         elif all(i in consts for i in n.inputs if i) and (
                 all(o.type.is_static for o in n.outputs) and sum(o.type.numel for o in n.outputs) <= FOLD_LIMIT
-                or n.op in FOLD_DYNAMIC):
+                or n.op in FOLD_DYNAMIC):  # data-dependent sizes, but shape arithmetic (the fold_dynamic trait)
             outs = evaluate(n.op, [consts[i] if i else None for i in n.inputs], n.attr)
         if outs is None or len(outs) != len(n.outputs):
             nodes.append(n)

@@ -52,13 +52,9 @@ Converter = Callable[["Ctx", OnnxNode], list[str]]
 # ---- the conversion context ---------------------------------------------------------------------
 
 class Ctx:
-    """State of one import: the builder, ONNX name -> tilefuse value name, known constants.
+    """State of one import: the builder, ONNX name -> tilefuse value name, known constants."""
 
-    ``fold_dynamic`` names the ops folded on constant inputs although their output size is data-dependent
-    (the importer passes ``onnx.FOLD_DYNAMIC``)."""
-
-    def __init__(self, builder: GraphBuilder, label: str, base_dir: str, onnx_types: Mapping[str, onnx.TypeProto],
-                 fold_dynamic: frozenset[str]):
+    def __init__(self, builder: GraphBuilder, label: str, base_dir: str, onnx_types: Mapping[str, onnx.TypeProto]):
         self.b = builder
         self.label = label
         self.base_dir = base_dir
@@ -67,7 +63,6 @@ class Ctx:
         self.unknown: set[str] = set()  # symbolic dims we named for values whose size is data-dependent
         self.symbols: set[str] = set()  # the symbolic dims of the graph inputs
         self.values: dict[str, Elements] = {}  # known elements of shape tensors computed at run time
-        self.fold_dynamic = fold_dynamic
 
     # -- values ------------------------------------------------------------------------------
     def inp(self, n: OnnxNode, i: int) -> str:
@@ -112,7 +107,7 @@ class Ctx:
     def add(self, op: str, inputs: Iterable[str], *, types: list[TensorType] | None = None,
             **attrs: Any) -> list[str]:
         """Add registry op ``op``; fold it right away when every input is a constant and its outputs
-        are small (known before evaluating: static shapes, or a shape-arithmetic op in ``fold_dynamic``).
+        are small (known before evaluating: static shapes, or a shape-arithmetic op, ``ops.FOLD_DYNAMIC``).
         ``types`` overrides the registry's inference (dims named ``"?"`` are unknown)."""
         inputs = tuple(inputs)
         attrs = {k: freeze(v) for k, v in attrs.items()}
@@ -120,7 +115,7 @@ class Ctx:
             types = self._infer(op, inputs, attrs)
         consts = [self.const(i) if i else None for i in inputs]
         small = all(t.is_static for t in types) and sum(t.numel for t in types) <= FOLD_LIMIT
-        if all(c is not None for c, i in zip(consts, inputs) if i) and (small or op in self.fold_dynamic):
+        if all(c is not None for c, i in zip(consts, inputs) if i) and (small or op in ops.FOLD_DYNAMIC):
             outs = evaluate(op, consts, attrs)
             if outs is not None:
                 return [self.constant(t, op) for t in outs]

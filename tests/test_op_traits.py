@@ -29,6 +29,9 @@ EXPECTED = {
     "float_only": {"scale", "reciprocal", "relu", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "hardsigmoid",
                    "hardswish", "softplus", "mish", "softsign", "clamp", "tanh", "erf", "exp", "log", "sqrt", "rsqrt",
                    "sin", "cos", "tan", "floor", "ceil", "sign", "div", "pow"},
+    "fold_dynamic": {"range_dynamic", "nonzero", "slice_dynamic", "reshape_dynamic", "squeeze_dynamic",
+                     "unsqueeze_dynamic", "shape_of", "numel", "compress", "split_dynamic", "topk_dynamic",
+                     "reduce_dynamic"},
 }
 
 
@@ -43,7 +46,9 @@ def test_the_groups_the_passes_use_are_read_off_the_traits():
     assert (EPILOGUE_OPS, SPLIT_OPS, NORM_OPS) == (EXPECTED["epilogue"], EXPECTED["slicing"], EXPECTED["norm"])
     assert (POOLS, AXIS_OPS, FLOAT_ONLY) == (EXPECTED["pool"], EXPECTED["axis"], EXPECTED["float_only"])
     assert ops.POOL_OPS == EXPECTED["pool"] and ops.MAY_ALIAS == EXPECTED["may_alias"]
-    assert all(isinstance(s, frozenset) for s in (VIEW_OPS, LAYOUT_OPS, EPILOGUE_OPS, POOLS, ops.MAY_ALIAS))
+    assert ops.FOLD_DYNAMIC == EXPECTED["fold_dynamic"]
+    assert all(isinstance(s, frozenset) for s in (VIEW_OPS, LAYOUT_OPS, EPILOGUE_OPS, POOLS, ops.MAY_ALIAS,
+                                                  ops.FOLD_DYNAMIC))
 
 
 def test_every_trait_is_known_and_a_fused_op_has_an_emitter():

@@ -38,3 +38,4 @@ from tilefuse.ops.registry import (  # noqa: F401
 # Op groups read off the traits (``TRAITS``), for the passes outside the planner that ask them.
 MAY_ALIAS = with_trait("may_alias")  # the frontends copy a graph output that may share an input's storage
 POOL_OPS = with_trait("pool")
+FOLD_DYNAMIC = with_trait("fold_dynamic")  # the ONNX importer folds them on constant inputs

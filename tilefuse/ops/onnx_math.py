@@ -111,7 +111,7 @@ _PRE = {"l1": torch.abs, "l2": torch.square, "sum_square": torch.square}
 _POST = {"l2": torch.sqrt, "log_sum": torch.log}
 
 
-@register("reduce_dynamic", R, infer=_reduce_dynamic_infer)
+@register("reduce_dynamic", R, infer=_reduce_dynamic_infer, traits=("fold_dynamic",))
 def reduce_dynamic(x, axes=None, kind: str = "sum", keepdim: bool = True, noop: bool = False):
     """ONNX ReduceX with runtime axes: ``kind`` in sum, mean, max, min, prod, l1, l2, log_sum,
     log_sum_exp, sum_square; empty axes reduce everything, or nothing when ``noop``."""
@@ -172,7 +172,7 @@ def _topk_dynamic_infer(in_types, attrs):
     return [TensorType(tuple(shape), x.dtype), TensorType(tuple(shape), "int64")]
 
 
-@register("topk_dynamic", O, infer=_topk_dynamic_infer, num_outputs=2)
+@register("topk_dynamic", O, infer=_topk_dynamic_infer, num_outputs=2, traits=("fold_dynamic",))
 def topk_dynamic(x, k, dim: int = -1, largest: bool = True):
     """ONNX TopK with a runtime k."""
     return topk_stable(x, int(k.reshape(-1)[0].item()), dim, largest)

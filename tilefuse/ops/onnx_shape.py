@@ -21,7 +21,7 @@ I, O = OpKind.INJECTIVE, OpKind.OPAQUE
 
 # ---- shapes and sizes known only at run time -----------------------------------------------------
 
-@register("numel", O, infer=lambda t, a: [TensorType((), "int64")])
+@register("numel", O, infer=lambda t, a: [TensorType((), "int64")], traits=("fold_dynamic",))
 def numel(x):
     """Number of elements as a 0-d int64 tensor (ONNX Size)."""
     return torch.tensor(x.numel(), dtype=torch.int64, device=x.device)
@@ -34,7 +34,7 @@ def flatten2d(x, axis: int = 1):
     return x.reshape(lead, math.prod(x.shape[axis:]))
 
 
-@register("slice_dynamic", I, infer=dynamic_infer(rank_of=0))
+@register("slice_dynamic", I, infer=dynamic_infer(rank_of=0), traits=("fold_dynamic",))
 def slice_dynamic(x, starts, ends, axes=None, steps=None):
     """ONNX Slice with runtime starts/ends/axes/steps (int tensors)."""
     starts, ends = starts.tolist(), ends.tolist()
@@ -77,7 +77,7 @@ def constant_of_shape(shape, value: float = 0.0, dtype: str = "float32"):
     return torch.full([int(d) for d in shape.tolist()], value, dtype=torch_dtype(dtype), device=shape.device)
 
 
-@register("range_dynamic", I, infer=dynamic_infer(rank=1))
+@register("range_dynamic", I, infer=dynamic_infer(rank=1), traits=("fold_dynamic",))
 def range_dynamic(start, limit, delta):
     """ONNX Range: ``start + i * delta`` for i < ceil((limit - start) / delta), in the inputs' dtype."""
     s, lim, d = start.item(), limit.item(), delta.item()
@@ -88,14 +88,16 @@ def range_dynamic(start, limit, delta):
     return torch.arange(n, dtype=torch.int64, device=start.device).mul(int(d)).add(int(s)).to(start.dtype)
 
 
-@register("nonzero", O, infer=lambda t, a: [TensorType((t[0].rank if t[0].rank is not None else "?", "?"), "int64")])
+@register("nonzero", O, infer=lambda t, a: [TensorType((t[0].rank if t[0].rank is not None else "?", "?"), "int64")],
+          traits=("fold_dynamic",))
 def nonzero(x):
     """Indices of the non-zero elements, one column each (ONNX NonZero): int64 (rank, n)."""
     return torch.nonzero(x).t().contiguous()
 
 
 @register("compress", O, infer=lambda t, a: dynamic_infer(rank_of=0 if a.get("axis") is not None else None,
-                                                     rank=None if a.get("axis") is not None else 1)(t, a))
+                                                     rank=None if a.get("axis") is not None else 1)(t, a),
+          traits=("fold_dynamic",))
 def compress(x, condition, axis: int | None = None):
     """The slices of ``x`` along ``axis`` (or of flattened ``x``) where ``condition`` is true."""
     if axis is None:
@@ -159,7 +161,7 @@ def _split_dynamic_infer(in_types, attrs):
     return [TensorType(tuple(shape), x.dtype)] * attrs["num_outputs"]
 
 
-@register("split_dynamic", I, infer=_split_dynamic_infer, num_outputs=-1)
+@register("split_dynamic", I, infer=_split_dynamic_infer, num_outputs=-1, traits=("fold_dynamic",))
 def split_dynamic(x, sizes, dim: int, num_outputs: int):
     """ONNX Split with runtime sizes."""
     return tuple(torch.split(x, [int(s) for s in sizes.tolist()], dim))
@@ -175,11 +177,11 @@ def _axes_rank_infer(sign: int):
     return infer
 
 
-@register("unsqueeze_dynamic", I, infer=_axes_rank_infer(+1))
+@register("unsqueeze_dynamic", I, infer=_axes_rank_infer(+1), traits=("fold_dynamic",))
 def unsqueeze_dynamic(x, axes):
     return unsqueeze(x, tuple(int(a) for a in axes.reshape(-1).tolist()))
 
 
-@register("squeeze_dynamic", I, infer=_axes_rank_infer(-1))
+@register("squeeze_dynamic", I, infer=_axes_rank_infer(-1), traits=("fold_dynamic",))
 def squeeze_dynamic(x, axes):
     return squeeze(x, tuple(int(a) for a in axes.reshape(-1).tolist()))

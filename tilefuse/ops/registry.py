@@ -47,6 +47,8 @@ TRAITS = {
     "norm": "a normalization over the last dims (layer_norm, rms_norm): an add before it fuses into its kernel",
     "pool": "a pooling window (max, average, adaptive average)",
     "axis": "pointwise, but an attribute or an operand names an axis: not free of the layout",
+    "fold_dynamic": "shape arithmetic whose output size depends on its inputs' values but is no larger than them: "
+                    "folded when every input is a constant (range_dynamic: the ONNX Range converter bounds the count)",
 }
 
 

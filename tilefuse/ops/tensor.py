@@ -22,7 +22,7 @@ def reshape(x, shape: tuple):
     return x.reshape(shape)
 
 
-@register("reshape_dynamic", I)
+@register("reshape_dynamic", I, traits=("fold_dynamic",))
 def reshape_dynamic(x, shape, allowzero: int = 0):
     """Reshape to the shape held in an int64 tensor (ONNX semantics: 0 copies the input dim)."""
     dims = [int(d) for d in shape.tolist()]
@@ -167,7 +167,7 @@ def full(shape: tuple, value: float, dtype: str = "float32"):
     return torch.full(tuple(shape), value, dtype=torch_dtype(dtype))
 
 
-@register("shape_of", O)
+@register("shape_of", O, traits=("fold_dynamic",))
 def shape_of(x, start: int = 0, end: int | None = None):
     """The shape of ``x`` as an int64 tensor (ONNX Shape)."""
     return torch.tensor(list(x.shape)[start:end], dtype=torch.int64, device=x.device)
