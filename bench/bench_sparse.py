@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import cuda_time_ms
 
 from tilefuse.lowering.compile import compile_many
-from tilefuse.lowering.sparse import compress_2_4, prune_2_4
 from tilefuse.lowering.templates import gemm_sp
+from tilefuse.ops.sparse_layout import compress_2_4, prune_2_4
 
 # (label, M, N, K)
 SQUARE = [("square", s, s, s) for s in (4096, 8192, 16384)]

@@ -1,7 +1,7 @@
 """The ``gemm_sp`` region builder: a ``sparse_linear`` region -> one ``gemm_sp`` template instance.
 
 ``dispatch.build`` calls it for regions of kind ``gemm_sp`` (see ``lowering.dispatch`` for the model and
-``lowering.sparse`` for the compressed weight layout).
+``tilefuse.ops.sparse_layout`` for the compressed weight layout).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Note: ``T.gemm_sp`` sparsifies its *A* operand along K, while a linear's sparse operand is its weight,
 the right-hand side. So the kernel computes the transposed product ``Y^T = W @ X^T``: the compressed
-weight is A (``W_values`` (N, Kp/2), ``W_meta`` (N, Kp/16) int16, see ``lowering.sparse``), X (M, K) is
+weight is A (``W_values`` (N, Kp/2), ``W_meta`` (N, Kp/16) int16, see ``tilefuse.ops.sparse_layout``), X (M, K) is
 B read K-major (``transpose_B``), and each accumulator tile (block_N weight rows x block_M tokens) is
 transposed through shared memory on its way out, so Y is stored row-major with coalesced writes. The
 epilogue (``gemm.epilogue_at``, the dense template's) reads its extra inputs at Y's coordinates.
