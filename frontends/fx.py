@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from tilefuse.ir import Graph, GraphBuilder, TensorType, dtype_name, torch_dtype
-from tilefuse.ops import MAY_ALIAS, fallback
+from tilefuse.ir import Graph, TensorType, dtype_name, torch_dtype
+from tilefuse.ops import MAY_ALIAS, GraphBuilder, fallback
 
 from .aten_table import CONVERTERS, GENERATORS
 from .fx_context import Ctx, FxImportError, tensor_type, used

@@ -36,8 +36,8 @@ from onnx import helper
 from tilefuse.frontends import onnx_nn, onnx_ops
 from tilefuse.frontends.onnx_context import FOLD_LIMIT, Converter, Ctx, OnnxNode, Unsupported, evaluate
 from tilefuse.frontends.onnx_tensors import DTYPE_TO_ONNX, UnsupportedDtypeError, tensor_from_proto, type_from_proto
-from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value, prune
-from tilefuse.ops import FOLD_DYNAMIC
+from tilefuse.ir import Graph, Node, TensorType, Value, prune
+from tilefuse.ops import FOLD_DYNAMIC, GraphBuilder
 
 NEWEST_OPSET = min(28, onnx.defs.onnx_opset_version())  # the newest opset the converters were checked against
 # The converter of each default-domain ONNX op, and the oldest op version it understands where that is not 7.

@@ -15,7 +15,7 @@ import torch
 
 from tilefuse import ops
 from tilefuse.frontends.onnx_shapes import MAX_ELEMENTS, Elements, propagate
-from tilefuse.ir import GraphBuilder, TensorType, freeze
+from tilefuse.ir import TensorType, freeze
 
 FOLD_LIMIT = 1 << 16  # fold a node on constants only if its outputs have at most this many elements
 WIDE = ("uint16", "uint32", "uint64")  # torch computes little in these: widened to int64 and back
@@ -54,7 +54,7 @@ Converter = Callable[["Ctx", OnnxNode], list[str]]
 class Ctx:
     """State of one import: the builder, ONNX name -> tilefuse value name, known constants."""
 
-    def __init__(self, builder: GraphBuilder, label: str, base_dir: str, onnx_types: Mapping[str, onnx.TypeProto]):
+    def __init__(self, builder: ops.GraphBuilder, label: str, base_dir: str, onnx_types: Mapping[str, onnx.TypeProto]):
         self.b = builder
         self.label = label
         self.base_dir = base_dir

@@ -27,7 +27,8 @@ import tilefuse
 from tilefuse import cli, models
 from tilefuse.api import compile_graph
 from tilefuse.frontends.onnx import import_onnx
-from tilefuse.ir import Graph, GraphBuilder, Node, TensorType, Value
+from tilefuse.ir import Graph, Node, TensorType, Value
+from tilefuse.ops import GraphBuilder
 from tilefuse.runtime import artifact, integrity, machine
 from tilefuse.runtime.artifact import (
     ArtifactError,

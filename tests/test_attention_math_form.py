@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
+from tilefuse.ops import GraphBuilder
 from tilefuse.ops.reference import Executor
 from tilefuse.pipeline import plan
 from tilefuse.runtime.plan_runner import PlanRunner

@@ -12,7 +12,8 @@ import torch
 from tilefuse.backend import make_backend
 from tilefuse.config import Options
 from tilefuse.frontends.fx import FxProgram
-from tilefuse.ir import Graph, GraphBuilder, TensorType
+from tilefuse.ir import Graph, TensorType
+from tilefuse.ops import GraphBuilder
 from tilefuse.pipeline import build_runner
 from tilefuse.pipeline import plan as make_plan
 from tilefuse.runtime.plan_runner import PlanRunner

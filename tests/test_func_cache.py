@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from tilefuse.config import Options
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
 from tilefuse.lowering import func_cache, lower
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.dispatch import build
+from tilefuse.ops import GraphBuilder
 from tilefuse.pipeline import lower_step, plan, plan_step
 
 C = {"kind": "c"}

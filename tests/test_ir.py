@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tilefuse.ir import Graph, GraphBuilder, GraphError, Node, TensorType, Value
+from tilefuse.ir import Graph, GraphError, Node, TensorType, Value
+from tilefuse.ops import GraphBuilder
 from tilefuse.ops.reference import Executor
 
 

@@ -11,7 +11,8 @@ import torch
 from tilefuse import models
 from tilefuse.api import compile_graph
 from tilefuse.capture import capture_graphs
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
+from tilefuse.ops import GraphBuilder
 from tilefuse.ops.reference import run_graph
 from tilefuse.planner import canonicalize
 from tilefuse.planner.layout import channels_last

@@ -19,10 +19,11 @@ from tilefuse import models
 from tilefuse.api import compile_graph
 from tilefuse.capture import capture_graphs
 from tilefuse.config import default_target
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.dispatch import build
 from tilefuse.models.hf import MainOutput, build_hf
+from tilefuse.ops import GraphBuilder
 from tilefuse.ops.reference import Executor
 from tilefuse.pipeline import plan
 

@@ -11,8 +11,9 @@ import torch
 
 from tilefuse import pipeline
 from tilefuse.api import compile_graph
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
 from tilefuse.lowering import timing, tuning_db
+from tilefuse.ops import GraphBuilder
 
 C = {"kind": "c"}
 

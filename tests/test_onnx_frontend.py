@@ -248,7 +248,8 @@ def test_graph_input_with_initializer_is_a_constant(rng):
 
 
 def test_fold_constants_is_pure():
-    from tilefuse.ir import GraphBuilder, TensorType
+    from tilefuse.ir import TensorType
+    from tilefuse.ops import GraphBuilder
 
     b = GraphBuilder("g")
     x = b.input("x", TensorType((2, 3), "float32"))

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
+from tilefuse.ops import GraphBuilder
 from tilefuse.ops.reference import Executor
 from tilefuse.pipeline import plan
 from tilefuse.planner.legality import Facts, creates_cycle

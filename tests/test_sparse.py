@@ -12,13 +12,14 @@ import tilefuse
 from tilefuse import models, ops
 from tilefuse.api import compile_graph
 from tilefuse.config import default_target
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import compile_kernel, compile_many
 from tilefuse.lowering.dispatch import build
 from tilefuse.lowering.expr import Acc, Arg, call
 from tilefuse.lowering.lower import make_prim_func
 from tilefuse.lowering.templates import gemm_sp
+from tilefuse.ops import GraphBuilder
 from tilefuse.ops.sparse_layout import compress_2_4, decompress_2_4, is_2_4, padded_k, prune_2_4
 from tilefuse.pipeline import plan
 from tilefuse.planner.sparsity import prune_module, sparsify

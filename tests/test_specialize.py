@@ -5,7 +5,8 @@ import torch
 
 import tilefuse
 from tilefuse import models
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
+from tilefuse.ops import GraphBuilder
 from tilefuse.specialize import bind_dims, specialize
 
 

@@ -10,13 +10,14 @@ import time
 import pytest
 import torch
 
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import compile_many
 from tilefuse.lowering.dispatch import build
 from tilefuse.lowering.expr import Acc, Arg, call
 from tilefuse.lowering.lower import make_prim_func
 from tilefuse.lowering.templates import conv, elementwise, gemm, pool, reduction
+from tilefuse.ops import GraphBuilder
 from tilefuse.pipeline import plan
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

@@ -12,12 +12,13 @@ import torch
 from tilefuse import pipeline
 from tilefuse.api import compile_graph
 from tilefuse.config import Options
-from tilefuse.ir import GraphBuilder, TensorType
+from tilefuse.ir import TensorType
 from tilefuse.lowering import timing, tune, tuning_db
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.dispatch import build
 from tilefuse.lowering.lower import make_prim_func
 from tilefuse.lowering.split import split
+from tilefuse.ops import GraphBuilder
 from tilefuse.pipeline import build_runner, plan, splits_step
 from tilefuse.runtime.kernels import SplitRegion
 from tilefuse.runtime.plan_runner import PlanRunner

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import networkx as nx
 import torch
@@ -265,12 +265,9 @@ class GraphBuilder:
 
     Note: the op registry sits above this module (``tilefuse.ops`` imports ``ir``, never the reverse), so
     the builder is handed its type inference: ``tilefuse.ops.GraphBuilder`` is this builder with the
-    registry's ``infer_types``, the one frontends and passes use. Left out, ``infer`` is ``default_infer``, which
-    ``tilefuse.ops`` sets when it is imported: kept only while frontends/fx.py and frontends/onnx.py build
-    this class; delete it once they build ``tilefuse.ops.GraphBuilder``.
+    registry's ``infer_types``, the one frontends, passes and tests build. Without ``infer``, every ``add``
+    must give its ``out_types``; one that does not raises ``RuntimeError`` (no type is guessed).
     """
-
-    default_infer: ClassVar[InferTypes | None] = None
 
     def __init__(self, name: str, infer: InferTypes | None = None):
         self.name = name
@@ -318,12 +315,11 @@ class GraphBuilder:
         inputs = tuple(inputs)
         attrs = {k: freeze(v) for k, v in attrs.items()}
         if out_types is None:
-            infer = self.infer or GraphBuilder.default_infer
-            if infer is None:
-                raise RuntimeError(f"no type inference for {op} ({name or op}): build the graph with "
-                                   "tilefuse.ops.GraphBuilder, or pass infer= or out_types")
+            if self.infer is None:
+                raise RuntimeError(f"GraphBuilder {self.name!r} has no type inference for {op} ({name or op}): "
+                                   "build the graph with tilefuse.ops.GraphBuilder, or pass infer= or out_types")
             in_types = [self.types[i] if i else None for i in inputs]
-            out_types = infer(op, in_types, attrs, name or op)
+            out_types = self.infer(op, in_types, attrs, name or op)
         node_name = self.fresh(name or op, self._used_nodes)
         bases = list(out_names) if out_names is not None else [node_name] * len(out_types)
         outs = [Value(self.fresh(b), t) for b, t in zip(bases, out_types)]

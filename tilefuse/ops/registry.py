@@ -148,9 +148,6 @@ class GraphBuilder(ir.GraphBuilder):
         super().__init__(name, infer_types)
 
 
-ir.GraphBuilder.default_infer = infer_types  # until the frontends build ops.GraphBuilder (see its note)
-
-
 # Inference on meta tensors costs about 0.8 ms a node; a model's repeated layers ask the same question again
 # and again (planning a 16-layer LLaMA asked it 1262 times). Answers are kept by op, input types and attributes.
 _META_CACHE: dict[tuple, tuple[TensorType, ...]] = {}
