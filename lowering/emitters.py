@@ -92,6 +92,26 @@ def _unary(fn):
     return lambda T, a, attrs: fn(T, a[0], attrs)
 
 
+# erfinv: Giles' single-precision approximation ("Approximating the erfinv function", GPU Gems / 2010): a polynomial
+# in w - 2.5 where w = -log(1 - x^2) < 5, else in sqrt(w) - 3; coefficients highest degree first.
+_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+                   -0.00417768164, 0.246640727, 1.50140941)
+_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+                0.00943887047, 1.00167406, 2.83297682)
+
+
+def _erfinv(T, x, attrs):
+    """torch.erfinv: +-inf at +-1, NaN past them and for NaN, -0.0 at -0.0."""
+    one = _c(x, 1.0)
+    w = -T.log((one - x) * (one + x))
+    central, tail = w - _c(x, 2.5), T.sqrt(w) - _c(x, 3.0)
+    p, q = _c(x, _ERFINV_CENTRAL[0]), _c(x, _ERFINV_TAIL[0])
+    for a, b in zip(_ERFINV_CENTRAL[1:], _ERFINV_TAIL[1:]):
+        p, q = _c(x, a) + p * central, _c(x, b) + q * tail
+    edge = T.copysign(_c(x, math.inf), x)
+    return T.Select(T.Or(x == one, x == -one), edge, T.Select(w < _c(x, 5.0), p, q) * x)
+
+
 def _gelu(T, x, attrs):
     if attrs.get("approximate", "none") == "tanh":
         inner = _c(x, math.sqrt(2.0 / math.pi)) * (x + _c(x, 0.044715) * x * x * x)
@@ -316,6 +336,7 @@ EMITTERS: dict[str, Callable] = {
     "clamp": _unary(_clamp),
     "tanh": _unary(lambda T, x, at: T.tanh(x)),
     "erf": _unary(lambda T, x, at: T.erf(x)),
+    "erfinv": _unary(_erfinv),
     "exp": _unary(lambda T, x, at: T.exp(x)),
     "log": _unary(lambda T, x, at: T.log(x)),
     "sqrt": _unary(lambda T, x, at: T.sqrt(x)),

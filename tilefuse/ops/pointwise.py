@@ -175,7 +175,7 @@ def scale(x, factor: float):
     return x * factor
 
 
-@register("erfinv", E)
+@register("erfinv", E, traits=(EPI, FLT))
 def erfinv(x):
     return torch.erfinv(x)
 
