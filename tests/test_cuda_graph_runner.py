@@ -146,7 +146,9 @@ def test_graph_and_tail_update_the_callers_cache_in_place(monkeypatch, rng):
     model, eager = _Step(), _Step()
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=rng))
+            # (scaled as an initialization would be: with unit weights the head's output cancels down from terms of
+            # ~10, and a last-bit difference in the attention's sums, 1.5e-5, failed the fp32 tolerance on one seed)
+            p.copy_(torch.randn(p.shape, generator=rng) * p.shape[-1] ** -0.5)
     eager.load_state_dict(model.state_dict())
     spy, runners = WriteBacks(monkeypatch), []
     backend = make_backend(Options(target=C, quiet=True,
