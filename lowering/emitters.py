@@ -112,6 +112,14 @@ def _erfinv(T, x, attrs):
     return T.Select(T.Or(x == one, x == -one), edge, T.Select(w < _c(x, 5.0), p, q) * x)
 
 
+def _expm1(T, x):
+    """exp(x) - 1 without its cancellation near 0 (Kahan): ``exp(x) - 1`` gives elu(-1e-42) = 0 where torch's expm1
+    gives -1e-42, and a later 0 * inf is NaN where eager has an infinity. (TVM has no expm1 intrinsic.)"""
+    u = T.exp(x)
+    um1 = u - _c(x, 1.0)
+    return T.Select(u == _c(x, 1.0), x, T.Select(um1 == _c(x, -1.0), um1, um1 * x / T.log(u)))
+
+
 def _gelu(T, x, attrs):
     if attrs.get("approximate", "none") == "tanh":
         inner = _c(x, math.sqrt(2.0 / math.pi)) * (x + _c(x, 0.044715) * x * x * x)
@@ -323,7 +331,7 @@ EMITTERS: dict[str, Callable] = {
     "reciprocal": _unary(lambda T, x, at: _c(x, 1.0) / x),
     "relu": _unary(lambda T, x, at: _at_least(T, x, _c(x, 0.0))),
     "leaky_relu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, _mul(T, x, _c(x, at.get("alpha", 0.01))))),
-    "elu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, _c(x, at.get("alpha", 1.0)) * (T.exp(x) - _c(x, 1.0)))),
+    "elu": _unary(lambda T, x, at: T.Select(x > _c(x, 0.0), x, _c(x, at.get("alpha", 1.0)) * _expm1(T, x))),
     "gelu": _unary(_gelu),
     "silu": _unary(lambda T, x, at: x / (_c(x, 1.0) + T.exp(-x))),
     "sigmoid": _unary(lambda T, x, at: _c(x, 1.0) / (_c(x, 1.0) + T.exp(-x))),

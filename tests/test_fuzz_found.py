@@ -232,3 +232,29 @@ def test_moments_of_a_constant_row_are_exact(fn, caplog):
         x = x.unsqueeze(0).expand(3, n)
         got, want = compiled(fn, caplog)(x), fn(x)
         assert same_bits(got, want), (v, got, want)
+
+
+def test_elu_keeps_tiny_negative_values(caplog):
+    """elu's exp(x) - 1 cancelled to 0 for |x| below float32's epsilon (elu(-1e-42) = 0, torch's expm1 gives -1e-42;
+    a later 0 * inf was NaN where eager has an infinity): the emitter computes expm1 without the cancellation."""
+    x = torch.tensor([-1e-42, -1e-30, -1e-8, -3e-4, -0.0, -1.0, -20.0, -math.inf, math.nan, 2.0])
+    fn = lambda v: F.elu(v * 1.0)
+    got, want = compiled(fn, caplog)(x), fn(x)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.signbit(got), torch.signbit(want))
+    fin = ~torch.isnan(want)
+    torch.testing.assert_close(got[fin], want[fin], rtol=2e-6, atol=0)
+
+
+def test_layer_norm_reference_follows_the_kernels_overflow_rule():
+    """A layer_norm region run through torch (the registry's reference) gives what its kernel gives where the moments
+    leave float32's range: NaN where the squared deviations overflow, float64's answer where only a mean past
+    1.8e19 would be squared (torch's CPU kernel: NaN for a lone 3e38)."""
+    from tilefuse import ops
+
+    ln = ops.get("layer_norm")
+    x = torch.tensor([[3e38, -3e38, 1.0], [1.0, 2.0, 3.0]])
+    (got,) = ln.run([x], {"axis": -1})
+    assert got[0].isnan().all() and torch.equal(got[1], F.layer_norm(x[1:], (3,))[0])
+    lone = torch.tensor([[3e38], [2.5]])
+    (got,) = ln.run([lone], {"axis": -1})
+    assert torch.equal(got, torch.zeros(2, 1))  # float64's answer; eager gives NaN for the first row

@@ -9,6 +9,8 @@ from tilefuse.ir import TensorType, torch_dtype
 from tilefuse.ops.registry import OpKind, register
 from tilefuse.ops.sparse_layout import decompress_2_4
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
 G, C, R, A, O = OpKind.GEMM, OpKind.CONV, OpKind.REDUCTION, OpKind.ATTENTION, OpKind.OPAQUE
 
 
@@ -150,9 +152,25 @@ def log_softmax(x, dim: int = -1):
 
 @register("layer_norm", R, traits=("norm",))
 def layer_norm(x, weight=None, bias=None, axis: int = -1, eps: float = 1e-5):
-    """Normalize over dims ``axis..end`` (ONNX LayerNormalization, ATen layer_norm)."""
+    """Normalize over dims ``axis..end`` (ONNX LayerNormalization, ATen layer_norm). On the CPU, rows whose moments
+    leave float32's range follow the kernels' rule (``lowering/templates/reduction.py``): NaN where the sum of
+    squared deviations overflows, float64's answer where only torch's lanes would square a mean past 1.8e19 (torch
+    gives NaN or 0 there by its lane order), so a region run through torch says what its kernel says. Ordinary
+    inputs cost one ``amax`` more; on GPUs the reference stays torch's (a data-dependent branch would stop CUDA
+    graph capture)."""
     axis = axis % x.dim()
-    return F.layer_norm(x, x.shape[axis:], weight, bias, eps)
+    y = F.layer_norm(x, x.shape[axis:], weight, bias, eps)
+    if x.is_meta or x.device.type != "cpu" or x.numel() == 0 or not x.dtype.is_floating_point:
+        return y
+    small = min(2.0**62, (FLOAT32_MAX / max(x.shape[axis:].numel(), 1)) ** 0.5 / 2)
+    if not bool(x.abs().amax() >= small):  # (NaN: torch's NaN propagates as it is)
+        return y
+    dims = tuple(range(axis, x.dim()))
+    x64 = x.double()
+    m2 = ((x64 - x64.mean(dims, keepdim=True)) ** 2).sum(dims, keepdim=True)
+    exact = F.layer_norm(x64, x.shape[axis:], *(t if t is None else t.double() for t in (weight, bias)), eps)
+    y = torch.where(x64.abs().amax(dims, keepdim=True) >= 2.0**62, exact.to(y.dtype), y)
+    return torch.where(m2 < FLOAT32_MAX, y, torch.tensor(float("nan"), dtype=y.dtype))
 
 
 @register("rms_norm", R, traits=("norm",))
