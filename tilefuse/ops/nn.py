@@ -163,7 +163,7 @@ def layer_norm(x, weight=None, bias=None, axis: int = -1, eps: float = 1e-5):
     if x.is_meta or x.device.type != "cpu" or x.numel() == 0 or not x.dtype.is_floating_point:
         return y
     small = min(2.0**62, (FLOAT32_MAX / max(x.shape[axis:].numel(), 1)) ** 0.5 / 2)
-    if not bool(x.abs().amax() >= small):  # (NaN: torch's NaN propagates as it is)
+    if not bool((x.abs() >= small).any()):  # (element by element: a NaN elsewhere must not hide a large row)
         return y
     dims = tuple(range(axis, x.dim()))
     x64 = x.double()
