@@ -3,9 +3,14 @@ visibly unless selected (``-m slow``, or any ``-m`` expression naming ``slow``) 
 choice is off unless ``TILEFUSE_MEASURE`` is set."""
 
 import os
+import sys
 
 import pytest
 import torch
+
+# Helper modules of the tests (not test modules: tests/fuzz_programs.py) import by name: under --import-mode=importlib
+# pytest puts no test folder on the path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # The measured choice (Options.measure) times each region's kernel against its torch ops on the first call and may
 # give a region to torch: a test that checks every region runs as its kernel must not depend on timings. It is off

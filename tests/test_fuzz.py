@@ -17,6 +17,9 @@ dtype's tolerance otherwise; where a reduction may leave float32's range, as the
 runs). A region whose kernel failed to compile (it then runs through torch with a warning) and a graph dynamo's
 backend could not take count as failures: the fuzzer must see the kernels run.
 
+The programs and their inputs are made in ``tests/fuzz_programs.py``; this module checks them (the overflow oracle,
+the comparison) and runs the shards.
+
 ``pytest tests/test_fuzz.py``: 1,000 cases (4 shards, for ``-n 2``); ``pytest -m slow tests/test_fuzz.py``:
 10,000 (``TILEFUSE_SLOW=1`` runs it without ``-m slow``).
 """
@@ -30,10 +33,21 @@ import os
 import random
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from fuzz_programs import (
+    BITS,
+    CLOSE,
+    LAYOUTS,
+    VALUE,
+    Program,
+    Step,
+    evaluate,
+    lay_out,
+    make_program,
+    make_value,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -45,300 +59,6 @@ _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
 SEED = int(os.environ.get("TILEFUSE_FUZZ_SEED") or (int(_RUN[:8], 16) if _RUN else random.SystemRandom().randrange(2**32)))
 POOL, POOL_LONG = 32, 200  # programs per run: each costs its kernels' compiles (1-2 s each) once
 
-# ---------------------------------------------------------------------------------------------------------------
-# The op vocabulary: name -> (expression over the operands {0}, {1}, {2} and parameters, exact). "exact": one
-# correctly rounded IEEE result (or none: a selection, comparison or view), so compiled and eager must agree bit
-# for bit. A program is straight-line Python source over these expressions.
-
-UNARY = {
-    "neg": ("torch.neg({0})", True), "abs": ("torch.abs({0})", True), "relu": ("torch.relu({0})", True),
-    "floor": ("torch.floor({0})", True), "ceil": ("torch.ceil({0})", True), "round": ("torch.round({0})", True),
-    "trunc": ("torch.trunc({0})", True), "sign": ("torch.sign({0})", True), "square": ("{0} * {0}", True),
-    "sqrt": ("torch.sqrt({0})", False), "reciprocal": ("torch.reciprocal({0})", True),
-    "sigmoid": ("torch.sigmoid({0})", False), "tanh": ("torch.tanh({0})", False), "exp": ("torch.exp({0})", False),
-    "log": ("torch.log({0})", False), "rsqrt": ("torch.rsqrt({0})", False), "sin": ("torch.sin({0})", False),
-    "cos": ("torch.cos({0})", False), "erf": ("torch.erf({0})", False), "gelu": ("F.gelu({0})", False),
-    "gelu_tanh": ("F.gelu({0}, approximate='tanh')", False), "silu": ("F.silu({0})", False),
-    "softplus": ("F.softplus({0})", False), "elu": ("F.elu({0})", False), "leaky_relu": ("F.leaky_relu({0})", False),
-    "hardswish": ("F.hardswish({0})", False), "hardsigmoid": ("F.hardsigmoid({0})", False),
-    "clamp": ("torch.clamp({0}, -0.5, 2.0)", True), "clamp_min": ("torch.clamp({0}, min=0.25)", True),
-    "hardtanh": ("F.hardtanh({0})", True), "relu6": ("F.relu6({0})", True),
-    "mul_scalar": ("{0} * 1.5", True), "add_scalar": ("{0} + 2.0", True), "div_scalar": ("{0} / 3.0", True),
-    "rsub_scalar": ("1.0 - {0}", True),
-}
-BINARY = {
-    "add": ("{0} + {1}", True), "sub": ("{0} - {1}", True), "mul": ("{0} * {1}", True), "div": ("{0} / {1}", True),
-    "maximum": ("torch.maximum({0}, {1})", True), "minimum": ("torch.minimum({0}, {1})", True),
-    "pow": ("torch.pow({0}, {1})", False), "atan2": ("torch.atan2({0}, {1})", False),
-    "remainder": ("torch.remainder({0}, {1})", False), "fmod": ("torch.fmod({0}, {1})", False),
-}
-COMPARE = {k: (f"torch.{k}({{0}}, {{1}})", True) for k in ("eq", "ne", "lt", "le", "gt", "ge")}
-REDUCE = {  # over dim {d}, keepdim {k}
-    "sum": ("torch.sum({0}, {d}, keepdim={k})", False), "mean": ("torch.mean({0}, {d}, keepdim={k})", False),
-    "amax": ("torch.amax({0}, {d}, keepdim={k})", True), "amin": ("torch.amin({0}, {d}, keepdim={k})", True),
-    "max_values": ("torch.max({0}, {d}, keepdim={k}).values", True),
-    "argmax": ("torch.argmax({0}, {d}, keepdim={k})", True), "argmin": ("torch.argmin({0}, {d}, keepdim={k})", True),
-    "prod": ("torch.prod({0}, {d}, keepdim={k})", False),
-    "logsumexp": ("torch.logsumexp({0}, {d}, keepdim={k})", False), "var": ("torch.var({0}, {d}, keepdim={k})", False),
-}
-ROW = {  # last-dim row ops keeping the shape ({n}: the last dim)
-    "softmax": ("torch.softmax({0}, -1)", False), "log_softmax": ("torch.log_softmax({0}, -1)", False),
-    "layer_norm": ("F.layer_norm({0}, ({n},))", False),
-    "rms_norm": ("{0} * torch.rsqrt({0}.pow(2).mean(-1, keepdim=True) + 1e-6)", False),
-}
-VIEWS = {  # ({perm}: the dims reversed, {shape}: the operand's shape)
-    "transpose": ("{0}.transpose(0, -1)", True), "permute": ("{0}.permute({perm})", True),
-    "flatten": ("{0}.reshape(-1)", True), "unsqueeze": ("{0}.unsqueeze(0)", True), "slice": ("{0}[..., ::2]", True),
-    "narrow": ("{0}[1:]", True), "expand": ("{0}.unsqueeze(0).expand(3, *{shape})", True),
-    "flip": ("torch.flip({0}, (-1,))", True),
-}
-OTHER = {
-    "where": ("torch.where({0}, {1}, {2})", True), "logical_and": ("torch.logical_and({0}, {1})", True),
-    "logical_not": ("torch.logical_not({0})", True), "isnan": ("torch.isnan({0})", True),
-    "cast": ("{0}.to(torch.{to})", True), "concat": ("torch.cat([{0}, {1}], {d})", True),
-    "matmul": ("{0} @ {1}", False), "linear": ("F.linear({0}, {1}, {2})", False),
-}
-OPS = {**UNARY, **BINARY, **COMPARE, **REDUCE, **ROW, **VIEWS, **OTHER}
-
-
-@dataclass(frozen=True)
-class Step:
-    """One op of a program: ``op`` applied to earlier values ``args`` (indices into the value list)."""
-
-    op: str
-    args: tuple[int, ...]
-    params: tuple = ()
-
-    def expr(self, shapes: list[tuple[int, ...]]) -> str:
-        kw = dict(self.params)
-        shape = shapes[self.args[0]]
-        kw.update(n=shape[-1] if shape else 1, perm=tuple(reversed(range(len(shape)))), shape=tuple(shape))
-        return OPS[self.op][0].format(*(f"v{i}" for i in self.args), **kw)
-
-
-def _eval(expr: str, env: list[torch.Tensor]) -> torch.Tensor:
-    return eval(expr, {"torch": torch, "F": F}, {f"v{i}": v for i, v in enumerate(env)})
-
-
-# Ops whose result jumps for a tiny change of an operand: they take only values computed exactly, so that an
-# inexact value (a sum, an exp) within tolerance of eager cannot turn into a different integer or bool.
-DISCONTINUOUS = frozenset({"floor", "ceil", "round", "trunc", "sign", "remainder", "fmod", "argmax", "argmin",
-                           "isnan", *COMPARE})
-# A min/max reduction over a row holding both 0.0 and -0.0 may keep either (torch's own order decides): its value
-# is exact but its zero's sign is not, so ops that tell -0.0 from 0.0 do not take it. maximum/minimum of 0.0 and
-# -0.0 too: eager's vectorized body and its scalar tail return different operands (minimum(0.0, -0.0) gave 0.0
-# in one place of a tensor of 24 and -0.0 in another).
-ZERO_SIGN_FREE = frozenset({"amax", "amin", "max_values", "maximum", "minimum"})
-SIGN_SENSITIVE = frozenset({"reciprocal", "div", "rsqrt", "atan2", "pow", "remainder", "fmod", "log"})
-BITS, VALUE, CLOSE = 2, 1, 0  # how a value must match eager: bit for bit, equal values (either zero), in tolerance
-
-
-@dataclass(frozen=True)
-class Program:
-    """A straight-line function of inputs of ``shapes`` (all of ``dtype``): ``lines`` compute ``v<k>`` for the
-    values after the inputs, ``outputs`` are value indices; ``exact`` says per value how compiled must match
-    eager (``BITS``, ``VALUE`` or ``CLOSE``)."""
-
-    dtype: torch.dtype
-    shapes: tuple[tuple[int, ...], ...]
-    lines: tuple[str, ...]
-    outputs: tuple[int, ...]
-    exact: tuple[int, ...]
-    steps: tuple[Step, ...] = ()  # the ops behind ``lines``
-
-    @property
-    def tol(self) -> dict:
-        half = self.dtype == torch.float16 or any("float16" in line for line in self.lines)
-        return TOL[torch.float16 if half else torch.float32]
-
-    def source(self) -> str:
-        n = len(self.shapes)
-        args = ", ".join(f"v{i}" for i in range(n))
-        body = [f"    v{n + k} = {line}" + {BITS: "", VALUE: "  # exact up to a zero's sign", CLOSE: "  # inexact"}[self.exact[n + k]]
-                for k, line in enumerate(self.lines)]
-        ret = ", ".join(f"v{i}" for i in self.outputs)
-        return "\n".join([f"def program({args}):  # {self.dtype}, shapes {list(self.shapes)}", *body,
-                          f"    return ({ret},)"])
-
-    @functools.cached_property
-    def fn(self):
-        scope = {"torch": torch, "F": F}
-        exec(compile(self.source(), "<fuzz program>", "exec"), scope)  # noqa: S102 -- our own generated source
-        return scope["program"]
-
-    def reference(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The program in float64 (its casts to float16 kept), outputs cast back to eager's dtypes: the yardstick
-        for inexact outputs."""
-        scope = {"torch": torch, "F": F}
-        source = self.source().replace("torch.float32", "torch.float64")
-        exec(compile(source, "<fuzz program>", "exec"), scope)  # noqa: S102 -- our own generated source
-        outs = scope["program"](*(x.double() for x in inputs))
-        return tuple(o.to(w.dtype) for o, w in zip(outs, self.fn(*inputs)))
-
-    def wide_reference(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-        """The program with its float16 arithmetic done in float32 (what a fusion compiler does inside a kernel, as
-        Inductor does: values are rounded to float16 where they are stored, not after every op), outputs cast back
-        to eager's dtypes; None for a program with no float16. An intermediate that overflows float16 in eager
-        (``65504 ** 2``) does not overflow so, and that answer is as right as eager's."""
-        source = self.source()
-        if self.dtype != torch.float16 and "float16" not in source:
-            return None
-        scope = {"torch": torch, "F": F}
-        exec(compile(source.replace("torch.float16", "torch.float32"), "<fuzz program>", "exec"), scope)  # noqa: S102
-        outs = scope["program"](*(x.float() if x.dtype == torch.float16 else x for x in inputs))
-        return tuple(o.to(w.dtype) for o, w in zip(outs, self.fn(*inputs)))
-
-
-
-# Base shapes: size-0 and size-1 dims, odd sizes, rows that do not fill a tile.
-SHAPES = [(4, 6), (3, 5), (1, 7), (5, 1), (0, 6), (2, 3, 4), (2, 1, 5), (3, 0, 2), (7,), (1, 1), (6, 9), (2, 5, 3)]
-
-
-def _broadcast_variant(rnd: random.Random, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A shape that broadcasts against ``shape``: some dims set to 1, maybe leading dims dropped."""
-    s = [1 if rnd.random() < 0.4 else d for d in shape]
-    drop = rnd.randrange(len(s) + 1) if rnd.random() < 0.3 else 0
-    return tuple(s[drop:])
-
-
-def make_program(rnd: random.Random) -> Program:
-    """A random well-typed program: each step is checked by running it on small zero tensors."""
-    dtype = torch.float16 if rnd.random() < 0.2 else torch.float32
-    base = rnd.choice(SHAPES)
-    shapes = [base, _broadcast_variant(rnd, base)]
-    if rnd.random() < 0.5:
-        shapes.append(_broadcast_variant(rnd, base))
-    if rnd.random() < 0.2:  # a weight for matmul/linear
-        shapes.append((base[-1], rnd.choice([1, 3, 8])))
-    env = [torch.zeros(s, dtype=dtype) for s in shapes]  # (meta tensors accept shapes the CPU refuses)
-    lines: list[str] = []
-    exact = [BITS] * len(env)
-    depth = [0] * len(env)
-    computed_half = [False] * len(env)
-    steps: list[Step] = []
-    want = rnd.randint(1, 6)
-    tries = 0
-    while len(steps) < want and tries < 200:
-        tries += 1
-        step = _random_step(rnd, env, exact, dtype)
-        if step.op in DISCONTINUOUS and min(exact[i] for i in step.args) < VALUE:
-            continue
-        if step.op in SIGN_SENSITIVE and min(exact[i] for i in step.args) < BITS:
-            continue
-        expr = step.expr([tuple(v.shape) for v in env])
-        try:
-            out = _eval(expr, env)
-        except (RuntimeError, ValueError, IndexError, TypeError):
-            continue
-        if out.numel() > 4096:
-            continue
-        d = 1 + max(depth[i] for i in step.args)
-        # fp16: eager rounds after every op, a fused kernel may keep fp32 between ops: one op deep is exact
-        level = min(exact[i] for i in step.args)
-        # float16: eager rounds after every op, a fused kernel may keep float32 between ops, so an op reading a
-        # float16 value computed by another op (not an input, a cast or a view of one) is not bit for bit
-        half_chain = any(computed_half[i] for i in step.args)
-        if not OPS[step.op][1] or half_chain:
-            level = CLOSE
-        elif step.op in ZERO_SIGN_FREE:
-            level = min(level, VALUE)
-        steps.append(step)
-        lines.append(expr)
-        env.append(out)
-        exact.append(level)
-        computed_half.append(out.dtype == torch.float16 and (half_chain or step.op not in (*VIEWS, "cast")))
-        depth.append(d)
-    n = len(shapes)
-    used = {i for s in steps for i in s.args}
-    sinks = [i for i in range(n, len(env)) if i not in used][-3:]
-    return Program(dtype, tuple(shapes), tuple(lines), tuple(sinks or [0]), tuple(exact), tuple(steps))
-
-
-def _random_step(rnd: random.Random, env: list[torch.Tensor], exact: list[int], dtype: torch.dtype) -> Step:
-    floats = [i for i, v in enumerate(env) if v.dtype.is_floating_point]
-    bools = [i for i, v in enumerate(env) if v.dtype == torch.bool]
-    recent = floats[-3:] if rnd.random() < 0.7 else floats
-    a = rnd.choice(recent)
-    b = rnd.choice(floats)
-    kind = rnd.choices(["unary", "binary", "compare", "where", "reduce", "row", "view", "cast", "concat",
-                        "matmul", "bool"], [8, 8, 2, 3, 4, 3, 4, 2, 1, 2, 1])[0]
-    if kind == "unary":
-        return Step(rnd.choice(sorted(UNARY)), (a,))
-    if kind == "binary":
-        return Step(rnd.choice(sorted(BINARY)), (a, b))
-    if kind == "compare":
-        return Step(rnd.choice(sorted(COMPARE)), (a, b))
-    if kind == "where":
-        if bools:
-            return Step("where", (rnd.choice(bools), a, b))
-        return Step("gt", (a, b))
-    if kind == "bool":
-        if len(bools) >= 2 and rnd.random() < 0.5:
-            return Step("logical_and", tuple(rnd.sample(bools, 2)))
-        if bools and rnd.random() < 0.5:
-            return Step("logical_not", (rnd.choice(bools),))
-        return Step("isnan", (a,))
-    if kind == "reduce":
-        rank = env[a].dim()
-        return Step(rnd.choice(sorted(REDUCE)), (a,), (("d", rnd.randrange(-rank, rank) if rank else 0),
-                                                        ("k", rnd.random() < 0.4)))
-    if kind == "row":
-        return Step(rnd.choice(sorted(ROW)), (a,))
-    if kind == "view":
-        return Step(rnd.choice(sorted(VIEWS)), (a,))
-    if kind == "cast":
-        src = env[a].dtype
-        if bools and rnd.random() < 0.3:
-            return Step("cast", (rnd.choice(bools),), (("to", str(dtype).removeprefix("torch.")),))
-        to = "float16" if src == torch.float32 else "float32"
-        return Step("cast", (a,), (("to", to),))
-    if kind == "concat":
-        return Step("concat", (a, b), (("d", rnd.randrange(-1, env[a].dim()) if env[a].dim() else 0),))
-    weights = [i for i, v in enumerate(env) if v.dim() == 2 and v.dtype.is_floating_point]
-    w = rnd.choice(weights) if weights else b
-    if rnd.random() < 0.5:
-        return Step("matmul", (a, w))
-    return Step("linear", (a, w, b))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Inputs: values with IEEE edge cases, in every legal layout.
-
-SPECIALS = [math.nan, math.inf, -math.inf, -0.0, 0.0, 1.0, -1.0, 1e-40, -1e-42, 3e38, 1e-7, 65504.0, 6e-8, 0.5]
-
-
-def make_value(shape, dtype, seed: int, special_rate: float, specials: list[float] = SPECIALS) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g) * 2
-    if special_rate and x.numel():
-        mask = torch.rand(shape, generator=g) < special_rate
-        pick = torch.tensor(specials)[torch.randint(len(specials), shape, generator=g)]
-        x = torch.where(mask, pick, x)
-    return x.to(dtype)
-
-
-def lay_out(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """``x``'s values in ``layout`` (same shape and values, other strides)."""
-    if layout == "transposed" and x.dim() >= 2:
-        return x.transpose(0, -1).contiguous().transpose(0, -1)
-    if layout == "strided":
-        big = torch.zeros(*x.shape[:-1], 2 * x.shape[-1] + 1, dtype=x.dtype) if x.dim() else None
-        if big is not None:
-            big[..., 1::2] = x
-            return big[..., 1::2]
-    if layout == "expanded" and x.dim() and x.numel():
-        # zero strides: each size>1 dim that holds one repeated row is broadcast from size 1
-        row = x.select(0, 0).unsqueeze(0)
-        return row.expand(x.shape)
-    if layout == "numpy" and x.numel() == 0 and x.dtype == torch.float32:
-        return torch.from_numpy(np.zeros(tuple(x.shape), np.float32))  # strides (0, ...): numpy's empty arrays
-    return x.contiguous()
-
-
-LAYOUTS = ("contiguous", "transposed", "strided", "expanded", "numpy")
-
-
-TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.float16: {"rtol": 1e-2, "atol": 1e-2}}
 
 # ---------------------------------------------------------------------------------------------------------------
 # Overflow: what a program may give where a reduction leaves float32's range.
@@ -453,10 +173,10 @@ def _pinned_run(program: Program, inputs: list[torch.Tensor], pins: dict[str, st
         masks = {name: _masks(step, runs[name][0], bounds if name == "eager" else None)
                  for name in ("eager", "wide") if name in runs and step.op in OVERFLOW_OPS}
         for name, (env, subst) in runs.items():
-            out = _eval(functools.reduce(lambda text, ab: text.replace(*ab), subst.items(), line), env)
+            out = evaluate(functools.reduce(lambda text, ab: text.replace(*ab), subst.items(), line), env)
             m = masks.get("eager" if name == "float64" else name, {})
             seen.update(dict.fromkeys(m, True))
-            exact = _eval(line, [v.double() for v in env]) if m else None
+            exact = evaluate(line, [v.double() for v in env]) if m else None
             if name == "eager" and "wild" in m:  # the bound, with float64's value rounded to eager's dtype
                 _, bound, rel = bounds[len(env)]
                 rel = (rel + 2 * torch.finfo(out.dtype).eps) * torch.where(torch.isfinite(exact), exact.abs(), 0.0)
