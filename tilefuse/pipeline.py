@@ -57,23 +57,29 @@ class Planned:
     specs: dict[str, KernelSpec]
 
 
-def plan_step(graph: Graph, options: Options) -> Planned:
-    """Plan ``graph`` for ``options.target``; each region's spec is built once, and says how the region runs."""
-    specs: dict[str, KernelSpec] = {}
+def _lowerable(target: dict, specs: dict[str, KernelSpec]) -> Callable[[Region, Graph], str | None]:
+    """The planner's ``why_not`` for ``target``: None where a template takes the region (its spec kept in ``specs``),
+    else the reason it runs through torch."""
     facts: dict[int, tuple] = {}
 
     def why_not(region: Region, g: Graph) -> str | None:
         f = facts.get(id(g))
         if f is None:
             f = facts[id(g)] = graph_facts(g)
-        s = build(region, g, options.target, f)
+        s = build(region, g, target, f)
         if isinstance(s, str):
             return s
         specs[region.name] = s
         return None
 
+    return why_not
+
+
+def plan_step(graph: Graph, options: Options) -> Planned:
+    """Plan ``graph`` for ``options.target``; each region's spec is built once, and says how the region runs."""
+    specs: dict[str, KernelSpec] = {}
     p = plan_regions(graph, options.target, fuse=options.fuse, sparsity=options.sparsity,
-                     layout=options.channels_last, why_not=why_not)
+                     layout=options.channels_last, why_not=_lowerable(options.target, specs))
     return Planned(p, {r.name: specs[r.name] for r in p.regions if r.backend == "tilelang" and r.name in specs})
 
 
@@ -83,14 +89,7 @@ def plan(graph: Graph, target: dict | None = None, **kw) -> FusionPlan:
     ``cost``, ``fuse``, ``sparsity``, ``layout``."""
     if target is None:
         return plan_regions(graph, None, **kw)
-    facts = {}
-
-    def why_not(region: Region, g: Graph) -> str | None:
-        f = facts.get(id(g)) or facts.setdefault(id(g), graph_facts(g))
-        s = build(region, g, target, f)
-        return s if isinstance(s, str) else None
-
-    return plan_regions(graph, target, why_not=why_not, **kw)
+    return plan_regions(graph, target, why_not=_lowerable(target, {}), **kw)
 
 
 # ---- configs ----------------------------------------------------------------------------------------------------
@@ -250,7 +249,11 @@ def choose(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
 
 def measured_choice(runner: PlanRunner, db: TuningDB, target: dict) -> Callable[[Sequence[torch.Tensor]], None]:
     """The runner's first-call step (``PlanRunner.first_call``): ``choose`` on that call's inputs."""
-    return lambda args: choose(runner, args, db, target) and None
+
+    def first_call(args: Sequence[torch.Tensor]) -> None:
+        choose(runner, args, db, target)
+
+    return first_call
 
 
 # ---- the whole compile -------------------------------------------------------------------------------------------
