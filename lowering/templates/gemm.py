@@ -58,6 +58,7 @@ def gemm(
     panel_size: int = 10,
     stage_C: bool = False,
     allow_tf32: bool = False,
+    ldc: int | None = None,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B)``; parameters ``A, B, extra_0.., C``.
@@ -74,6 +75,10 @@ def gemm(
     CPU targets ignore ``num_stages``/``threads``/swizzle/``stage_C``.
     fp32 operands on GPUs: ``T.gemm`` would run them as TF32 (10-bit mantissa, unlike torch's
     default), so unless ``allow_tf32`` the tile product is a plain fp32 FMA loop (exact, slower).
+    ``ldc`` (at least N): the row length of ``C`` in memory, which is then ``(*batch, M, ldc)``; columns N.. hold
+    padding (computed from zero-filled B) that the caller slices off (``C[..., :N]``). A row of N fp16 elements
+    that is not a multiple of 16 bytes (GPT-2's 50257-word LM head) rules out vector and TMA stores; padded, it
+    stores as fast as an aligned GEMM.
     """
     B_dtype = B_dtype or A_dtype
     out_dtype = out_dtype or B_dtype
@@ -91,6 +96,9 @@ def gemm(
     out_shape = (*batch, M, N)
     if broadcast_shapes(out_shape, *extra_shapes) != out_shape:
         raise ValueError(f"gemm: extra inputs {extra_shapes} do not broadcast to the output {out_shape}")
+    if ldc is not None and ldc < N:
+        raise ValueError(f"gemm: ldc {ldc} is shorter than a row of {N}")
+    C_shape = (*batch, M, ldc or N)
     A_shape = (*batch_A, K, M) if trans_A else (*batch_A, M, K)
     B_shape = (*batch_B, N, K) if trans_B else (*batch_B, K, N)
     A_tile = (block_K, block_M) if trans_A else (block_M, block_K)
@@ -119,7 +127,7 @@ def gemm(
         A = param("A", A_shape, A_dtype)
         B = param("B", B_shape, B_dtype)
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
-        C = param("C", out_shape, out_dtype)
+        C = param("C", C_shape, out_dtype)
         with d.kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), nb, threads=threads) as (bx, by, bz):
             A_s = d.shared(A_tile, mma_dtype)
             B_s = d.shared(B_tile, mma_dtype)
