@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .c10d_table import COLLECTIVES
 from .fx_context import Ctx
 
 aten = torch.ops.aten
@@ -507,7 +508,7 @@ GEMM: dict[Any, Converter] = {
 
 # ---- the table ------------------------------------------------------------------------------------
 
-CONVERTERS: dict[Any, Converter] = {**POINTWISE, **VIEWS, **REDUCTIONS, **GEMM}
+CONVERTERS: dict[Any, Converter] = {**POINTWISE, **VIEWS, **REDUCTIONS, **GEMM, **COLLECTIVES}
 
 # Ops that make a tensor from sizes and values only: the importer evaluates them once into constants.
 GENERATORS = frozenset({

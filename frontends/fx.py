@@ -6,7 +6,9 @@ returns ``None`` when it does not apply (an argument it cannot express), and the
 ``torch_fallback`` node that runs the ATen op through torch; so does every op the table does not
 know. Each fallback op is logged once per process, at warning level, on ``logging.getLogger("tilefuse")``.
 Every converted value is checked against the fx node's fake-tensor metadata (shape and dtype); a
-converter that disagrees is treated as not applying. Ops that create tensors from nothing
+converter that disagrees is treated as not applying. A collective (``_c10d_functional``: ``c10d_table``) without
+a converter becomes a ``collective_fallback`` node instead, and a collective whose result nothing reads is made a
+graph output: every rank must issue it, so no pass may drop it as dead. Ops that create tensors from nothing
 (``arange``, ``full``, ``scalar_tensor``, ...) are evaluated once here and become constants, so the
 graph stays device-agnostic. Placeholders stay graph inputs (under AOTAutograd parameters are inputs).
 """
@@ -23,9 +25,10 @@ import torch
 from torch import fx
 
 from tilefuse.ir import Graph, TensorType, dtype_name, torch_dtype
-from tilefuse.ops import MAY_ALIAS, GraphBuilder, fallback
+from tilefuse.ops import COLLECTIVES, MAY_ALIAS, GraphBuilder, fallback
 
 from .aten_table import CONVERTERS, GENERATORS
+from .c10d_table import is_collective
 from .fx_context import Ctx, FxImportError, tensor_type, used
 
 log = logging.getLogger("tilefuse")
@@ -309,7 +312,8 @@ class _Importer:
     # -- fallbacks and folding -------------------------------------------------------------------
     def _fallback(self, node: fx.Node, op: torch._ops.OpOverload, why: str, warn: bool = True) -> Any:
         target = fallback.qualified_name(op)
-        if warn:
+        collective = is_collective(op)  # (runs through torch by design: no warning)
+        if warn and not collective:
             _warn_fallback(target, node.name, why)
         log.debug("tilefuse: node %s (%s) runs through torch: %s", node.name, target, why)
         inputs: list[str] = []
@@ -336,7 +340,7 @@ class _Importer:
         if val is not None:
             layout, leaves = fallback.flat_layout(val)
             out_types = [_leaf_type(v) for v in leaves]
-        names = self.b.add("torch_fallback", inputs, name=node.name, out_types=out_types, target=target,
+        names = self.b.add("collective_fallback" if collective else "torch_fallback", inputs, name=node.name, out_types=out_types, target=target,
                            args=enc_args, kwargs=enc_kwargs)
         self.fallbacks.append(target)
         if op._schema.is_mutable:
@@ -419,9 +423,22 @@ class _Importer:
         for ph, value in self.mutations:
             graph_outputs.append(value)
             mutations.append((self._placeholders[ph], len(graph_outputs) - 1))
+        graph_outputs += self._effects(graph_outputs)
         graph = _prune(self.b.build(graph_outputs), self.keep)
         return FxProgram(graph, tuple(self.input_indices), outputs, tuple(dict.fromkeys(self.fallbacks)),
                          tuple(mutations))
+
+    def _effects(self, outputs: Sequence[str]) -> list[str]:
+        """The outputs of the collectives that nothing the graph returns depends on (a wait whose result is unused),
+        to be returned too: every rank must still issue them, in order, so no pass may drop them as dead."""
+        live, effects = set(outputs), []
+        for n in reversed(self.b.nodes):
+            if n.name not in self.keep and not any(o.name in live for o in n.outputs):
+                if n.op not in COLLECTIVES:
+                    continue
+                effects += [o.name for o in reversed(n.outputs)]
+            live.update(i for i in n.inputs if i)
+        return effects[::-1]
 
     def _needs_copy(self, o: fx.Node, value: str) -> bool:
         """An output computed as a copy in torch but that may be an input or constant tensor here.

@@ -32,6 +32,8 @@ EXPECTED = {
     "fold_dynamic": {"range_dynamic", "nonzero", "slice_dynamic", "reshape_dynamic", "squeeze_dynamic",
                      "unsqueeze_dynamic", "shape_of", "numel", "compress", "split_dynamic", "topk_dynamic",
                      "reduce_dynamic"},
+    "collective": {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "rank_broadcast", "all_to_all_single",
+                   "wait_tensor", "collective_fallback"},
 }
 
 
@@ -47,6 +49,7 @@ def test_the_groups_the_passes_use_are_read_off_the_traits():
     assert (POOLS, AXIS_OPS, FLOAT_ONLY) == (EXPECTED["pool"], EXPECTED["axis"], EXPECTED["float_only"])
     assert ops.POOL_OPS == EXPECTED["pool"] and ops.MAY_ALIAS == EXPECTED["may_alias"]
     assert ops.FOLD_DYNAMIC == EXPECTED["fold_dynamic"]
+    assert ops.COLLECTIVES == EXPECTED["collective"]
     assert all(isinstance(s, frozenset) for s in (VIEW_OPS, LAYOUT_OPS, EPILOGUE_OPS, POOLS, ops.MAY_ALIAS,
                                                   ops.FOLD_DYNAMIC))
 

@@ -7,6 +7,7 @@ ONNX-only ops in ``onnx_*``); importing this package registers them all.
 """
 
 from tilefuse.ops import (  # noqa: F401  (registers the ops)
+    collective,
     fallback,
     nn,
     onnx_image,
@@ -39,3 +40,4 @@ from tilefuse.ops.registry import (  # noqa: F401
 MAY_ALIAS = with_trait("may_alias")  # the frontends copy a graph output that may share an input's storage
 POOL_OPS = with_trait("pool")
 FOLD_DYNAMIC = with_trait("fold_dynamic")  # the ONNX importer folds them on constant inputs
+COLLECTIVES = with_trait("collective")  # side effects of every rank: alone, in program order (planner.partition)

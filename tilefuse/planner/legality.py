@@ -3,11 +3,18 @@
 Note: legality never asks whether a fusion pays (that is ``cost.py``). A fusion is legal when the
 merged region stays acyclic in the region graph (a search over the networkx DAG), the shapes fit the
 template's iteration domain, and the template can take the op (its epilogue vocabulary).
+
+Note: collectives and their waits (the ``collective`` trait) are side effects every rank must issue in the same
+order. Each is alone in its region (``can_join_collective`` refuses any fusion with one, with the reason), and
+``Facts.dag`` carries an order edge from each to the next in program order besides the data edges: a fusion that
+would run a node both before one collective and after a later one is then a cycle and refused, and the regions'
+execution order (a topological sort of the same DAG) keeps the collectives in program order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import networkx as nx
 
@@ -20,6 +27,7 @@ EPILOGUE_OPS = ops.with_trait("epilogue")  # what the templates' epilogue/prolog
 LAYOUT_OPS = ops.with_trait("permute") | VIEW_OPS
 SPLIT_OPS = ops.with_trait("slicing")
 NORM_OPS = ops.with_trait("norm")
+COLLECTIVE_OPS = ops.with_trait("collective")
 MAX_OUTPUTS = {"gemm": 1, "gemm_sp": 1, "attention": 1, "reduction": 2, "elementwise": 8}
 
 
@@ -39,6 +47,7 @@ class Facts:
     @classmethod
     def of(cls, graph: Graph) -> Facts:
         dag = graph.to_networkx()
+        dag.add_edges_from(collective_order(graph))
         return cls(graph, dag, {n.name: n for n in graph.nodes}, graph.producers(),
                    graph.users(), {k: v.type for k, v in graph.values().items()}, frozenset(graph.outputs),
                    {n: k for k, n in enumerate(nx.topological_sort(dag))})
@@ -48,6 +57,22 @@ class Facts:
 
     def out_type(self, node: Node) -> TensorType:
         return node.outputs[0].type
+
+
+def collective_order(graph: Graph) -> list[tuple[str, str]]:
+    """Edges from each collective (or wait) node to the next one in program order: the order every rank issues them."""
+    seq = [n.name for n in graph.nodes if n.op in COLLECTIVE_OPS]
+    return list(pairwise(seq))
+
+
+def can_join_collective(node: Node, region_kind: str) -> str | None:
+    """May ``node`` share a region of ``region_kind``? Never when either is a collective: the reason, else None."""
+    if node.op in COLLECTIVE_OPS:
+        return (f"{node.op} is a collective: alone in its region, in program order, through torch (every rank must "
+                "issue the same collectives in the same order)")
+    if region_kind == "collective":
+        return "a collective region holds its collective alone"
+    return None
 
 
 def creates_cycle(f: Facts, members: set[str], new: set[str]) -> bool:
@@ -140,6 +165,9 @@ def _numel(t: TensorType):
 def can_fuse_epilogue(f: Facts, kind: str, members: set[str], domain: TensorType, node: Node,
                       anchor: Node | None = None) -> str | None:
     """May ``node`` (a consumer of the region) run inside the region, after its anchor?"""
+    why = can_join_collective(node, kind)
+    if why is not None:
+        return why
     conv = anchor is not None and f.kind(anchor) == OpKind.CONV
     nk = f.kind(node)
     if node.op in VIEW_OPS and node.op != "expand":
@@ -190,6 +218,10 @@ def can_fuse_epilogue(f: Facts, kind: str, members: set[str], domain: TensorType
 def can_fuse_prologue(f: Facts, kind: str, anchor: Node, members: set[str], producers: set[str]) -> str | None:
     """May the producer nodes ``producers`` run inside the region, before its anchor?"""
     in_type = f.types[anchor.inputs[0]]
+    why = can_join_collective(anchor, kind) or next(
+        (w for name in sorted(producers) if (w := can_join_collective(f.nodes[name], kind))), None)
+    if why is not None:
+        return why
     for name in producers:
         p = f.nodes[name]
         pk = f.kind(p)

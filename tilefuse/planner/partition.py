@@ -5,7 +5,9 @@ region and pulls in the elementwise/layout region that feeds it when the templat
 prologue (a residual add before a norm; q/k/v layout changes before attention). Elementwise,
 layout and view nodes then join the region of a producer as an epilogue when legality allows and
 the cost model says it pays; else they open an elementwise (or, for metadata-only ops, a view)
-region. ``GROUPS`` reservations keep a residual add for its norm rather than the GEMM before it.
+region. ``GROUPS`` reservations keep a residual add for its norm rather than the GEMM before it. A collective or
+its wait (``legality.can_join_collective``) opens a ``collective`` region that nothing joins, and the region order
+keeps them in program order (``legality.collective_order``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,21 @@ from tilefuse import ops
 from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.ops import OpKind
 from tilefuse.planner.cost import CostModel
-from tilefuse.planner.legality import NORM_OPS, Facts, can_fuse_epilogue, can_fuse_prologue, creates_cycle, escaping
+from tilefuse.planner.legality import (
+    COLLECTIVE_OPS,
+    NORM_OPS,
+    Facts,
+    can_fuse_epilogue,
+    can_fuse_prologue,
+    can_join_collective,
+    creates_cycle,
+    escaping,
+)
 from tilefuse.planner.plan import VIEW_OPS, Region
 
 ANCHOR_KIND = {OpKind.GEMM: "gemm", OpKind.CONV: "gemm", OpKind.ATTENTION: "attention",
                OpKind.REDUCTION: "reduction"}
+CLOSED = ("opaque", "collective")  # region kinds no other node joins
 
 
 @dataclass
@@ -49,14 +61,16 @@ def partition(graph: Graph, cost: CostModel | None = None) -> tuple[list[Region]
         region_of[node.name] = rid
 
     def open_region(node: Node, kind: str, domain: TensorType | None) -> int:
-        regions.append(_Open(kind, [], node.name if kind not in ("elementwise", "view", "opaque") else None,
-                             domain))
+        regions.append(_Open(kind, [], node.name if kind not in ("elementwise", "view", *CLOSED) else None, domain))
         place(node, len(regions) - 1)
         return len(regions) - 1
 
     for node in graph.nodes:
         kind = ops.get(node.op).kind
-        if kind in ANCHOR_KIND:
+        if node.op in COLLECTIVE_OPS:
+            open_region(node, "collective", None)
+            refusals.append(f"{node.name}: {can_join_collective(node, 'collective')}")
+        elif kind in ANCHOR_KIND:
             rkind = "gemm_sp" if node.op == "sparse_linear" else ANCHOR_KIND[kind]  # 2:4 weight: its own template
             rid = open_region(node, rkind, node.outputs[0].type if node.outputs else None)
             if rkind == "attention":
@@ -82,7 +96,7 @@ def _join_producer(f: Facts, node: Node, regions, region_of, refusals, cost: Cos
         rid = region_of[p.name]
         seen.append(rid)
         r = regions[rid]
-        if r.kind in ("opaque",):
+        if r.kind in CLOSED:
             continue
         if r.kind == "view":
             if node.op in VIEW_OPS and node.op != "expand":
@@ -175,7 +189,7 @@ def _merge_views(f: Facts, regions, region_of) -> None:
                      for u in f.users.get(v.name, ()) if region_of[u.name] != region_of[m]}
         if len(consumers) == 1 and not any(v.name in f.outputs for m in r.members for v in f.nodes[m].outputs):
             target = regions[next(iter(consumers))]
-            if target.kind in ("view", "opaque"):
+            if target.kind in ("view", *CLOSED):
                 continue
             if creates_cycle(f, set(target.members), set(r.members)):
                 continue
