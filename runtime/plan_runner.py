@@ -215,7 +215,8 @@ MAX_EAGER_TAIL = 2  # regions with kernels run outside the CUDA graph at most
 
 def eager_tail(plan: FusionPlan) -> int:
     """Where the plan's eager tail starts: the last regions that write graph outputs, up to ``MAX_EAGER_TAIL``
-    of them launching kernels (``len(plan.regions)`` when there is none)."""
+    of them launching kernels (``len(plan.regions)`` when there is none), never between a collective and its wait
+    (``collectives_together``)."""
     outs, regions = set(plan.graph.outputs), plan.regions
     start, launching = len(regions), 0
     while start > 0 and outs & set(regions[start - 1].outputs):
@@ -223,4 +224,18 @@ def eager_tail(plan: FusionPlan) -> int:
         if launching > MAX_EAGER_TAIL:
             break
         start -= 1
+    return collectives_together(plan, start)
+
+
+def collectives_together(plan: FusionPlan, start: int) -> int:
+    """The first place at or after ``start`` where the plan may be cut in two (a CUDA graph, then the eager tail)
+    without a collective before the cut whose wait comes after it: a wait on the far side of a CUDA-graph boundary
+    from its collective crashes (torch's own experience with captured collectives). A collective region that reads
+    another's output is that one's wait; the cut moves past it (``len(plan.regions)``: no tail)."""
+    regions = plan.regions
+    made_by = {v: k for k, r in enumerate(regions) if r.kind == "collective" for v in r.outputs}
+    for k in range(start, len(regions)):
+        r = regions[k]
+        if r.kind == "collective" and any(made_by.get(v, k) < start for v in r.inputs):
+            start = k + 1
     return start

@@ -1,0 +1,54 @@
+"""Several processes, one plan: a decision that depends on a measurement is taken on rank 0 and used by every rank.
+
+Note: a model split over several devices (tensor or sequence parallel under torch.compile) is compiled by every
+rank, each from the same graph; the plans agree except where a measurement decides: the first call's choice
+between a region's kernel, its ops through torch and its split (``pipeline.decide``), and tuned tile configs
+(``pipeline.configs_step``). Timing noise may answer differently on each rank; replicated values would then be
+computed by different code on different ranks (results that must be equal differ in their last bits, and the
+replicas drift apart). So where torch.distributed runs several processes and the plan carries collectives,
+``from_rank0`` hands every rank rank 0's answer (``torch.distributed.broadcast_object_list`` on the default
+group), as AOTAutograd does for its own decisions. A plan without collectives keeps each rank's own answer: such a
+graph may be compiled and run by one rank alone (an evaluation on rank 0), where a broadcast would wait for
+ranks that never come; and nothing its ranks exchange depends on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch.distributed as dist
+
+from tilefuse.planner.plan import FusionPlan
+
+T = TypeVar("T")
+Broadcast = Callable[[list], None]  # replaces box[0] by rank 0's box[0]
+
+
+def world_size() -> int:
+    """How many processes torch.distributed runs (1 when it is not initialized, or not built in)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def has_collectives(plan: FusionPlan) -> bool:
+    """Whether ``plan`` exchanges tensors with other ranks (a ``collective`` region)."""
+    return any(r.kind == "collective" for r in plan.regions)
+
+
+def from_rank0(value: T, plan: FusionPlan, broadcast: Broadcast | None = None) -> T:
+    """``value`` as rank 0 has it, where the ranks must agree: ``plan`` carries collectives and several processes run
+    (``broadcast`` given, or torch.distributed initialized with a world size over 1); else ``value`` itself.
+    ``value`` must pickle (``broadcast_object_list``, the default ``broadcast``, sends it as bytes)."""
+    if not has_collectives(plan):
+        return value
+    if broadcast is None:
+        if world_size() <= 1:
+            return value
+        broadcast = _broadcast_object
+    box = [value]
+    broadcast(box)
+    return box[0]
+
+
+def _broadcast_object(box: list) -> None:
+    dist.broadcast_object_list(box, src=0)
