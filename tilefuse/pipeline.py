@@ -41,6 +41,7 @@ from tilefuse.planner import FusionPlan, Region
 from tilefuse.planner import plan as plan_regions
 from tilefuse.planner.sparsity import example_inputs, output_change
 from tilefuse.progress import wanted
+from tilefuse.runtime.distributed import from_rank0
 from tilefuse.runtime.kernels import RegionKernel, SplitRegion
 from tilefuse.runtime.plan_runner import PlanRunner
 
@@ -105,7 +106,7 @@ def configs_step(planned: Planned, options: Options, db: TuningDB | None = None)
     log = (lambda m: _log.info("%s: %s", name, m)) if options.verbose else None
     db = tune_specs(planned.specs, options.target, options.tune, db, seconds=options.tune_seconds, name=name,
                     log=log, progress=wanted(options.quiet))
-    return tuned_configs(planned.specs, options.target, db), db
+    return from_rank0(tuned_configs(planned.specs, options.target, db), planned.plan), db  # every rank: rank 0's
 
 
 def stored(planned: Planned, target: dict, db: TuningDB | None = None) -> dict[str, dict]:
@@ -239,7 +240,11 @@ def choose(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
                   and (db.get(runner.kernels[r.name].spec, target, "choice") or {}).get("split", True) is not False]
     splits = splits_step(p, candidates, target)
     with torch.no_grad():
-        changed = [d for d in decide(runner, args, db, target, splits) if d.runs != "kernel"]
+        decided = from_rank0(decide(runner, args, db, target, splits), p)  # several ranks run rank 0's choice
+    changed = [d for d in decided if d.runs != "kernel"]
+    missing = {d.region for d in changed if d.runs == "split" and d.region not in splits}
+    if missing:  # (rank 0 chose a split that this rank's tuning database had ruled out)
+        splits.update(splits_step(p, [r for r in p.regions if r.name in missing], target))
     runner.apply({d.region: d.runs for d in changed}, splits, [d.note() for d in changed])
     if changed:
         _log.info("%s: %d regions run through torch, measured faster than their kernels: %s", p.graph.name,
@@ -277,7 +282,7 @@ def build_runner(graph: Graph, options: Options, example_inputs_: Sequence[torch
         p, kernels = lower_step(planned, configs, options.target, progress=wanted(options.quiet))
     runner = runner_step(p, kernels, options, static_inputs, check)
     runner.sparsity_report = p.sparsity
-    if kernels and options.measure and options.target.get("kind") in ("cuda", *CPU_KINDS):
+    if from_rank0(bool(kernels) and options.measure and options.target.get("kind") in ("cuda", *CPU_KINDS), p):
         runner.first_call = measured_choice(runner, db if db is not None else TuningDB(), options.target)
     runner.compile_seconds = time.perf_counter() - t0
     runner.source_graph = graph
