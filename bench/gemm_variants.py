@@ -2,10 +2,11 @@
 
 Usage (on the device machine):  python bench/gemm_variants.py [--json out.json]
 
-Takes the real region specs (``sweep_gemm.gemm_specs``: GPT-2's LM head, 8192 x 50257 x 768, whose fp16 rows are not
-16-byte aligned; the MLP block's 8192 x 16384 x 4096 with bias + GELU and 8192 x 4096 x 16384 with bias + residual),
-builds each with every config of the template's space, and for the LM head also with its output rows padded to a
-multiple of 8 (``ldc``: TMA stores) and with the padded result copied to a contiguous tensor. All candidates compile
+Takes the real unbatched GEMM region specs of the zoo models named (``sweep_gemm.gemm_specs``: e.g. GPT-2's LM head,
+8192 x 50257 x 768, whose fp16 rows are not 16-byte aligned; the MLP block's 8192 x 16384 x 4096 with bias + GELU),
+builds each with the first configs of the template's space in each variant: ``plain``, ``persistent`` (one block
+per SM walking the tiles) and ``ldc`` (output rows padded to a multiple of 8 for TMA stores, also timed with the
+padded result copied to a contiguous tensor). All candidates compile
 in one parallel batch; each is timed with cold caches (``lowering.timing.device_time``). The torch rows are what
 eager runs for the same region (cuBLAS ``addmm`` or ``linear``, then the elementwise ops).
 """
@@ -64,29 +65,26 @@ def padded_copy(kernel, n: int):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--models", default="gpt2,mlp,llama")
+    ap.add_argument("--configs", type=int, default=8, help="the space's first configs (the leaders first)")
+    ap.add_argument("--variants", default="plain,persistent", help="plain, persistent, ldc (rows padded to 8)")
     args = ap.parse_args()
     import tilelang
 
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "tilelang": tilelang.__version__}
-    specs = [s for s, _ in gemm_specs(["gpt2", "mlp"]).values()]
-    wanted = [s for s in specs if s.factory_kwargs()["N"] == 50257 or s.factory_kwargs()["K"] in (4096, 16384)]
-    space = get_configs(TARGET, "float16")
-    cands = []  # (spec index, variant, config)
-    for i, spec in enumerate(wanted):
-        kw = spec.factory_kwargs()
-        if kw["N"] % 8:
-            for c in space[:12]:
-                cands.append((i, "unaligned", c))
-                cands.append((i, "ldc", c))
-        else:
-            cands += [(i, "plain", c) for c in space]
+    specs = [s for s, _ in gemm_specs(args.models.split(",")).values()]
+    wanted = [s for s in specs if not s.factory_kwargs()["batch_A"] and not s.factory_kwargs()["batch_B"]]
+    space = get_configs(TARGET, "float16")[:args.configs]
+    cands = [(i, variant, c) for i in range(len(wanted)) for c in space for variant in args.variants.split(",")]
     funcs, t0 = [], time.perf_counter()
     for i, variant, c in cands:
         spec = wanted[i]
+        kw = spec.factory_kwargs()
         if variant == "ldc":
-            kw = spec.factory_kwargs()
             spec = dataclasses.replace(spec, params=tuple({**kw, "ldc": -(-kw["N"] // 8) * 8}.items()))
+        if variant == "persistent":
+            c = {**c, "persistent": True}
         funcs.append((make_prim_func(spec, TARGET, c), [-1]))
     kernels = compile_many(funcs, TARGET, return_exceptions=True)
     print(f"{len(wanted)} specs, {len(funcs)} kernels compiled in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -120,14 +118,14 @@ def main() -> int:
             ms = device_time(fn, ops, "cuda") * 1e3
             res.append({"variant": variant, "config": c, "ms": ms, "with_copy_ms": copy_ms, "rel_err": err})
         res.sort(key=lambda r: r.get("ms", 1e9))
-        for r in res[:8]:
-            extra = f" (+contiguous copy {r['with_copy_ms']:.4f})" if r.get("with_copy_ms") else ""
-            print(f"  {r['variant']:9} {r.get('ms', float('nan')):8.4f} ms {torch_ms / r.get('ms', 1e9):.3f}x torch"
-                  f"{extra} err {r.get('rel_err', float('nan')):.1e} {r['config']}", flush=True)
-        for v in ("unaligned", "ldc", "plain"):
+        for v in args.variants.split(","):
             best = [r for r in res if r["variant"] == v and "ms" in r]
+            failed = sum(1 for r in res if r["variant"] == v and "ms" not in r)
             if best:
-                print(f"  best {v}: {best[0]['ms']:.4f} ms", flush=True)
+                r = best[0]
+                extra = f" (+contiguous copy {r['with_copy_ms']:.4f})" if r.get("with_copy_ms") else ""
+                print(f"  best {v:10} {r['ms']:8.4f} ms {torch_ms / r['ms']:.3f}x torch{extra} err {r['rel_err']:.1e} "
+                      f"{r['config']} ({failed} failed)", flush=True)
         rows.append({"shape": shape, "epilogue": str(kw.get("epilogue")), "torch_ms": torch_ms, "mm_ms": mm_ms,
                      "results": res})
         if args.json:
