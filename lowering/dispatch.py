@@ -59,7 +59,8 @@ BUILDERS: dict[tuple[str, str | None], Builds] = {
 }
 # Region kinds no template takes, and why.
 NO_KERNEL = {"view": "view regions run through torch (metadata only, no kernel)",
-             "opaque": "no template takes opaque ops; it runs through torch"}
+             "opaque": "no template takes opaque ops; it runs through torch",
+             "collective": "collectives run through torch, each alone and in program order (tilefuse/ops/collective.py)"}
 # Why a region of a kind with builders finds none for its anchor.
 NO_TEMPLATE = {"gemm": "no GEMM template for {op}", "attention": "an attention region without an sdpa anchor"}
 

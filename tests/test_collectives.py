@@ -19,6 +19,7 @@ from tilefuse.planner import legality
 from tilefuse.planner.plan import FusionPlan, Region
 from tilefuse.runtime.distributed import from_rank0, has_collectives
 from tilefuse.runtime.plan_runner import collectives_together, eager_tail
+from tilefuse.runtime.serialize import plan_from_json, plan_to_json
 
 c10d = torch.ops._c10d_functional
 T = TensorType((4, 8), "float32")
@@ -148,3 +149,12 @@ def test_from_rank0_broadcasts_only_where_the_plan_has_collectives():
 def test_collective_types_come_from_the_attributes(op, attrs, shape):
     assert ops.infer_types(op, [T], attrs) == [TensorType(shape, "float32")]
     assert "collective" in ops.get(op).traits and ops.get(op).kind == ops.OpKind.OPAQUE
+
+
+def test_a_plan_with_collectives_survives_an_artifact_round_trip():
+    """The plan's JSON (what an artifact stores) keeps the collective regions, their kind and their order."""
+    program = traced()
+    p = plan(program.graph, {"kind": "c"})
+    back = plan_from_json(plan_to_json(p), program.graph.constants)
+    assert [(r.name, r.kind, r.nodes) for r in back.regions] == [(r.name, r.kind, r.nodes) for r in p.regions]
+    assert sum(r.kind == "collective" for r in back.regions) == 10
