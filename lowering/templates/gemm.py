@@ -29,7 +29,7 @@ from tilefuse.lowering.templates.common import (
     param,
     unravel,
 )
-from tilefuse.lowering.templates.gemm_configs import get_configs, sm_count  # noqa: F401 -- the template's config space
+from tilefuse.lowering.templates.gemm_configs import get_configs  # noqa: F401 -- the template's config space
 
 
 def gemm(
@@ -58,8 +58,6 @@ def gemm(
     panel_size: int = 10,
     stage_C: bool = False,
     allow_tf32: bool = False,
-    ldc: int | None = None,
-    persistent: bool = False,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B)``; parameters ``A, B, extra_0.., C``.
@@ -76,12 +74,6 @@ def gemm(
     CPU targets ignore ``num_stages``/``threads``/swizzle/``stage_C``.
     fp32 operands on GPUs: ``T.gemm`` would run them as TF32 (10-bit mantissa, unlike torch's
     default), so unless ``allow_tf32`` the tile product is a plain fp32 FMA loop (exact, slower).
-    ``ldc`` (at least N): the row length of ``C`` in memory, which is then ``(*batch, M, ldc)``; columns N.. hold
-    padding (computed from zero-filled B) that the caller slices off (``C[..., :N]``). A row of N fp16 elements
-    that is not a multiple of 16 bytes (GPT-2's 50257-word LM head) rules out vector and TMA stores; padded, it
-    stores as fast as an aligned GEMM.
-    ``persistent`` (CUDA, unbatched): one block per SM walks the output tiles in groups of 8 rows of tiles
-    (``T.Persistent``) instead of one block per tile.
     """
     B_dtype = B_dtype or A_dtype
     out_dtype = out_dtype or B_dtype
@@ -99,9 +91,6 @@ def gemm(
     out_shape = (*batch, M, N)
     if broadcast_shapes(out_shape, *extra_shapes) != out_shape:
         raise ValueError(f"gemm: extra inputs {extra_shapes} do not broadcast to the output {out_shape}")
-    if ldc is not None and ldc < N:
-        raise ValueError(f"gemm: ldc {ldc} is shorter than a row of {N}")
-    C_shape = (*batch, M, ldc or N)
     A_shape = (*batch_A, K, M) if trans_A else (*batch_A, M, K)
     B_shape = (*batch_B, N, K) if trans_B else (*batch_B, K, N)
     A_tile = (block_K, block_M) if trans_A else (block_M, block_K)
@@ -111,9 +100,6 @@ def gemm(
     prologue = prologue if prologue is not None else Acc()
     clamp_m, clamp_n = M % block_M != 0, N % block_N != 0
     swizzle = bool(enable_rasterization) and not d.cpu
-    persistent = bool(persistent) and not d.cpu
-    if persistent and nb != 1:
-        raise ValueError("gemm: a persistent GEMM is unbatched")
     simt = mma_dtype == "float32" and not allow_tf32 and not d.cpu
 
     def A_elem(A, bcoords, m, k):
@@ -128,68 +114,56 @@ def gemm(
         n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
         return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype)
 
-    @T.macro
-    def tile(A, B, extras, C, A_s, B_s, C_f, B_t, bcoords, m0, n0):
-        """One output tile: the pipelined product, the epilogue, the store."""
-        T.clear(C_f)
-        for ko in d.pipelined(T.ceildiv(K, block_K), num_stages):
-            if load_A_direct:
-                a_at = (ko * block_K, m0) if trans_A else (m0, ko * block_K)
-                T.copy(A[(*broadcast_index(batch_A, bcoords), *a_at)], A_s)
-            else:
-                for a, b in d.tile_loop(*A_tile):
-                    A_s[a, b] = A_elem(A, bcoords, m0 + (b if trans_A else a), ko * block_K + (a if trans_A else b))
-            b_at = (n0, ko * block_K) if trans_B else (ko * block_K, n0)
-            T.copy(B[(*broadcast_index(batch_B, bcoords), *b_at)], B_s)
-            if simt:
-                for i, j in T.Parallel(block_M, block_N):
-                    for k in T.serial(block_K):
-                        C_f[i, j] += A_s[(k, i) if trans_A else (i, k)] * B_s[(j, k) if trans_B else (k, j)]
-            elif d.cpu:
-                # k outside j, j innermost over contiguous rows of B and C: gcc vectorizes it (T.gemm's i, j, k
-                # order is a reduction gcc cannot reorder, 10x slower with a transposed B); each C element
-                # still sums its products in k order, as T.gemm does.
-                if trans_B:
-                    for k, j in T.grid(block_K, block_N):
-                        B_t[k, j] = B_s[j, k]
-                for i, k, j in T.grid(block_M, block_K, block_N):
-                    C_f[i, j] += (T.Cast(accum_dtype, A_s[(k, i) if trans_A else (i, k)])
-                                  * T.Cast(accum_dtype, (B_t if trans_B else B_s)[k, j]))
-            else:
-                T.gemm(A_s, B_s, C_f, transpose_A=trans_A, transpose_B=trans_B)
-        if epilogue is not None:
-            for i, j in d.tile_loop(block_M, block_N):
-                C_f[i, j] = C_elem(C_f, extras, bcoords, i, j, m0, n0)
-        if stage_C and not d.cpu:
-            C_s = T.alloc_shared((block_M, block_N), out_dtype)
-            T.copy(C_f, C_s)
-            T.copy(C_s, C[(*bcoords, m0, n0)])
-        else:
-            T.copy(C_f, C[(*bcoords, m0, n0)])
-
-    m_tiles, n_tiles = -(-M // block_M), -(-N // block_N)
-    blocks = min(sm_count(target), m_tiles * n_tiles) if persistent else 0
-
     @T.prim_func
     def gemm_kernel():
         A = param("A", A_shape, A_dtype)
         B = param("B", B_shape, B_dtype)
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
-        C = param("C", C_shape, out_dtype)
-        if persistent:
-            with T.Kernel(blocks, threads=threads) as block_id:
-                A_s, B_s = d.shared(A_tile, mma_dtype), d.shared(B_tile, mma_dtype)
-                C_f = d.fragment((block_M, block_N), accum_dtype)
-                for bm, bn in T.Persistent([m_tiles, n_tiles], blocks, block_id, group_size=panel_size):
-                    tile(A, B, extras, C, A_s, B_s, C_f, None, (), bm * block_M, bn * block_N)
-        else:
-            with d.kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), nb, threads=threads) as (bx, by, bz):
-                A_s, B_s = d.shared(A_tile, mma_dtype), d.shared(B_tile, mma_dtype)
-                C_f = d.fragment((block_M, block_N), accum_dtype)
-                B_t = d.shared((block_K, block_N), mma_dtype) if d.cpu and trans_B else None
-                if swizzle:
-                    T.use_swizzle(panel_size)
-                tile(A, B, extras, C, A_s, B_s, C_f, B_t, unravel(bz, batch), by * block_M, bx * block_N)
+        C = param("C", out_shape, out_dtype)
+        with d.kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), nb, threads=threads) as (bx, by, bz):
+            A_s = d.shared(A_tile, mma_dtype)
+            B_s = d.shared(B_tile, mma_dtype)
+            C_f = d.fragment((block_M, block_N), accum_dtype)
+            B_t = d.shared((block_K, block_N), mma_dtype) if d.cpu and trans_B else None
+            if swizzle:
+                T.use_swizzle(panel_size)
+            bcoords = unravel(bz, batch)
+            m0, n0 = by * block_M, bx * block_N
+            T.clear(C_f)
+            for ko in d.pipelined(T.ceildiv(K, block_K), num_stages):
+                if load_A_direct:
+                    a_at = (ko * block_K, m0) if trans_A else (m0, ko * block_K)
+                    T.copy(A[(*broadcast_index(batch_A, bcoords), *a_at)], A_s)
+                else:
+                    for a, b in d.tile_loop(*A_tile):
+                        A_s[a, b] = A_elem(A, bcoords, m0 + (b if trans_A else a), ko * block_K + (a if trans_A else b))
+                b_at = (n0, ko * block_K) if trans_B else (ko * block_K, n0)
+                T.copy(B[(*broadcast_index(batch_B, bcoords), *b_at)], B_s)
+                if simt:
+                    for i, j in T.Parallel(block_M, block_N):
+                        for k in T.serial(block_K):
+                            C_f[i, j] += A_s[(k, i) if trans_A else (i, k)] * B_s[(j, k) if trans_B else (k, j)]
+                elif d.cpu:
+                    # k outside j, j innermost over contiguous rows of B and C: gcc vectorizes it (T.gemm's i, j, k
+                    # order is a reduction gcc cannot reorder, 10x slower with a transposed B); each C element
+                    # still sums its products in k order, as T.gemm does.
+                    if trans_B:
+                        for k, j in T.grid(block_K, block_N):
+                            B_t[k, j] = B_s[j, k]
+                    for i, k, j in T.grid(block_M, block_K, block_N):
+                        C_f[i, j] += (T.Cast(accum_dtype, A_s[(k, i) if trans_A else (i, k)])
+                                      * T.Cast(accum_dtype, (B_t if trans_B else B_s)[k, j]))
+                else:
+                    T.gemm(A_s, B_s, C_f, transpose_A=trans_A, transpose_B=trans_B)
+            if epilogue is not None:
+                for i, j in d.tile_loop(block_M, block_N):
+                    C_f[i, j] = C_elem(C_f, extras, bcoords, i, j, m0, n0)
+            if stage_C and not d.cpu:
+                C_s = T.alloc_shared((block_M, block_N), out_dtype)
+                T.copy(C_f, C_s)
+                T.copy(C_s, C[(*bcoords, m0, n0)])
+            else:
+                T.copy(C_f, C[(*bcoords, m0, n0)])
 
     return gemm_kernel
 
