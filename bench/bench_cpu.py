@@ -47,8 +47,9 @@ def interleaved_ms(fns: dict, args, rounds: int, warmup: int = 3) -> dict[str, f
 
 def kernel_share(runners) -> tuple[int, int]:
     """(regions running as TileLang kernels, regions launching anything) over every graph compiled."""
-    regions = [r for runner in runners for r in runner.plan.regions if r.launches]
-    return sum(r.backend in ("tilelang", "split") for r in regions), len(regions)
+    regions = [(r, runner) for runner in runners for r in runner.plan.regions if r.launches]
+    return sum(r.backend in ("tilelang", "split") and runner.graph_backend != "torch" for r, runner in regions), \
+        len(regions)
 
 
 def _err(out, ref) -> float:

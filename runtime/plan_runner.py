@@ -25,6 +25,7 @@ import torch
 from tilefuse.ops.reference import NodesFn, check_inputs
 from tilefuse.planner.plan import FusionPlan
 from tilefuse.runtime.graphs import CudaGraphRunner
+from tilefuse.runtime.straight import straight_line
 
 RegionFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
@@ -58,10 +59,13 @@ class PlanRunner:
                 self.frees.setdefault(k, []).append(name)
         self._constants: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._graphed = None
+        self._straight: dict[tuple[int, int], tuple[list, Callable]] = {}  # (lo, hi) -> (its fns, straight_line)
         # Called once with the first call's inputs (on the plan's device), before it runs: the pipeline's measured
         # choice, which decides per region and calls ``apply``.
         self.first_call: Callable[[Sequence[torch.Tensor]], None] | None = None
         self.record = False  # keep the last call's inputs (benchmarks re-run regions on them)
+        # "torch" where the whole graph was measured faster as traced, through torch (the backend's whole-graph choice)
+        self.graph_backend = "tilefuse"
         self.last_inputs: tuple[torch.Tensor, ...] | None = None
 
     def constants(self, device: torch.device) -> dict[str, torch.Tensor]:
@@ -194,6 +198,13 @@ class PlanRunner:
                      before_region: Callable | None = None) -> None:
         """Run regions ``lo`` to ``hi - 1`` on ``env``, adding their outputs and dropping values read for the last
         time."""
+        if before_region is None and hi > lo:  # the decided plan: one straight-line function per range
+            fns = self.fns[lo:hi]
+            entry = self._straight.get((lo, hi))
+            if entry is None or entry[0] != fns:  # (built again where a region's function changed: ``apply``)
+                entry = self._straight[(lo, hi)] = (fns, straight_line(self.plan.regions, self.fns, self.frees, lo, hi))
+            entry[1](env)
+            return
         for k in range(lo, hi):
             region = self.plan.regions[k]
             ins = [env[i] for i in region.inputs]

@@ -72,6 +72,10 @@ def cmd_demo(args) -> int:
     kernels, regions = _kernel_share(runners)
     print(f"TileLang kernels: {kernels} of {regions} regions ({100 * kernels / max(regions, 1):.0f}%); the others run "
           "through torch" + (", measured faster there on the first call" if kernels < regions else ""))
+    whole = [r for r in runners if r.graph_backend == "torch"]
+    if whole:
+        print(f"{len(whole)} of {len(runners)} graphs measured faster whole as traced, through torch, than as planned: "
+              "they run so")
     speed = eager_ms / tf_ms if tf_ms > 0 else float("inf")
     print(f"compile (first call) {compile_s:.2f} s; eager {eager_ms:.2f} ms; tilefuse {tf_ms:.2f} ms "
           f"(median of 10): {speed:.2f}x eager's speed ({'faster' if speed >= 1 else 'slower'})")
@@ -81,8 +85,9 @@ def cmd_demo(args) -> int:
 
 def _kernel_share(runners) -> tuple[int, int]:
     """(regions run as TileLang kernels, whole or split, regions that launch anything) over the compiled graphs."""
-    regions = [r for runner in runners for r in runner.plan.regions if r.launches]
-    return sum(r.backend in ("tilelang", "split") for r in regions), len(regions)
+    regions = [(r, runner) for runner in runners for r in runner.plan.regions if r.launches]
+    return sum(r.backend in ("tilelang", "split") and runner.graph_backend != "torch" for r, runner in regions), \
+        len(regions)
 
 
 def _load_graph(spec: str, size: str, sparsity: str | None = None, dtype: str = "float32"):

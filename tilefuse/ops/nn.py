@@ -156,14 +156,17 @@ def layer_norm(x, weight=None, bias=None, axis: int = -1, eps: float = 1e-5):
     leave float32's range follow the kernels' rule (``lowering/templates/reduction.py``): NaN where the sum of
     squared deviations overflows, float64's answer where only torch's lanes would square a mean past 1.8e19 (torch
     gives NaN or 0 there by its lane order), so a region run through torch says what its kernel says. Ordinary
-    inputs cost one ``amax`` more; on GPUs the reference stays torch's (a data-dependent branch would stop CUDA
+    inputs cost one ``aminmax`` more; on GPUs the reference stays torch's (a data-dependent branch would stop CUDA
     graph capture)."""
     axis = axis % x.dim()
     y = F.layer_norm(x, x.shape[axis:], weight, bias, eps)
     if x.is_meta or x.device.type != "cpu" or x.numel() == 0 or not x.dtype.is_floating_point:
         return y
     small = min(2.0**62, (FLOAT32_MAX / max(x.shape[axis:].numel(), 1)) ** 0.5 / 2)
-    if not bool((x.abs() >= small).any()):  # (element by element: a NaN elsewhere must not hide a large row)
+    lo, hi = (t.item() for t in torch.aminmax(x))  # one pass, no temporaries (abs, compare, any: three)
+    if -small < lo and hi < small:  # (a NaN fails both: then element by element, so it cannot hide a large row)
+        return y
+    if hi != hi and not bool((x.abs() >= small).any()):
         return y
     dims = tuple(range(axis, x.dim()))
     x64 = x.double()
