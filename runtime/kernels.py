@@ -30,11 +30,14 @@ class RegionKernel:
         dts = kw.get("out_dtypes") or ((kw.get("out_dtype"), kw.get("pre_dtype")) if spec.template == "row_reduction"
                                        else ())
         self.bool_outputs = {k for k, dt in enumerate(dts) if dt == "bool"}
+        self.packs: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # input -> (source, its version, packed)
 
     def __call__(self, args):
         env = dict(zip(self.region.inputs, args))
         _run_nodes(self.pre, env)
         tensors = [as_storage(dense(env[v].reshape(s) if s is not None else env[v])) for v, s in self.spec.inputs]
+        for i in self.spec.packed:
+            tensors[i] = self.pack(i, tensors[i])
         try:
             outs = self.kernel(*tensors)
         except (RuntimeError, ValueError) as e:
@@ -46,6 +49,23 @@ class RegionKernel:
         env.update({v: outs[k].reshape(shape) for k, v, shape in self.spec.outputs})
         _run_nodes(self.post, env)
         return [env[o] for o in self.region.outputs]
+
+
+    def pack(self, i: int, t: torch.Tensor) -> torch.Tensor:
+        """Input ``i`` with its last two dims swapped and made contiguous, reused while ``t`` is the same memory at
+        the same version (a weight: packed on the first call, again only after an in-place change). The source is
+        kept, so no other tensor can take its address meanwhile."""
+        if t.is_inference():  # (no version counter: an in-place change would go unseen, so no reuse)
+            return t.mT.contiguous()
+        got = self.packs.get(i)
+        if got is not None:
+            src, version, packed = got
+            if (t.data_ptr() == src.data_ptr() and t._version == version and t.shape == src.shape
+                    and t.stride() == src.stride() and t.dtype == src.dtype):
+                return packed
+        packed = t.mT.contiguous()
+        self.packs[i] = (t, t._version, packed)
+        return packed
 
 
 def _run_nodes(nodes, env: dict) -> None:

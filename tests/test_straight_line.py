@@ -136,3 +136,26 @@ def test_training_graphs_keep_the_plan(monkeypatch, rng):
     ref = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh())
     ref.load_state_dict(model.state_dict())
     torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cpu_linear_weight_is_packed_once_per_version(monkeypatch, rng):
+    """On c a linear's (N, K) weight reaches the GEMM kernel as (K, N), transposed once and again only after an
+    in-place change; results match eager before and after the change, and under inference_mode."""
+    monkeypatch.setenv("TILEFUSE_MEASURE", "0")
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.ReLU()).eval()
+    x = torch.randn(7, 24, generator=rng)
+    runners = []
+    compiled = tilefuse.compile(model, target="c", quiet=True, observer=runners.append)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+        kernels = [f for f in runners[0].fns if getattr(f, "spec", None) is not None and f.spec.template == "gemm"]
+        assert len(kernels) == 1 and kernels[0].spec.packed == (1,)
+        assert dict(kernels[0].spec.params)["trans_B"] is False
+        first = kernels[0].packs[1][2]
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+        assert kernels[0].packs[1][2] is first  # reused
+        model[0].weight.mul_(-0.5)  # in place: a new version
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+        assert kernels[0].packs[1][2] is not first
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
