@@ -18,6 +18,7 @@ from tilefuse.lowering import func_cache
 from tilefuse.lowering.builders import KernelSpec, broadcast, numel
 from tilefuse.lowering.compile import compile_many
 from tilefuse.lowering.templates import attention, conv, elementwise, gemm, gemm_configs, gemm_sp, pool, reduction
+from tilefuse.lowering.templates.common import dialect
 from tilefuse.progress import Progress
 
 _log = logging.getLogger("tilefuse")
@@ -68,6 +69,8 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
     kw = spec.factory_kwargs()
     if spec.template == "gemm":
         return gemm_configs.default_config(configs, kw["M"], kw["N"], gemm_batch(kw), target)
+    if spec.template == "flash_attention" and dialect(target).cpu:
+        return attention.cpu_config(kw["Sq"], kw["Skv"])
     if spec.template == "gemm_sp" and configs and target.get("kind") == "cuda":
         return min(configs, key=lambda c: gemm_wave_cost(c, kw, target))
     return configs[0] if configs else {}

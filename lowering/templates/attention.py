@@ -253,6 +253,16 @@ def get_configs(target: dict | str, D: int = 128) -> list[dict]:
     return [_config(*s) for s in seeds]
 
 
+def cpu_config(Sq: int, Skv: int, most: int = 128) -> dict:
+    """The CPU's config: query and key tiles as long as the sequences, split evenly past ``most`` and rounded up to 8
+    (2 cores, fp32, D 32, 2026-12-01: 65 tokens ran 0.18 ms in 72 x 72 tiles against 0.46 in 32 x 32 and 0.68 in
+    64 x 64, whose second key tile holds one key; 100 tokens with a mask 0.35 ms in 104 x 104, 0.61 in 128 x 128)."""
+    def fit(n: int) -> int:
+        tiles = max(1, math.ceil(n / most))
+        return max(8, math.ceil(math.ceil(n / tiles) / 8) * 8)
+    return _config(fit(Sq), fit(Skv), 0, 1)
+
+
 def config_space(target: dict | str, D: int = 128) -> list[dict]:
     """Everything worth measuring for head dim ``D``: the seeds, then more Hopper tiles.
 
