@@ -37,6 +37,9 @@ from tilefuse.planner.plan import FusionPlan, Region
 
 # Targets whose kernels TileLang builds here; the others (hip, metal, ascend) stop at source.
 KERNEL_TARGETS = ("c", "cuda")
+# Targets whose kernels are built as source (and, for hip, a code object) for their vendor's toolchain
+# (``lowering/vendor.py``, ``tilefuse compile --target``); planned for running, their regions go through torch.
+SOURCE_TARGETS = ("hip", "metal", "ascend")
 
 Builds = Callable[[Builder, Node | None, dict], KernelSpec]
 
@@ -69,12 +72,14 @@ def builder(kind: str, anchor: str | None) -> Builds | None:
     return BUILDERS.get((kind, anchor)) or BUILDERS.get((kind, None))
 
 
-def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None) -> KernelSpec | str:
-    """The kernel spec for ``region`` on ``target``, or the reason it runs through torch."""
+def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None,
+          source: bool = False) -> KernelSpec | str:
+    """The kernel spec for ``region`` on ``target``, or the reason it runs through torch. ``source``: the spec is
+    for the target's source (``SOURCE_TARGETS`` take templates then), not for a kernel that runs here."""
     if region.kind in NO_KERNEL:
         why = NO_KERNEL[region.kind]
         return f"opaque region ({' '.join(dict.fromkeys(region.ops))}): {why}" if region.kind == "opaque" else why
-    if target.get("kind") not in KERNEL_TARGETS:
+    if target.get("kind") not in KERNEL_TARGETS and not (source and target.get("kind") in SOURCE_TARGETS):
         return f"target {target.get('kind')!r} compiles only with its vendor toolchain"
     nodes, types = facts if facts is not None else graph_facts(graph)
     anchor = nodes[region.anchor] if region.anchor else None
