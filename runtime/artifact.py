@@ -48,6 +48,7 @@ import tempfile
 import warnings
 import zipfile
 from collections.abc import Mapping
+from dataclasses import asdict as dataclasses_asdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,17 +215,25 @@ def save(compiled, path: str | os.PathLike) -> Path:
     for key, func in sorted(funcs.items()):
         members[f"funcs/{key}.json"] = tvm.ir.save_json(func).encode()
     members[WEIGHTS] = weights_bytes(constants)
+    return _write(path, _manifest(graph, options, target, sorted(entries), members), members)
+
+
+def _manifest(graph, options, target: dict, kernels: list[str], members: dict[str, bytes], **extra) -> dict:
     signature = [{"name": v.name, **type_json(v.type)} for v in graph.inputs]
-    manifest = {
+    return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "tilefuse": __version__,
         "tilelang": tilelang.__version__, "torch": torch.__version__, "python": platform.python_version(),
         "target": target, "host": host_info(target), "graph": graph.name,
         "options": {"fuse": options.fuse, "lower": options.lower, "cuda_graphs": options.cuda_graphs,
                     "sparsity": options.sparsity},
         "inputs": signature, "outputs": [{"name": v.name, **type_json(v.type)} for v in graph.output_values()],
-        "kernels": sorted(entries),
+        "kernels": kernels, **extra,
         "members": {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for n, b in members.items()},
     }
+
+
+def _write(path: Path, manifest: dict, members: dict[str, bytes]) -> Path:
+    """The zip at ``path``: the manifest, ``members`` and the integrity root, written beside it and renamed in."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     members = {MANIFEST: _json_bytes(manifest), **members}
     members[ROOT] = root_bytes(members)
@@ -239,6 +248,35 @@ def save(compiled, path: str | os.PathLike) -> Path:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return path
+
+
+# Where kernels built for a vendor's toolchain (``lowering/vendor.py``) run, for the error that refuses to load them.
+VENDOR_NEEDS = {"hip": "an AMD GPU with ROCm to load its .hsaco code objects (hipModuleLoad)",
+                "metal": "an Apple GPU, its .metal source built by Apple's Metal compiler (xcrun metal, macOS)",
+                "ascend": "an Ascend NPU, its AscendC source built by CANN's bisheng compiler"}
+
+
+def save_vendor(build, graph, options, path: str | os.PathLike) -> Path:
+    """Write a vendor build (``lowering.vendor.VendorBuild``: the plan for a hip/metal/ascend target and each
+    kernel's source and build product) as an artifact: graph, plan and weights as ``save`` writes them, tuning.json
+    with each region's template, config, kernel key and resources, and ``vendor/<key>.<ext>`` per distinct kernel
+    (``.hip`` + ``.hsaco``, ``.metal``, ``.cpp``). ``tilefuse.load`` refuses it where the vendor's device is absent,
+    naming what it needs; ``target=`` recompiles it from its graph for a target that runs here."""
+    path, target, plan = Path(path), dict(build.target), build.plan
+    constants = {**graph.constants, **plan.graph.constants}
+    regions, members = {}, {}
+    for k in build.kernels:
+        regions[k.region] = {"template": k.template, "config": k.config, "kernel": k.key,
+                             "resources": [dataclasses_asdict(r) for r in k.resources]}
+        members[f"vendor/{k.key}.{k.ext}"] = k.source.encode()
+        if k.product is not None:
+            members[f"vendor/{k.key}.{k.product_ext}"] = k.product
+    members = {GRAPH: _json_bytes(graph_to_json(graph)),
+               PLAN: _json_bytes({"plans": [{"signature": None, **plan_to_json(plan)}]}),
+               TUNING: _json_bytes({"plans": [{"signature": None, "regions": regions}]}),
+               **dict(sorted(members.items())), WEIGHTS: weights_bytes(constants)}
+    vendor = {"built_by": build.toolchain, "kernels": sorted({k.key for k in build.kernels})}
+    return _write(path, _manifest(graph, options, target, [], members, vendor=vendor), members)
 
 
 # ---- reading and checking ---------------------------------------------------------------------
@@ -344,13 +382,21 @@ def read(path: str | os.PathLike, options_for: Any, target: str | dict | None = 
         constants = weights_from(data[WEIGHTS])
     with _blame(path, GRAPH):
         graph = graph_from_json(json_member(path, GRAPH, data[GRAPH]), constants)
-    plans = _plans(path, data, constants, set(manifest["kernels"]))
+    with _blame(path, MANIFEST):
+        vendor_keys = {k for k in manifest["vendor"]["kernels"] if SHA.fullmatch(k)} if "vendor" in manifest else set()
+    plans = _plans(path, data, constants, set(manifest["kernels"]) | vendor_keys)
     used = set(graph.constants).union(*(p.graph.constants for _, p, _ in plans))
     if set(constants) - used:
         raise ArtifactError(f"{path}: member {WEIGHTS} holds tensors no graph uses: {sorted(set(constants) - used)[:5]}")
     with _blame(path, MANIFEST):
         options = options_for(target if target is not None else manifest["target"], manifest["options"])
     problem = target_problem(options.target)
+    kind = manifest["target"].get("kind")
+    if "vendor" in manifest and options.target == manifest["target"]:  # kernels for a vendor toolchain: never run here
+        raise ArtifactMismatchError(
+            f"{path}: built for target {manifest['target']} as {kind} kernels for the vendor's toolchain, which "
+            f"need {VENDOR_NEEDS.get(kind, 'the vendor device')}; tilefuse does not run them"
+            + (f" ({problem})" if problem else "") + f". Pass {local_target_hint()} to recompile it from its graph")
     if problem is not None:
         raise ArtifactMismatchError(f"{path}: {problem}, so its kernels cannot run here. Load it on such a machine, "
                                     f"or pass {local_target_hint()} to recompile it from its graph")

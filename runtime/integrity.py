@@ -38,6 +38,9 @@ KERNEL_MEMBER = re.compile(r"kernels/([0-9a-f]{64})/(" + "|".join(map(re.escape,
 # from the template takes ~0.15 s a kernel, and it hashes to the same cache key.
 FUNC_MEMBER = re.compile(r"funcs/([0-9a-f]{64})\.json")
 SHA = re.compile(r"[0-9a-f]{64}")
+# A kernel built for a vendor's toolchain (``tilefuse compile --target hip|metal|ascend``): its source and, for hip,
+# its code object; data for the vendor's runtime, never loaded by tilefuse.
+VENDOR_MEMBER = re.compile(r"vendor/([0-9a-f]{64})\.(hip|hsaco|metal|cpp)")
 _ROOT_TAG = b"tilefuse-artifact-root-1\n"
 
 
@@ -70,7 +73,8 @@ def json_member(path: Path, name: str, blob: bytes) -> Any:
 
 
 def _check_name(path: Path, name: str) -> None:
-    if name in (MANIFEST, ROOT, *REQUIRED) or KERNEL_MEMBER.fullmatch(name) or FUNC_MEMBER.fullmatch(name):
+    if name in (MANIFEST, ROOT, *REQUIRED) or KERNEL_MEMBER.fullmatch(name) or FUNC_MEMBER.fullmatch(name) \
+            or VENDOR_MEMBER.fullmatch(name):
         return
     parts = name.replace("\\", "/").split("/")
     if name.startswith(("/", "\\")) or ".." in parts or re.match(r"[A-Za-z]:", name):

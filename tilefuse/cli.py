@@ -6,6 +6,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,8 +17,10 @@ from tilefuse import draw, models
 from tilefuse.capture import capture_graphs
 from tilefuse.config import Options, default_target, parse_target
 from tilefuse.frontends.onnx import import_onnx
+from tilefuse.lowering import vendor
 from tilefuse.pipeline import plan_step, stored
 from tilefuse.planner.sparsity import prune_module
+from tilefuse.runtime import artifact
 
 
 def _time_ms(fn, *args, reps: int = 10) -> float:
@@ -105,8 +108,11 @@ def _load_graph(spec: str, size: str, sparsity: str | None = None, dtype: str = 
 def cmd_explain(args) -> int:
     target = parse_target(args.target)
     graph = _load_graph(args.model, args.size, args.sparsity, args.dtype)
-    planned = plan_step(graph, Options(target=target, sparsity=args.sparsity))
-    p, measured = planned.plan, stored(planned, target)
+    if vendor.is_source_target(target):  # planned for the vendor's source, as ``compile --target`` builds it
+        p, measured = vendor.source_plan(graph, vendor.check_target(target), sparsity=args.sparsity)[0], {}
+    else:
+        planned = plan_step(graph, Options(target=target, sparsity=args.sparsity))
+        p, measured = planned.plan, stored(planned, target)
     if args.json:
         doc = {"nodes": p.source_nodes, "kernels": p.kernels,
                "regions": [{**{k: r.to_json()[k] for k in ("name", "kind", "pattern", "ops", "inputs", "outputs",
@@ -140,8 +146,51 @@ def cmd_explain(args) -> int:
     return 0
 
 
-def cmd_compile(args) -> int:
+def _vendor_build(args, target: dict):
+    """The model planned for a vendor target's source and each kernel produced (``lowering/vendor.py``)."""
+    graph = _load_graph(args.model, args.size, args.sparsity, args.dtype)
+    p, specs = vendor.source_plan(graph, target, sparsity=args.sparsity)
+    return graph, vendor.emit(p, specs, target)
+
+
+def cmd_compile_vendor(args, target: dict) -> int:
+    """``compile --target hip|metal|ascend``: source per kernel (hip: code objects where clang-19 is set up), the
+    summary table, ``--emit-dir`` files and the ``-o`` artifact."""
     t0 = time.perf_counter()
+    graph, b = _vendor_build(args, target)
+    print(b.plan.summary())
+    for why in b.plan.refusals:
+        if " runs through torch: " in why:
+            print(f"  {why}")
+    print(b.table())
+    print(f"{target['kind']} build products: {b.toolchain}")
+    if args.emit_dir:
+        out = Path(args.emit_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for k in b.kernels:
+            (out / f"{k.region}.{k.ext}").write_text(k.source)
+            if k.product is not None:
+                (out / f"{k.region}.{k.product_ext}").write_bytes(k.product)
+        (out / "summary.txt").write_text(f"{b.plan.summary()}\ntarget {target}\n{b.table()}\n"
+                                         f"build products: {b.toolchain}\n")
+        print(f"wrote {len(b.kernels)} kernels and summary.txt to {out}")
+    print(f"compiled {args.model} for {target} in {time.perf_counter() - t0:.2f} s")
+    if args.output:
+        path = artifact.save_vendor(b, graph, Options(target=target, sparsity=args.sparsity), args.output)
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB): the plan and each kernel for {target['kind']}")
+    return 0
+
+
+def cmd_compile(args) -> int:
+    target = parse_target(args.target)
+    if vendor.is_source_target(target):
+        return cmd_compile_vendor(args, vendor.check_target(target))
+    if args.emit_dir:
+        raise ValueError(f"--emit-dir writes kernels for a vendor toolchain (--target hip|metal|ascend), not {target}")
+    t0 = time.perf_counter()
+    if not Path(args.model).is_file() and args.model in models.ZOO:  # a zoo model goes through its ONNX export
+        tmp = tempfile.TemporaryDirectory(prefix="tilefuse-compile-")
+        args.model = str(models.export_onnx(args.model, Path(tmp.name) / f"{args.model}.onnx"))
     compiled = tilefuse.compile_onnx(args.model, target=args.target, sparsity=args.sparsity, quiet=_quiet(args))
     print(compiled.summary())
     if compiled.sparsity_report is not None:
@@ -192,10 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                    help="zoo models: build them in this dtype (the tuning database's entries are per dtype)")
     e.set_defaults(fn=cmd_explain)
-    c = sub.add_parser("compile", help="compile an ONNX model")
-    c.add_argument("model")
+    c = sub.add_parser("compile", help="compile an ONNX file or a zoo model (for a vendor: --target hip|metal|ascend)")
+    c.add_argument("model", help="path to an .onnx file, or a zoo model name")
     c.add_argument("-o", "--output", help="write the compiled model to this artifact (.tfz)")
-    c.add_argument("--target", default=None)
+    c.add_argument("--target", default=None, help="cuda[:sm_XX], c, hip[:gfx942|gfx90a|...], metal, ascend "
+                                                    "(default: this machine's)")
+    c.add_argument("--emit-dir", metavar="DIR", help="vendor targets: write each kernel's source (hip: and .hsaco) "
+                                                     "and summary.txt here")
+    c.add_argument("--size", default="tiny", help="zoo models: their size")
+    c.add_argument("--dtype", default="float16", choices=["float32", "float16", "bfloat16"],
+                   help="zoo models for a vendor target: build them in this dtype")
     c.add_argument("--sparsity", choices=["2:4"], help=sparsity_help + "; prints how much the outputs changed")
     c.add_argument("-q", "--quiet", action="store_true", help=quiet_help)
     c.set_defaults(fn=cmd_compile)
