@@ -4,6 +4,13 @@ Note: the CPU dialect (``c``) differs from the GPU one: ``T.Kernel`` takes no ``
 in ``T.alloc_local`` buffers and are walked with ``T.grid`` (a ``T.Parallel`` loop over a local
 buffer is rejected), and ``T.Pipelined`` has nothing to overlap. Templates write one body and take
 these differences from a ``Dialect`` object, so a kernel family has one factory for every target.
+
+Note: Metal (``metal``, source only) takes the GPU dialect with two differences the templates branch on, marked
+``d.metal``: TileLang 0.1.15 registers no reduction for it ("tl.reduce requires a target-specific
+implementation"), so ``Dialect.reduce`` writes one with shared memory and plain loops; and a ``T.gemm``
+accumulator becomes an array of opaque ``simdgroup_float8x8`` matrices, whose elements no code can read, so a
+GEMM-family template copies it to threadgroup memory (``simdgroup_store``) before any elementwise epilogue or
+store. Nothing in these branches runs for ``cuda`` or ``c``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class Dialect:
     """The target-dependent pieces of a template body."""
 
     cpu: bool
+    metal: bool = False
 
     def kernel(self, *grid, threads: int = 128):
         """The launch frame: a grid of tile programs (with ``threads`` on GPUs)."""
@@ -58,9 +66,43 @@ class Dialect:
     def pipelined(self, n, num_stages: int):
         return T.serial(n) if self.cpu or num_stages <= 0 else T.Pipelined(n, num_stages=num_stages)
 
+    def reducible(self, shape, dtype):
+        """A tile a row reduction reads or writes: a fragment, or threadgroup memory on Metal (where the reduction
+        is ours, read across threads)."""
+        return T.alloc_shared(shape, dtype) if self.metal else self.fragment(shape, dtype)
+
+    def reduce(self, op: str, src, dst, clear: bool = True):
+        """``dst[r] = op over c of src[r, c]`` (``op``: sum, max or min), folded into ``dst`` unless ``clear``.
+
+        TileLang's ``T.reduce_*`` everywhere but Metal; there each row is folded serially by one thread, from
+        ``reducible`` buffers (threadgroup memory; TileLang inserts the barriers around the loop)."""
+        if not self.metal:
+            return {"sum": T.reduce_sum, "max": T.reduce_max, "min": T.reduce_min}[op](src, dst, dim=1, clear=clear)
+        return _serial_reduce(op, int(src.shape[0]), int(src.shape[1]), clear)(src, dst)
+
+
+def _serial_reduce(op: str, rows: int, cols: int, clear: bool):
+    """Metal's row reduction: one thread per row folds the row in column order (a NaN is dropped by max/min, as
+    ``T.reduce_max`` drops it on the other targets; the templates track NaN themselves)."""
+    identity = {"sum": 0.0, "max": -math.inf, "min": math.inf}[op]
+
+    def fold(a, b):
+        return a + b if op == "sum" else (T.max(a, b) if op == "max" else T.min(a, b))
+
+    @T.macro
+    def reduce_rows(src, dst):
+        for r in T.Parallel(rows):
+            if clear:
+                dst[r] = T.Cast(dst.dtype, identity)
+            for c in T.serial(cols):
+                dst[r] = fold(dst[r], src[r, c])
+
+    return reduce_rows
+
 
 def dialect(target: dict | str) -> Dialect:
-    return Dialect(cpu=target_kind(target) in CPU_KINDS)
+    kind = target_kind(target)
+    return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal")
 
 
 def check_dtype(dtype: str, target: dict | str, what: str) -> None:

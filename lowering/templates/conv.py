@@ -160,10 +160,21 @@ def conv2d(
                         C_f[i, j] += T.Cast(accum_dtype, A_s[i, k]) * T.Cast(accum_dtype, B_t[k, j])
                 else:
                     T.gemm(A_s, B_s, C_f, transpose_B=True)
-            for i, j in d.tile_loop(block_M, block_N):
-                if T.And(by * block_M + i < M, bx * block_N + j < O):
-                    T.buffer_store(Out, out_elem(C_f, extras, i, j, by * block_M + i, bx * block_N + j),
-                                   out_index(by * block_M + i, bx * block_N + j))
+            if d.metal and not simt:
+                # Metal: the T.gemm accumulator is opaque simdgroup matrices; the epilogue reads a threadgroup copy.
+                C_s = T.alloc_shared((block_M, block_N), accum_dtype)
+                T.sync_threads()  # C_s may reuse A_s/B_s, which other simdgroups may still be reading
+                T.copy(C_f, C_s)
+                T.sync_threads()  # TileLang does not sync after a simdgroup_store
+                for i, j in T.Parallel(block_M, block_N):
+                    if T.And(by * block_M + i < M, bx * block_N + j < O):
+                        T.buffer_store(Out, out_elem(C_s, extras, i, j, by * block_M + i, bx * block_N + j),
+                                       out_index(by * block_M + i, bx * block_N + j))
+            else:
+                for i, j in d.tile_loop(block_M, block_N):
+                    if T.And(by * block_M + i < M, bx * block_N + j < O):
+                        T.buffer_store(Out, out_elem(C_f, extras, i, j, by * block_M + i, bx * block_N + j),
+                                       out_index(by * block_M + i, bx * block_N + j))
 
     return conv2d_kernel
 

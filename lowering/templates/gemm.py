@@ -101,6 +101,7 @@ def gemm(
     clamp_m, clamp_n = M % block_M != 0, N % block_N != 0
     swizzle = bool(enable_rasterization) and not d.cpu
     simt = mma_dtype == "float32" and not allow_tf32 and not d.cpu
+    metal_mma = d.metal and not simt  # the accumulator is simdgroup matrices: staged before the epilogue
 
     def A_elem(A, bcoords, m, k):
         """One A element through the prologue; 0 outside the matrix (the prologue of 0 need not be 0)."""
@@ -155,15 +156,28 @@ def gemm(
                                       * T.Cast(accum_dtype, (B_t if trans_B else B_s)[k, j]))
                 else:
                     T.gemm(A_s, B_s, C_f, transpose_A=trans_A, transpose_B=trans_B)
-            if epilogue is not None:
-                for i, j in d.tile_loop(block_M, block_N):
-                    C_f[i, j] = C_elem(C_f, extras, bcoords, i, j, m0, n0)
-            if stage_C and not d.cpu:
-                C_s = T.alloc_shared((block_M, block_N), out_dtype)
+            if metal_mma:
+                # Metal: T.gemm's accumulator is opaque simdgroup_float8x8 matrices (no element access, stored only
+                # to memory of its own dtype, 2-D): stage it in threadgroup memory, then the epilogue and a guarded
+                # store with the cast, whatever the batch rank and tails.
+                C_s = T.alloc_shared((block_M, block_N), accum_dtype)
+                T.sync_threads()  # C_s may reuse A_s/B_s, which other simdgroups may still be reading
                 T.copy(C_f, C_s)
-                T.copy(C_s, C[(*bcoords, m0, n0)])
+                T.sync_threads()  # TileLang does not sync after a simdgroup_store
+                for i, j in T.Parallel(block_M, block_N):
+                    if T.And(m0 + i < M, n0 + j < N):
+                        C[(*bcoords, m0 + i, n0 + j)] = T.Cast(out_dtype, C_s[i, j] if epilogue is None else
+                                                               C_elem(C_s, extras, bcoords, i, j, m0, n0))
             else:
-                T.copy(C_f, C[(*bcoords, m0, n0)])
+                if epilogue is not None:
+                    for i, j in d.tile_loop(block_M, block_N):
+                        C_f[i, j] = C_elem(C_f, extras, bcoords, i, j, m0, n0)
+                if stage_C and not d.cpu:
+                    C_s = T.alloc_shared((block_M, block_N), out_dtype)
+                    T.copy(C_f, C_s)
+                    T.copy(C_s, C[(*bcoords, m0, n0)])
+                else:
+                    T.copy(C_f, C[(*bcoords, m0, n0)])
 
     return gemm_kernel
 

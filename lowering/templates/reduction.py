@@ -175,9 +175,9 @@ def row_reduction(
         if softmax_like:
             T.copy(s0, t0)  # the max before this tile, to rescale the running sum of exp
         if online_max:
-            T.reduce_max(x_f, s0, dim=1, clear=False)
+            d.reduce("max", x_f, s0, clear=False)
         if kind == "amin":
-            T.reduce_min(x_f, s0, dim=1, clear=False)
+            d.reduce("min", x_f, s0, clear=False)
         if extremum:  # remember NaNs per element; one reduction of the flags at the end of the row
             for r, c in d.tile_loop(block_rows, block_N):
                 tmp_f[r, c] = T.max(tmp_f[r, c], T.Cast(f32, T.isnan(x_f[r, c])))
@@ -188,15 +188,15 @@ def row_reduction(
         if softmax_like:
             for r, c in d.tile_loop(block_rows, block_N):
                 tmp_f[r, c] = T.exp(x_f[r, c] - s0[r])
-            T.reduce_sum(tmp_f, t1, dim=1)
+            d.reduce("sum", tmp_f, t1)
             for r in d.tile_loop(block_rows):
                 s1[r] = s1[r] * T.exp(t0[r] - s0[r]) + t1[r]
         if kind in ("sum", "mean"):
-            T.reduce_sum(x_f, s1, dim=1, clear=False)
+            d.reduce("sum", x_f, s1, clear=False)
         if kind == "rms_norm":
             for r, c in d.tile_loop(block_rows, block_N):
                 tmp_f[r, c] = x_f[r, c] * x_f[r, c]
-            T.reduce_sum(tmp_f, s1, dim=1, clear=False)
+            d.reduce("sum", tmp_f, s1, clear=False)
         if welford:
             # Chan et al.: merge this tile's (count n_b, mean t0, M2 t1) into the running (n_a, s0, s1).
             n_b = T.Cast(f32, T.min(block_N, cols - c0))
@@ -207,16 +207,16 @@ def row_reduction(
                 # CPU only: on GPUs an element of another thread's fragment is not at hand.
                 for r, c in d.tile_loop(block_rows, block_N):
                     tmp_f[r, c] = T.if_then_else(c0 + c < cols, x_f[r, c] - x_f[r, 0], T.float32(0))
-                T.reduce_sum(tmp_f, t0, dim=1)
+                d.reduce("sum", tmp_f, t0)
                 for r in d.tile_loop(block_rows):
                     t0[r] = x_f[r, 0] + t0[r] / n_b
             else:
-                T.reduce_sum(x_f, t0, dim=1)
+                d.reduce("sum", x_f, t0)
                 for r in d.tile_loop(block_rows):
                     t0[r] = t0[r] / n_b
             for r, c in d.tile_loop(block_rows, block_N):
                 tmp_f[r, c] = T.if_then_else(c0 + c < cols, (x_f[r, c] - t0[r]) * (x_f[r, c] - t0[r]), T.float32(0))
-            T.reduce_sum(tmp_f, t1, dim=1)
+            d.reduce("sum", tmp_f, t1)
             for r in d.tile_loop(block_rows):
                 # The first tile's M2 is its own: (t0 - 0)^2 * 0 is NaN for a mean past 1.8e19, a finite row.
                 s1[r] = T.if_then_else(c0 > 0, s1[r] + t1[r] + (t0[r] - s0[r]) * (t0[r] - s0[r]) * n_a * n_b
@@ -244,13 +244,13 @@ def row_reduction(
             if write_pre:
                 io["Pre"] = view(Pre_nd, (rows, cols))
             # Only the buffers this kind uses: an unused fragment has no inferable layout on GPUs.
-            x_f = d.fragment((block_rows, block_N), f32)
-            tmp_f = (d.fragment((block_rows, block_N), f32)
+            x_f = d.reducible((block_rows, block_N), f32)
+            tmp_f = (d.reducible((block_rows, block_N), f32)
                      if softmax_like or welford or extremum or truth or kind == "rms_norm" else None)
-            s0 = d.fragment((block_rows,), f32) if uses_s0 else None  # running max / min / mean
-            s1 = d.fragment((block_rows,), f32)  # sum / sum of exp / M2 / sum of squares / NaN seen
-            t0 = d.fragment((block_rows,), f32) if softmax_like or welford else None
-            t1 = d.fragment((block_rows,), f32) if softmax_like or welford else None
+            s0 = d.reducible((block_rows,), f32) if uses_s0 else None  # running max / min / mean
+            s1 = d.reducible((block_rows,), f32)  # sum / sum of exp / M2 / sum of squares / NaN seen
+            t0 = d.reducible((block_rows,), f32) if softmax_like or welford else None
+            t1 = d.reducible((block_rows,), f32) if softmax_like or welford else None
             if uses_s0:
                 T.fill(s0, T.float32(fill) if online_max or kind == "amin" else T.float32(0))
             T.fill(s1, T.float32(0))
@@ -266,7 +266,7 @@ def row_reduction(
                             io["Pre"][row0 + r, t * block_N + c] = T.Cast(storage_dtype(pre_dtype), x_f[r, c])
                 gather_stats(x_f, tmp_f, s0, s1, t0, t1, t * block_N)
             if extremum or truth:
-                T.reduce_max(tmp_f, s1, dim=1)
+                d.reduce("max", tmp_f, s1)
             if kind == "layer_norm":
                 rstd_or_nan(s1)
             if normalizing:
