@@ -158,19 +158,26 @@ def flash_attention(
             V_s = d.shared((block_N, D), dtype)
             K_t = d.shared((D, block_N), dtype) if d.cpu else None
             S_f = d.fragment((block_M, block_N), accum_dtype)
-            P_c = d.fragment((block_M, block_N), dtype)
+            P_c = d.shared((block_M, block_N), dtype) if d.metal else d.fragment((block_M, block_N), dtype)
             O_f = d.fragment((block_M, D), accum_dtype)
-            m_prev = d.fragment((block_M,), accum_dtype)
-            m_cur = d.fragment((block_M,), accum_dtype)
-            m_use = d.fragment((block_M,), accum_dtype)
-            r_scale = d.fragment((block_M,), accum_dtype)
-            r_sum = d.fragment((block_M,), accum_dtype)
-            l_sum = d.fragment((block_M,), accum_dtype)
+            # Metal: the softmax works on threadgroup copies of the simdgroup accumulators (see common.py), and the
+            # output accumulates in O_s, each tile's P V added to it (O_t) after the rescale.
+            S_s = T.alloc_shared((block_M, block_N), accum_dtype) if d.metal else None
+            O_s = T.alloc_shared((block_M, D), accum_dtype) if d.metal else None
+            O_t = T.alloc_shared((block_M, D), accum_dtype) if d.metal else None
+            S = S_s if d.metal else S_f  # the scores the softmax reads and rewrites
+            O_acc = O_s if d.metal else O_f  # the running output
+            m_prev = d.reducible((block_M,), accum_dtype)
+            m_cur = d.reducible((block_M,), accum_dtype)
+            m_use = d.reducible((block_M,), accum_dtype)
+            r_scale = d.reducible((block_M,), accum_dtype)
+            r_sum = d.reducible((block_M,), accum_dtype)
+            l_sum = d.reducible((block_M,), accum_dtype)
             mask = (masks + [None])[0]
             hk = by // groups
             m0 = bx * block_M
             T.copy(_tile(Q, q_layout, bz, by, m0, D), Q_s)
-            T.fill(O_f, 0)
+            T.fill(O_acc, 0)
             T.fill(l_sum, 0)
             T.fill(m_cur, neg_inf)
             if is_causal:
@@ -191,30 +198,41 @@ def flash_attention(
                         S_f[i, j] += T.Cast(accum_dtype, Q_s[i, c]) * T.Cast(accum_dtype, K_t[c, j])
                 else:
                     T.gemm(Q_s, K_s, S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                if d.metal:
+                    T.sync_threads()  # TileLang does not sync around a simdgroup_store (see gemm.py)
+                    T.copy(S_f, S_s)
+                    T.sync_threads()
                 for i, j in d.tile_loop(block_M, block_N):
-                    S_f[i, j] = score(S_f[i, j], mask, bz, by, m0 + i, k * block_N + j)
+                    S[i, j] = score(S[i, j], mask, bz, by, m0 + i, k * block_N + j)
                 T.copy(m_cur, m_prev)
-                T.reduce_max(S_f, m_cur, dim=1, clear=False)
+                d.reduce("max", S, m_cur, clear=False)
                 for i in d.tile_loop(block_M):
                     # A row with no visible score yet keeps max -inf; 0 stands in so no exponent is NaN.
                     m_use[i] = T.if_then_else(m_cur[i] == neg_inf, T.Cast(accum_dtype, 0), m_cur[i])
                     r_scale[i] = T.exp2(m_prev[i] - m_use[i])
                 for i, j in d.tile_loop(block_M, block_N):
-                    S_f[i, j] = T.exp2(S_f[i, j] - m_use[i])
-                T.reduce_sum(S_f, r_sum, dim=1)
+                    S[i, j] = T.exp2(S[i, j] - m_use[i])
+                d.reduce("sum", S, r_sum)
                 for i in d.tile_loop(block_M):
                     l_sum[i] = l_sum[i] * r_scale[i] + r_sum[i]
                 for i, j in d.tile_loop(block_M, D):
-                    O_f[i, j] = O_f[i, j] * r_scale[i]
-                T.copy(S_f, P_c)
+                    O_acc[i, j] = O_acc[i, j] * r_scale[i]
+                T.copy(S, P_c)
                 if d.cpu:
                     for i, j, c in T.grid(block_M, block_N, D):
                         O_f[i, c] += T.Cast(accum_dtype, P_c[i, j]) * T.Cast(accum_dtype, V_s[j, c])
+                elif d.metal:  # this tile's P V into a fresh accumulator, added to the rescaled O_s
+                    T.gemm(P_c, V_s, O_f, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    T.sync_threads()
+                    T.copy(O_f, O_t)
+                    T.sync_threads()
+                    for i, j in T.Parallel(block_M, D):
+                        O_s[i, j] = O_s[i, j] + O_t[i, j]
                 else:
                     T.gemm(P_c, V_s, O_f, policy=T.GemmWarpPolicy.FullRow)
             for i, j in d.tile_loop(block_M, D):
-                O_f[i, j] = T.if_then_else(l_sum[i] == 0, T.Cast(accum_dtype, 0), O_f[i, j] / l_sum[i])
-            T.copy(O_f, _tile(O, o_layout, bz, by, m0, D))
+                O_acc[i, j] = T.if_then_else(l_sum[i] == 0, T.Cast(accum_dtype, 0), O_acc[i, j] / l_sum[i])
+            T.copy(O_acc, _tile(O, o_layout, bz, by, m0, D))
 
     return flash_attention_kernel
 
