@@ -3,8 +3,8 @@
 Note: the parameters are the ``row_reduction`` template's (``lowering.templates.reduction``): ``X`` of ``shape``
 reduced over its last axis, weight and bias, the extras, ``Out``, then ``Pre`` (the producer's result) when
 ``write_pre``. Each block of the launch owns one row; a SIMT vector function walks it with ``threads`` threads,
-each pass a ``T.Parallel`` loop over the columns merged by a reducer (``T.alloc_reducer`` + ``T.finalize_reducer``,
-as TileLang's Ascend RMSNorm example does). The producer is recomputed in every pass (global reads, no staging in
+each pass a ``T.Parallel`` loop over the columns merged by a reducer epoch (``T.alloc_reducer``, ``T.reducer_init``,
+``T.reducer_update``, ``T.finalize_reducer`` into a fragment). The producer is recomputed in every pass (global reads, no staging in
 the unified buffer): softmax takes the row max, then the sum of ``exp(x - max)``, then writes; layer_norm and var take
 the mean, then the sum of squared deviations (two passes: accurate when the mean is large); rms_norm the sum of
 squares. amax/amin and any/all are refused: torch's NaN rules need the per-element flag the CUDA template keeps.
@@ -119,23 +119,21 @@ def row_reduction(
         Out = view(param("Out", out_shape, storage_dtype(out_dtype)), (rows, cols) if normalizing else (rows,))
         Pre = view(param("Pre", shape, storage_dtype(pre_dtype)), (rows, cols)) if write_pre else None
         with T.Kernel(rows) as r, T.SimtVF(threads=threads):
-            # s0: the row max (softmax) or mean (layer_norm, var); s1: the sum the kind needs
-            s0 = T.alloc_reducer((1,), f32, op="max" if softmax_like else "sum", replication="all")
-            s1 = T.alloc_reducer((1,), f32, op="sum", replication="all")
-            if softmax_like:
-                T.fill(s0, -T.infinity(f32))
+            # s0: the row max (softmax) or sum (layer_norm, var); s1: the sum the kind needs. Reducer epochs
+            # (init, one update per column, finalize into a fragment): the SIMT threads share the columns.
+            s0 = T.alloc_fragment((1,), f32)
+            s1 = T.alloc_fragment((1,), f32)
+            if softmax_like or two_pass:
+                acc0 = T.alloc_reducer((1,), f32, op="max" if softmax_like else "sum")
+                T.reducer_init(acc0)
                 for c in T.Parallel(cols):
-                    s0[0] = T.max(s0[0], loaded(X, extras, r, c))
-                T.finalize_reducer(s0)
-            if two_pass:
-                T.clear(s0)
-                for c in T.Parallel(cols):
-                    s0[0] += loaded(X, extras, r, c)
-                T.finalize_reducer(s0)
-            T.clear(s1)
+                    T.reducer_update(acc0[0], loaded(X, extras, r, c))
+                T.finalize_reducer(acc0, s0)
+            acc1 = T.alloc_reducer((1,), f32, op="sum")
+            T.reducer_init(acc1)
             for c in T.Parallel(cols):
-                s1[0] += summand(loaded(X, extras, r, c), s0)
-            T.finalize_reducer(s1)
+                T.reducer_update(acc1[0], summand(loaded(X, extras, r, c), s0))
+            T.finalize_reducer(acc1, s1)
             if normalizing:
                 for c in T.Parallel(cols):
                     Out[r, c] = finished(normalized(loaded(X, extras, r, c), s0, s1, W, Bias, c), extras, r, c)
