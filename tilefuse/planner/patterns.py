@@ -488,9 +488,43 @@ def _rotary_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     return [em.add1("rotary_embedding", [caps["x"], caps["cos"], caps["sin"]])]
 
 
+# ---- softmax written out ----------------------------------------------------------------------
+
+# exp(x - amax(x, d, keepdim)) / sum(that exp, d, keepdim): the numerator is the captured value "e", checked to be the
+# exp the sum reads (a pattern tree cannot name one node twice)
+_SOFTMAX_EXP = Op("div", ("e", Op("sum", (Op("exp", (Op("sub", ("x", Op("amax", ("x",), name="mx"))),), name="ex"),),
+                                  name="sm")), name="div")
+
+
+def _softmax_exp_check(caps: dict, ctx: Context) -> str | None:
+    if caps["e"] != caps["ex"].outputs[0].name:
+        return "the numerator is not the exp the sum reads"
+    rank = ctx.type(caps["x"]).rank
+    axes = []
+    for red in (caps["mx"], caps["sm"]):
+        dims = red.attr.get("dims")
+        if not red.attr.get("keepdim") or dims is None or len(dims) != 1 or rank is None:
+            return f"{red.op} is not over one kept dim"
+        axes.append(dims[0] % rank)
+    if axes[0] != axes[1]:
+        return "the max and the sum are over different dims"
+    if caps["sm"].attr.get("dtype") not in (None, ctx.type(caps["x"]).dtype):
+        return "the sum changes the dtype"
+    if ctx.type(caps["div"].outputs[0].name) != ctx.type(caps["x"]):
+        return "the quotient's type is not the input's"
+    return None
+
+
+def _softmax_exp_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    rank = ctx.type(caps["x"]).rank
+    return [em.add1("softmax", [caps["x"]], dim=caps["mx"].attr["dims"][0] % rank)]
+
+
 # ---- the table, highest priority first ------------------------------------------------------
 
 PATTERNS: list[Pattern] = [
+    Pattern("act.softmax_exp", _SOFTMAX_EXP, _softmax_exp_rewrite, _softmax_exp_check,
+            "exp(x - amax(x)) / sum(exp(x - amax(x))) over one dim -> softmax (then the attention patterns see it)"),
     Pattern("cast.round_trip", _ROUND_TRIP, lambda caps, ctx, em: [caps["x"]], _round_trip_check,
             "cast(cast(x, float32), x.dtype) -> x: exact (an sdpa rewritten from the math form on fp16 leaves one)"),
     Pattern("layout.transpose_via_reshape", _T_VIA_RESHAPE, _t_via_reshape, _t_via_reshape_check,
