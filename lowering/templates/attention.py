@@ -165,8 +165,9 @@ def flash_attention(
             S_s = T.alloc_shared((block_M, block_N), accum_dtype) if d.metal else None
             O_s = T.alloc_shared((block_M, D), accum_dtype) if d.metal else None
             O_t = T.alloc_shared((block_M, D), accum_dtype) if d.metal else None
-            S = S_s if d.metal else S_f  # the scores the softmax reads and rewrites
-            O_acc = O_s if d.metal else O_f  # the running output
+            # The scores the softmax reads and rewrites, and the running output, in a dict: a buffer bound to a new
+            # local name is renamed in the kernel (and the CUDA and C sources would change).
+            on = {"S": S_s if d.metal else S_f, "O": O_s if d.metal else O_f}
             m_prev = d.reducible((block_M,), accum_dtype)
             m_cur = d.reducible((block_M,), accum_dtype)
             m_use = d.reducible((block_M,), accum_dtype)
@@ -177,7 +178,7 @@ def flash_attention(
             hk = by // groups
             m0 = bx * block_M
             T.copy(_tile(Q, q_layout, bz, by, m0, D), Q_s)
-            T.fill(O_acc, 0)
+            T.fill(on["O"], 0)
             T.fill(l_sum, 0)
             T.fill(m_cur, neg_inf)
             if is_causal:
@@ -203,21 +204,21 @@ def flash_attention(
                     T.copy(S_f, S_s)
                     T.sync_threads()
                 for i, j in d.tile_loop(block_M, block_N):
-                    S[i, j] = score(S[i, j], mask, bz, by, m0 + i, k * block_N + j)
+                    on["S"][i, j] = score(on["S"][i, j], mask, bz, by, m0 + i, k * block_N + j)
                 T.copy(m_cur, m_prev)
-                d.reduce("max", S, m_cur, clear=False)
+                d.reduce("max", on["S"], m_cur, clear=False)
                 for i in d.tile_loop(block_M):
                     # A row with no visible score yet keeps max -inf; 0 stands in so no exponent is NaN.
                     m_use[i] = T.if_then_else(m_cur[i] == neg_inf, T.Cast(accum_dtype, 0), m_cur[i])
                     r_scale[i] = T.exp2(m_prev[i] - m_use[i])
                 for i, j in d.tile_loop(block_M, block_N):
-                    S[i, j] = T.exp2(S[i, j] - m_use[i])
-                d.reduce("sum", S, r_sum)
+                    on["S"][i, j] = T.exp2(on["S"][i, j] - m_use[i])
+                d.reduce("sum", on["S"], r_sum)
                 for i in d.tile_loop(block_M):
                     l_sum[i] = l_sum[i] * r_scale[i] + r_sum[i]
                 for i, j in d.tile_loop(block_M, D):
-                    O_acc[i, j] = O_acc[i, j] * r_scale[i]
-                T.copy(S, P_c)
+                    on["O"][i, j] = on["O"][i, j] * r_scale[i]
+                T.copy(on["S"], P_c)
                 if d.cpu:
                     for i, j, c in T.grid(block_M, block_N, D):
                         O_f[i, c] += T.Cast(accum_dtype, P_c[i, j]) * T.Cast(accum_dtype, V_s[j, c])
@@ -231,8 +232,8 @@ def flash_attention(
                 else:
                     T.gemm(P_c, V_s, O_f, policy=T.GemmWarpPolicy.FullRow)
             for i, j in d.tile_loop(block_M, D):
-                O_acc[i, j] = T.if_then_else(l_sum[i] == 0, T.Cast(accum_dtype, 0), O_acc[i, j] / l_sum[i])
-            T.copy(O_acc, _tile(O, o_layout, bz, by, m0, D))
+                on["O"][i, j] = T.if_then_else(l_sum[i] == 0, T.Cast(accum_dtype, 0), on["O"][i, j] / l_sum[i])
+            T.copy(on["O"], _tile(O, o_layout, bz, by, m0, D))
 
     return flash_attention_kernel
 
