@@ -116,6 +116,8 @@ def cases(target: dict | str) -> dict[str, Callable]:
     adt = "float32" if cpu else half
     fa = {"block_M": 32, "block_N": 32, "num_stages": 0, "threads": 1} if cpu else \
         {"block_M": 64, "block_N": 64, "num_stages": 1, "threads": 128}
+    if kind == "metal":
+        fa = attention.get_configs(t, 64)[0]
     out["attention_plain"] = lambda: attention.flash_attention(2, 4, 128, 128, 64, dtype=adt, **fa, target=t)
     out["attention_causal_gqa_tail"] = lambda: attention.flash_attention(
         1, 4, 100, 100, 64, Hkv=2, is_causal=True, dtype=adt, **fa, target=t)

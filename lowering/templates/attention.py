@@ -262,6 +262,8 @@ def get_configs(target: dict | str, D: int = 128) -> list[dict]:
     default pick; tuning measures the others (and ``config_space``'s) on the device."""
     if dialect(target).cpu:
         return [_config(32, 32, 0, 1), _config(64, 64, 0, 1)]
+    if dialect(target).metal:  # small tiles: Q, K, V, scores and two D-wide fp32 outputs in 32 KB of threadgroup
+        return [_config(16, 32, 1, 128) if D <= 64 else _config(16, 16, 1, 128)]
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     if arch.startswith("sm_90"):
         # TileLang's Hopper example shapes: 128 query rows, 128 keys, 2 stages, 256 threads.

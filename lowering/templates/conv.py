@@ -205,6 +205,8 @@ def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
         return [{"block_M": 128, "block_N": 64, "block_K": 32, "num_stages": 0, "threads": 1},
                 {"block_M": 64, "block_N": 32, "block_K": 32, "num_stages": 0, "threads": 1}]
     seeds = [(128, 128, 32, 2, 128), (64, 128, 32, 3, 128), (128, 64, 64, 2, 128), (128, 256, 32, 3, 256)]
-    if dtype == "float32":  # the exact FMA loop (see allow_tf32): modest tiles, its inner loop is unrolled
+    if dialect(target).metal:  # within Apple GPUs' 32 KB of threadgroup memory, the staged accumulator included
+        seeds = [(64, 64, 32, 2, 128), (32, 64, 32, 2, 128)]
+    elif dtype == "float32":  # the exact FMA loop (see allow_tf32): modest tiles, its inner loop is unrolled
         seeds = [(64, 64, 32, 2, 128), (128, 64, 32, 2, 128)]
     return [{"block_M": m, "block_N": n, "block_K": k, "num_stages": st, "threads": t} for m, n, k, st, t in seeds]

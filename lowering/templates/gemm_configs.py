@@ -41,6 +41,9 @@ FP32_SPACE = [(64, 64, 32, 2, 128, 0), (128, 64, 32, 2, 128, 0), (64, 128, 32, 3
 # c: the product loop runs k outside a vectorized j (gemm.py); wide tiles amortize it. Measured on a 2-core AVX-512
 # machine (2026-12-01, 2 OpenMP threads): 128x256x32 leads from 200x512x128 to 1024^3 (1.2-1.8x torch's oneDNN there,
 # 32x32x32: 3-5x). ``cpu_config`` shrinks the tile to small M and N.
+# Metal (source only, never measured): tiles whose A/B stages and the fp32 accumulator gemm.py stages through
+# threadgroup memory fit Apple GPUs' 32 KB (64x64x32, 2 stages: 16 KB fp16, 32 KB fp32).
+METAL_SPACE = [(64, 64, 32, 2, 128, 0), (32, 64, 32, 2, 128, 0)]
 CPU_SPACE = [(128, 256, 32, 0, 1, 0), (64, 256, 32, 0, 1, 0), (64, 128, 64, 0, 1, 0), (32, 128, 32, 0, 1, 0)]
 
 
@@ -98,6 +101,8 @@ def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
     ``gemm``'s tunables; every one valid for the target (``valid``)."""
     if dialect(target).cpu:
         return [_config(*seed[:5]) for seed in CPU_SPACE]
+    if dialect(target).metal:
+        return [_config(*s) for s in METAL_SPACE]
     fam = arch_family(target)
     if dtype == "float32":
         seeds = [_config(*s) for s in FP32_SPACE]

@@ -325,4 +325,6 @@ def get_configs(target: dict | str) -> list[dict]:
     if dialect(target).cpu:
         return [{"block_rows": 1, "block_N": 1024, "threads": 1}, {"block_rows": 4, "block_N": 256, "threads": 1}]
     seeds = [(1, 1024, 128), (1, 2048, 256), (1, 4096, 256), (1, 8192, 512), (4, 256, 128), (8, 128, 128)]
+    if dialect(target).metal:  # two fp32 tiles in threadgroup memory (Dialect.reducible), within Apple's 32 KB
+        seeds = [s for s in seeds if s[0] * s[1] <= 2048]
     return [{"block_rows": r, "block_N": n, "threads": t} for r, n, t in seeds]
