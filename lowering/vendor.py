@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tilefuse.ir import Graph
-from tilefuse.lowering import vendor_hip
+from tilefuse.lowering import vendor_hip, vendor_metal
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import kernel_source
 from tilefuse.lowering.dispatch import SOURCE_TARGETS, build, graph_facts
@@ -81,7 +81,7 @@ class VendorKernel:
         if self.resources:
             return "; ".join(f"{r.vgprs} VGPR, {r.agprs} AGPR, {r.sgprs} SGPR, {r.spills} spills, "
                              f"occupancy {r.occupancy}" for r in self.resources)
-        return "source only"
+        return "source"
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,13 @@ class VendorBuild:
 
 
 def _produce(spec: KernelSpec, target: dict, config: dict, toolchain) -> tuple[str, object | None]:
+    """The kernel's source; hip: its code object (raises on a compile error or a spill); metal: the source
+    syntax-checked (raises where it does not parse). Without their toolchain, the source alone."""
     src = kernel_source(make_prim_func(spec, target, config), target)
     if target["kind"] == "hip" and toolchain is not None:
         return src, vendor_hip.compile_hip(src, vendor_hip.arch_of(target), toolchain)
+    if target["kind"] == "metal" and toolchain is not None:
+        vendor_metal.check_or_raise(src, spec.template, toolchain)
     return src, None
 
 
@@ -120,7 +124,7 @@ def emit(plan: FusionPlan, specs: dict[str, KernelSpec], target: dict, workers: 
          on_done: Callable[[], None] | None = None) -> VendorBuild:
     """Each spec's source (and hip code object) for ``target``, produced in parallel threads, once per distinct
     kernel; a region whose source or compile fails runs through torch with the reason."""
-    toolchain = vendor_hip.find_toolchain() if target["kind"] == "hip" else None
+    toolchain = {"hip": vendor_hip.find_toolchain, "metal": vendor_metal.find_clang}.get(target["kind"], lambda: None)()
     configs = {name: default_config(spec, target) for name, spec in specs.items()}
     keys = {name: func_key(spec, target, configs[name]) for name, spec in specs.items()}
     first = {}
@@ -149,6 +153,13 @@ def emit(plan: FusionPlan, specs: dict[str, KernelSpec], target: dict, workers: 
             plan, regions=tuple(dataclasses.replace(r, backend="torch") if r.name in failed else r
                                 for r in plan.regions),
             refusals=plan.refusals + tuple(f"{n} runs through torch: {why}" for n, why in failed.items()))
-    made = ("clang-19 (" + str(toolchain.rocm) + ")" if toolchain is not None else vendor_hip.missing_message()) \
-        if target["kind"] == "hip" else f"source only ({target['kind']} kernels build with the vendor's compiler)"
-    return VendorBuild(dict(target), plan, tuple(kernels), made)
+    return VendorBuild(dict(target), plan, tuple(kernels), _made_by(target["kind"], toolchain))
+
+
+def _made_by(kind: str, toolchain) -> str:
+    if kind == "hip":
+        return f"code objects by clang-19 ({toolchain.rocm})" if toolchain else vendor_hip.missing_message()
+    if kind == "metal":
+        return (f"source, syntax-checked by {toolchain} against stand-in headers (Apple's compiler builds it)"
+                if toolchain else f"source, not checked: {vendor_metal.INSTALL_HINT}")
+    return f"source only ({kind} kernels build with the vendor's compiler)"

@@ -117,12 +117,17 @@ def test_unknown_arch_lists_the_known_ones(capsys):
     assert "known: gfx908, gfx90a" in capsys.readouterr().err
 
 
+def mlp_kernels() -> int:
+    """The MLP's regions that take a template on hip."""
+    return len(vendor.source_plan(_load_graph("mlp", "tiny", None, "float16"), GFX942)[1])
+
+
 def test_compile_hip_emit_dir_and_artifact(toolchain, tmp_path, capsys):
     out, tfz = tmp_path / "k", tmp_path / "mlp.tfz"
     assert cli.main(["compile", "mlp", "--target", "hip:gfx90a", "--emit-dir", str(out), "-o", str(tfz), "-q"]) == 0
     text = capsys.readouterr().out
     hips = sorted(out.glob("*.hip"))
-    assert len(hips) == 3 and all(h.with_suffix(".hsaco").is_file() for h in hips), sorted(out.iterdir())
+    assert len(hips) == mlp_kernels() >= 2 and all(h.with_suffix(".hsaco").is_file() for h in hips), text
     for h in hips:  # gfx90a's mach id in the ELF flags
         assert int.from_bytes(h.with_suffix(".hsaco").read_bytes()[48:52], "little") & 0xFF == 0x3F
         assert "__global__" in h.read_text() and f"{h.stem} " in text
@@ -150,8 +155,9 @@ def test_without_the_toolchain_source_is_written_and_the_script_named(tmp_path, 
     monkeypatch.setenv("TILEFUSE_ROCM_DIR", str(tmp_path / "absent"))
     assert vendor_hip.find_toolchain() is None
     assert cli.main(["compile", "mlp", "--target", "hip", "--emit-dir", str(tmp_path / "k"), "-q"]) == 0
-    assert len(list((tmp_path / "k").glob("*.hip"))) == 3 and not list((tmp_path / "k").glob("*.hsaco"))
-    assert "scripts/install_rocm_toolchain.sh" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert len(list((tmp_path / "k").glob("*.hip"))) == mlp_kernels(), text
+    assert not list((tmp_path / "k").glob("*.hsaco")) and "scripts/install_rocm_toolchain.sh" in text
     with pytest.raises(FileNotFoundError, match="install_rocm_toolchain.sh"):
         vendor_hip.compile_hip("", "gfx942")
 
