@@ -38,13 +38,24 @@ def db_key(spec, target: dict) -> str:
                      f"tilelang-{tilelang.__version__}"))
 
 
+def _valid(key: str, entry: dict) -> bool:
+    """An entry of its kind: a tuned config, a region's measured choice (``|choice``) or a whole graph's (``|whole``,
+    ``backend._WholeGraphChoice``)."""
+    if key.endswith("|choice"):
+        return isinstance(entry.get("torch"), bool)
+    if key.endswith("|whole"):
+        return entry.get("runs") in ("tilefuse", "torch")
+    return isinstance(entry.get("config"), dict)
+
+
 class TuningDBError(RuntimeError):
     """The tuning database file cannot be read or written."""
 
 
 class TuningDB:
     """A JSON file of ``db_key -> {"config", "seconds", "candidates", "template", "tuned_at"}`` (and of
-    ``db_key|choice -> {"torch", "kernel_ms", "torch_ms"}``, see ``pipeline.decide``).
+    ``db_key|choice -> {"torch", "kernel_ms", "torch_ms"}``, see ``pipeline.decide``, and of
+    ``graph|...|whole -> {"runs", "tilefuse_ms", "torch_ms"}``, see ``backend._WholeGraphChoice``).
 
     Writes go through a temporary file and ``os.replace`` (a reader never sees half a file) and merge
     with what is on disk under a lock file (two processes tuning at once both keep their entries).
@@ -85,10 +96,9 @@ class TuningDB:
             raise TuningDBError(f"tuning database {self.path}: cannot read it ({e})") from e
         try:
             data = json.loads(text)
-            if not isinstance(data, dict) or not all(
-                    isinstance(v, dict) and (isinstance(v.get("config"), dict) if not k.endswith("|choice")
-                                             else isinstance(v.get("torch"), bool)) for k, v in data.items()):
-                raise ValueError("not an object of {key: {'config': {...}, ...}} (choices: {'torch': bool, ...})")
+            if not isinstance(data, dict) or not all(isinstance(v, dict) and _valid(k, v) for k, v in data.items()):
+                raise ValueError("not an object of {key: {'config': {...}, ...}} (choices: {'torch': bool, ...}; "
+                                 "whole graphs: {'runs': 'tilefuse' or 'torch', ...})")
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             aside = self.path.with_name(self.path.name + ".corrupt")
             _log.warning("tuning database %s is not valid (%s); moved to %s, starting empty", self.path, e, aside)

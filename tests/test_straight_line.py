@@ -159,3 +159,22 @@ def test_a_cpu_linear_weight_is_packed_once_per_version(monkeypatch, rng):
         assert kernels[0].packs[1][2] is not first
     with torch.inference_mode():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_whole_graph_choice_is_remembered_in_the_tuning_database(monkeypatch, tmp_path, rng):
+    """A second process (a fresh backend) takes the stored choice without timing: the same line, the same numbers."""
+    monkeypatch.setenv("TILEFUSE_MEASURE", "1")
+    monkeypatch.setenv("TILEFUSE_TUNING_DB", str(tmp_path / "db.json"))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU()).eval()
+    x = torch.randn(5, 16, generator=rng)
+    lines = []
+    torch._dynamo.reset()  # (other tests' compiles of Sequential.forward count against dynamo's recompile limit)
+    for _ in range(2):
+        backend = backend_mod.make_backend(tilefuse.config.Options(target={"kind": "c"}, quiet=True))
+        compiled = torch.compile(model, backend=backend)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+        lines.append(backend.graph_choices)
+        torch._dynamo.reset()
+    assert lines[0] and lines[0] == lines[1]
+    assert '"runs"' in (tmp_path / "db.json").read_text()

@@ -15,7 +15,9 @@ torch, with a warning naming why (and the reason is kept in ``TilefuseBackend.fa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -27,8 +29,10 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tilefuse.config import Options, parse_target
 from tilefuse.frontends.fx import FxProgram, import_fx_program, is_symbolic
+from tilefuse.lowering.tuning_db import TuningDB, TuningDBError
 from tilefuse.pipeline import build_runner
 from tilefuse.planner.sparsity import SparsityLog, freeze_linear_weights
+from tilefuse.runtime.serialize import graph_to_json
 
 log = logging.getLogger("tilefuse")
 aten = torch.ops.aten
@@ -114,7 +118,7 @@ class TilefuseBackend:
                    and not c.program.mutations]
         if self.options.measure and self.options.target.get("kind") in WHOLE_GRAPH_TARGETS \
                 and len(runners) == len(compiled) == 1:
-            return _WholeGraphChoice(fn, gm, f"graph{graph_id}", runners[0], self.graph_choices)
+            return _WholeGraphChoice(fn, gm, f"graph{graph_id}", runners[0], self.graph_choices, self.options.target)
         return fn
 
     def compile_graph(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
@@ -222,10 +226,13 @@ class _WholeGraphChoice:
     plan's own first call, which makes the per-region choices) or dynamo's graph through torch. Both compute the
     same ops; the timings interleave the two (``WHOLE_GRAPH_ROUNDS`` calls each, median). Taken only for graphs
     without input mutations (each is run several times), and not while autograd records (a training call keeps the
-    plan). The choice is kept on the runner (``PlanRunner.graph_backend``) and in ``choices``."""
+    plan). The choice is kept on the runner (``PlanRunner.graph_backend``), in ``choices`` and in the tuning database
+    (keyed by the graph's structure: a later process takes it without timing)."""
 
-    def __init__(self, compiled: Callable, gm: fx.GraphModule, name: str, runner: Any, choices: dict[str, str]):
+    def __init__(self, compiled: Callable, gm: fx.GraphModule, name: str, runner: Any, choices: dict[str, str],
+                 target: dict | None = None):
         self.compiled, self.gm, self.name, self.runner, self.choices = compiled, gm, name, runner, choices
+        self.target = target or {"kind": "c"}
         self.fn: Callable | None = None
 
     def __call__(self, *args: Any) -> Any:
@@ -235,20 +242,51 @@ class _WholeGraphChoice:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             self.fn = self.compiled
             return out
-        times: dict[str, list[float]] = {"tilefuse": [], "torch": []}
         ways = {"tilefuse": self.compiled, "torch": self.gm.forward}
-        for _ in range(WHOLE_GRAPH_ROUNDS):
-            for way, fn in ways.items():
-                t0 = time.perf_counter()
-                fn(*args)
-                times[way].append(time.perf_counter() - t0)
-        ms = {way: sorted(t)[len(t) // 2] * 1e3 for way, t in times.items()}
-        way = "torch" if ms["torch"] < ms["tilefuse"] else "tilefuse"
+        key, db = _graph_key(getattr(self.runner, "plan", None)), TuningDB()
+        stored = db.get(key, self.target, "whole") if key is not None else None
+        if stored is not None and stored.get("runs") in ways:
+            way, ms = stored["runs"], {w: stored.get(f"{w}_ms", float("nan")) for w in ways}
+        else:
+            times: dict[str, list[float]] = {w: [] for w in ways}
+            for _ in range(WHOLE_GRAPH_ROUNDS):
+                for w, fn in ways.items():
+                    t0 = time.perf_counter()
+                    fn(*args)
+                    times[w].append(time.perf_counter() - t0)
+            ms = {w: sorted(t)[len(t) // 2] * 1e3 for w, t in times.items()}
+            way = "torch" if ms["torch"] < ms["tilefuse"] else "tilefuse"
+            if key is not None:
+                try:
+                    db.put(key, self.target, {"runs": way, "tilefuse_ms": ms["tilefuse"], "torch_ms": ms["torch"]},
+                           "whole")
+                except TuningDBError as e:
+                    log.warning("tilefuse: %s: the whole-graph choice is not remembered: %s", self.name, e)
         self.fn = ways[way]
         self.runner.graph_backend = way
         self.choices[self.name] = f"{way} (plan {ms['tilefuse']:.3f} ms, dynamo's graph through torch {ms['torch']:.3f} ms)"
         log.info("tilefuse: %s runs %s", self.name, self.choices[self.name])
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _GraphKey:
+    """What the tuning database keys a whole graph's choice by (``tuning_db.db_key`` reads these fields)."""
+
+    template: str
+    params: tuple
+    out_idx: tuple = ()
+
+
+def _graph_key(plan: Any) -> _GraphKey | None:
+    """The key of a plan's graph: a digest of its structure (ops, attributes, types; not its name, not weights);
+    None where the graph has an attribute JSON cannot hold."""
+    try:
+        doc = graph_to_json(plan.graph)
+    except Exception:  # noqa: BLE001 -- then the choice is made again in each process
+        return None
+    doc.pop("name", None)
+    return _GraphKey("graph", (("digest", hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()),))
 
 
 class _Specializing:
