@@ -8,7 +8,8 @@ region keeps the faster of its kernel and its torch ops, timed on the first call
 tilefuse with every region forced to its TileLang kernel (``measure=False``). The three are timed in interleaved
 rounds (one call of each per round, after warm-up), so load from other processes on a shared machine falls on all
 three alike; the table gives the medians over ``--rounds`` rounds, the ratio eager/tilefuse (>= 1: tilefuse is as
-fast as eager or faster) and how many regions run as TileLang kernels. Then the GEMM template (the ``c`` pick,
+fast as eager or faster), how many regions run as TileLang kernels and how each graph runs after the measured
+choice (``tilefuse``: its plan; ``torch``: dynamo's graph through torch, measured faster than the plan). Then the GEMM template (the ``c`` pick,
 through ``tilefuse.compile`` of ``a @ b``) against ``torch.matmul`` at n^3 fp32. Outputs are checked against eager.
 """
 
@@ -76,7 +77,8 @@ def bench_model(name: str, size: str, rounds: int) -> dict:
         err_f = _err(forced(*inputs), ref)
         ms = interleaved_ms({"eager": model, "measured": measured, "forced": forced}, inputs, rounds)
     return {"model": name, **ms, "err": max(err_m, err_f), "share_m": kernel_share(measured_runners),
-            "share_f": kernel_share(forced_runners), "compile_s": compile_m}
+            "share_f": kernel_share(forced_runners), "compile_s": compile_m,
+            "graph": ",".join(r.graph_backend for r in measured_runners)}
 
 
 class _MatMul(torch.nn.Module):
@@ -133,15 +135,15 @@ def main(argv=None) -> int:
     out = [f"load average before: {_load()}", "",
            (f"zoo at --size {args.size}, fp32, median of {args.rounds} interleaved rounds (ms); ratio = eager / "
            "tilefuse (>= 1.00: at least as fast as eager)"), "",
-           ("| model | eager ms | measured ms | ratio | kernels (measured) | forced ms | ratio | kernels (forced) "
-           "| max rel err | first call s |"),
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           ("| model | eager ms | measured ms | ratio | kernels (measured) | graph runs (measured) | forced ms | ratio "
+            "| kernels (forced) | max rel err | first call s |"),
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     print("\n".join(out), flush=True)
     for name in args.models.split(","):
         r = bench_model(name, args.size, args.rounds)
         (km, nm), (kf, nf) = r["share_m"], r["share_f"]
         line = (f"| {name} | {r['eager']:.2f} | {r['measured']:.2f} | {r['eager'] / r['measured']:.2f} | {km}/{nm} | "
-                f"{r['forced']:.2f} | {r['eager'] / r['forced']:.2f} | {kf}/{nf} | {r['err']:.1e} | "
+                f"{r['graph']} | {r['forced']:.2f} | {r['eager'] / r['forced']:.2f} | {kf}/{nf} | {r['err']:.1e} | "
                 f"{r['compile_s']:.1f} |")
         out.append(line)
         print(line, flush=True)
