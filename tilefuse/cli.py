@@ -187,11 +187,11 @@ def cmd_compile(args) -> int:
         return cmd_compile_vendor(args, vendor.check_target(target))
     if args.emit_dir:
         raise ValueError(f"--emit-dir writes kernels for a vendor toolchain (--target hip|metal|ascend), not {target}")
-    t0 = time.perf_counter()
+    t0, source = time.perf_counter(), args.model
     if not Path(args.model).is_file() and args.model in models.ZOO:  # a zoo model goes through its ONNX export
         tmp = tempfile.TemporaryDirectory(prefix="tilefuse-compile-")
-        args.model = str(models.export_onnx(args.model, Path(tmp.name) / f"{args.model}.onnx"))
-    compiled = tilefuse.compile_onnx(args.model, target=args.target, sparsity=args.sparsity, quiet=_quiet(args))
+        source = models.export_onnx(args.model, Path(tmp.name) / f"{args.model}.onnx")
+    compiled = tilefuse.compile_onnx(source, target=args.target, sparsity=args.sparsity, quiet=_quiet(args))
     print(compiled.summary())
     if compiled.sparsity_report is not None:
         print(compiled.sparsity_report.summary())
