@@ -92,10 +92,12 @@ def _serial_reduce(op: str, rows: int, cols: int, clear: bool):
     @T.macro
     def reduce_rows(src, dst):
         for r in T.Parallel(rows):
-            if clear:
-                dst[r] = T.Cast(dst.dtype, identity)
+            # in a register, dst written once: a loop of reads and writes of dst inside the thread's branch is
+            # what TileLang's barrier placement warns of
+            acc = T.alloc_var(dst.dtype, init=T.Cast(dst.dtype, identity) if clear else dst[r])
             for c in T.serial(cols):
-                dst[r] = fold(dst[r], src[r, c])
+                acc = fold(acc, src[r, c])
+            dst[r] = acc
 
     return reduce_rows
 
