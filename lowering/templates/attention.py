@@ -12,6 +12,10 @@ uses 0 as its max, so ``exp2(-inf - max)`` is 0 and never NaN; a row masked enti
 torch's fused SDPA kernels do (its math path gives NaN). The mask is read at clamped coordinates (values computed for rows and
 columns past the edge are never stored).
 
+Metal (source only): the two products' accumulators are opaque simdgroup matrices, so the scores are copied to
+threadgroup memory for the softmax (with ``Dialect.reduce``), and each tile's ``P V`` goes to a fresh accumulator
+that is copied out and added to the rescaled running output, kept in threadgroup memory (``on["O"]``).
+
 Layouts: each of Q, K, V and O is either a contiguous ``(B, H, S, D)`` tensor (the default) or, with
 a ``TokenRows(width, offset)`` layout, a ``(B, S, width)`` buffer whose head ``h`` holds columns
 ``offset + h*D`` to ``offset + (h+1)*D`` of each token's row. That reads a fused QKV projection

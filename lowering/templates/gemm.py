@@ -7,7 +7,8 @@ broadcast operand is never copied. Tails (M, N, K not multiples of the block) ar
 zero-fills out-of-range tile elements and guards the store; the prologue path guards its loads
 itself (the prologue of 0 need not be 0), and epilogue operands are read at clamped coordinates
 (the values computed past the edge are never stored). The accumulator is ``accum_dtype`` (fp32);
-the epilogue computes in fp32 and the store casts to ``out_dtype``.
+the epilogue computes in fp32 and the store casts to ``out_dtype``. On Metal the ``T.gemm`` accumulator (opaque
+``simdgroup_float8x8`` matrices) is staged through threadgroup memory before the epilogue and a guarded store.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ maximum first, another pass over it. So NaN from a variance of 3.4e38 / cols up 
 several tiles from about 3.4e38 / cols^2 (the merge's ``delta^2 * n_a * n_b``). The first tile's M2 is its own: its
 merge with the empty row (``(mean - 0)^2 * 0``) made a finite row whose mean is past 1.8e19 NaN (var too).
 
+Note: on Metal (source only) the tiles and row statistics live in threadgroup memory (``Dialect.reducible``) and
+``Dialect.reduce`` folds each row serially in one thread: TileLang 0.1.15 has no reduction for Metal.
+
 Note: any/all reduce each element's truth (``x != 0``: NaN is true, -0.0 false) the same way: a per-element
 "seen" flag (any: a true element; all: a false one), one reduction per row; an empty row is False for any, True
 for all. Bool tensors cross the kernel boundary as int8 (``elementwise.storage_dtype``), X, Out and Pre alike.
