@@ -102,6 +102,11 @@ def kernel_source(prim_func, target: dict | str, pass_configs: dict[str, Any] | 
     Metal gets ``tirx.disable_vectorize``: its simdgroup GEMM cannot take the vectorized (float32x4)
     epilogue TileLang would otherwise emit.
     """
+    return lower_source(prim_func, target, pass_configs)[0]
+
+
+def lower_source(prim_func, target: dict | str, pass_configs: dict[str, Any] | None = None) -> tuple[str, int]:
+    """``kernel_source`` and the dynamic shared memory (bytes) its kernels are launched with, the largest."""
     import tvm
 
     configs = {"tirx.disable_vectorize": True} if target_kind(target) == "metal" else {}
@@ -109,7 +114,9 @@ def kernel_source(prim_func, target: dict | str, pass_configs: dict[str, Any] | 
     tobj = tilelang.backend.target.determine_target(tilelang_target(target), return_object=True)
     with tvm.transform.PassContext(opt_level=3, config=configs), tobj:
         artifact = tilelang.lower(prim_func, target=tobj)
-    return artifact.kernel_source
+    shared = [int(fn.attrs["dyn_shared_memory_buf"]) for fn in artifact.device_mod.functions.values()
+              if fn.attrs is not None and "dyn_shared_memory_buf" in fn.attrs]
+    return artifact.kernel_source, max(shared, default=0)
 
 
 def _out_idx(out_idx):

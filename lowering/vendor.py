@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from tilefuse.ir import Graph
 from tilefuse.lowering import vendor_hip, vendor_metal
 from tilefuse.lowering.builders import KernelSpec
-from tilefuse.lowering.compile import kernel_source
+from tilefuse.lowering.compile import lower_source
 from tilefuse.lowering.dispatch import SOURCE_TARGETS, build, graph_facts
 from tilefuse.lowering.lower import default_config, func_key, make_prim_func
 from tilefuse.planner import FusionPlan, Region
@@ -80,7 +80,7 @@ class VendorKernel:
         """Registers and occupancy where the toolchain reported them, else what was produced."""
         if self.resources:
             return "; ".join(f"{r.vgprs} VGPR, {r.agprs} AGPR, {r.sgprs} SGPR, {r.spills} spills, "
-                             f"occupancy {r.occupancy}" for r in self.resources)
+                             f"{r.lds // 1024} KB LDS, occupancy {r.occupancy}" for r in self.resources)
         return "source"
 
 
@@ -104,9 +104,9 @@ class VendorBuild:
 def _produce(spec: KernelSpec, target: dict, config: dict, toolchain) -> tuple[str, object | None]:
     """The kernel's source; hip: its code object (raises on a compile error or a spill); metal: the source
     syntax-checked (raises where it does not parse). Without their toolchain, the source alone."""
-    src = kernel_source(make_prim_func(spec, target, config), target)
+    src, shared = lower_source(make_prim_func(spec, target, config), target)
     if target["kind"] == "hip" and toolchain is not None:
-        return src, vendor_hip.compile_hip(src, vendor_hip.arch_of(target), toolchain)
+        return src, vendor_hip.compile_hip(src, vendor_hip.arch_of(target), toolchain, dynamic_lds=shared)
     if target["kind"] == "metal" and toolchain is not None:
         vendor_metal.check_or_raise(src, spec.template, toolchain)
     return src, None

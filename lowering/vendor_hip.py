@@ -10,6 +10,7 @@ a kernel that spills registers to scratch memory is one whose tile config is wro
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ INSTALL_SCRIPT = "scripts/install_rocm_toolchain.sh"
 ARCHS = {"gfx908": 0x30, "gfx90a": 0x3F, "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C}
 DEFAULT_ARCH = "gfx942"
 EM_AMDGPU = 224
+LDS_BYTES = 65536  # LDS a workgroup may use on gfx9 (CDNA1-3)
 _PROJECT = Path(__file__).resolve().parent.parent
 
 
@@ -98,7 +100,7 @@ class Resources:
     sgpr_spill: int
     scratch: int  # bytes per lane
     occupancy: int  # waves per SIMD
-    lds: int  # bytes
+    lds: int  # bytes a workgroup: static (clang's remark), plus the dynamic shared memory it is launched with
 
     @property
     def spills(self) -> int:
@@ -143,11 +145,15 @@ def check_elf(hsaco: bytes, arch: str) -> None:
 
 
 def compile_hip(source: str, arch: str = DEFAULT_ARCH, toolchain: Toolchain | None = None,
-                allow_spills: bool = False) -> CodeObject:
+                allow_spills: bool = False, dynamic_lds: int = 0) -> CodeObject:
     """Compile one kernel's HIP ``source`` to a code object for ``arch``. Raises ``HipCompileError`` with clang's
-    diagnostics, ``HipSpillError`` where a kernel spills (unless ``allow_spills``), ``FileNotFoundError`` saying how
-    to install the toolchain where it is absent."""
+    diagnostics or where the kernel's LDS (static, plus ``dynamic_lds`` bytes it is launched with) passes the arch's
+    64 KB a workgroup, ``HipSpillError`` where a kernel spills (unless ``allow_spills``), ``FileNotFoundError``
+    saying how to install the toolchain where it is absent."""
     arch = arch_of({"kind": "hip", "mcpu": arch})
+    if dynamic_lds > LDS_BYTES:
+        raise HipCompileError(f"the kernel is launched with {dynamic_lds} bytes of dynamic shared memory, past "
+                              f"{arch}'s {LDS_BYTES} bytes of LDS a workgroup (use smaller tiles)")
     tc = toolchain or find_toolchain()
     if tc is None:
         raise FileNotFoundError(missing_message())
@@ -165,7 +171,9 @@ def compile_hip(source: str, arch: str = DEFAULT_ARCH, toolchain: Toolchain | No
             raise HipCompileError(f"clang-19 failed for {arch} (exit {r.returncode}):\n" + "\n".join(errors))
         hsaco = obj.read_bytes()
     check_elf(hsaco, arch)
-    res = tuple(parse_resources(r.stderr))
+    res = tuple(dataclasses.replace(x, lds=x.lds + dynamic_lds) for x in parse_resources(r.stderr))
+    if any(x.lds > LDS_BYTES for x in res):
+        raise HipCompileError(f"LDS past {arch}'s {LDS_BYTES} bytes a workgroup: {[x for x in res if x.lds > LDS_BYTES]}")
     spilled = [x for x in res if x.spills]
     if spilled and not allow_spills:
         raise HipSpillError("; ".join(f"{x.name} spills {x.vgpr_spill} VGPRs and {x.sgpr_spill} SGPRs on {arch}"
