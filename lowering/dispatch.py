@@ -32,6 +32,7 @@ from tilefuse.lowering.builders import (
 from tilefuse.lowering.conv_builder import build_conv, build_pool
 from tilefuse.lowering.index import NotLowerable
 from tilefuse.lowering.sparse_builder import build_gemm_sp
+from tilefuse.lowering.templates.ascend import ASCEND_KINDS, ascend_spec
 from tilefuse.ops import POOL_OPS
 from tilefuse.planner.plan import FusionPlan, Region
 
@@ -81,6 +82,8 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
         return f"opaque region ({' '.join(dict.fromkeys(region.ops))}): {why}" if region.kind == "opaque" else why
     if target.get("kind") not in KERNEL_TARGETS and not (source and target.get("kind") in SOURCE_TARGETS):
         return f"target {target.get('kind')!r} compiles only with its vendor toolchain"
+    if target.get("kind") == "ascend" and region.kind not in ASCEND_KINDS:
+        return f"no Ascend template for {region.kind} regions; it runs through torch"
     nodes, types = facts if facts is not None else graph_facts(graph)
     anchor = nodes[region.anchor] if region.anchor else None
     try:
@@ -92,7 +95,8 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
         if fn is None:
             return NO_TEMPLATE.get(region.kind, "no template for {kind} regions").format(
                 kind=region.kind, op=anchor.op if anchor is not None else None)
-        return fn(Builder(region, graph, nodes, types), anchor, target)
+        spec = fn(Builder(region, graph, nodes, types), anchor, target)
+        return ascend_spec(spec) if target.get("kind") == "ascend" else spec  # its own templates (templates/ascend)
     except NotLowerable as e:
         return str(e)
     except (KeyError, IndexError, TypeError, ValueError) as e:  # a shape the builders did not foresee

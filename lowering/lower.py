@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from tilefuse.lowering import func_cache
 from tilefuse.lowering.builders import KernelSpec, broadcast, numel
 from tilefuse.lowering.compile import compile_many
-from tilefuse.lowering.templates import attention, conv, elementwise, gemm, gemm_configs, gemm_sp, pool, reduction
+from tilefuse.lowering.templates import (
+    ascend,
+    attention,
+    conv,
+    elementwise,
+    gemm,
+    gemm_configs,
+    gemm_sp,
+    pool,
+    reduction,
+)
 from tilefuse.lowering.templates.common import dialect
 from tilefuse.progress import Progress
 
@@ -27,7 +37,7 @@ _log = logging.getLogger("tilefuse")
 TEMPLATES = {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.row_reduction),
              "elementwise": (elementwise, elementwise.elementwise), "conv2d": (conv, conv.conv2d),
              "pool2d": (pool, pool.pool2d), "flash_attention": (attention, attention.flash_attention),
-             "gemm_sp": (gemm_sp, gemm_sp.gemm_sp)}
+             "gemm_sp": (gemm_sp, gemm_sp.gemm_sp), **ascend.TEMPLATES}
 
 
 @dataclass(frozen=True)
