@@ -32,7 +32,10 @@ _COUNTERPART = {
 
 
 def ascend_spec(spec: KernelSpec) -> KernelSpec | str:
-    """``spec`` retargeted to its Ascend template, or the reason no Ascend template takes it."""
+    """``spec`` retargeted to its Ascend template (one already retargeted as it is), or the reason no Ascend template
+    takes it."""
+    if spec.template in TEMPLATES:
+        return spec
     if spec.template not in _COUNTERPART:
         return f"no Ascend template for {spec.template} kernels yet; the region runs through torch"
     name, why_not = _COUNTERPART[spec.template]
