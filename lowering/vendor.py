@@ -101,10 +101,13 @@ class VendorBuild:
         return "\n".join(lines)
 
 
-def _produce(spec: KernelSpec, target: dict, config: dict, toolchain) -> tuple[str, object | None]:
-    """The kernel's source; hip: its code object (raises on a compile error or a spill); metal: the source
-    syntax-checked (raises where it does not parse). Without their toolchain, the source alone."""
-    src, shared = lower_source(make_prim_func(spec, target, config), target)
+def _produce(spec: KernelSpec, func, target: dict, toolchain) -> tuple[str, object | None]:
+    """The kernel's source from its PrimFunc ``func`` (or the exception building it: raised here); hip: its code
+    object (raises on a compile error or a spill); metal: the source syntax-checked (raises where it does not
+    parse). Without their toolchain, the source alone."""
+    if isinstance(func, BaseException):
+        raise func
+    src, shared = lower_source(func, target)
     if target["kind"] == "hip" and toolchain is not None:
         return src, vendor_hip.compile_hip(src, vendor_hip.arch_of(target), toolchain, dynamic_lds=shared)
     if target["kind"] == "metal" and toolchain is not None:
@@ -131,8 +134,14 @@ def emit(plan: FusionPlan, specs: dict[str, KernelSpec], target: dict, workers: 
     for name in specs:
         first.setdefault(keys[name], name)
     workers = workers or min(len(first), os.cpu_count() or 1) or 1
+    funcs = {}
+    for key, n in first.items():  # built here, one by one: TileLang's PrimFunc builder is not safe across threads
+        try:
+            funcs[key] = make_prim_func(specs[n], target, configs[n])
+        except Exception as e:  # noqa: BLE001 -- reported with the region, as a failed compile is
+            funcs[key] = e
     with concurrent.futures.ThreadPoolExecutor(workers, "tilefuse-vendor") as pool:
-        futures = {key: pool.submit(_produce, specs[n], target, configs[n], toolchain) for key, n in first.items()}
+        futures = {key: pool.submit(_produce, specs[n], funcs[key], target, toolchain) for key, n in first.items()}
         for _ in concurrent.futures.as_completed(futures.values()):
             if on_done is not None:
                 on_done()

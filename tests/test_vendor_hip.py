@@ -53,8 +53,10 @@ def test_every_template_kind_and_dtype_compiles_to_gfx942(toolchain):
     for dt in ("float32", "float16", "bfloat16"):
         assert any(n.endswith(dt) for n in built), dt
 
+    funcs = {name: make() for name, make in built.items()}  # (TileLang's PrimFunc builder: one thread at a time)
+
     def one(name):
-        src, shared = lower_source(built[name](), GFX942)
+        src, shared = lower_source(funcs[name], GFX942)
         return name, vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared)
 
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
