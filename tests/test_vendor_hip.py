@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import zipfile
 
 import pytest
@@ -31,7 +32,11 @@ WORKERS = 4  # clang is a subprocess and TileLang's lowering releases the GIL: t
 
 @pytest.fixture(scope="module")
 def toolchain():
+    """The unpacked toolchain. CI installs it (.ci/run runs scripts/install_rocm_toolchain.sh) and fails without it;
+    elsewhere (the README's test command on a fresh machine) these tests are skipped, saying how to get it."""
     tc = vendor_hip.find_toolchain()
+    if tc is None and not os.environ.get("CI"):
+        pytest.skip(vendor_hip.missing_message())
     assert tc is not None, vendor_hip.missing_message()
     return tc
 
