@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from tilefuse.ir import torch_dtype
+
 from .c10d_table import COLLECTIVES
 from .fx_context import Ctx
 
@@ -29,11 +31,27 @@ def _unary(name: str, **attrs: Any) -> Converter:
     return lambda cx, a: cx.op(name, a["self"], **attrs)
 
 
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+
+
 def _binary(name: str, x: str = "self", y: str = "other") -> Converter:
     def conv(cx: Ctx, a: dict) -> str:
-        lhs, rhs = a[x], a[y]
-        return cx.op(name, cx.tensor(lhs, rhs), cx.tensor(rhs, lhs))
+        lhs, rhs = cx.tensor(a[x], a[y]), cx.tensor(a[y], a[x])
+        if name in _COMPARISONS:
+            lhs, rhs = _promoted(cx, lhs, rhs)
+        return cx.op(name, lhs, rhs)
     return conv
+
+
+def _promoted(cx: Ctx, lhs: str, rhs: str) -> tuple[str, str]:
+    """A comparison's operands cast to torch's promoted dtype where theirs differ: eager compares in that dtype, so a
+    0-d float32 3e38 against a float16 tensor is inf there (a kernel comparing in float32 said 3e38 != inf)."""
+    tl, tr = cx.type(lhs), cx.type(rhs)
+    if tl.dtype == tr.dtype or tl.shape is None or tr.shape is None:
+        return lhs, rhs
+    common = torch.result_type(torch.empty(tl.shape, dtype=torch_dtype(tl.dtype), device="meta"),
+                               torch.empty(tr.shape, dtype=torch_dtype(tr.dtype), device="meta"))
+    return _cast(cx, lhs, common), _cast(cx, rhs, common)
 
 
 def _alias(cx: Ctx, a: dict) -> str:

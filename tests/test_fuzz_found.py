@@ -258,3 +258,16 @@ def test_layer_norm_reference_follows_the_kernels_overflow_rule():
     lone = torch.tensor([[3e38], [2.5], [math.nan]])  # (the NaN row: found by the 10,000-case run)
     (got,) = ln.run([lone], {"axis": -1})
     assert torch.equal(got[:2], torch.zeros(2, 1)) and got[2].isnan()  # float64's answer; eager: NaN for 3e38
+
+
+@pytest.mark.parametrize("op", [torch.eq, torch.ne, torch.lt, torch.ge])
+def test_a_comparison_promotes_its_operands_as_eager_does(op, caplog):
+    """eq(a 0-d float32 3e38, a float16 tensor): eager compares in float16, where 3e38 is inf; a kernel comparing in
+    float32 said 3e38 != inf (seed 2725644612, shard 0/4). The frontend now casts to the promoted dtype first."""
+    def fn(s, x):
+        return op(s, (x * 1.5).to(torch.float16)), op((x * 1.5).to(torch.float16), s)
+
+    s = torch.tensor(3e38)
+    x = torch.tensor([[float("inf"), 65504.0, 1.0, float("-inf"), float("nan"), 3e38, -3e38, 0.0, 43690.0]])
+    for got, want in zip(compiled(fn, caplog)(s, x), fn(s, x)):
+        assert torch.equal(got, want), (got, want)
