@@ -271,3 +271,15 @@ def test_a_comparison_promotes_its_operands_as_eager_does(op, caplog):
     x = torch.tensor([[float("inf"), 65504.0, 1.0, float("-inf"), float("nan"), 3e38, -3e38, 0.0, 43690.0]])
     for got, want in zip(compiled(fn, caplog)(s, x), fn(s, x)):
         assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.xfail(reason="open (issue #15): torch's CPU gelu of +-inf is NaN in its vectorized path and the limit in "
+                          "its scalar path; ours is the limit. The fuzzer draws no infinities for gelu programs meanwhile",
+                   strict=True)
+def test_gelu_of_inf_follows_eager(caplog):
+    def fn(x):
+        return F.gelu(F.hardswish(x))
+
+    x = torch.tensor([[float("-inf"), 0.0, 3e38, 1.1369, -2.169]])
+    got, want = compiled(fn, caplog)(x), fn(x)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), (got, want)
