@@ -38,6 +38,25 @@ from tilefuse.lowering.templates.common import (
 )
 
 
+def element_env(expr: Expr, ins, flats, in_shapes, in_dtypes, shape, idx, read) -> Env:
+    """What ``expr`` reads at flat index ``idx`` of an output of ``shape``: input ``i`` flat where its shape is the
+    output's, else broadcast at the output's coordinates; gathers at int32 indices; each value through ``read``
+    (bool storage to bool). Shared by the elementwise templates of every dialect (``templates/ascend``)."""
+    c = unravel(idx, shape)
+
+    def arg(i):
+        if in_shapes[i] == shape:
+            return read(flats[i][idx], in_dtypes[i])
+        return read(ins[i][broadcast_index(in_shapes[i], c)], in_dtypes[i])
+
+    def load(i, index):
+        index = tuple(x if str(x.dtype) == "int32" else T.Cast("int32", x) for x in index)
+        return read(ins[i][index], in_dtypes[i])
+
+    uses_acc = bool(in_shapes) and any(isinstance(n, Acc) for n in walk(expr))
+    return Env(acc=arg(0) if uses_acc else None, arg=arg, coord=lambda dim: c[dim], load=load)
+
+
 def storage_dtype(dtype: str) -> str:
     """The dtype a tensor of ``dtype`` has at the kernel boundary (bool travels as int8)."""
     return "int8" if dtype == "bool" else dtype
@@ -96,7 +115,6 @@ def elementwise(
     sizes = [numel(s) for s in out_shapes]
     total = max(sizes, default=1)
     block = max(1, min(block, total))
-    n_in = len(in_shapes)
     flat_in = [s in out_shapes for s in in_shapes]  # read flat where an output has the same shape
     # Outside the kernel body, where `or` would become a TIR bool op.
     out_params = [(s or (1,), storage_dtype(dt)) for s, dt in zip(out_shapes, out_dtypes)]
@@ -111,21 +129,7 @@ def elementwise(
 
     def store_one(ins, flats, out, k, idx):
         """Output k at flat index idx."""
-        shape = out_shapes[k]
-        c = unravel(idx, shape)
-
-        def arg(i):
-            if in_shapes[i] == shape:
-                return read(flats[i][idx], in_dtypes[i])
-            return read(ins[i][broadcast_index(in_shapes[i], c)], in_dtypes[i])
-
-        def load(i, index):
-            index = tuple(x if str(x.dtype) == "int32" else T.Cast("int32", x) for x in index)
-            return read(ins[i][index], in_dtypes[i])
-
-        uses_acc = n_in and any(isinstance(n, Acc) for n in walk(exprs[k]))
-        env = Env(acc=arg(0) if uses_acc else None, arg=arg, coord=lambda dim: c[dim], load=load)
-        v = emit(exprs[k], env)
+        v = emit(exprs[k], element_env(exprs[k], ins, flats, in_shapes, in_dtypes, out_shapes[k], idx, read))
         if out_dtypes[k] == "bool":
             v = T.Cast("int8", v if str(v.dtype) == "bool" else v != T.Cast(str(v.dtype), 0))
         else:

@@ -14,18 +14,16 @@ from collections.abc import Sequence
 
 import tilelang.ascend.language as T
 
-from tilefuse.lowering.expr import Acc, Env, Expr, emit, walk
+from tilefuse.lowering.expr import Expr, emit
 from tilefuse.lowering.templates.ascend.common import read, refusal, store
 from tilefuse.lowering.templates.common import (
-    broadcast_index,
     broadcast_shapes,
     normalize_shapes,
     numel,
     param,
-    unravel,
     view,
 )
-from tilefuse.lowering.templates.elementwise import storage_dtype
+from tilefuse.lowering.templates.elementwise import element_env, storage_dtype
 
 
 def elementwise(
@@ -60,20 +58,7 @@ def elementwise(
     out_params = [(s or (1,), storage_dtype(dt)) for s, dt in zip(out_shapes, out_dtypes)]
 
     def store_one(ins, flats, out, k, idx):
-        shape = out_shapes[k]
-        c = unravel(idx, shape)
-
-        def arg(i):
-            if in_shapes[i] == shape:
-                return read(flats[i][idx], in_dtypes[i])
-            return read(ins[i][broadcast_index(in_shapes[i], c)], in_dtypes[i])
-
-        def load(i, index):
-            index = tuple(x if str(x.dtype) == "int32" else T.Cast("int32", x) for x in index)
-            return read(ins[i][index], in_dtypes[i])
-
-        uses_acc = bool(in_shapes) and any(isinstance(n, Acc) for n in walk(exprs[k]))
-        env = Env(acc=arg(0) if uses_acc else None, arg=arg, coord=lambda dim: c[dim], load=load)
+        env = element_env(exprs[k], ins, flats, in_shapes, in_dtypes, out_shapes[k], idx, read)
         T.buffer_store(out, store(emit(exprs[k], env), out_dtypes[k]), [idx])
 
     @T.prim_func
