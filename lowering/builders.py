@@ -56,8 +56,10 @@ def numel(shape) -> int:
 class Builder:
     """Builds the expressions of one region: leaves for outside values, Calls for its nodes."""
 
-    def __init__(self, region: Region, graph: Graph, nodes: dict[str, Node], types: dict[str, TensorType]):
+    def __init__(self, region: Region, graph: Graph, nodes: dict[str, Node], types: dict[str, TensorType],
+                 target: dict | None = None):
         self.region, self.graph, self.types = region, graph, types
+        self.cpu = target is not None and dialect(target).cpu  # computes as torch's CPU kernels (``cpu_form``)
         self.members = [nodes[m] for m in region.nodes]
         self.produced = {v.name for n in self.members for v in n.outputs}
         self.args: list[str] = []  # outside values read as Arg(i), in order
@@ -94,8 +96,29 @@ class Builder:
             require(n.op in supported, f"the templates' expressions cannot compute {n.op} ({n.name})")
             require(len(n.outputs) == 1, f"{n.op} has several outputs")
             args = tuple(env[i] if i in env else self.leaf(i) for i in n.inputs if i)
-            env[n.outputs[0].name] = Call(n.op, args, n.attrs)
+            env[n.outputs[0].name] = self.call(n, args)
         return env
+
+    def call(self, n: Node, args: tuple[Expr, ...]) -> Expr:
+        """The expression of pointwise node ``n`` over ``args``: its op, or on a CPU target ``cpu_form``'s."""
+        form = cpu_form(n, args, self.types[n.inputs[0]].dtype) if self.cpu and n.inputs else None
+        return Call(n.op, args, n.attrs) if form is None else form
+
+
+def cpu_form(n: Node, args: tuple[Expr, ...], dtype: str) -> Expr | None:
+    """The expression a CPU target computes for ``n`` where torch's CPU kernel departs from the op's definition (which
+    the GPU targets follow, as torch's CUDA kernels do), else None.
+
+    gelu (erf form) of float32: torch's kernel for a contiguous tensor of more than one element (oneDNN's, or its
+    vectorized erf) gives NaN at +-inf and computes ``x * (1 + erf(x / sqrt 2))`` before halving, so an ``x`` past
+    2^127 overflows to inf. Its scalar path (one element, a strided input), its CUDA kernel and float16 give the limit
+    at +inf (all give NaN at -inf, ``-inf * 0``); we follow the kernel nearly every tensor meets. Reported upstream
+    (pytorch/pytorch#185770, fix open in #192318): change this when torch changes. ``+ x * 0`` is NaN exactly at
+    +-inf and NaN and +-0 elsewhere, which keeps every other result's bits, -0.0 included."""
+    if n.op == "gelu" and dtype == "float32" and n.attr.get("approximate", "none") == "none":
+        (x,) = args
+        return x * (Const(1.0) + Call("erf", (x * Const(math.sqrt(0.5)),))) * Const(0.5) + x * Const(0.0)
+    return None
 
 
 def domain_shape(t: TensorType, rows: int, cols: int) -> tuple:
@@ -174,7 +197,7 @@ def build_elementwise(b: Builder, target: dict) -> KernelSpec:
             return e
         return Load(e.index, idx)
 
-    ib = index.IndexBuilder(computed, types, leaf, ops_supported())
+    ib = index.IndexBuilder(computed, types, leaf, ops_supported(), b.call)
     exprs = []
     for v, shape in zip(bases, shapes):
         current[0] = shape

@@ -95,7 +95,7 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
         if fn is None:
             return NO_TEMPLATE.get(region.kind, "no template for {kind} regions").format(
                 kind=region.kind, op=anchor.op if anchor is not None else None)
-        spec = fn(Builder(region, graph, nodes, types), anchor, target)
+        spec = fn(Builder(region, graph, nodes, types, target), anchor, target)
         return ascend_spec(spec) if target.get("kind") == "ascend" else spec  # its own templates (templates/ascend)
     except NotLowerable as e:
         return str(e)

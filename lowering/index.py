@@ -200,8 +200,9 @@ class IndexBuilder:
     """
 
     def __init__(self, producers: Mapping[str, tuple[Node, int]], types: Mapping[str, TensorType],
-                 leaf: At, supported: frozenset[str]):
+                 leaf: At, supported: frozenset[str], call: Callable[[Node, tuple], Expr] | None = None):
         self.producers, self.types, self.leaf, self.supported = producers, types, leaf, supported
+        self.call = call or (lambda node, args: Call(node.op, args, node.attrs))  # a pointwise node's expression
         self.memo: dict[tuple, Expr] = {}
 
     def reset(self) -> None:
@@ -225,7 +226,7 @@ class IndexBuilder:
         require(kind in ops.FUSIBLE_POINTWISE and node.op in self.supported,
                 f"the templates' expressions cannot compute {node.op} ({node.name})")
         args = tuple(self.at(i, broadcast(self.shape(i), idx)) for i in node.inputs if i)
-        return Call(node.op, args, node.attrs)
+        return self.call(node, args)
 
 
 # ---- one rule per op: (builder, node, output position, index in that output) -> expression -------
