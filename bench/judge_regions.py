@@ -41,14 +41,18 @@ def regions(name: str, size: str) -> dict:
         fn(*inputs)
         for r in runners:
             r.record = True
-        fn(*inputs)
+        out_tf = fn(*inputs)
         whole = time_ms(fn, *inputs)
         prof_tf = profile(fn, *inputs)
         torch._dynamo.reset()
         ind = torch.compile(model)
-        ind(*inputs)
+        out_ind = ind(*inputs)
         whole_ind = time_ms(ind, *inputs)
         prof_ind = profile(ind, *inputs)
+        eager = model(*inputs)
+    strides = {k: [tuple(t.stride()) for t in (o if isinstance(o, (tuple, list)) else (o,)) if torch.is_tensor(t)]
+               for k, o in (("eager", eager), ("tilefuse", out_tf), ("inductor", out_ind))}
+    print(f"  {name}: output strides {strides}", flush=True)
     from tilefuse.runtime.plan_runner import PlanRunner
 
     rows, seen = [], set()
@@ -82,7 +86,7 @@ def regions(name: str, size: str) -> dict:
     print(f"  {name}: tilefuse {whole:.3f} ms [{category_line(prof_tf)}]; inductor {whole_ind:.3f} ms "
           f"[{category_line(prof_ind)}]", flush=True)
     return {"model": name, "size": size, "tilefuse_ms": whole, "inductor_ms": whole_ind, "tilefuse_profile": prof_tf,
-            "inductor_profile": prof_ind, "regions": rows}
+            "inductor_profile": prof_ind, "output_strides": strides, "regions": rows}
 
 
 def main() -> int:

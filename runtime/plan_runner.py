@@ -227,7 +227,8 @@ MAX_EAGER_TAIL = 2  # regions with kernels run outside the CUDA graph at most
 def eager_tail(plan: FusionPlan) -> int:
     """Where the plan's eager tail starts: the last regions that write graph outputs, up to ``MAX_EAGER_TAIL``
     of them launching kernels (``len(plan.regions)`` when there is none), never between a collective and its wait
-    (``collectives_together``)."""
+    (``collectives_together``). A view region in the tail takes the region making its input with it: a view of graph
+    memory handed to the caller would change with the next replay (no tail where that region cannot come)."""
     outs, regions = set(plan.graph.outputs), plan.regions
     start, launching = len(regions), 0
     while start > 0 and outs & set(regions[start - 1].outputs):
@@ -235,6 +236,11 @@ def eager_tail(plan: FusionPlan) -> int:
         if launching > MAX_EAGER_TAIL:
             break
         start -= 1
+        if not regions[start].launches:
+            outs |= set(regions[start].inputs)
+    made_before = {v for r in regions[:start] for v in r.outputs}
+    if any(not r.launches and made_before & set(r.inputs) for r in regions[start:]):
+        return len(regions)
     return collectives_together(plan, start)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from tilefuse.ir import Graph
 from tilefuse.planner.canonicalize import canonicalize, simplify  # noqa: F401
 from tilefuse.planner.cost import CostModel
-from tilefuse.planner.layout import channels_last
+from tilefuse.planner.layout import aligned_gemm_outputs, channels_last
 from tilefuse.planner.partition import partition, region_name
 from tilefuse.planner.pattern import RewriteLog
 from tilefuse.planner.plan import FusionPlan, Region, compute_nodes
@@ -29,6 +29,8 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
     if fuse and layout is not False:
         canon = channels_last(canon)
     canon, sparse = sparsify(canon, target, sparsity)
+    if fuse:
+        canon = aligned_gemm_outputs(canon, target)
     regions, refusals = partition(canon, cost) if fuse else _one_per_node(canon)
     regions, notes = _mark_sparse(regions, canon, sparse)
     backends = [_backend(r, canon, target, why_not) for r in regions]

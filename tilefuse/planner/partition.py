@@ -78,12 +78,24 @@ def partition(graph: Graph, cost: CostModel | None = None) -> tuple[list[Region]
             _take_prologue(f, node, rid, regions, region_of, refusals)
         elif kind in ops.FUSIBLE_POINTWISE or kind == OpKind.INJECTIVE or node.op in VIEW_OPS:
             if not _join_producer(f, node, regions, region_of, refusals, cost, place):
-                rk = "view" if node.op in VIEW_OPS else "elementwise"
+                rk = "view" if node.op in VIEW_OPS or _narrowed_gemm_output(f, node, regions, region_of) else "elementwise"
                 open_region(node, rk, node.outputs[0].type if node.outputs else None)
         else:
             open_region(node, "opaque", None)
     _merge_views(f, regions, region_of)
     return _finish(f, regions, cost), refusals
+
+
+def _narrowed_gemm_output(f: Facts, node: Node, regions, region_of) -> bool:
+    """``node`` keeps the first columns of a GEMM's output (``planner.layout.aligned_gemm_outputs`` computes an
+    unaligned one padded): torch's view of it, not a kernel that copies it (GPT-2's logits: 823 MB)."""
+    if node.op != "slice" or not node.inputs:
+        return False
+    a = node.attr
+    rank = len(f.types[node.inputs[0]].shape or ())
+    p = f.producers.get(node.inputs[0])
+    return (a.get("dim", 0) % max(rank, 1) == rank - 1 and a.get("start") in (0, None) and a.get("step", 1) == 1
+            and p is not None and region_of.get(p.name) is not None and regions[region_of[p.name]].kind == "gemm")
 
 
 def _join_producer(f: Facts, node: Node, regions, region_of, refusals, cost: CostModel, place) -> bool:
