@@ -9,11 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tilefuse.backend import make_backend
+from tilefuse.config import Options, parse_target
 from tilefuse.ir import TensorType
 from tilefuse.ops import GraphBuilder
 from tilefuse.ops.reference import run_graph
 from tilefuse.pipeline import plan
+from tilefuse.planner import FusionPlan, Region, layout
 from tilefuse.planner.layout import ALIGN_MIN_ROWS, aligned_gemm_outputs
+from tilefuse.runtime.plan_runner import MAX_EAGER_TAIL, eager_tail
 
 CUDA = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -83,10 +87,6 @@ def test_compiled_head_runs_padded(monkeypatch, rng):
     """End to end through ``torch.compile`` (the pass let onto ``c`` here: the runner, the kernel and the torch path
     of a padded head are the same code on every target): eager's values; the head's own output is a view of the
     padded rows where the kernel made it."""
-    import tilefuse.planner.layout as layout
-    from tilefuse.backend import make_backend
-    from tilefuse.config import Options, parse_target
-
     monkeypatch.setattr(layout, "ALIGN_TARGETS", ("cuda", "hip", "c"))
     head = torch.nn.Linear(64, 37)
     x = torch.randn(4, ALIGN_MIN_ROWS // 4, 64, generator=rng)
@@ -110,8 +110,6 @@ def test_compiled_head_runs_padded(monkeypatch, rng):
 def _view_tail_plan(launching_after: int):
     """linear -> slice (a view region) -> the output, with ``launching_after`` elementwise regions writing outputs
     after it."""
-    from tilefuse.planner import FusionPlan, Region
-
     t = TensorType((8, 8), "float32")
     b = GraphBuilder("tail")
     x = b.input("x", t)
@@ -129,8 +127,6 @@ def _view_tail_plan(launching_after: int):
 def test_eager_tail_takes_a_views_producer_or_is_none():
     """A view region handed to the caller from the eager tail would alias the CUDA graph's memory, which the next
     replay overwrites: the region making its input joins the tail, and where the tail is full, there is none."""
-    from tilefuse.runtime.plan_runner import MAX_EAGER_TAIL, eager_tail
-
     assert eager_tail(_view_tail_plan(0)) == 0  # the GEMM and its view both after the replay
     assert eager_tail(_view_tail_plan(1)) == 0
     p = _view_tail_plan(MAX_EAGER_TAIL)  # the tail is full before the GEMM: no tail (outputs copied out)
