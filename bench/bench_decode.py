@@ -132,6 +132,8 @@ def run_one(model, ref_model, mode: str, batch: int, cache_len: int, args, targe
             tok = fwd(tok, **{kw: cache}).logits[:, -1].argmax(-1, keepdim=True)
         sync(dev)
         step_s = (time.perf_counter() - t0) / args.steps
+        prof = profile_steps(lambda t: fwd(t, **{kw: cache}).logits[:, -1].argmax(-1, keepdim=True), tok, step_s) \
+            if args.profile and dev == "cuda" else None
     position = args.prompt + args.check + args.warmup + args.steps / 2
     nbytes = step_bytes(model, batch, position)
     return {"mode": mode, "batch": batch, "cache_len": cache_len, "ms_per_token": step_s * 1e3,
@@ -139,7 +141,50 @@ def run_one(model, ref_model, mode: str, batch: int, cache_len: int, args, targe
             "pct_peak": 100 * nbytes / step_s / 1e12 / args.peak_tbps, "logits_rel_err": worst,
             "prefill_s": prefill_s, "compiles": len(runners) if mode == "tilefuse" else None,
             "tilefuse_failures": list(backend.failures) if backend is not None else None,
-            "tilefuse_fallback_ops": sorted(backend.fallback_ops()) if backend is not None else None}
+            "tilefuse_fallback_ops": sorted(backend.fallback_ops()) if backend is not None else None,
+            "profile": prof, "plan": _plan_summary(runners) if mode == "tilefuse" else None}
+
+
+def profile_steps(step, tok, step_s: float, steps: int = 8) -> dict:
+    """The GPU's kernels over ``steps`` decode steps, per step: by category, the top kernels, and how much of the
+    step's wall time the GPU was busy (the rest is launch and host time)."""
+    from collections import defaultdict
+
+    from kernels import category
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            tok = step(tok)
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        if e.device_type == torch.autograd.DeviceType.CUDA and us > 0:
+            per[e.name].append(us)
+    cats: dict[str, float] = defaultdict(float)
+    for name, ts in per.items():
+        cats[category(name)] += sum(ts) / steps / 1e3
+    top = sorted(per.items(), key=lambda kv: -sum(kv[1]))[:20]
+    busy = sum(cats.values())
+    out = {"busy_ms": busy, "wall_ms": step_s * 1e3, "by_category_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+           "top": [{"kernel": n[:120], "ms": sum(ts) / steps / 1e3, "count": len(ts) / steps} for n, ts in top]}
+    print(f"    profile: GPU busy {busy:.3f} of {step_s * 1e3:.3f} ms a step; "
+          + ", ".join(f"{c} {ms:.3f}" for c, ms in out["by_category_ms"].items()), flush=True)
+    for k in out["top"][:14]:
+        print(f"      {k['ms']:.4f} ms x{k['count']:.0f} {k['kernel'][:100]}", flush=True)
+    return out
+
+
+def _plan_summary(runners) -> list[dict]:
+    rows = []
+    for r in runners:
+        p = r.plan
+        rows.append({"graph": p.graph.name, "regions": {b: sum(1 for g in p.regions if g.launches and g.backend == b)
+                                                        for b in ("tilelang", "torch", "split")},
+                     "given_to_torch": [n for n in p.notes if "measured" in n]})
+        print(f"    plan {p.graph.name}: {rows[-1]['regions']}; " + "; ".join(rows[-1]["given_to_torch"][:40]), flush=True)
+    return rows
 
 
 def main(argv=None) -> None:
@@ -156,6 +201,7 @@ def main(argv=None) -> None:
     ap.add_argument("--peak-tbps", type=float, default=4.8, help="the memory bandwidth %% peak is of")
     ap.add_argument("--tol", type=float, default=None, help="logits tolerance (default 2e-2 fp16, 1e-4 fp32)")
     ap.add_argument("--out", required=True, help="where to write the JSON results")
+    ap.add_argument("--profile", action="store_true", help="also profile 8 steps per mode: kernels by category")
     args = ap.parse_args(argv)
     cpu, quick = args.device == "cpu", args.quick
     defaults = {"batches": "1,2" if cpu else ("1,8" if quick else "1,8,64"),
