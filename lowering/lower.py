@@ -57,8 +57,10 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     if spec.template == "gemm_sp":  # block_K must divide the padded K; the output tile's bytes count too
         return module.get_configs(target, kw["K"], kw.get("out_dtype"))
     space = getattr(module, "config_space", module.get_configs)
-    # gemm/conv seeds depend on the operand dtype, flash attention's on the head dim
-    arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype"), "flash_attention": kw.get("D")}.get(spec.template)
+    if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
+        return space(target, kw.get("D"), Sq=kw["Sq"], groups=kw["Hq"] // (kw.get("Hkv") or kw["Hq"]))
+    # gemm/conv seeds depend on the operand dtype
+    arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
     return space(target, arg) if arg else space(target)
 
 
@@ -81,6 +83,10 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
         return gemm_configs.default_config(configs, kw["M"], kw["N"], gemm_batch(kw), target)
     if spec.template == "flash_attention" and dialect(target).cpu:
         return attention.cpu_config(kw["Sq"], kw["Skv"])
+    if spec.template == "flash_attention":  # a decode step: packed rows (attention.decode_configs)
+        decode = attention.decode_configs(target, kw["Sq"], kw["Hq"] // (kw.get("Hkv") or kw["Hq"]))
+        if decode:
+            return decode[0]
     if spec.template == "gemm_sp" and configs and target.get("kind") == "cuda":
         return min(configs, key=lambda c: gemm_wave_cost(c, kw, target))
     return configs[0] if configs else {}

@@ -54,6 +54,32 @@ def test_flash_attention_c_matches_sdpa(name, rng):
     check(rng, C, *shape, **kw, **SMALL_C)
 
 
+PACKED = {  # decode-shaped: a few queries per sequence, the group's heads packed into a program's rows
+    "decode_gqa_mask": (2, 8, 2, 1, 37, 16, {"mask_shape": (2, 1, 1, 37)}),
+    "decode_3q_full_mask": (2, 8, 2, 3, 40, 16, {"mask_shape": (2, 1, 3, 40)}),
+    "decode_mha": (1, 4, 4, 1, 29, 16, {}),
+    "decode_causal_tail_rows": (2, 6, 2, 5, 33, 16, {"is_causal": True}),  # 15 rows: a partial second tile of 8
+    "decode_mqa_per_head_mask": (1, 8, 1, 2, 50, 64, {"mask_shape": (1, 8, 2, 50)}),
+}
+
+
+@pytest.mark.parametrize("block_M", [16, 8])
+@pytest.mark.parametrize("name", sorted(PACKED))
+def test_packed_rows_c_match_sdpa(name, block_M, rng):
+    *shape, kw = PACKED[name]
+    check(rng, C, *shape, **kw, block_M=block_M, block_N=16, pack=True)
+
+
+def test_decode_configs_only_for_few_rows_on_gpus():
+    assert attention.decode_configs(SM90, 1, 4)[0]["pack"] is True
+    assert attention.decode_configs(SM90, 1, 4) == [c for c in attention.config_space(SM90, 64, Sq=1, groups=4)
+                                                      if c.get("pack")]
+    assert attention.decode_configs(SM90, 17, 1) == [] and attention.decode_configs(SM90, 8, 16) == []
+    assert attention.decode_configs(C, 1, 4) == [] and attention.decode_configs({"kind": "metal"}, 1, 4) == []
+    with pytest.raises(NotImplementedError, match="Metal"):
+        attention.flash_attention(1, 4, 1, 8, 16, dtype="float16", target={"kind": "metal"}, pack=True)
+
+
 def test_flash_attention_c_default_config(rng):
     check(rng, C, 1, 2, 2, 70, 70, 64, is_causal=True, **attention.get_configs(C)[0])
 
@@ -102,9 +128,13 @@ def test_flash_attention_compiles_for_sm90a():
                                             mask_dtype="float32", dtype="float16", target=SM90,
                                             **attention.get_configs(SM90, 64)[-1]), [-1]))
     names.append("mask")
+    for cfg in attention.decode_configs(SM90, 1, 4):  # decode: packed rows, a mask over the cache
+        items.append((attention.flash_attention(4, 32, 1, 512, 64, Hkv=8, mask_shape=(4, 1, 1, 512),
+                                                mask_dtype="float16", dtype="float16", target=SM90, **cfg), [-1]))
+        names.append(("packed", cfg["block_M"], cfg["block_N"]))
     for name, k in zip(names, compile_many(items, SM90, return_exceptions=True)):
         assert not isinstance(k, BaseException), f"{name}: {k}"
-        assert "wgmma" in k.get_kernel_source(), name
+        assert ("wgmma" if name[0] != "packed" or name[1] == 64 else "mma") in k.get_kernel_source(), name
 
 
 @pytest.mark.gpu
@@ -263,3 +293,14 @@ def test_flash_attention_layouts_gpu_match_sdpa(name, D, rng):
     kind, B, Hq, Hkv, Sq, Skv, kw = GPU_LAYOUT_CASES[name]
     check_layout(rng, target, kind, B, Hq, Hkv, Sq, Skv, D, dtype=torch.float16, device="cuda",
                  tol={"rtol": 1e-2, "atol": 1e-2}, **kw, **attention.get_configs(target, D)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_packed_rows_gpu_match_sdpa(dtype, rng):
+    """Every decode config on the GPU: one and three queries per sequence, a padding mask over the cache, GQA."""
+    target = default_target()
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-2, "atol": 1e-2}
+    for cfg in attention.decode_configs(target, 3, 4):
+        check(rng, target, 3, 16, 4, 1, 300, 64, mask_shape=(3, 1, 1, 300), dtype=dtype, device="cuda", tol=tol, **cfg)
+        check(rng, target, 2, 8, 2, 3, 257, 128, mask_shape=(2, 1, 3, 257), dtype=dtype, device="cuda", tol=tol, **cfg)

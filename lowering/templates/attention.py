@@ -68,6 +68,11 @@ def _tile(buf, layout: TokenRows | None, b, h, s, D: int):
     return buf[b, h, s, 0] if layout is None else buf[b, s, layout[1] + h * D]
 
 
+def _elem(buf, layout: TokenRows | None, b, h, s, c, D: int):
+    """Element ``c`` of head ``h`` of token ``s``."""
+    return buf[b, h, s, c] if layout is None else buf[b, s, layout[1] + h * D + c]
+
+
 def flash_attention(
     B: int,
     Hq: int,
@@ -88,6 +93,7 @@ def flash_attention(
     block_N: int = 64,
     num_stages: int = 1,
     threads: int = 128,
+    pack: bool = False,
     target: dict | str = "cuda",
     q_layout: TokenRows | None = None,
     k_layout: TokenRows | None = None,
@@ -101,7 +107,9 @@ def flash_attention(
     (``q_layout``...) is a ``(B, S, width)`` buffer instead. ``scale`` defaults to ``1/sqrt(D)``.
     ``mask_shape`` (rank <= 4, broadcastable to ``(B, Hq, Sq, Skv)``) adds an additive mask of
     ``mask_dtype`` to the scaled scores. Tunables are TileLang's: ``block_M`` (query rows per program),
-    ``block_N`` (keys per step), ``num_stages``, ``threads``; CPU targets ignore the last two.
+    ``block_N`` (keys per step), ``num_stages``, ``threads``; CPU targets ignore the last two. ``pack``: a program
+    owns one kv head and its rows are the (query head of its group, query) pairs, so a decode step's few queries
+    fill the tile and each K/V tile is read once for the whole group (``decode_configs``).
     GPUs take fp16/bf16 (the MMAs); fp32 runs only on CPU targets (``T.gemm`` on GPUs would be TF32).
     """
     Hkv = Hkv or Hq
@@ -127,8 +135,11 @@ def flash_attention(
         mask_shape = tuple(int(s) for s in mask_shape)
         if len(mask_shape) > 4 or broadcast_shapes((B, Hq, Sq, Skv), mask_shape) != (B, Hq, Sq, Skv):
             raise ValueError(f"flash_attention: mask {mask_shape} does not broadcast to {(B, Hq, Sq, Skv)}")
+    if pack and d.metal:
+        raise NotImplementedError("flash_attention: packed rows (pack=True) have no Metal form")
     if window is not None and (not is_causal or int(window) < 1):
         raise ValueError(f"flash_attention: a sliding window ({window}) needs is_causal and at least one key")
+    rows = groups * Sq if pack else Sq  # a program's rows run over these
     tail_n = Skv % block_N != 0
     neg_inf = -T.infinity(accum_dtype)
 
@@ -139,11 +150,12 @@ def flash_attention(
         seen = T.And(n <= m, n > m - window) if window is not None else n <= m
         return T.And(n < Skv, seen) if tail_n else seen
 
-    def score(acc, mask, bz, by, m, n):
-        """One scaled, masked score in the log2 domain; -inf where the key is past the end or causal-hidden."""
+    def score(acc, mask, bz, h, m, n):
+        """One scaled, masked score in the log2 domain (query ``m`` of head ``h``); -inf where the key is past the end
+        or causal-hidden."""
         s = acc * scale_log2
         if mask is not None:
-            mi = broadcast_index(mask_shape, (bz, by, T.min(m, Sq - 1), T.min(n, Skv - 1)))
+            mi = broadcast_index(mask_shape, (bz, h, T.min(m, Sq - 1), T.min(n, Skv - 1)))
             s = s + T.Cast(accum_dtype, mask[mi]) * LOG2E
         if not (tail_n or is_causal):
             return s
@@ -156,7 +168,7 @@ def flash_attention(
         V = param("V", v_shape, dtype)
         masks = [param("Mask", mask_shape, mask_dtype)] if mask_shape is not None else []
         O = param("O", o_shape, out_dtype)
-        with d.kernel(T.ceildiv(Sq, block_M), Hq, B, threads=threads) as (bx, by, bz):
+        with d.kernel(T.ceildiv(rows, block_M), Hkv if pack else Hq, B, threads=threads) as (bx, by, bz):
             Q_s = d.shared((block_M, D), dtype)
             K_s = d.shared((block_N, D), dtype)
             V_s = d.shared((block_N, D), dtype)
@@ -179,18 +191,24 @@ def flash_attention(
             r_sum = d.reducible((block_M,), accum_dtype)
             l_sum = d.reducible((block_M,), accum_dtype)
             mask = (masks + [None])[0]
-            hk = by // groups
+            hk = by if pack else by // groups
             m0 = bx * block_M
-            T.copy(_tile(Q, q_layout, bz, by, m0, D), Q_s)
+            if pack:  # row m0 + i: query head hk * groups + (m0 + i) // Sq, query (m0 + i) % Sq
+                for i, c in d.tile_loop(block_M, D):
+                    r = T.min(m0 + i, rows - 1)
+                    Q_s[i, c] = T.if_then_else(m0 + i < rows, _elem(Q, q_layout, bz, hk * groups + r // Sq, r % Sq,
+                                                                     c, D), T.Cast(dtype, 0))
+            else:
+                T.copy(_tile(Q, q_layout, bz, by, m0, D), Q_s)
             T.fill(on["O"], 0)
             T.fill(l_sum, 0)
             T.fill(m_cur, neg_inf)
-            if is_causal:
+            if is_causal and not pack:
                 n_tiles = T.ceildiv(T.min(Skv, m0 + block_M), block_N)
             else:
                 n_tiles = T.ceildiv(Skv, block_N)
             # a window: the first key tile row m0 can see (key m0 - window + 1); the tiles before it are skipped
-            k_lo = T.max(m0 - window + 1, 0) // block_N if window is not None else 0
+            k_lo = T.max(m0 - window + 1, 0) // block_N if window is not None and not pack else 0
             for kk in d.pipelined(n_tiles - k_lo, num_stages):
                 k = kk + k_lo
                 T.copy(_tile(K, k_layout, bz, hk, k * block_N, D), K_s)
@@ -208,7 +226,11 @@ def flash_attention(
                     T.copy(S_f, S_s)
                     T.sync_threads()
                 for i, j in d.tile_loop(block_M, block_N):
-                    on["S"][i, j] = score(on["S"][i, j], mask, bz, by, m0 + i, k * block_N + j)
+                    if pack:
+                        r = T.min(m0 + i, rows - 1)
+                        on["S"][i, j] = score(on["S"][i, j], mask, bz, hk * groups + r // Sq, r % Sq, k * block_N + j)
+                    else:
+                        on["S"][i, j] = score(on["S"][i, j], mask, bz, by, m0 + i, k * block_N + j)
                 T.copy(m_cur, m_prev)
                 d.reduce("max", on["S"], m_cur, clear=False)
                 for i in d.tile_loop(block_M):
@@ -237,7 +259,17 @@ def flash_attention(
                     T.gemm(P_c, V_s, O_f, policy=T.GemmWarpPolicy.FullRow)
             for i, j in d.tile_loop(block_M, D):
                 on["O"][i, j] = T.if_then_else(l_sum[i] == 0, T.Cast(accum_dtype, 0), on["O"][i, j] / l_sum[i])
-            T.copy(on["O"], _tile(O, o_layout, bz, by, m0, D))
+            if pack:
+                for i, c in d.tile_loop(block_M, D):
+                    if m0 + i < rows:
+                        r = m0 + i
+                        if o_layout is None:
+                            O[bz, hk * groups + r // Sq, r % Sq, c] = T.Cast(out_dtype, on["O"][i, c])
+                        else:
+                            O[bz, r % Sq, o_layout[1] + (hk * groups + r // Sq) * D + c] = T.Cast(out_dtype,
+                                                                                                 on["O"][i, c])
+            else:
+                T.copy(on["O"], _tile(O, o_layout, bz, by, m0, D))
 
     return flash_attention_kernel
 
@@ -288,14 +320,32 @@ def cpu_config(Sq: int, Skv: int, most: int = 128) -> dict:
     return _config(fit(Sq), fit(Skv), 0, 1)
 
 
-def config_space(target: dict | str, D: int = 128) -> list[dict]:
+# Decode: a step's queries are few (one per sequence), so a tile of 64 or 128 query rows of one head would
+# be nearly all padding, and every head of a group would read the same K/V tiles again. Packed, a program holds the
+# group's (head, query) pairs as its rows.
+DECODE_MAX_QUERIES, DECODE_MAX_ROWS = 16, 64
+
+
+def decode_configs(target: dict | str, Sq: int, groups: int) -> list[dict]:
+    """Packed configs for a decode-shaped attention on a GPU (``Sq`` queries, ``groups`` query heads per kv head),
+    the default pick first; none where the rows do not fit one tile or the target has no packed form."""
+    d = dialect(target)
+    if d.cpu or d.metal or Sq > DECODE_MAX_QUERIES or Sq * groups > DECODE_MAX_ROWS:
+        return []
+    seeds = [(64, 64, 2, 128), (64, 128, 2, 128), (64, 64, 1, 128)]
+    if Sq * groups <= 16:  # one warp's 16-row MMA tile holds them all
+        seeds += [(16, 64, 2, 32), (16, 128, 2, 32)]
+    return [_config(*c, pack=True) for c in seeds]
+
+
+def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups: int = 1) -> list[dict]:
     """Everything worth measuring for head dim ``D``: the seeds, then more Hopper tiles.
 
     Measured on the H200 (B4 H32 S4096 D128 fp16, bench/results): 128x128 and 128x176 key tiles with
     2 stages and 256 threads lead (491-496 TFLOP/s non-causal); 128 threads on 128-row tiles halve
     it. A FlashAttention-3 style manual schedule (``T.Pipelined`` order/stage) was tried and dropped:
     TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower."""
-    seeds = get_configs(target, D)
+    seeds = get_configs(target, D) + (decode_configs(target, Sq, groups) if Sq is not None else [])
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     if dialect(target).cpu or not arch.startswith("sm_90") or D > 128:
         return seeds
@@ -306,5 +356,6 @@ def config_space(target: dict | str, D: int = 128) -> list[dict]:
     return seeds + [c for c in more if c not in seeds]
 
 
-def _config(block_M, block_N, num_stages, threads) -> dict:
-    return {"block_M": block_M, "block_N": block_N, "num_stages": num_stages, "threads": threads}
+def _config(block_M, block_N, num_stages, threads, pack: bool = False) -> dict:
+    c = {"block_M": block_M, "block_N": block_N, "num_stages": num_stages, "threads": threads}
+    return {**c, "pack": True} if pack else c

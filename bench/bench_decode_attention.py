@@ -1,0 +1,81 @@
+"""Decode-step attention on the GPU: one query per sequence against a static KV cache, the flash template's configs
+(the default tile of query rows, and packed rows: ``attention.decode_configs``) against torch's SDPA as a Hugging Face
+model calls it (kv heads repeated, an additive mask over the whole cache).
+
+Usage (on the device machine):  python bench/bench_decode_attention.py [--out decode_attention.json]
+
+Shapes: the decode benchmark's model (32 query heads, 8 kv heads, head dim 64, fp16), batch 1, 8 and 64, caches of 512
+and 4096 positions of which the first ``fill`` are written (the mask hides the rest). Timed with triton's do_bench (L2
+flushed before each call), every config compiled in one parallel batch first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from kernels import time_ms
+
+from tilefuse.config import default_target
+from tilefuse.lowering.compile import compile_many
+from tilefuse.lowering.templates import attention
+
+HQ, HKV, D = 32, 8, 64
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    target = default_target()
+    shapes = [(b, L, fill) for L, fill in ((512, 200), (4096, 300)) for b in (1, 8, 64)]
+    configs = [attention.get_configs(target, D)[0]] + attention.decode_configs(target, 1, HQ // HKV)
+    items, keys = [], []
+    for b, L, _ in shapes:
+        for k, cfg in enumerate(configs):
+            items.append((attention.flash_attention(b, HQ, 1, L, D, Hkv=HKV, mask_shape=(b, 1, 1, L),
+                                                    mask_dtype="float16", dtype="float16", target=target, **cfg), [-1]))
+            keys.append((b, L, k))
+    kernels = dict(zip(keys, compile_many(items, target, return_exceptions=True)))
+    rows = []
+    for b, L, fill in shapes:
+        q = torch.randn(b, HQ, 1, D, device="cuda", dtype=torch.float16)
+        kc = torch.randn(b, HKV, L, D, device="cuda", dtype=torch.float16)
+        vc = torch.randn(b, HKV, L, D, device="cuda", dtype=torch.float16)
+        mask = torch.zeros(b, 1, 1, L, device="cuda", dtype=torch.float16)
+        mask[..., fill:] = float("-inf")
+
+        def eager(q, kc, vc, mask):
+            rep = HQ // HKV
+            return F.scaled_dot_product_attention(q, kc.repeat_interleave(rep, 1), vc.repeat_interleave(rep, 1),
+                                                  attn_mask=mask)
+        want = eager(q, kc, vc, mask)
+        row = {"batch": b, "cache": L, "fill": fill, "torch_ms": time_ms(eager, q, kc, vc, mask), "configs": []}
+        for k, cfg in enumerate(configs):
+            kern = kernels[(b, L, k)]
+            if isinstance(kern, BaseException):
+                row["configs"].append({"config": cfg, "error": str(kern).splitlines()[0][:200]})
+                continue
+            got = kern(q, kc, vc, mask)
+            err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+            row["configs"].append({"config": cfg, "ms": time_ms(kern, q, kc, vc, mask), "rel_err": err})
+        rows.append(row)
+        best = min((c for c in row["configs"] if "ms" in c), key=lambda c: c["ms"])
+        print(f"b={b:3} cache={L:5} fill={fill}: torch {row['torch_ms']:.4f} ms; "
+              + "; ".join(f"{'P' if c['config'].get('pack') else 'U'}{c['config']['block_M']}x{c['config']['block_N']}"
+                          f"s{c['config']['num_stages']}t{c['config']['threads']} {c.get('ms', float('nan')):.4f}"
+                          for c in row["configs"]) + f" | best x torch {row['torch_ms'] / best['ms']:.2f}", flush=True)
+    if a.out:
+        meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+                "torch": torch.__version__}
+        Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
