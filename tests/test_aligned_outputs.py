@@ -131,3 +131,29 @@ def test_eager_tail_takes_a_views_producer_or_is_none():
     assert eager_tail(_view_tail_plan(1)) == 0
     p = _view_tail_plan(MAX_EAGER_TAIL)  # the tail is full before the GEMM: no tail (outputs copied out)
     assert eager_tail(p) == len(p.regions)
+
+
+def test_training_step_through_a_padded_head(monkeypatch, rng):
+    """A training step (forward and backward graphs) with the head padded: eager's loss and gradients, where the
+    logits autograd saves and hands on are a view of padded rows."""
+    monkeypatch.setattr(layout, "ALIGN_TARGETS", ("cuda", "hip", "c"))
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (), generator=rng)))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 37))
+    twin = torch.nn.Sequential(*(torch.nn.Linear(m.in_features, m.out_features) if isinstance(m, torch.nn.Linear)
+                                 else torch.nn.GELU() for m in model))
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(ALIGN_MIN_ROWS + 24, 64, generator=rng)
+    target = torch.randint(0, 37, (ALIGN_MIN_ROWS + 24,), generator=rng)
+    torch._dynamo.reset()
+    runners: list = []
+    backend = make_backend(Options(target=parse_target("c"), quiet=True, measure=False, observer=runners.append))
+    step = torch.compile(lambda m, v, t: torch.nn.functional.cross_entropy(m(v), t), backend=backend)
+    got = step(model, x, target)
+    got.backward()
+    want = torch.nn.functional.cross_entropy(twin(x), target)
+    want.backward()
+    assert backend.failures == []
+    assert any(n.op == "pad" for r in runners for n in r.plan.graph.nodes)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
