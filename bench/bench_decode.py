@@ -148,27 +148,15 @@ def run_one(model, ref_model, mode: str, batch: int, cache_len: int, args, targe
 def profile_steps(step, tok, step_s: float, steps: int = 8) -> dict:
     """The GPU's kernels over ``steps`` decode steps, per step: by category, the top kernels, and how much of the
     step's wall time the GPU was busy (the rest is launch and host time)."""
-    from collections import defaultdict
+    from kernels import profile_calls
 
-    from kernels import category
+    state = [tok]
 
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(steps):
-            tok = step(tok)
-        torch.cuda.synchronize()
-    per: dict[str, list[float]] = defaultdict(list)
-    for e in prof.events():
-        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-        if e.device_type == torch.autograd.DeviceType.CUDA and us > 0:
-            per[e.name].append(us)
-    cats: dict[str, float] = defaultdict(float)
-    for name, ts in per.items():
-        cats[category(name)] += sum(ts) / steps / 1e3
-    top = sorted(per.items(), key=lambda kv: -sum(kv[1]))[:20]
-    busy = sum(cats.values())
-    out = {"busy_ms": busy, "wall_ms": step_s * 1e3, "by_category_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-           "top": [{"kernel": n[:120], "ms": sum(ts) / steps / 1e3, "count": len(ts) / steps} for n, ts in top]}
+    def one() -> None:
+        state[0] = step(state[0])
+
+    out = {**profile_calls(one, steps, top=20), "wall_ms": step_s * 1e3}
+    busy = out["busy_ms"]
     print(f"    profile: GPU busy {busy:.3f} of {step_s * 1e3:.3f} ms a step; "
           + ", ".join(f"{c} {ms:.3f}" for c, ms in out["by_category_ms"].items()), flush=True)
     for k in out["top"][:14]:

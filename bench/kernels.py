@@ -64,10 +64,15 @@ def profile(fn, *args, calls: int = 5, top: int = 25) -> dict:
     kernels (per-call ms and count), from ``calls`` profiled calls."""
     fn(*args)
     torch.cuda.synchronize()
+    return profile_calls(lambda: fn(*args), calls, top)
+
+
+def profile_calls(call, calls: int = 5, top: int = 25) -> dict:
+    """``profile`` of ``calls`` calls of ``call()`` as they come (a decode step that feeds the next its token)."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(calls):
-            fn(*args)
+            call()
         torch.cuda.synchronize()
     per_name: dict[str, list[float]] = defaultdict(list)
     for e in prof.events():
