@@ -24,15 +24,15 @@ def inputs(rng, B, Hq, Hkv, Sq, Skv, D, dtype=torch.float32, mask_shape=None, de
 
 
 def check(rng, target, B, Hq, Hkv, Sq, Skv, D, *, is_causal=False, scale=None, mask_shape=None, dtype=torch.float32,
-          device="cpu", tol=None, **config):
+          device="cpu", tol=None, window=None, **config):
     f = attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, is_causal=is_causal, scale=scale, mask_shape=mask_shape,
                                   mask_dtype=str(dtype).split(".")[1], dtype=str(dtype).split(".")[1], target=target,
-                                  **config)
+                                  window=window, **config)
     kernel = compile_kernel(f, target, [-1])
     for _ in range(2):  # fresh inputs each call
         q, k, v, m = inputs(rng, B, Hq, Hkv, Sq, Skv, D, dtype, mask_shape, device)
         got = kernel(q, k, v, *([m] if m is not None else []))
-        want = attention.reference(q, k, v, m, is_causal=is_causal, scale=scale)
+        want = attention.reference(q, k, v, m, is_causal=is_causal, scale=scale, window=window)
         torch.testing.assert_close(got, want, **(tol or {"rtol": 1e-5, "atol": 1e-5}))
 
 
@@ -45,6 +45,7 @@ CASES = {  # name: (B, Hq, Hkv, Sq, Skv, D, kwargs)
     "mask_b11s": (2, 2, 2, 21, 37, 16, {"mask_shape": (2, 1, 1, 37)}),
     "mask_full_causal": (1, 2, 1, 37, 37, 16, {"mask_shape": (1, 2, 37, 37), "is_causal": True}),
     "scale_d64": (1, 2, 2, 17, 17, 64, {"scale": 0.3}),
+    "sliding_window": (1, 2, 1, 37, 37, 16, {"is_causal": True, "window": 5}),
 }
 
 
@@ -60,6 +61,7 @@ PACKED = {  # decode-shaped: a few queries per sequence, the group's heads packe
     "decode_mha": (1, 4, 4, 1, 29, 16, {}),
     "decode_causal_tail_rows": (2, 6, 2, 5, 33, 16, {"is_causal": True}),  # 15 rows: a partial second tile of 8
     "decode_mqa_per_head_mask": (1, 8, 1, 2, 50, 64, {"mask_shape": (1, 8, 2, 50)}),
+    "decode_sliding_window": (2, 4, 2, 6, 41, 16, {"is_causal": True, "window": 3}),
 }
 
 
