@@ -157,3 +157,19 @@ def test_training_step_through_a_padded_head(monkeypatch, rng):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_a_constant_weight_is_padded_once_at_plan_time(rng):
+    """An ONNX model's head: the weight and bias are constants, padded when the graph is planned (no copy per call),
+    and the unpadded copies leave the graph."""
+    b = GraphBuilder("onnx_head")
+    x = b.input("x", TensorType((ALIGN_MIN_ROWS, 64), "float32"))
+    w = b.constant("w", torch.randn(37, 64, generator=rng))
+    bias = b.constant("b", torch.randn(37, generator=rng))
+    g = b.build([b.add1("linear", [x, w, bias])])
+    g2 = aligned_gemm_outputs(g, CUDA)
+    assert [n.op for n in g2.nodes] == ["linear", "slice"]
+    assert set(g2.constants) == {"w_padded", "b_padded"}
+    assert g2.constants["w_padded"].shape == (40, 64) and (g2.constants["w_padded"][37:] == 0).all()
+    args = _args(rng, g)
+    torch.testing.assert_close(run_graph(g2, *args)[0], run_graph(g, *args)[0], rtol=1e-5, atol=1e-5)

@@ -14,6 +14,8 @@ A pure function: the graph it returns computes the same values (checked in tests
 
 from __future__ import annotations
 
+import torch
+
 from tilefuse import ops
 from tilefuse.ir import Graph, Node, TensorType, Value
 
@@ -175,8 +177,9 @@ class _Rewriter:
 # TMA stores: cuBLAS falls back to an old kernel (7.4 ms for 8192 x 50257 x 768 on the H200; our kernel with guarded
 # stores 1.64 ms), where the same product with N rounded up to 50264 takes 0.93 ms in cuBLAS. So, as Inductor's
 # shape padding does, such a linear layer computes N' = N rounded up to 16 bytes of output from its weight padded with
-# zero rows (a copy per call: 0.036 ms there), and its value is the first N columns, a view whose rows are N' apart
-# (Inductor returns the same strided view). Not for few rows (a decode step), where the weight's copy would cost
+# zero rows (a copy per call: 0.036 ms there; a constant weight, an ONNX model's, is padded once when the graph is
+# planned), and its value is the first N columns, a view whose rows are N' apart (Inductor returns the same strided
+# view). Not for few rows (a decode step), where the weight's copy would cost
 # as much as the product.
 ALIGN_BYTES = 16
 ALIGN_MIN_ROWS = 1024  # the padded weight's copy is ~150/M of the GEMM's time at M rows (H200: 4.8 TB/s, ~700 TF/s)
@@ -208,6 +211,18 @@ def aligned_gemm_outputs(graph: Graph, target: dict | None) -> Graph:
         out.append(Node(fresh(f"{v}_{op}"), op, inputs, (Value(v, t),), attrs))
         return v
 
+    constants, folded = dict(graph.constants), set()
+
+    def padded(out: list[Node], v: str, pads: tuple[int, ...]) -> str:
+        """``v`` with zero rows added: a constant (an ONNX model's weight) padded once here, else a pad node."""
+        if v not in constants:
+            return emit(out, "pad", (v,), {"pads": pads, "mode": "constant", "value": 0.0})
+        name = fresh(f"{v}_padded")
+        constants[name] = torch.nn.functional.pad(constants[v], pads)
+        types[name] = TensorType(tuple(constants[name].shape), types[v].dtype)
+        folded.add(v)
+        return name
+
     pad = {n.name for n in todo}
     nodes: list[Node] = []
     for n in graph.nodes:
@@ -218,16 +233,17 @@ def aligned_gemm_outputs(graph: Graph, target: dict | None) -> Graph:
         y = n.outputs[0]
         rows = types[w].shape[0]
         extra = _padded(rows, y.type.dtype) - rows
-        w = emit(nodes, "pad", (w,), {"pads": (0, 0, 0, extra), "mode": "constant", "value": 0.0})
-        bias = tuple(emit(nodes, "pad", (b,), {"pads": (0, extra), "mode": "constant", "value": 0.0}) if b else b
-                     for b in rest)
+        w = padded(nodes, w, (0, 0, 0, extra))
+        bias = tuple(padded(nodes, b, (0, extra)) if b else b for b in rest)
         (t,) = ops.infer_types("linear", [types[x], types[w], *(types[b] if b else None for b in bias)], n.attr,
                                node=n.name)
         wide = fresh(f"{y.name}_padded")
         types[wide] = t
         nodes.append(Node(n.name, "linear", (x, w, *bias), (Value(wide, t),), n.attrs))
         emit(nodes, "slice", (wide,), {"dim": len(t.shape) - 1, "start": 0, "end": rows, "step": 1}, name=y.name)
-    return graph.replace(nodes=tuple(nodes)).verify()
+    read = {i for n in nodes for i in n.inputs} | set(graph.outputs)
+    constants = {k: c for k, c in constants.items() if k not in folded or k in read}  # the unpadded copy, if unread
+    return graph.replace(nodes=tuple(nodes), constants=constants).verify()
 
 
 def _padded(n: int, dtype: str) -> int:
