@@ -51,14 +51,17 @@ def randn(rng, *shape, dtype=np.float32):
 
 
 def against_ort(m, feeds, rtol=1e-5, atol=1e-6):
-    """Run ``m`` through tilefuse (backend API) and onnxruntime; compare every element."""
+    """Run ``m`` through tilefuse (backend API) and onnxruntime; compare every element. ``atol`` is relative to the
+    output's largest magnitude: an element that cancels to near 0 in a sum of large terms carries their rounding
+    (seen: -0.0031 out of a pooled convolution whose outputs reach 31, 1.5e-6 apart between torch and onnxruntime)."""
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     want = sess.run(None, feeds)
     got = onnx_backend.prepare(m, lower=False).run(feeds)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+        scale = float(np.abs(w).max(initial=0.0)) if w.dtype.kind == "f" and np.isfinite(w).all() else 0.0
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol * max(1.0, scale))
     return got
 
 
