@@ -58,10 +58,15 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         return module.get_configs(target, kw["K"], kw.get("out_dtype"))
     space = getattr(module, "config_space", module.get_configs)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
-        return space(target, kw.get("D"), Sq=kw["Sq"], groups=kw["Hq"] // (kw.get("Hkv") or kw["Hq"]))
+        return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw))
     # gemm/conv seeds depend on the operand dtype
     arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
     return space(target, arg) if arg else space(target)
+
+
+def _groups(kw: dict) -> int:
+    """Query heads per kv head of a flash_attention spec's arguments."""
+    return kw["Hq"] // (kw.get("Hkv") or kw["Hq"])
 
 
 def gemm_batch(kw: dict) -> int:
@@ -84,7 +89,7 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
     if spec.template == "flash_attention" and dialect(target).cpu:
         return attention.cpu_config(kw["Sq"], kw["Skv"])
     if spec.template == "flash_attention":  # a decode step: packed rows (attention.decode_configs)
-        decode = attention.decode_configs(target, kw["Sq"], kw["Hq"] // (kw.get("Hkv") or kw["Hq"]))
+        decode = attention.decode_configs(target, kw["Sq"], _groups(kw))
         if decode:
             return decode[0]
     if spec.template == "gemm_sp" and configs and target.get("kind") == "cuda":

@@ -140,6 +140,9 @@ def flash_attention(
     if window is not None and (not is_causal or int(window) < 1):
         raise ValueError(f"flash_attention: a sliding window ({window}) needs is_causal and at least one key")
     rows = groups * Sq if pack else Sq  # a program's rows run over these
+
+    def head_of(hk, r):  # packed row r of kv head hk: query head hk * groups + r // Sq, query r % Sq
+        return hk * groups + r // Sq
     tail_n = Skv % block_N != 0
     neg_inf = -T.infinity(accum_dtype)
 
@@ -193,11 +196,11 @@ def flash_attention(
             mask = (masks + [None])[0]
             hk = by if pack else by // groups
             m0 = bx * block_M
-            if pack:  # row m0 + i: query head hk * groups + (m0 + i) // Sq, query (m0 + i) % Sq
+            if pack:  # (padding rows past ``rows`` read row rows - 1 and are never stored)
                 for i, c in d.tile_loop(block_M, D):
                     r = T.min(m0 + i, rows - 1)
-                    Q_s[i, c] = T.if_then_else(m0 + i < rows, _elem(Q, q_layout, bz, hk * groups + r // Sq, r % Sq,
-                                                                     c, D), T.Cast(dtype, 0))
+                    Q_s[i, c] = T.if_then_else(m0 + i < rows, _elem(Q, q_layout, bz, head_of(hk, r), r % Sq, c, D),
+                                               T.Cast(dtype, 0))
             else:
                 T.copy(_tile(Q, q_layout, bz, by, m0, D), Q_s)
             T.fill(on["O"], 0)
@@ -228,7 +231,7 @@ def flash_attention(
                 for i, j in d.tile_loop(block_M, block_N):
                     if pack:
                         r = T.min(m0 + i, rows - 1)
-                        on["S"][i, j] = score(on["S"][i, j], mask, bz, hk * groups + r // Sq, r % Sq, k * block_N + j)
+                        on["S"][i, j] = score(on["S"][i, j], mask, bz, head_of(hk, r), r % Sq, k * block_N + j)
                     else:
                         on["S"][i, j] = score(on["S"][i, j], mask, bz, by, m0 + i, k * block_N + j)
                 T.copy(m_cur, m_prev)
@@ -264,10 +267,9 @@ def flash_attention(
                     if m0 + i < rows:
                         r = m0 + i
                         if o_layout is None:
-                            O[bz, hk * groups + r // Sq, r % Sq, c] = T.Cast(out_dtype, on["O"][i, c])
+                            O[bz, head_of(hk, r), r % Sq, c] = T.Cast(out_dtype, on["O"][i, c])
                         else:
-                            O[bz, r % Sq, o_layout[1] + (hk * groups + r // Sq) * D + c] = T.Cast(out_dtype,
-                                                                                                 on["O"][i, c])
+                            O[bz, r % Sq, o_layout[1] + head_of(hk, r) * D + c] = T.Cast(out_dtype, on["O"][i, c])
             else:
                 T.copy(on["O"], _tile(O, o_layout, bz, by, m0, D))
 

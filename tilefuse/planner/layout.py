@@ -72,14 +72,13 @@ def channels_last(graph: Graph) -> Graph:
     return _Rewriter(graph, types, nhwc, rewrite).run()
 
 
-class _Rewriter:
-    def __init__(self, graph: Graph, types: dict[str, TensorType], nhwc: set[str], rewrite: set[str]):
-        self.graph, self.types, self.nhwc, self.rewrite = graph, types, nhwc, rewrite
+class _GraphEdit:
+    """A graph's nodes rewritten into ``nodes``: fresh names, and new nodes typed as they are made."""
+
+    def __init__(self, graph: Graph, types: dict[str, TensorType]):
+        self.graph, self.types = graph, types
         self.used = set(types) | {n.name for n in graph.nodes}
         self.nodes: list[Node] = []
-        self.last: dict[str, str] = {v: self._fresh(f"{v}_nhwc") for v in nhwc}  # channels-last name of each
-        self.first: dict[str, str] = {}  # channels-first copies made of nhwc values
-        self.vectors: dict[str, str] = {}  # operands broadcast against NHWC values, rearranged
 
     def _fresh(self, base: str) -> str:
         name, i = base, 0
@@ -97,6 +96,15 @@ class _Rewriter:
         self.types[out] = t
         self.nodes.append(Node(node or self._fresh(f"{base}_{op}"), op, inputs, (Value(out, t),), attrs))
         return out
+
+
+class _Rewriter(_GraphEdit):
+    def __init__(self, graph: Graph, types: dict[str, TensorType], nhwc: set[str], rewrite: set[str]):
+        super().__init__(graph, types)
+        self.nhwc, self.rewrite = nhwc, rewrite
+        self.last: dict[str, str] = {v: self._fresh(f"{v}_nhwc") for v in nhwc}  # channels-last name of each
+        self.first: dict[str, str] = {}  # channels-first copies made of nhwc values
+        self.vectors: dict[str, str] = {}  # operands broadcast against NHWC values, rearranged
 
     def _reshape_or_permute(self, v: str, perm: tuple[int, ...], out: str | None, base: str) -> str:
         """``v`` (right-aligned to rank ``len(perm)``) permuted by ``perm``: a reshape where only size-1 dims
@@ -179,8 +187,7 @@ class _Rewriter:
 # shape padding does, such a linear layer computes N' = N rounded up to 16 bytes of output from its weight padded with
 # zero rows (a copy per call: 0.036 ms there; a constant weight, an ONNX model's, is padded once when the graph is
 # planned), and its value is the first N columns, a view whose rows are N' apart (Inductor returns the same strided
-# view). Not for few rows (a decode step), where the weight's copy would cost
-# as much as the product.
+# view). Not for few rows (a decode step), where the weight's copy would cost as much as the product.
 ALIGN_BYTES = 16
 ALIGN_MIN_ROWS = 1024  # the padded weight's copy is ~150/M of the GEMM's time at M rows (H200: 4.8 TB/s, ~700 TF/s)
 ALIGN_TARGETS = ("cuda", "hip")
@@ -195,52 +202,33 @@ def aligned_gemm_outputs(graph: Graph, target: dict | None) -> Graph:
     todo = [n for n in graph.nodes if _unaligned_linear(n, types)]
     if not todo:
         return graph
-    used = set(types) | {n.name for n in graph.nodes}
+    edit, constants, folded = _GraphEdit(graph, types), dict(graph.constants), set()
 
-    def fresh(base: str) -> str:
-        name, i = base, 0
-        while name in used:
-            name, i = f"{base}_{i}", i + 1
-        used.add(name)
-        return name
-
-    def emit(out: list[Node], op: str, inputs: tuple[str, ...], attrs: dict, name: str | None = None) -> str:
-        (t,) = ops.infer_types(op, [types[i] if i else None for i in inputs], attrs, node=op)
-        v = name or fresh(f"{inputs[0]}_{op}")
-        types[v] = t
-        out.append(Node(fresh(f"{v}_{op}"), op, inputs, (Value(v, t),), attrs))
-        return v
-
-    constants, folded = dict(graph.constants), set()
-
-    def padded(out: list[Node], v: str, pads: tuple[int, ...]) -> str:
+    def padded(v: str, pads: tuple[int, ...]) -> str:
         """``v`` with zero rows added: a constant (an ONNX model's weight) padded once here, else a pad node."""
         if v not in constants:
-            return emit(out, "pad", (v,), {"pads": pads, "mode": "constant", "value": 0.0})
-        name = fresh(f"{v}_padded")
+            return edit._emit("pad", (v,), {"pads": pads, "mode": "constant", "value": 0.0}, base=f"{v}_pad")
+        name = edit._fresh(f"{v}_padded")
         constants[name] = torch.nn.functional.pad(constants[v], pads)
         types[name] = TensorType(tuple(constants[name].shape), types[v].dtype)
         folded.add(v)
         return name
 
     pad = {n.name for n in todo}
-    nodes: list[Node] = []
     for n in graph.nodes:
         if n.name not in pad:
-            nodes.append(n)
+            edit.nodes.append(n)
             continue
         x, w, *rest = n.inputs
         y = n.outputs[0]
         rows = types[w].shape[0]
         extra = _padded(rows, y.type.dtype) - rows
-        w = padded(nodes, w, (0, 0, 0, extra))
-        bias = tuple(padded(nodes, b, (0, extra)) if b else b for b in rest)
-        (t,) = ops.infer_types("linear", [types[x], types[w], *(types[b] if b else None for b in bias)], n.attr,
-                               node=n.name)
-        wide = fresh(f"{y.name}_padded")
-        types[wide] = t
-        nodes.append(Node(n.name, "linear", (x, w, *bias), (Value(wide, t),), n.attrs))
-        emit(nodes, "slice", (wide,), {"dim": len(t.shape) - 1, "start": 0, "end": rows, "step": 1}, name=y.name)
+        w = padded(w, (0, 0, 0, extra))
+        bias = tuple(padded(b, (0, extra)) if b else b for b in rest)
+        wide = edit._emit("linear", (x, w, *bias), n.attr, out=edit._fresh(f"{y.name}_padded"), node=n.name)
+        edit._emit("slice", (wide,), {"dim": len(types[wide].shape) - 1, "start": 0, "end": rows, "step": 1},
+                   out=y.name, base=y.name)
+    nodes = edit.nodes
     read = {i for n in nodes for i in n.inputs} | set(graph.outputs)
     constants = {k: c for k, c in constants.items() if k not in folded or k in read}  # the unpadded copy, if unread
     return graph.replace(nodes=tuple(nodes), constants=constants).verify()
