@@ -29,6 +29,7 @@ from tilefuse.lowering.templates.gemm_configs import SMEM_LIMIT
 from tilefuse.ops.sparse_layout import E_FACTOR, K_ALIGN, SPARSE_DTYPES, decompress_2_4, padded_k
 
 META_DTYPE = "int16"
+POLICIES = {"square": "Square", "full_row": "FullRow", "full_col": "FullCol"}
 
 
 def gemm_sp(
@@ -49,6 +50,8 @@ def gemm_sp(
     threads: int = 128,
     enable_rasterization: bool = False,
     panel_size: int = 10,
+    policy: str = "square",
+    meta_k_major: bool = False,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``Y = epilogue(X @ W^T)``; parameters ``X, W_values, W_meta, extra_0.., Y``.
@@ -57,7 +60,12 @@ def gemm_sp(
     (N, Kp/2) in ``dtype`` and metadata (N, Kp/16) int16 with Kp = ``padded_k(K)``. ``epilogue`` reads the
     fp32 accumulator (``Acc``) and ``Arg(i)`` = ``extra_i`` broadcast against Y (M, N); Y is ``out_dtype``.
     Tunables: ``block_M`` (tokens per tile), ``block_N`` (weight rows per tile), ``block_K`` (a multiple of
-    32 dividing Kp), ``num_stages``, ``threads``, ``enable_rasterization`` with ``panel_size``.
+    32 dividing Kp), ``num_stages``, ``threads``, ``enable_rasterization`` with ``panel_size``, and ``policy``:
+    how the warps split the (weight rows x tokens) accumulator, one of ``POLICIES``. On sm_90 a warpgroup's
+    ``wgmma.sp`` is 64 weight rows by as many tokens as its share of the tile: ``"full_row"`` gives each
+    warpgroup 64 rows and every token of the tile (m64n256 on a 256-token tile), ``"square"`` splits the
+    tokens between warpgroups too (m64n64 on the same tile, reading the X tile from shared memory four
+    times as often per multiply).
     """
     out_dtype = out_dtype or dtype
     extra_shapes = normalize_shapes(extra_shapes)
@@ -76,6 +84,9 @@ def gemm_sp(
     if block_M % 16 or block_N % 16:
         raise ValueError(f"gemm_sp: block_M={block_M} and block_N={block_N} must be multiples of 16 (TileLang 0.1.15 "
                          "computes wrong results for tiles of 8 mod 16)")
+    if policy not in POLICIES:
+        raise ValueError(f"gemm_sp: policy={policy!r} is not one of {sorted(POLICIES)}")
+    warp_policy = getattr(T.GemmWarpPolicy, POLICIES[policy])
     swizzle = bool(enable_rasterization)
 
     def Y_elem(C_f, extras, i, j, m0, n0):
@@ -89,12 +100,13 @@ def gemm_sp(
     def gemm_sp_kernel():
         X = param("X", (M, K), dtype)
         W_values = param("W_values", (N, Kp // 2), dtype)
-        W_meta = param("W_meta", (N, Kp // E_FACTOR), META_DTYPE)
+        W_meta = param("W_meta", (Kp // E_FACTOR, N) if meta_k_major else (N, Kp // E_FACTOR), META_DTYPE)
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
         Y = param("Y", (M, N), out_dtype)
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
             A_s = T.alloc_shared((block_N, block_K // 2), dtype)
-            E_s = T.alloc_shared((block_N, block_K // E_FACTOR), META_DTYPE)
+            E_s = T.alloc_shared((block_K // E_FACTOR, block_N) if meta_k_major else (block_N, block_K // E_FACTOR),
+                                 META_DTYPE)
             B_s = T.alloc_shared((block_M, block_K), dtype)
             C_f = T.alloc_fragment((block_N, block_M), accum_dtype)
             Y_s = T.alloc_shared((block_M, block_N), out_dtype)
@@ -104,9 +116,12 @@ def gemm_sp(
             T.clear(C_f)
             for ko in T.Pipelined(Kp // block_K, num_stages=num_stages):
                 T.copy(W_values[n0, ko * (block_K // 2)], A_s)
-                T.copy(W_meta[n0, ko * (block_K // E_FACTOR)], E_s)
+                if meta_k_major:
+                    T.copy(W_meta[ko * (block_K // E_FACTOR), n0], E_s)
+                else:
+                    T.copy(W_meta[n0, ko * (block_K // E_FACTOR)], E_s)
                 T.copy(X[m0, ko * block_K], B_s)
-                T.gemm_sp(A_s, E_s, B_s, C_f, transpose_B=True)
+                T.gemm_sp(A_s, E_s, B_s, C_f, transpose_E=meta_k_major, transpose_B=True, policy=warp_policy)
             for i, j in T.Parallel(block_N, block_M):
                 Y_s[j, i] = Y_elem(C_f, extras, i, j, m0, n0)
             T.copy(Y_s, Y[m0, n0])
@@ -127,33 +142,65 @@ def reference(x: torch.Tensor, values: torch.Tensor, meta: torch.Tensor, extras:
 
 def shared_memory_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, dtype: str = "float16",
                         out_dtype: str | None = None) -> int:
-    """Bytes of the pipelined tiles (half-K weight values, metadata, X) plus the transposed output tile."""
+    """Bytes of the pipelined tiles (half-K weight values, metadata, X), or of the transposed output tile where
+    that is larger: TileLang 0.1.15 places the output tile over the pipeline's buffers, which are dead by then
+    (checked against ``dyn_shared_memory_buf`` of the lowered kernels, sm_90a)."""
     item = 2 if dtype in SPARSE_DTYPES else 4
     out_item = {"float32": 4}.get(out_dtype or dtype, 2)
     stage = block_N * block_K // 2 * item + block_N * block_K // E_FACTOR * 2 + block_M * block_K * item
-    return stage * max(num_stages, 1) + block_M * block_N * out_item
+    return max(stage * max(num_stages, 1), block_M * block_N * out_item)
 
 
-def get_configs(target: dict | str, K: int | None = None, out_dtype: str | None = None) -> list[dict]:
-    """Seed configs (keys are exactly ``gemm_sp``'s tunables), each with a ``block_K`` that divides the padded
-    K, that fit in shared memory with an ``out_dtype`` output tile (fp16 by default)."""
+# sm_90a: (block_M tokens, block_N weight rows, block_K, stages, threads, policy, meta_k_major). A warpgroup's
+# wgmma.sp is 64 weight rows wide; "full_row" gives it every token of the tile (m64n256 on 256 tokens).
+# Metadata rows of block_K/16 int16 are too narrow for a TMA load below block_K=128 (16 bytes): there the
+# metadata is read K-major (``meta_k_major``), else its plain loads leave no warp-specialized producer and the
+# 512-thread kernel spills its accumulators (the 10x slower deep tiles of 2026-11-29).
+SM90_SPACE = [
+    (256, 128, 64, 4, 256, "full_row", True), (256, 128, 128, 2, 256, "full_row", False),
+    (128, 256, 64, 4, 256, "full_row", True), (256, 128, 64, 5, 256, "full_row", True),
+    (256, 128, 64, 3, 256, "full_row", True), (128, 256, 64, 6, 256, "full_row", True),
+    (128, 256, 128, 2, 256, "full_row", False), (256, 128, 128, 2, 256, "full_row", True),
+    (256, 64, 64, 6, 128, "full_row", True), (128, 128, 64, 6, 128, "full_row", True),
+    (128, 128, 128, 3, 128, "full_row", False), (128, 128, 64, 4, 256, "full_row", True),
+    (64, 128, 128, 3, 128, "full_row", False), (64, 128, 64, 6, 128, "full_row", True),
+    (16, 128, 128, 4, 128, "full_row", False), (32, 128, 128, 4, 128, "full_row", False),
+    (64, 256, 128, 3, 256, "full_row", False),
+    (128, 256, 128, 2, 256, "square", False), (128, 128, 128, 2, 128, "square", False),  # the 2026-11-29 seeds
+]
+SM80_SPACE = [(128, 128, 64, 3, 128, "square", False), (128, 256, 64, 2, 256, "square", False),
+              (256, 128, 64, 2, 256, "square", False), (64, 128, 64, 3, 128, "square", False)]
+SEEDS = 4  # the first entries of a space are its seeds (the default pick is made from them)
+
+
+def config_space(target: dict | str, K: int | None = None, out_dtype: str | None = None,
+                 meta_k_major: bool | None = None, seeds_only: bool = False) -> list[dict]:
+    """Configs (keys are exactly ``gemm_sp``'s tunables) that fit in shared memory with an ``out_dtype`` output
+    tile (fp16 by default), each ``block_K`` a divisor of the padded K (the largest of 128, 64, 32 not above the
+    entry's). ``meta_k_major``: only configs that read the metadata that way (None: both); ``seeds_only``: the
+    first ``SEEDS``."""
     if dialect(target).cpu:
         return []
     arch = target.get("arch", "") if isinstance(target, dict) else ""
-    if arch.startswith("sm_90"):
-        # (block_M tokens, block_N weight rows, block_K, stages, threads); WGMMA.sp: 64 weight rows per warpgroup
-        seeds = [(128, 128, 128, 2, 128), (128, 256, 64, 3, 256), (256, 128, 64, 3, 256), (128, 128, 64, 4, 128),
-                 (256, 128, 128, 2, 256), (128, 256, 128, 2, 256), (64, 128, 128, 3, 128)]
-    else:  # sm_80: mma.sp + cp.async
-        seeds = [(128, 128, 64, 3, 128), (128, 256, 64, 2, 256), (256, 128, 64, 2, 256), (64, 128, 64, 3, 128)]
+    space = SM90_SPACE if arch.startswith("sm_90") else SM80_SPACE
     limit = SMEM_LIMIT.get(arch.rstrip("a")[:5], 99 * 1024)
     out = []
-    for bm, bn, bk, stages, threads in seeds:
+    for bm, bn, bk, stages, threads, policy, k_major in space:
+        if meta_k_major is not None and k_major != meta_k_major:
+            continue
         if K is not None:
             kp = padded_k(K)
             bk = next(b for b in (bk, 64, K_ALIGN) if b <= bk and kp % b == 0)
+        if bk < 128 and not k_major and arch.startswith("sm_90") and meta_k_major is None:
+            continue  # slow (see SM90_SPACE): offered only to a caller whose metadata is row-major
         cfg = {"block_M": bm, "block_N": bn, "block_K": bk, "num_stages": stages, "threads": threads,
-               "enable_rasterization": True}
+               "enable_rasterization": True, "policy": policy, "meta_k_major": k_major}
         if shared_memory_bytes(bm, bn, bk, stages, "float16", out_dtype) <= limit and cfg not in out:
             out.append(cfg)
-    return out
+    return out[:SEEDS] if seeds_only else out
+
+
+def get_configs(target: dict | str, K: int | None = None, out_dtype: str | None = None,
+                meta_k_major: bool | None = None) -> list[dict]:
+    """The seeds of ``config_space``."""
+    return config_space(target, K, out_dtype, meta_k_major, seeds_only=True)
