@@ -366,6 +366,28 @@ def test_gemm_sp_every_seed_config_gpu(rng, gpu_target):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(384, 512, 512), (200, 136, 200)], ids=["aligned", "tails"])
+def test_gemm_sp_wide_space_gpu(rng, gpu_target, shape):
+    """Every config of the wide space, either metadata layout (K-major configs read ``meta.T``), with a bias and
+    GELU epilogue, on an aligned shape and one with tails in M, N and K (K padded to 224)."""
+    M, N, K = shape
+    epi = call("gelu", Acc() + Arg(0))
+    configs = gemm_sp.config_space(gpu_target, K)
+    assert any(c["meta_k_major"] for c in configs) and any(c["policy"] == "full_row" for c in configs)
+    funcs = [(gemm_sp.gemm_sp(M, N, K, **c, epilogue=epi, extra_shapes=[(N,)], extra_dtypes=["float16"],
+                              target=gpu_target), [-1]) for c in configs]
+    kernels = compile_many(funcs, gpu_target)
+    w = prune_2_4(randn(rng, (N, K), torch.float16))
+    values, meta = compress_2_4(w)
+    x, bias = randn(rng, (M, K), torch.float16), randn(rng, (N,), torch.float16)
+    ref = gemm_sp.reference(x, values, meta, [bias], K=K, epilogue=epi).float()
+    for c, k in zip(configs, kernels):
+        m = meta.t().contiguous() if c["meta_k_major"] else meta
+        y = k(x.cuda(), values.cuda(), m.cuda(), bias.cuda()).cpu().float()
+        torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2 * float(ref.abs().max()), msg=lambda m, c=c: f"{c}: {m}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["mlp", "gpt2", "llama"])
 def test_zoo_models_with_sparsity_on_gpu(gpu_target, name):
     """Zoo models end to end on the GPU with ``sparsity="2:4"``: their linears run as gemm_sp kernels (the MLP's
