@@ -10,11 +10,13 @@ the zoo's linears (``zoo``: their bias and GELU as the epilogue, as the plan fus
 
 * ``cuBLAS``: ``F.linear`` on the pruned weight stored dense (with the bias; the GELU after it, as torch runs it);
 * ``torch 2:4``: ``F.linear`` on ``to_sparse_semi_structured(W)``, what a user of torch gets (cuSPARSELt here);
-* ``cuSPARSELt*``: ``torch._cslt_sparse_mm`` called directly with the algorithm ``torch._cslt_sparse_mm_search``
-  picks, the result transposed in the kernel (no wrapper, no copies): the peer at its best;
+* ``cuSPARSELt*``: ``torch._cslt_sparse_mm`` called directly, the result transposed in the kernel: the same
+  kernel without the tensor subclass's per-call work (the algorithm ``torch._cslt_sparse_mm_search`` picked ran
+  200-370 ms a call on torch 2.11, 2026-12-01: the default algorithm is timed);
 * ``CUTLASS``: torch's CUTLASS 2:4 kernel (``SparseSemiStructuredTensorCUTLASS``) where this build has it;
 * ``gemm_sp``: every config of the template's space (``--space wide``: ``gemm_sp.config_space``; ``seeds``: its
-  seeds), all shapes compiled in one parallel batch, each checked against cuBLAS on the same inputs
+  seeds) with the metadata laid out as the planner lays it out for this GPU (``sparsity.meta_k_major``), all
+  shapes compiled in one parallel batch, each checked against cuBLAS on the same inputs
   (max |y - y_ref| / max |y_ref| <= 2e-2), the best one reported.
 
 Times are medians with L2 flushed before every call (``kernels.time_ms``), warm-up excluded. TFLOP/s count the
@@ -43,6 +45,7 @@ from tilefuse.lowering.compile import compile_many
 from tilefuse.lowering.expr import Acc, Arg, Call
 from tilefuse.lowering.templates import gemm_sp
 from tilefuse.ops.sparse_layout import compress_2_4, prune_2_4
+from tilefuse.planner.sparsity import meta_k_major
 
 # (label, M, N, K, epilogue): None, "bias" or "bias+gelu"
 SQUARE = [("square", s, s, s, None) for s in (4096, 8192, 16384)]
@@ -104,9 +107,7 @@ def peers(x, w, b, kind) -> dict:
 
     def cslt():
         packed = torch._cslt_compress(w)
-        alg = torch._cslt_sparse_mm_search(packed, x.t())
-        return lambda: torch_epilogue(kind, torch._cslt_sparse_mm(packed, x.t(), bias, transpose_result=True,
-                                                                   alg_id=alg))
+        return lambda: torch_epilogue(kind, torch._cslt_sparse_mm(packed, x.t(), bias, transpose_result=True))
 
     def cutlass():
         from torch.sparse import SparseSemiStructuredTensorCUTLASS
@@ -119,9 +120,9 @@ def peers(x, w, b, kind) -> dict:
 
 
 def configs_for(M, K, target, space):
-    cfgs = gemm_sp.config_space(target, K, seeds_only=space == "seeds")
-    if M < SMALL_M:
-        cfgs = [c for c in cfgs if c["block_M"] <= 64]
+    cfgs = gemm_sp.config_space(target, K, meta_k_major=meta_k_major(target), seeds_only=space == "seeds")
+    if M < SMALL_M:  # the narrow-token entries (not among the seeds)
+        cfgs = [c for c in gemm_sp.config_space(target, K, meta_k_major=meta_k_major(target)) if c["block_M"] <= 64]
     return cfgs
 
 
@@ -133,7 +134,7 @@ def build_all(shapes, target, space):
         funcs = []
         for c in configs:
             try:
-                funcs.append(gemm_sp.gemm_sp(M, N, K, **c, epilogue=epilogue_expr(kind),
+                funcs.append(gemm_sp.gemm_sp(M, N, K, **c, meta_k_major=meta_k_major(target), epilogue=epilogue_expr(kind),
                                              extra_shapes=((N,),) if kind else (),
                                              extra_dtypes=("float16",) if kind else (), target=target))
             except Exception as e:  # noqa: BLE001
@@ -142,11 +143,10 @@ def build_all(shapes, target, space):
     return out
 
 
-def bench_shape(label, M, N, K, kind, configs, kernels, reps) -> dict:
+def bench_shape(label, M, N, K, kind, configs, kernels, reps, k_major) -> dict:
     row = {"label": label, "M": M, "N": N, "K": K, "epilogue": kind, "configs": [], "peers": {}}
     x, w, b = make_inputs(M, N, K)
-    values, meta = compress_2_4(w)
-    meta_t = meta.t().contiguous()
+    values, meta = compress_2_4(w, k_major=k_major)
     extras = (b,) if kind else ()
     ps = peers(x, w, b, kind)
     want = ps["cublas"]().float()
@@ -163,7 +163,7 @@ def bench_shape(label, M, N, K, kind, configs, kernels, reps) -> dict:
             entry["error"] = f"{type(kern).__name__}: {(str(kern).strip().splitlines() or [''])[-1][:200]}"
             continue
         print(f"    running {cfg}", flush=True)
-        args = (x, values, meta_t if cfg.get("meta_k_major") else meta, *extras)
+        args = (x, values, meta, *extras)
         try:
             got = kern(*args).float()
             err = float((got - want).abs().max()) / scale
@@ -181,7 +181,7 @@ def bench_shape(label, M, N, K, kind, configs, kernels, reps) -> dict:
 
 def short(cfg) -> str:
     return "/".join(str(cfg[k]) for k in ("block_M", "block_N", "block_K", "num_stages", "threads")) + \
-        ("/" + cfg.get("policy", "square")[:2] + ("/kE" if cfg.get("meta_k_major") else ""))
+        "/" + cfg.get("policy", "square")
 
 
 def print_header() -> None:
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "tilelang": tilelang.__version__, "python": platform.python_version(),
               "cusparselt": getattr(torch.backends.cusparselt, "version", lambda: None)(),
-              "target": target, "space": a.space, "rows": [], "skipped": []}
+              "target": target, "space": a.space, "meta_k_major": meta_k_major(target), "rows": [], "skipped": []}
     built = build_all(shapes, target, a.space)
     flat = [(f, [-1]) for _, funcs in built for f in funcs if not isinstance(f, BaseException)]
     compiled = iter(compile_many(flat, target, return_exceptions=True))
@@ -239,7 +239,7 @@ def main(argv=None) -> int:
             result["skipped"].append(f"{label} {M}x{N}x{K}")
             continue
         try:
-            row = bench_shape(label, M, N, K, kind, configs, kerns, a.reps)
+            row = bench_shape(label, M, N, K, kind, configs, kerns, a.reps, meta_k_major(target))
             result["rows"].append(row)
             print_row(row)
         except Exception as e:  # noqa: BLE001 -- e.g. out of memory: the other shapes still run

@@ -55,7 +55,7 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     module, _ = TEMPLATES[spec.template]
     kw = spec.factory_kwargs()
     if spec.template == "gemm_sp":  # block_K must divide the padded K; the output tile's bytes count too
-        return module.get_configs(target, kw["K"], kw.get("out_dtype"), meta_k_major=False)
+        return module.get_configs(target, kw["K"], kw.get("out_dtype"), kw.get("meta_k_major", False))
     space = getattr(module, "config_space", module.get_configs)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
         return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw))

@@ -32,6 +32,7 @@ def build_gemm_sp(b: Builder, anchor: Node, target: dict) -> KernelSpec:
              "only, no prologue)")
     x, values, meta, *rest = anchor.inputs
     bias = rest[0] if rest and rest[0] else None
+    dense = rest[1] if len(rest) > 1 and rest[1] else None  # the dense form (the measured choice's), not read here
     require(values not in b.produced and meta not in b.produced, "the compressed weight is computed in the region")
     by_out = {v.name: n for n in b.members for v in n.outputs}
     while x in b.produced:  # views of the input: the kernel reads the outside value as (M, K)
@@ -44,12 +45,13 @@ def build_gemm_sp(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     require(xt.dtype == vt.dtype and vt.dtype in SPARSE_DTYPES, f"gemm_sp multiplies fp16/bf16 operands of one "
              f"dtype, not {xt.dtype} x {vt.dtype}")
     exprs, mapping = epilogue_exprs(b, anchor, bias, b.members[pos + 1:], "gemm_sp")
-    extra = [a for a in b.args if a not in (x, values, meta)]
+    extra = [a for a in b.args if a not in (x, values, meta, dense)]
     extra_shapes = tuple(domain_shape(b.types[a], M, N) for a in extra)
     out_dtype = b.types[b.region.outputs[0]].dtype
     check_dtypes((out_dtype, *(b.types[a].dtype for a in extra)), target, "gemm_sp")
     params = {"M": M, "N": N, "K": K, "dtype": vt.dtype, "out_dtype": out_dtype,
               "epilogue": exprs[0] if exprs[0] != Acc() else None, "extra_shapes": extra_shapes,
-              "extra_dtypes": tuple(b.types[a].dtype for a in extra)}
+              "extra_dtypes": tuple(b.types[a].dtype for a in extra),
+              "meta_k_major": bool(anchor.attr.get("meta_k_major", False))}
     inputs = ((x, (M, K)), (values, None), (meta, None), *zip(extra, extra_shapes))
     return KernelSpec("gemm_sp", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))

@@ -4,7 +4,8 @@ Note: the pipeline's ``decide`` step weighs three ways of running a GEMM region:
 through torch, and this split (``runtime.kernels.SplitRegion`` runs it). The split pays where the library GEMM beats our fused kernel but the
 epilogue has several ops that torch would run one kernel each: LLaMA's ``silu(gate) * up`` after the up
 projection (fused kernel 0.71 ms, cuBLAS then two torch kernels 0.62 ms, on the H200), or a convolution's
-batch norm, residual add and ReLU.
+batch norm, residual add and ReLU. A 2:4 region (``gemm_sp``) splits the same way: its head is the dense GEMM on the
+2:4 weight (``sparse_linear`` with its dense form), for where the sparse kernel loses to the dense library GEMM.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def split(plan: FusionPlan, region: Region, maps: tuple[dict, dict] | None = Non
     every other node as an elementwise region reading what the head computes; None where there is no
     epilogue of ``MIN_EPILOGUE_OPS`` compute ops, or the head's values other than the tail's inputs escape.
     ``maps``: ``node_maps(plan)``, when splitting several regions of one plan."""
-    if region.kind != "gemm" or region.anchor is None:
+    if region.kind not in ("gemm", "gemm_sp") or region.anchor is None:
         return None
     nodes, producer = maps if maps is not None else node_maps(plan)
     members = set(region.nodes)

@@ -159,7 +159,7 @@ class PlanRunner:
     def apply(self, runs: Mapping[str, str], splits: Mapping[str, RegionFn], notes: Sequence[str] = ()) -> None:
         """Run each region named in ``runs`` as decided: ``"torch"`` (its nodes through torch) or ``"split"`` (its
         entry of ``splits``); the plan says so (backend, and ``notes``)."""
-        if not runs:
+        if not runs and not notes:
             return
         regions = list(self.plan.regions)
         for k, region in enumerate(regions):

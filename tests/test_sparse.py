@@ -22,7 +22,7 @@ from tilefuse.lowering.templates import gemm_sp
 from tilefuse.ops import GraphBuilder
 from tilefuse.ops.sparse_layout import compress_2_4, decompress_2_4, is_2_4, padded_k, prune_2_4
 from tilefuse.pipeline import plan
-from tilefuse.planner.sparsity import prune_module, sparsify
+from tilefuse.planner.sparsity import meta_k_major, prune_module, sparsify
 
 C = {"kind": "c"}
 H200 = {"kind": "cuda", "arch": "sm_90a"}
@@ -103,6 +103,13 @@ def test_sparse_linear_op_is_linear_on_the_decompressed_weight(rng):
     spec = ops.get("sparse_linear")
     (y,) = spec.run([x, values, meta, b], {"in_features": 80})
     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b))
+    # K-major metadata; the dense form, when given, is what the reference multiplies
+    vk, mk = compress_2_4(w, k_major=True)
+    assert torch.equal(vk, values) and torch.equal(mk, meta.t())
+    (yk,) = spec.run([x, vk, mk, b], {"in_features": 80, "meta_k_major": True})
+    torch.testing.assert_close(yk, y, rtol=0, atol=0)
+    (yd,) = spec.run([x, vk, mk, b, w], {"in_features": 80, "meta_k_major": True})
+    torch.testing.assert_close(yd, y, rtol=0, atol=0)
     types = ops.infer_types("sparse_linear", [TensorType(("b", 5, 80), "float16"), TensorType.of(values),
                                               TensorType.of(meta), None], {"in_features": 80})
     assert types == [TensorType(("b", 5, 48), "float16")]
@@ -159,7 +166,18 @@ def test_sparsify_on_cuda_compresses_and_rewrites(rng):
     assert set(rep.sparse_kernel) == {"w1", "w2", "w3", "small"}
     assert sg.op_counts()["sparse_linear"] == 4 and "permute" not in sg.op_counts() and "w2" not in sg.constants
     node = next(n for n in sg.nodes if n.name == "linear")
-    assert node.inputs[1:] == ("w1.values_2_4", "w1.meta_2_4", "b1") and node.attr == {"in_features": 64}
+    assert node.inputs[1:] == ("w1.values_2_4", "w1.meta_2_4", "b1", "w1.pruned_2_4")
+    assert node.attr == {"in_features": 64, "meta_k_major": True}  # sm_90: TMA reads K-major metadata at any depth
+    dense = sg.constants["w1.pruned_2_4"]
+    values, meta = sg.constants["w1.values_2_4"], sg.constants["w1.meta_2_4"]
+    assert meta.shape == (64 // 16, 128) and meta.is_contiguous()
+    assert torch.equal(decompress_2_4(values, meta, 64, k_major=True), dense) and is_2_4(dense)
+    # a transposed weight (ONNX's matmul(x, W^T)) keeps its dense form as (N, K), the (K, N) constant goes
+    w3 = next(n for n in sg.nodes if n.op == "sparse_linear" and n.inputs[1] == "w3.values_2_4")
+    assert w3.inputs[4] == "w3.dense_2_4" and sg.constants["w3.dense_2_4"].shape == (80, 96)
+    assert "w3.pruned_2_4" not in sg.constants and "w3" not in sg.constants
+    a100, _ = sparsify(g, {"kind": "cuda", "arch": "sm_80"}, "2:4")  # mma.sp kernels read it row-major
+    assert next(n for n in a100.nodes if n.name == "linear").attr["meta_k_major"] is False
     x = randn(rng, (37, 64), torch.float16)
     from tilefuse.ops.reference import run_graph
 
@@ -327,16 +345,16 @@ def gpu_target():
     return default_target()  # this GPU
 
 
-def _check_gemm_sp(rng, target, M, N, K, epilogue, extra_shapes, dtype, config):
+def _check_gemm_sp(rng, target, M, N, K, epilogue, extra_shapes, dtype, config, k_major=False):
     dt = getattr(torch, dtype)
     w = prune_2_4(randn(rng, (N, K), dt))
-    values, meta = compress_2_4(w)
+    values, meta = compress_2_4(w, k_major=k_major)
     x = randn(rng, (M, K), dt)
     extras = [randn(rng, s, dt) for s in extra_shapes]
     f = gemm_sp.gemm_sp(M, N, K, dtype=dtype, epilogue=epilogue, extra_shapes=extra_shapes,
-                        extra_dtypes=[dtype] * len(extras), **config, target=target)
+                        extra_dtypes=[dtype] * len(extras), meta_k_major=k_major, **config, target=target)
     y = compile_kernel(f, target, out_idx=[-1])(x.cuda(), values.cuda(), meta.cuda(), *(e.cuda() for e in extras))
-    ref = gemm_sp.reference(x, values, meta, extras, K=K, epilogue=epilogue)
+    ref = gemm_sp.reference(x, values, meta, extras, K=K, epilogue=epilogue, meta_k_major=k_major)
     scale = float(ref.float().abs().max())
     torch.testing.assert_close(y.cpu().float(), ref.float(), rtol=1e-2, atol=1e-2 * scale)
 
@@ -346,20 +364,23 @@ def _check_gemm_sp(rng, target, M, N, K, epilogue, extra_shapes, dtype, config):
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_gemm_sp_numerics_gpu(rng, gpu_target, case, dtype):
     M, N, K, epi, shapes = GPU_CASES[case]
-    _check_gemm_sp(rng, gpu_target, M, N, K, epi, shapes, dtype, gemm_sp.get_configs(gpu_target, K)[0])
+    k_major = meta_k_major(gpu_target)  # the planner's layout on this GPU
+    _check_gemm_sp(rng, gpu_target, M, N, K, epi, shapes, dtype, gemm_sp.get_configs(gpu_target, K, meta_k_major=k_major)[0],
+                   k_major)
 
 
 @pytest.mark.gpu
 def test_gemm_sp_every_seed_config_gpu(rng, gpu_target):
     """Every config of the space (compiled in parallel) on one shape: wrong code in any of them shows here."""
     M, N, K = 384, 512, 512
-    configs = gemm_sp.get_configs(gpu_target, K)
-    funcs = [(gemm_sp.gemm_sp(M, N, K, **c, target=gpu_target), [-1]) for c in configs]
+    k_major = meta_k_major(gpu_target)
+    configs = gemm_sp.get_configs(gpu_target, K, meta_k_major=k_major)
+    funcs = [(gemm_sp.gemm_sp(M, N, K, **c, meta_k_major=k_major, target=gpu_target), [-1]) for c in configs]
     kernels = compile_many(funcs, gpu_target)
     w = prune_2_4(randn(rng, (N, K), torch.float16))
-    values, meta = compress_2_4(w)
+    values, meta = compress_2_4(w, k_major=k_major)
     x = randn(rng, (M, K), torch.float16)
-    ref = gemm_sp.reference(x, values, meta, K=K).float()
+    ref = gemm_sp.reference(x, values, meta, K=K, meta_k_major=k_major).float()
     for c, k in zip(configs, kernels):
         y = k(x.cuda(), values.cuda(), meta.cuda()).cpu().float()
         torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2 * float(ref.abs().max()), msg=lambda m, c=c: f"{c}: {m}")
@@ -372,17 +393,17 @@ def test_gemm_sp_wide_space_gpu(rng, gpu_target, shape):
     GELU epilogue, on an aligned shape and one with tails in M, N and K (K padded to 224)."""
     M, N, K = shape
     epi = call("gelu", Acc() + Arg(0))
-    configs = gemm_sp.config_space(gpu_target, K)
-    assert any(c["meta_k_major"] for c in configs) and any(c["policy"] == "full_row" for c in configs)
-    funcs = [(gemm_sp.gemm_sp(M, N, K, **c, epilogue=epi, extra_shapes=[(N,)], extra_dtypes=["float16"],
-                              target=gpu_target), [-1]) for c in configs]
+    configs = [(c, k) for k in (True, False) for c in gemm_sp.config_space(gpu_target, K, meta_k_major=k)]
+    assert any(c["policy"] == "full_row" for c, _ in configs)
+    funcs = [(gemm_sp.gemm_sp(M, N, K, **c, meta_k_major=k, epilogue=epi, extra_shapes=[(N,)],
+                              extra_dtypes=["float16"], target=gpu_target), [-1]) for c, k in configs]
     kernels = compile_many(funcs, gpu_target)
     w = prune_2_4(randn(rng, (N, K), torch.float16))
     values, meta = compress_2_4(w)
     x, bias = randn(rng, (M, K), torch.float16), randn(rng, (N,), torch.float16)
     ref = gemm_sp.reference(x, values, meta, [bias], K=K, epilogue=epi).float()
-    for c, k in zip(configs, kernels):
-        m = meta.t().contiguous() if c["meta_k_major"] else meta
+    for (c, k_major), k in zip(configs, kernels):
+        m = meta.t().contiguous() if k_major else meta
         y = k(x.cuda(), values.cuda(), m.cuda(), bias.cuda()).cpu().float()
         torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2 * float(ref.abs().max()), msg=lambda m, c=c: f"{c}: {m}")
 
@@ -402,7 +423,13 @@ def test_zoo_models_with_sparsity_on_gpu(gpu_target, name):
         ref = prune_module(model)(*inputs)
     regions = [r for run in runners for r in run.plan.regions]
     kinds = {k: [r for r in regions if r.kind == k] for k in ("gemm_sp", "attention")}
-    assert kinds["gemm_sp"] and all(r.backend == "tilelang" for r in kinds["gemm_sp"]), regions
+    # the measured choice ran each 2:4 region as gemm_sp or dense on the 2:4 weight, and the plan says which
+    notes = [n for run in runners for n in run.plan.notes]
+    for r in kinds["gemm_sp"]:
+        said = [n for n in notes if n.startswith(f"{r.name}: ") and "gemm_sp" in n]
+        assert len(said) == 1, (r.name, notes)
+        assert ("runs the 2:4 sparse kernel" in said[0]) == (r.backend == "tilelang"), (said, r.backend)
+    assert kinds["gemm_sp"], regions
     assert all(r.backend == "tilelang" for r in kinds["attention"]), regions
     assert len(kinds["gemm_sp"]) == 2 if name == "mlp" else kinds["attention"], regions
     out, ref = (out[0] if isinstance(out, (tuple, list)) else out), (ref[0] if isinstance(ref, (tuple, list)) else ref)

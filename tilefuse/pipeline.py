@@ -182,8 +182,16 @@ class Decision:
     kernel_ms: float | None = None
     torch_ms: float | None = None
     split_ms: float | None = None
+    sparse: bool = False  # a 2:4 region: its kernel is gemm_sp, torch and the split run the dense 2:4 weight
 
     def line(self) -> str:
+        if self.sparse:
+            dense = "dense GEMM on the 2:4 weight" + (" + TileLang epilogue" if self.runs == "split" else "")
+            if self.runs == "kernel":
+                others = " / ".join(f"{t:.3f}" for t in (self.torch_ms, self.split_ms) if t is not None)
+                return f"{self.region}: gemm_sp {self.kernel_ms:.3f} ms, dense GEMM on the 2:4 weight {others} ms"
+            return f"{self.region}: {dense} {self.split_ms if self.runs == 'split' else self.torch_ms:.3f} ms < " \
+                   f"gemm_sp {self.kernel_ms:.3f} ms"
         if self.runs == "split":
             return (f"{self.region}: split {self.split_ms:.3f} ms (torch GEMM + TileLang epilogue) < kernel "
                     f"{self.kernel_ms:.3f} ms, torch {self.torch_ms:.3f} ms")
@@ -191,6 +199,9 @@ class Decision:
 
     def note(self) -> str:
         """The plan's note: the line and what it means."""
+        if self.sparse:
+            return self.line() + (" (measured: runs the 2:4 sparse kernel)" if self.runs == "kernel" else
+                                  " (measured: runs dense on the 2:4 weight)")
         return self.line() + (" (measured: its GEMM runs through torch, its epilogue as a TileLang kernel)"
                               if self.runs == "split" else " (measured: the region runs through torch)")
 
@@ -224,7 +235,8 @@ def decide(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
             db.put(spec, target, choice, "choice")
         runs = "split" if choice.get("split") and sp is not None else \
             "torch" if choice["torch"] or choice.get("split") else "kernel"  # a stored split that does not lower here
-        out.append(Decision(region.name, runs, choice.get("kernel_ms"), choice.get("torch_ms"), choice.get("split_ms")))
+        out.append(Decision(region.name, runs, choice.get("kernel_ms"), choice.get("torch_ms"), choice.get("split_ms"),
+                            sparse=region.kind == "gemm_sp"))
         return {"split": sp, "torch": ref}.get(runs)  # the later regions' inputs come as the chosen way makes them
 
     runner.run(*args, before_region=measure)
@@ -245,7 +257,7 @@ def choose(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
     missing = {d.region for d in changed if d.runs == "split" and d.region not in splits}
     if missing:  # (rank 0 chose a split that this rank's tuning database had ruled out)
         splits.update(splits_step(p, [r for r in p.regions if r.name in missing], target))
-    runner.apply({d.region: d.runs for d in changed}, splits, [d.note() for d in changed])
+    runner.apply({d.region: d.runs for d in changed}, splits, [d.note() for d in decided if d.runs != "kernel" or d.sparse])
     if changed:
         _log.info("%s: %d regions run through torch, measured faster than their kernels: %s", p.graph.name,
                   len(changed), "; ".join(d.line() for d in changed))

@@ -56,8 +56,9 @@ def gemm_sp(
 ):
     """A ``T.prim_func`` for ``Y = epilogue(X @ W^T)``; parameters ``X, W_values, W_meta, extra_0.., Y``.
 
-    ``X`` is (M, K) in ``dtype`` (fp16/bf16), the weight W (N, K) arrives as ``compress_2_4(W)``: values
-    (N, Kp/2) in ``dtype`` and metadata (N, Kp/16) int16 with Kp = ``padded_k(K)``. ``epilogue`` reads the
+    ``X`` is (M, K) in ``dtype`` (fp16/bf16), the weight W (N, K) arrives as ``compress_2_4(W, meta_k_major)``:
+    values (N, Kp/2) in ``dtype`` and metadata (N, Kp/16) int16 with Kp = ``padded_k(K)``, or (Kp/16, N) with
+    ``meta_k_major`` (read with ``transpose_E``; on sm_90 a TMA load at any ``block_K``). ``epilogue`` reads the
     fp32 accumulator (``Acc``) and ``Arg(i)`` = ``extra_i`` broadcast against Y (M, N); Y is ``out_dtype``.
     Tunables: ``block_M`` (tokens per tile), ``block_N`` (weight rows per tile), ``block_K`` (a multiple of
     32 dividing Kp), ``num_stages``, ``threads``, ``enable_rasterization`` with ``panel_size``, and ``policy``:
@@ -130,10 +131,11 @@ def gemm_sp(
 
 
 def reference(x: torch.Tensor, values: torch.Tensor, meta: torch.Tensor, extras: Sequence[torch.Tensor] = (), *,
-              K: int | None = None, epilogue: Expr | None = None, out_dtype: str | None = None) -> torch.Tensor:
+              K: int | None = None, epilogue: Expr | None = None, out_dtype: str | None = None,
+              meta_k_major: bool = False) -> torch.Tensor:
     """Torch reference of ``gemm_sp``: the decompressed weight in an fp64 matmul, then the epilogue."""
     K = x.shape[-1] if K is None else K
-    w = decompress_2_4(values, meta, K)
+    w = decompress_2_4(values, meta, K, k_major=meta_k_major)
     acc = (x.double() @ w.double().T).float()
     if epilogue is not None:
         acc = evaluate(epilogue, acc, list(extras)).float()
@@ -151,56 +153,53 @@ def shared_memory_bytes(block_M: int, block_N: int, block_K: int, num_stages: in
     return max(stage * max(num_stages, 1), block_M * block_N * out_item)
 
 
-# sm_90a: (block_M tokens, block_N weight rows, block_K, stages, threads, policy, meta_k_major). A warpgroup's
-# wgmma.sp is 64 weight rows wide; "full_row" gives it every token of the tile (m64n256 on 256 tokens).
-# Metadata rows of block_K/16 int16 are too narrow for a TMA load below block_K=128 (16 bytes): there the
-# metadata is read K-major (``meta_k_major``), else its plain loads leave no warp-specialized producer and the
-# 512-thread kernel spills its accumulators (the 10x slower deep tiles of 2026-11-29).
+# sm_90a: (block_M tokens, block_N weight rows, block_K, stages, threads, policy). A warpgroup's wgmma.sp is 64
+# weight rows wide; "full_row" gives it every token of the tile (m64n256 on 256 tokens), "square" (the 2026-11-29
+# seeds) splits the tokens too (m64n64). Row-major metadata rows of block_K/16 int16 are too narrow for a TMA load
+# below block_K=128 (16 bytes): their plain loads leave no warp-specialized producer and the 512-thread kernel
+# spills its accumulators (the 10x slower deep tiles of 2026-11-29), so the sm_90 planner stores the metadata
+# K-major, which TMA loads at any depth (``meta_k_major``). Measured order (H200, bench_sparse.py --space wide,
+# 2026-12-01, K-major metadata): the first six were the fastest at every shape with M >= 4096 (1.18-1.42x dense
+# cuBLAS); the narrow-token entries serve a few tokens (M < 256).
 SM90_SPACE = [
-    (256, 128, 64, 4, 256, "full_row", True), (256, 128, 128, 2, 256, "full_row", False),
-    (128, 256, 64, 4, 256, "full_row", True), (256, 128, 64, 5, 256, "full_row", True),
-    (256, 128, 64, 3, 256, "full_row", True), (128, 256, 64, 6, 256, "full_row", True),
-    (128, 256, 128, 2, 256, "full_row", False), (256, 128, 128, 2, 256, "full_row", True),
-    (256, 64, 64, 6, 128, "full_row", True), (128, 128, 64, 6, 128, "full_row", True),
-    (128, 128, 128, 3, 128, "full_row", False), (128, 128, 64, 4, 256, "full_row", True),
-    (64, 128, 128, 3, 128, "full_row", False), (64, 128, 64, 6, 128, "full_row", True),
-    (16, 128, 128, 4, 128, "full_row", False), (32, 128, 128, 4, 128, "full_row", False),
-    (64, 256, 128, 3, 256, "full_row", False),
-    (128, 256, 128, 2, 256, "square", False), (128, 128, 128, 2, 128, "square", False),  # the 2026-11-29 seeds
+    (256, 128, 64, 3, 256, "full_row"), (128, 256, 64, 4, 256, "full_row"), (256, 128, 64, 5, 256, "full_row"),
+    (128, 256, 128, 2, 256, "full_row"), (256, 128, 64, 4, 256, "full_row"), (128, 128, 128, 3, 128, "full_row"),
+    (128, 256, 64, 6, 256, "full_row"), (256, 128, 128, 2, 256, "full_row"), (256, 64, 64, 6, 128, "full_row"),
+    (128, 128, 64, 6, 128, "full_row"), (128, 128, 64, 4, 256, "full_row"), (64, 128, 128, 3, 128, "full_row"),
+    (64, 128, 64, 6, 128, "full_row"), (16, 128, 128, 4, 128, "full_row"), (32, 128, 128, 4, 128, "full_row"),
+    (64, 256, 128, 3, 256, "full_row"), (128, 256, 128, 2, 256, "square"), (128, 128, 128, 2, 128, "square"),
 ]
-SM80_SPACE = [(128, 128, 64, 3, 128, "square", False), (128, 256, 64, 2, 256, "square", False),
-              (256, 128, 64, 2, 256, "square", False), (64, 128, 64, 3, 128, "square", False)]
-SEEDS = 4  # the first entries of a space are its seeds (the default pick is made from them)
+SM80_SPACE = [(128, 128, 64, 3, 128, "square"), (128, 256, 64, 2, 256, "square"), (256, 128, 64, 2, 256, "square"),
+              (64, 128, 64, 3, 128, "square")]
+SEEDS = 6  # the first entries of a space are its seeds (the default pick is made from them)
 
 
 def config_space(target: dict | str, K: int | None = None, out_dtype: str | None = None,
-                 meta_k_major: bool | None = None, seeds_only: bool = False) -> list[dict]:
-    """Configs (keys are exactly ``gemm_sp``'s tunables) that fit in shared memory with an ``out_dtype`` output
-    tile (fp16 by default), each ``block_K`` a divisor of the padded K (the largest of 128, 64, 32 not above the
-    entry's). ``meta_k_major``: only configs that read the metadata that way (None: both); ``seeds_only``: the
-    first ``SEEDS``."""
+                 meta_k_major: bool = False, seeds_only: bool = False) -> list[dict]:
+    """Configs (keys are exactly ``gemm_sp``'s tunables) for metadata stored as ``meta_k_major`` says, that fit in
+    shared memory with an ``out_dtype`` output tile (fp16 by default), each ``block_K`` a divisor of the padded K
+    (the largest of 128, 64, 32 not above the entry's). With row-major metadata on sm_90 a config narrower than 128
+    in K comes only where no other fits (see ``SM90_SPACE``). ``seeds_only``: the first ``SEEDS``."""
     if dialect(target).cpu:
         return []
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     space = SM90_SPACE if arch.startswith("sm_90") else SM80_SPACE
     limit = SMEM_LIMIT.get(arch.rstrip("a")[:5], 99 * 1024)
-    out = []
-    for bm, bn, bk, stages, threads, policy, k_major in space:
-        if meta_k_major is not None and k_major != meta_k_major:
-            continue
+    out, narrow = [], []
+    for bm, bn, bk, stages, threads, policy in space:
         if K is not None:
             kp = padded_k(K)
             bk = next(b for b in (bk, 64, K_ALIGN) if b <= bk and kp % b == 0)
-        if bk < 128 and not k_major and arch.startswith("sm_90") and meta_k_major is None:
-            continue  # slow (see SM90_SPACE): offered only to a caller whose metadata is row-major
         cfg = {"block_M": bm, "block_N": bn, "block_K": bk, "num_stages": stages, "threads": threads,
-               "enable_rasterization": True, "policy": policy, "meta_k_major": k_major}
-        if shared_memory_bytes(bm, bn, bk, stages, "float16", out_dtype) <= limit and cfg not in out:
-            out.append(cfg)
+               "enable_rasterization": True, "policy": policy}
+        if shared_memory_bytes(bm, bn, bk, stages, "float16", out_dtype) > limit or cfg in out or cfg in narrow:
+            continue
+        (narrow if bk < 128 and not meta_k_major and arch.startswith("sm_90") else out).append(cfg)
+    out = out or narrow
     return out[:SEEDS] if seeds_only else out
 
 
 def get_configs(target: dict | str, K: int | None = None, out_dtype: str | None = None,
-                meta_k_major: bool | None = None) -> list[dict]:
+                meta_k_major: bool = False) -> list[dict]:
     """The seeds of ``config_space``."""
     return config_space(target, K, out_dtype, meta_k_major, seeds_only=True)

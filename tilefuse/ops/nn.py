@@ -35,11 +35,14 @@ def _sparse_linear_type(in_types, attrs):
 
 
 @register("sparse_linear", G, infer=_sparse_linear_type)
-def sparse_linear(x, values, meta, bias=None, in_features: int = 0):
-    """``linear`` with a 2:4 sparse weight (N, in_features) given compressed: ``values`` (N, Kp/2) and
-    ``meta`` (N, Kp/16) int16 (``ops.sparse_layout.compress_2_4``). The planner makes it (``Options.sparsity``);
-    CUDA runs it as the ``gemm_sp`` template, this reference decompresses the weight."""
-    return F.linear(x, decompress_2_4(values, meta, in_features).to(x.dtype), bias)
+def sparse_linear(x, values, meta, bias=None, dense=None, in_features: int = 0, meta_k_major: bool = False):
+    """``linear`` with a 2:4 sparse weight (N, in_features) given compressed: ``values`` (N, Kp/2) and ``meta``
+    (N, Kp/16) int16, or (Kp/16, N) with ``meta_k_major`` (``ops.sparse_layout.compress_2_4``), and optionally the
+    same weight stored ``dense`` (N, in_features). The planner makes it (``Options.sparsity``); CUDA runs it as
+    the ``gemm_sp`` template, or as a dense GEMM on ``dense`` where that measured faster; this reference uses
+    ``dense`` when given, else decompresses the weight."""
+    w = dense if dense is not None else decompress_2_4(values, meta, in_features, k_major=meta_k_major)
+    return F.linear(x, w.to(x.dtype), bias)
 
 
 def _channels_first(fn, x, *args, channels_last: bool = False, **kw):

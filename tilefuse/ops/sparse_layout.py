@@ -64,9 +64,11 @@ def is_2_4(w: torch.Tensor) -> bool:
     return all(bool(((_groups(part) != 0).sum(-1) <= KEEP).all()) for part in (w[:16], w))
 
 
-def compress_2_4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(values (N, Kp/2), meta (N, Kp/16) int16)`` of a 2:4 weight ``w`` (N, K): see the module note.
-    Raises ``ValueError`` when a group holds more than 2 nonzeros (``prune_2_4`` first)."""
+def compress_2_4(w: torch.Tensor, k_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values (N, Kp/2), meta (N, Kp/16) int16)`` of a 2:4 weight ``w`` (N, K): see the module note. With
+    ``k_major`` the metadata comes transposed, (Kp/16, N) contiguous: the layout sm_90's gemm_sp kernels read
+    with TMA at any tile depth (``lowering.templates.gemm_sp``). Raises ``ValueError`` when a group holds more
+    than 2 nonzeros (``prune_2_4`` first)."""
     g = _groups(w)
     n, groups, _ = g.shape
     nz = g != 0
@@ -80,11 +82,13 @@ def compress_2_4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = (sel[..., 0] | (sel[..., 1] << 2)).reshape(n, groups // GROUP, GROUP)
     meta = codes[..., 0] | (codes[..., 1] << 4) | (codes[..., 2] << 8) | (codes[..., 3] << 12)
     meta = torch.where(meta >= 1 << 15, meta - (1 << 16), meta).to(META_DTYPE)  # two's complement int16
-    return values.contiguous(), meta.contiguous()
+    return values.contiguous(), (meta.t() if k_major else meta).contiguous()
 
 
-def decompress_2_4(values: torch.Tensor, meta: torch.Tensor, K: int | None = None) -> torch.Tensor:
-    """The dense (N, K) weight of ``compress_2_4``'s output (N, Kp without ``K``); exact."""
+def decompress_2_4(values: torch.Tensor, meta: torch.Tensor, K: int | None = None, k_major: bool = False) -> torch.Tensor:
+    """The dense (N, K) weight of ``compress_2_4``'s output (N, Kp without ``K``); exact. ``k_major``: ``meta`` is
+    (Kp/16, N), as ``compress_2_4(w, k_major=True)`` gives it."""
+    meta = meta.t() if k_major else meta
     n, half = values.shape
     groups = half // KEEP
     if meta.shape != (n, groups // GROUP) or meta.dtype != META_DTYPE:

@@ -11,7 +11,10 @@ the 2 largest |w| of every 4 along K of each eligible weight, the same on every 
 the same way everywhere; the pruned weight is a new constant (``<name>.pruned_2_4``: artifacts keep the
 source's and the plan's constants side by side by name). The kernel choice depends on the target: on CUDA
 an eligible fp16/bf16 weight with the 2:4 pattern (pruned, or already so: no option needed) is compressed
-(``ops.sparse_layout``) and its GEMMs become ``sparse_linear`` nodes, which plan as ``gemm_sp`` regions;
+(``ops.sparse_layout``; the metadata K-major on sm_90, ``meta_k_major``) and its GEMMs become ``sparse_linear``
+nodes, which plan as ``gemm_sp`` regions. They keep the dense 2:4 weight too: the measured choice runs each
+region as the gemm_sp kernel or as a dense GEMM on that weight, whichever is faster (a weight's memory is
+then 1.56x its dense size);
 elsewhere (``c`` has no gemm_sp) and for fp32 weights the GEMM stays dense on the pruned weight, and the
 plan's notes say why.
 """
@@ -233,11 +236,16 @@ def sparsify(graph: Graph, target: dict | None, mode: str | None) -> tuple[Graph
         elif any(types[nodes[g].inputs[0]].dtype != dtype for g in gw.nodes):
             why = "the GEMM input's dtype differs from the weight's: dense gemm on the 2:4 weight"
         else:
-            values, meta = compress_2_4(w)
+            k_major = meta_k_major(target)
+            values, meta = compress_2_4(w, k_major=k_major)
             v_name, m_name = _fresh(f"{name}.values_2_4", taken), _fresh(f"{name}.meta_2_4", taken)
             constants[v_name], constants[m_name] = values, meta
-            del constants[renamed.pop(name, name)]
-            rewrite.update({g: (v_name, m_name, int(w.shape[1])) for g in gw.nodes})
+            d_name = renamed.pop(name, name)  # the dense 2:4 weight stays, (N, K): the measured choice's other way
+            if gw.transposed:
+                del constants[d_name]
+                d_name = _fresh(f"{name}.dense_2_4", taken)
+                constants[d_name] = w.contiguous()
+            rewrite.update({g: (v_name, m_name, d_name, int(w.shape[1]), k_major) for g in gw.nodes})
             drop.update(gw.views)
             continue
         dense.append((name, why))
@@ -252,11 +260,18 @@ def sparsify(graph: Graph, target: dict | None, mode: str | None) -> tuple[Graph
     return graph.replace(nodes=new_nodes, constants=constants).verify(), report
 
 
-def _sparse_node(n: Node, compressed: tuple[str, str, int]) -> Node:
-    """``linear(x, W, b)`` or ``matmul(x, W^T)`` as ``sparse_linear(x, values, meta, b)``."""
-    v_name, m_name, k = compressed
+def _sparse_node(n: Node, compressed: tuple[str, str, str, int, bool]) -> Node:
+    """``linear(x, W, b)`` or ``matmul(x, W^T)`` as ``sparse_linear(x, values, meta, b, W)``."""
+    v_name, m_name, d_name, k, k_major = compressed
     bias = n.inputs[2] if n.op == "linear" and len(n.inputs) > 2 else ""
-    return Node(n.name, "sparse_linear", (n.inputs[0], v_name, m_name, bias), n.outputs, {"in_features": k})
+    return Node(n.name, "sparse_linear", (n.inputs[0], v_name, m_name, bias, d_name), n.outputs,
+                {"in_features": k, "meta_k_major": k_major})
+
+
+def meta_k_major(target: dict | None) -> bool:
+    """Whether ``target``'s gemm_sp kernels read the 2:4 metadata K-major (sm_90: TMA loads at any tile depth,
+    see ``lowering.templates.gemm_sp``) or row-major (sm_80's mma.sp kernels)."""
+    return str((target or {}).get("arch", "")).startswith("sm_90")
 
 
 def _renamed(n: Node, names: Mapping[str, str]) -> Node:
