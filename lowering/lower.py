@@ -55,7 +55,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     module, _ = TEMPLATES[spec.template]
     kw = spec.factory_kwargs()
     if spec.template == "gemm_sp":  # block_K must divide the padded K; the output tile's bytes count too
-        return module.get_configs(target, kw["K"], kw.get("out_dtype"), kw.get("meta_k_major", False))
+        staged = len(module.staged_extras(kw["M"], kw["N"], kw.get("epilogue"), kw.get("extra_shapes", ())))
+        return module.get_configs(target, kw["K"], kw.get("out_dtype"), kw.get("meta_k_major", False), staged)
     space = getattr(module, "config_space", module.get_configs)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
         return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw))
