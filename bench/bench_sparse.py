@@ -61,7 +61,6 @@ ZOO = [  # the zoo's linears at its bench sizes (models/*.py): tokens = batch * 
 ]
 SETS = {"square": SQUARE, "llm": LLM, "zoo": ZOO}
 TOL = 2e-2
-SMALL_M = 256  # below this many tokens only the narrow-token configs are tried
 
 
 def tflops(M, N, K, ms) -> float:
@@ -120,9 +119,9 @@ def peers(x, w, b, kind) -> dict:
 
 
 def configs_for(M, K, target, space):
-    cfgs = gemm_sp.config_space(target, K, meta_k_major=meta_k_major(target), seeds_only=space == "seeds")
-    if M < SMALL_M:  # the narrow-token entries (not among the seeds)
-        cfgs = [c for c in gemm_sp.config_space(target, K, meta_k_major=meta_k_major(target)) if c["block_M"] <= 64]
+    cfgs = gemm_sp.config_space(target, K, meta_k_major=meta_k_major(target), seeds_only=space == "seeds", M=M)
+    if M < gemm_sp.FEW_TOKENS:  # the narrow-token entries
+        cfgs = [c for c in cfgs if c["block_M"] <= 64]
     return cfgs
 
 
