@@ -56,7 +56,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     kw = spec.factory_kwargs()
     if spec.template == "gemm_sp":  # block_K must divide the padded K; the output tile's bytes count too
         staged = len(module.staged_extras(kw["M"], kw["N"], kw.get("epilogue"), kw.get("extra_shapes", ())))
-        return module.get_configs(target, kw["K"], kw.get("out_dtype"), kw.get("meta_k_major", False), staged, kw["M"])
+        return module.config_space(target, kw["K"], kw.get("out_dtype"), kw.get("meta_k_major", False),
+                                   staged_tiles=staged, M=kw["M"])
     space = getattr(module, "config_space", module.get_configs)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
         return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw))
@@ -94,7 +95,7 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
         if decode:
             return decode[0]
     if spec.template == "gemm_sp" and configs and target.get("kind") == "cuda":
-        return gemm_sp.default_config(configs, kw["M"], kw["N"], gemm_configs.sm_count(target))
+        return gemm_sp.default_config(configs[:gemm_sp.SEEDS], kw["M"], kw["N"], gemm_configs.sm_count(target))
     return configs[0] if configs else {}
 
 

@@ -51,18 +51,20 @@ class TuneResult:
 # ---- candidates ---------------------------------------------------------------------------------------------
 
 def candidates(spec, target: dict, limit: int = BUDGETS["max"]) -> list[dict]:
-    """Configs to measure for ``spec``: the template's config space with the default pick first (for GEMMs on
-    CUDA, ordered by wasted waves, which puts the pick first), then Carver's hints for GEMMs on CUDA; at most
-    ``limit``, no duplicates."""
+    """Configs to measure for ``spec``: the template's config space with the default pick first (for dense GEMMs on
+    CUDA, the measured leaders next and the rest by wasted waves, then Carver's hints; for 2:4 GEMMs the space in
+    its measured order); at most ``limit``, no duplicates."""
     kw = spec.factory_kwargs()
     seeds = config_space(spec, target)
-    if spec.template in ("gemm", "gemm_sp") and target.get("kind") == "cuda":
+    if spec.template == "gemm" and target.get("kind") == "cuda":
         leaders = seeds[:2]  # the space lists the measured leaders first
         seeds.sort(key=lambda c: gemm_wave_cost(c, kw, target))  # stable: ties keep the template's order
-        if spec.template == "gemm":
-            # the untuned pick, then the measured leaders, then the rest of the space by waves
-            pick = default_config(spec, target)
-            seeds = [pick, *leaders, *seeds, *carver_gemm_configs(kw, target)]
+        # the untuned pick, then the measured leaders, then the rest of the space by waves
+        pick = default_config(spec, target)
+        seeds = [pick, *leaders, *seeds, *carver_gemm_configs(kw, target)]
+    elif spec.template == "gemm_sp" and target.get("kind") == "cuda":
+        # the untuned pick, then the space in its measured order (seeds first; a few tokens: narrow tiles first)
+        seeds = [default_config(spec, target), *seeds]
     out, seen = [], set()
     for c in seeds:
         key = tuple(sorted(c.items()))

@@ -472,3 +472,27 @@ def test_measured_choice_weighs_gemm_sp_against_dense_on_gpu(gpu_target):
         assert ("runs the 2:4 sparse kernel" in said[0]) == (r.backend == "tilelang"), (said, r.backend)
         assert r.backend in ("tilelang", "torch", "split"), r
     print(f"[sparse choice] {sum(r.backend == 'tilelang' for r in regions)} of {len(regions)} regions on gemm_sp")
+
+
+def test_untuned_pick_and_tuning_candidates_for_2_4_regions(rng):
+    """The untuned pick keeps the first measured seed unless its padded waves cost 10% more than another seed's
+    (the MLP's first linear, 8192 x 16384: 256x128, not 128x128 for 1.6% fewer waves); a few tokens take the
+    narrow-token tiles. Tuning measures the pick first, then the whole space in its measured order."""
+    from tilefuse.lowering.lower import default_config
+    from tilefuse.lowering.tune import candidates
+
+    seeds = gemm_sp.get_configs(H200, 4096, meta_k_major=True, M=8192)
+    pick = gemm_sp.default_config(seeds, 8192, 16384, 132)
+    assert pick == seeds[0] and (pick["block_M"], pick["block_N"]) == (256, 128)
+    small = gemm_sp.default_config(seeds, 8192, 768, 132)  # 192 tiles of 256x128: 2 waves; 128x128: 25% fewer
+    assert (small["block_M"], small["block_N"]) == (128, 128)
+    few = gemm_sp.get_configs(H200, 4096, meta_k_major=True, M=1)
+    assert all(c["block_M"] <= 64 for c in few[:4])
+    assert gemm_sp.default_config(few, 1, 6144, 132)["block_M"] == 16
+    g = _mlp_graph(rng, torch.float16)
+    p = plan(g, H200, sparsity="2:4")
+    spec = build(next(r for r in p.regions if r.kind == "gemm_sp"), p.graph, H200)
+    cands = candidates(spec, H200)
+    assert cands[0] == default_config(spec, H200) and len(cands) > gemm_sp.SEEDS
+    assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
+    assert cands[1]["block_M"] <= 64  # M = 37: the narrow-token tiles first

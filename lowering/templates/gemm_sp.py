@@ -201,8 +201,8 @@ def config_space(target: dict | str, K: int | None = None, out_dtype: str | None
     """Configs (keys are exactly ``gemm_sp``'s tunables) for metadata stored as ``meta_k_major`` says, that fit in
     shared memory with an ``out_dtype`` output tile (fp16 by default), each ``block_K`` a divisor of the padded K
     (the largest of 128, 64, 32 not above the entry's). With row-major metadata on sm_90 a config narrower than 128
-    in K comes only where no other fits (see ``SM90_SPACE``). ``seeds_only``: the first ``SEEDS``, or with ``M``
-    below ``FEW_TOKENS`` the first narrow-token ones (decode: 1.16-1.57x dense cuBLAS at LLaMA-3-8B's projections for
+    in K comes only where no other fits (see ``SM90_SPACE``). With ``M`` below ``FEW_TOKENS`` the narrow-token
+    entries come first. ``seeds_only``: the first ``SEEDS``, so for a few tokens the narrow-token ones (decode: 1.16-1.57x dense cuBLAS at LLaMA-3-8B's projections for
     1 and 16 tokens, except the down projection, 0.93x; H200 2026-12-01)."""
     if dialect(target).cpu:
         return []
@@ -225,8 +225,8 @@ def config_space(target: dict | str, K: int | None = None, out_dtype: str | None
             continue
         out.append(cfg)
     out = out or narrow
-    if seeds_only and M is not None and M < FEW_TOKENS:  # a few tokens: the narrow-token entries are the seeds
-        return [c for c in out if c["block_M"] <= 64][:SEEDS] or out[:SEEDS]
+    if M is not None and M < FEW_TOKENS:  # a few tokens: the narrow-token entries first (the seeds)
+        out = [c for c in out if c["block_M"] <= 64] + [c for c in out if c["block_M"] > 64]
     return out[:SEEDS] if seeds_only else out
 
 
