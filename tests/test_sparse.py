@@ -165,6 +165,8 @@ def test_sparsify_on_cuda_compresses_and_rewrites(rng):
     sg, rep = sparsify(g, H200, "2:4")
     assert set(rep.sparse_kernel) == {"w1", "w2", "w3", "small"}
     assert sg.op_counts()["sparse_linear"] == 4 and "permute" not in sg.op_counts() and "w2" not in sg.constants
+    compressed = sum(sg.constants[f"{w}.{k}_2_4"].nbytes for w in ("w1", "w2", "w3", "small") for k in ("values", "meta"))
+    assert rep.compressed_bytes == compressed and "MiB kept beside the dense 2:4 weights" in rep.summary()
     node = next(n for n in sg.nodes if n.name == "linear")
     assert node.inputs[1:] == ("w1.values_2_4", "w1.meta_2_4", "b1", "w1.pruned_2_4")
     assert node.attr == {"in_features": 64, "meta_k_major": True}  # sm_90: TMA reads K-major metadata at any depth

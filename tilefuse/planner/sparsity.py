@@ -64,6 +64,7 @@ class SparsityReport:
     max_rel_change: float | None = None
     measured_on: str = ""
     dense_nodes: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (GEMM node, its dense 2:4 weight)
+    compressed_bytes: int = 0  # the compressed forms (values + metadata), kept beside the dense 2:4 weights
 
     def summary(self) -> str:
         parts = [f"sparsity {self.mode or 'off'}: {len(self.pruned)} weights pruned 2:4"]
@@ -72,6 +73,9 @@ class SparsityReport:
         if self.already_2_4:
             parts.append(f"{len(self.already_2_4)} already 2:4")
         parts.append(f"{len(self.sparse_kernel)} on the gemm_sp kernel, {len(self.dense)} dense on the 2:4 weight")
+        if self.compressed_bytes:
+            parts.append(f"compressed forms {self.compressed_bytes / 2**20:.1f} MiB kept beside the dense 2:4 weights "
+                         "(the measured choice runs either)")
         if self.skipped:
             parts.append(f"{len(self.skipped)} GEMM weights not eligible")
         if self.max_rel_change is not None:
@@ -82,7 +86,7 @@ class SparsityReport:
         return {"mode": self.mode, "pruned": [dataclasses.asdict(p) for p in self.pruned],
                 "already_2_4": list(self.already_2_4), "sparse_kernel": list(self.sparse_kernel),
                 "dense": dict(self.dense), "skipped": dict(self.skipped), "max_rel_change": self.max_rel_change,
-                "measured_on": self.measured_on}
+                "measured_on": self.measured_on, "compressed_bytes": self.compressed_bytes}
 
 
 class SparsityLog:
@@ -224,7 +228,7 @@ def sparsify(graph: Graph, target: dict | None, mode: str | None) -> tuple[Graph
             constants[renamed[name]] = p.T.contiguous() if gw.transposed else p
             del constants[name]
         two_four[name] = w
-    dense, dense_nodes, rewrite, drop = [], [], {}, set()
+    dense, dense_nodes, rewrite, drop, compressed_bytes = [], [], {}, set(), 0
     for name, w in two_four.items():
         gw = weights[name]
         dtype = str(w.dtype).removeprefix("torch.")
@@ -240,6 +244,7 @@ def sparsify(graph: Graph, target: dict | None, mode: str | None) -> tuple[Graph
             values, meta = compress_2_4(w, k_major=k_major)
             v_name, m_name = _fresh(f"{name}.values_2_4", taken), _fresh(f"{name}.meta_2_4", taken)
             constants[v_name], constants[m_name] = values, meta
+            compressed_bytes += values.nbytes + meta.nbytes
             d_name = renamed.pop(name, name)  # the dense 2:4 weight stays, (N, K): the measured choice's other way
             if gw.transposed:
                 del constants[d_name]
@@ -252,7 +257,7 @@ def sparsify(graph: Graph, target: dict | None, mode: str | None) -> tuple[Graph
         dense_nodes += [(g, name) for g in gw.nodes]
     sparse = tuple(w for w in two_four if w not in dict(dense))
     report = SparsityReport(mode, tuple(pruned), tuple(already), sparse, tuple(dense), tuple(skipped),
-                            dense_nodes=tuple(dense_nodes))
+                            dense_nodes=tuple(dense_nodes), compressed_bytes=compressed_bytes)
     if not (pruned or rewrite):
         return graph, report
     new_nodes = tuple(_sparse_node(n, rewrite[n.name]) if n.name in rewrite else _renamed(n, renamed)
