@@ -133,7 +133,8 @@ def build_all(shapes, target, space):
         funcs = []
         for c in configs:
             try:
-                funcs.append(gemm_sp.gemm_sp(M, N, K, **c, meta_k_major=meta_k_major(target), epilogue=epilogue_expr(kind),
+                funcs.append(gemm_sp.gemm_sp(M, N, K, **c, meta_k_major=meta_k_major(target),
+                                             epilogue=epilogue_expr(kind),
                                              extra_shapes=((N,),) if kind else (),
                                              extra_dtypes=("float16",) if kind else (), target=target))
             except Exception as e:  # noqa: BLE001
@@ -198,7 +199,8 @@ def print_row(r) -> None:
     p = r["peers"]
     f = lambda k: f"{p[k]:.4f}" if p.get(k) else "-"
     x = lambda k: f"{p[k] / ms:.2f}" if p.get(k) else "-"
-    print(f"| {r['label']} | {r['M']}x{r['N']}x{r['K']} | {r['epilogue'] or '-'} | {short(b['config']) if b else '-'} | "
+    print(f"| {r['label']} | {r['M']}x{r['N']}x{r['K']} | {r['epilogue'] or '-'} | "
+          f"{short(b['config']) if b else '-'} | "
           f"{ms:.4f} | {tflops(r['M'], r['N'], r['K'], ms):.0f} | {f('cublas')} | {x('cublas')} | {f('torch_2_4')} | "
           f"{x('torch_2_4')} | {f('cusparselt')} | {x('cusparselt')} | {f('cutlass')} |", flush=True)
 

@@ -165,7 +165,8 @@ def test_sparsify_on_cuda_compresses_and_rewrites(rng):
     sg, rep = sparsify(g, H200, "2:4")
     assert set(rep.sparse_kernel) == {"w1", "w2", "w3", "small"}
     assert sg.op_counts()["sparse_linear"] == 4 and "permute" not in sg.op_counts() and "w2" not in sg.constants
-    compressed = sum(sg.constants[f"{w}.{k}_2_4"].nbytes for w in ("w1", "w2", "w3", "small") for k in ("values", "meta"))
+    compressed = sum(sg.constants[f"{w}.{k}_2_4"].nbytes for w in ("w1", "w2", "w3", "small")
+                     for k in ("values", "meta"))
     assert rep.compressed_bytes == compressed and "MiB kept beside the dense 2:4 weights" in rep.summary()
     node = next(n for n in sg.nodes if n.name == "linear")
     assert node.inputs[1:] == ("w1.values_2_4", "w1.meta_2_4", "b1", "w1.pruned_2_4")
@@ -382,8 +383,8 @@ def _check_gemm_sp(rng, target, M, N, K, epilogue, extra_shapes, dtype, config, 
 def test_gemm_sp_numerics_gpu(rng, gpu_target, case, dtype):
     M, N, K, epi, shapes = GPU_CASES[case]
     k_major = meta_k_major(gpu_target)  # the planner's layout on this GPU
-    _check_gemm_sp(rng, gpu_target, M, N, K, epi, shapes, dtype, gemm_sp.get_configs(gpu_target, K, meta_k_major=k_major)[0],
-                   k_major)
+    config = gemm_sp.get_configs(gpu_target, K, meta_k_major=k_major)[0]
+    _check_gemm_sp(rng, gpu_target, M, N, K, epi, shapes, dtype, config, k_major)
 
 
 @pytest.mark.gpu

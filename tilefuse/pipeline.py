@@ -257,7 +257,8 @@ def choose(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
     missing = {d.region for d in changed if d.runs == "split" and d.region not in splits}
     if missing:  # (rank 0 chose a split that this rank's tuning database had ruled out)
         splits.update(splits_step(p, [r for r in p.regions if r.name in missing], target))
-    runner.apply({d.region: d.runs for d in changed}, splits, [d.note() for d in decided if d.runs != "kernel" or d.sparse])
+    notes = [d.note() for d in decided if d.runs != "kernel" or d.sparse]  # a 2:4 region's says which way either way
+    runner.apply({d.region: d.runs for d in changed}, splits, notes)
     if changed:
         _log.info("%s: %d regions run through torch, measured faster than their kernels: %s", p.graph.name,
                   len(changed), "; ".join(d.line() for d in changed))

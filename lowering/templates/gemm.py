@@ -13,7 +13,8 @@ the epilogue computes in fp32 and the store casts to ``out_dtype``. On Metal the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tilelang.language as T
 import torch
@@ -184,10 +185,12 @@ def gemm(
 
 
 def epilogue_at(epilogue: Expr, acc, extras: Sequence, extra_shapes: Sequence[Sequence[int]], coords: Sequence,
-                accum_dtype: str = "float32"):
+                accum_dtype: str = "float32", staged: Mapping[int, Any] | None = None):
     """The epilogue of one accumulator element ``acc`` of the output at ``coords``: extra input ``i`` is
-    read there under broadcasting; computed in ``accum_dtype``. Shared by the GEMM-family templates."""
-    env = Env(acc=acc, arg=arg_loader(extras, extra_shapes, coords))
+    read there under broadcasting, or is ``staged[i]`` (a template's load of it from a shared-memory copy);
+    computed in ``accum_dtype``. Shared by the GEMM-family templates."""
+    load = arg_loader(extras, extra_shapes, coords)
+    env = Env(acc=acc, arg=lambda i: staged[i] if staged and i in staged else load(i))
     return T.Cast(accum_dtype, emit(epilogue, env))
 
 

@@ -5,8 +5,8 @@ the right-hand side. So the kernel computes the transposed product ``Y^T = W @ X
 weight is A (``W_values`` (N, Kp/2), ``W_meta`` (N, Kp/16) int16, see ``tilefuse.ops.sparse_layout``), X (M, K) is
 B read K-major (``transpose_B``), and each accumulator tile (block_N weight rows x block_M tokens) is
 transposed through shared memory on its way out, so Y is stored row-major with coalesced writes. The
-epilogue reads its extra inputs at Y's coordinates under broadcasting, those of Y's full shape from a shared-memory
-tile each (``staged_extras``).
+epilogue (``gemm.epilogue_at``, the dense template's) reads its extra inputs at Y's coordinates, those of Y's full
+shape from a shared-memory copy of their tile (``staged_extras``).
 
 Tails: the weight side is padded to Kp (a multiple of 32) by the compressor and ``block_K`` must divide
 Kp; X keeps its K, and ``T.copy`` zero-fills the part of its last K tile past K, as it does for M and N
@@ -23,8 +23,9 @@ from collections.abc import Sequence
 import tilelang.language as T
 import torch
 
-from tilefuse.lowering.expr import Env, Expr, args_used, emit, evaluate
-from tilefuse.lowering.templates.common import broadcast_index, check_dtype, dialect, normalize_shapes, param
+from tilefuse.lowering.expr import Expr, args_used, evaluate
+from tilefuse.lowering.templates.common import check_dtype, dialect, normalize_shapes, param
+from tilefuse.lowering.templates.gemm import epilogue_at
 from tilefuse.lowering.templates.gemm_configs import SMEM_LIMIT, wave_cost
 from tilefuse.ops.sparse_layout import E_FACTOR, K_ALIGN, SPARSE_DTYPES, decompress_2_4, padded_k
 
@@ -100,12 +101,8 @@ def gemm_sp(
         if epilogue is None:
             return T.Cast(out_dtype, C_f[i, j])
         m, n = T.min(m0 + j, M - 1), T.min(n0 + i, N - 1)  # clamped: values past the edge are never stored
-
-        def arg(k):
-            if k in tiles:
-                return tiles[k][j, i]
-            return extras[k][broadcast_index(extra_shapes[k], [m, n])]
-        return T.Cast(out_dtype, T.Cast(accum_dtype, emit(epilogue, Env(acc=C_f[i, j], arg=arg))))
+        return T.Cast(out_dtype, epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [m, n], accum_dtype,
+                                             staged={k: tile[j, i] for k, tile in tiles.items()}))
 
     @T.prim_func
     def gemm_sp_kernel():
@@ -163,10 +160,10 @@ def staged_extras(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[
 
 def shared_memory_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, dtype: str = "float16",
                         out_dtype: str | None = None, staged_tiles: int = 0) -> int:
-    """Bytes of the pipelined tiles (half-K weight values, metadata, X), or of the epilogue's tiles (the transposed
-    output and ``staged_tiles`` staged extra inputs, counted at 4 bytes an element) where that is larger: TileLang 0.1.15 places them over
-    the pipeline's buffers, which are dead by then (checked against ``dyn_shared_memory_buf`` of the lowered
-    kernels, sm_90a)."""
+    """Bytes of the pipelined tiles (half-K weight values, metadata, X), or of the epilogue's tiles where that is
+    larger (the transposed output and ``staged_tiles`` staged extra inputs, counted at 4 bytes an element):
+    TileLang 0.1.15 places them over the pipeline's buffers, which are dead by then (checked against
+    ``dyn_shared_memory_buf`` of the lowered kernels, sm_90a)."""
     item = 2 if dtype in SPARSE_DTYPES else 4
     out_item = {"float32": 4}.get(out_dtype or dtype, 2)
     stage = block_N * block_K // 2 * item + block_N * block_K // E_FACTOR * 2 + block_M * block_K * item
@@ -202,8 +199,8 @@ def config_space(target: dict | str, K: int | None = None, out_dtype: str | None
     shared memory with an ``out_dtype`` output tile (fp16 by default), each ``block_K`` a divisor of the padded K
     (the largest of 128, 64, 32 not above the entry's). With row-major metadata on sm_90 a config narrower than 128
     in K comes only where no other fits (see ``SM90_SPACE``). With ``M`` below ``FEW_TOKENS`` the narrow-token
-    entries come first. ``seeds_only``: the first ``SEEDS``, so for a few tokens the narrow-token ones (decode: 1.16-1.57x dense cuBLAS at LLaMA-3-8B's projections for
-    1 and 16 tokens, except the down projection, 0.93x; H200 2026-12-01)."""
+    entries come first (decode: 1.10-1.57x dense cuBLAS at LLaMA-3-8B's projections for 1 and 16 tokens, except
+    the down projection, 0.93x; H200 2026-12-01). ``seeds_only``: the first ``SEEDS``."""
     if dialect(target).cpu:
         return []
     arch = target.get("arch", "") if isinstance(target, dict) else ""
@@ -244,7 +241,7 @@ def default_config(configs: list[dict], M: int, N: int, sms: int) -> dict:
         return {}
     cost = {i: wave_cost(c, M, N, 1, sms) for i, c in enumerate(configs)}
     if M < FEW_TOKENS:
-        return configs[min(cost, key=lambda i: (cost[i], i))]
+        return configs[min(cost, key=cost.get)]  # (ties: the earlier seed)
     best = min(cost.values())
     return next(c for i, c in enumerate(configs) if cost[i] <= WAVE_TOLERANCE * best)
 

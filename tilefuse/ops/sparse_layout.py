@@ -85,7 +85,8 @@ def compress_2_4(w: torch.Tensor, k_major: bool = False) -> tuple[torch.Tensor, 
     return values.contiguous(), (meta.t() if k_major else meta).contiguous()
 
 
-def decompress_2_4(values: torch.Tensor, meta: torch.Tensor, K: int | None = None, k_major: bool = False) -> torch.Tensor:
+def decompress_2_4(values: torch.Tensor, meta: torch.Tensor, K: int | None = None,
+                   k_major: bool = False) -> torch.Tensor:
     """The dense (N, K) weight of ``compress_2_4``'s output (N, Kp without ``K``); exact. ``k_major``: ``meta`` is
     (Kp/16, N), as ``compress_2_4(w, k_major=True)`` gives it."""
     meta = meta.t() if k_major else meta

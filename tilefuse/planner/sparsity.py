@@ -229,6 +229,7 @@ def sparsify(graph: Graph, target: dict | None, mode: str | None) -> tuple[Graph
             del constants[name]
         two_four[name] = w
     dense, dense_nodes, rewrite, drop, compressed_bytes = [], [], {}, set(), 0
+    k_major = meta_k_major(target)
     for name, w in two_four.items():
         gw = weights[name]
         dtype = str(w.dtype).removeprefix("torch.")
@@ -240,7 +241,6 @@ def sparsify(graph: Graph, target: dict | None, mode: str | None) -> tuple[Graph
         elif any(types[nodes[g].inputs[0]].dtype != dtype for g in gw.nodes):
             why = "the GEMM input's dtype differs from the weight's: dense gemm on the 2:4 weight"
         else:
-            k_major = meta_k_major(target)
             values, meta = compress_2_4(w, k_major=k_major)
             v_name, m_name = _fresh(f"{name}.values_2_4", taken), _fresh(f"{name}.meta_2_4", taken)
             constants[v_name], constants[m_name] = values, meta
