@@ -5,8 +5,9 @@ model calls it (kv heads repeated, an additive mask over the whole cache).
 Usage (on the device machine):  python bench/bench_decode_attention.py [--out decode_attention.json]
 
 Shapes: the decode benchmark's model (32 query heads, 8 kv heads, head dim 64, fp16), batch 1, 8 and 64, caches of 512
-and 4096 positions of which the first ``fill`` are written (the mask hides the rest). Timed with triton's do_bench (L2
-flushed before each call), every config compiled in one parallel batch first.
+and 4096 positions of which the first ``fill`` are written (the mask hides the rest: 200 of 512, 300 and 4000 of 4096).
+Configs: U the default tile of query rows, P packed rows, B packed rows with the key loop bounded by the mask. Timed
+with triton's do_bench (L2 flushed before each call), every config compiled in one parallel batch first.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def main() -> int:
     ap.add_argument("--out")
     a = ap.parse_args()
     target = default_target()
-    shapes = [(b, L, fill) for L, fill in ((512, 200), (4096, 300)) for b in (1, 8, 64)]
-    configs = [attention.get_configs(target, D)[0]] + attention.decode_configs(target, 1, HQ // HKV)
+    shapes = [(b, L, fill) for L, fill in ((512, 200), (4096, 300), (4096, 4000)) for b in (1, 8, 64)]
+    configs = ([attention.get_configs(target, D)[0]] + attention.decode_configs(target, 1, HQ // HKV)
+               + attention.decode_configs(target, 1, HQ // HKV, keys_masked=True))
     items, keys = [], []
     for b, L, _ in shapes:
         for k, cfg in enumerate(configs):
@@ -67,7 +69,8 @@ def main() -> int:
         rows.append(row)
         best = min((c for c in row["configs"] if "ms" in c), key=lambda c: c["ms"])
         print(f"b={b:3} cache={L:5} fill={fill}: torch {row['torch_ms']:.4f} ms; "
-              + "; ".join(f"{'P' if c['config'].get('pack') else 'U'}{c['config']['block_M']}x{c['config']['block_N']}"
+              + "; ".join(f"{'B' if c['config'].get('bound_keys') else 'P' if c['config'].get('pack') else 'U'}"
+                          f"{c['config']['block_M']}x{c['config']['block_N']}"
                           f"s{c['config']['num_stages']}t{c['config']['threads']} {c.get('ms', float('nan')):.4f}"
                           for c in row["configs"]) + f" | best x torch {row['torch_ms'] / best['ms']:.2f}", flush=True)
     if a.out:

@@ -60,7 +60,7 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
                                    staged_tiles=staged, M=kw["M"])
     space = getattr(module, "config_space", module.get_configs)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
-        return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw))
+        return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw))
     # gemm/conv seeds depend on the operand dtype
     arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
     return space(target, arg) if arg else space(target)
@@ -69,6 +69,11 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
 def _groups(kw: dict) -> int:
     """Query heads per kv head of a flash_attention spec's arguments."""
     return kw["Hq"] // (kw.get("Hkv") or kw["Hq"])
+
+
+def _keys_masked(kw: dict) -> bool:
+    """Whether a flash_attention spec's mask is one value per key (``attention.per_key_mask``)."""
+    return attention.per_key_mask(kw.get("mask_shape"), kw.get("is_causal", False))
 
 
 def gemm_batch(kw: dict) -> int:
@@ -91,7 +96,7 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
     if spec.template == "flash_attention" and dialect(target).cpu:
         return attention.cpu_config(kw["Sq"], kw["Skv"])
     if spec.template == "flash_attention":  # a decode step: packed rows (attention.decode_configs)
-        decode = attention.decode_configs(target, kw["Sq"], _groups(kw))
+        decode = attention.decode_configs(target, kw["Sq"], _groups(kw), _keys_masked(kw))
         if decode:
             return decode[0]
     if spec.template == "gemm_sp" and configs and target.get("kind") == "cuda":

@@ -72,6 +72,71 @@ def test_packed_rows_c_match_sdpa(name, block_M, rng):
     check(rng, C, *shape, **kw, block_M=block_M, block_N=16, pack=True)
 
 
+def _cache_mask(B, Skv, spans, fill):
+    """A (B, 1, 1, Skv) mask that keeps keys ``spans[b] = (first, last)`` of sequence b and hides the rest with
+    ``fill``: a static cache's filled part (first 0), a window (first > 0)."""
+    m = torch.full((B, 1, 1, Skv), fill)
+    for b, (lo, hi) in enumerate(spans):
+        m[b, ..., lo:hi + 1] = 0
+    return m
+
+
+def _bounded(B, Hq, Hkv, Sq, Skv, D, bound_keys=True):
+    f = attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, mask_shape=(B, 1, 1, Skv), mask_dtype="float32",
+                                  dtype="float32", target=C, block_M=8, block_N=16, pack=True, bound_keys=bound_keys)
+    return compile_kernel(f, C, [-1])
+
+
+@pytest.mark.parametrize("fill", [float("-inf"), torch.finfo(torch.float32).min, -65504.0, -1e4])
+def test_bound_keys_read_only_the_kept_keys(fill, rng):
+    """A decode step over a static cache: the key tiles (16 keys here) the mask hides entirely are never read (garbage
+    there, NaN and inf included, does not reach the output), and the rest give SDPA's answer on the clean cache."""
+    B, Hq, Hkv, Sq, Skv, D = 4, 8, 2, 1, 70, 16
+    kernel = _bounded(B, Hq, Hkv, Sq, Skv, D)
+    spans = [(0, 0), (0, 16), (0, 69), (20, 40)]  # one key; a tile and one key; the whole cache; a window
+    for _ in range(2):
+        q, k, v, _m = inputs(rng, B, Hq, Hkv, Sq, Skv, D)
+        m = _cache_mask(B, Skv, spans, fill)
+        want = attention.reference(q, k, v, m)
+        dirty_k, dirty_v = k.clone(), v.clone()
+        for b, (lo, hi) in enumerate(spans):
+            for t in [*range(lo // 16 * 16), *range((hi // 16 + 1) * 16, Skv)]:
+                dirty_k[b, :, t] = float("nan") if t % 2 else float("inf")
+                dirty_v[b, :, t] = float("-inf") if t % 3 else float("nan")
+        torch.testing.assert_close(kernel(q, dirty_k, dirty_v, m), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(kernel(q, k, v, m), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bound_keys_keep_what_the_mask_leaves_in_play(rng):
+    """Masks that hide nothing by the bound's rule give the unbounded kernel's answer, bit for bit: additive biases,
+    a whole row at one finite fill (softmax then weighs every key), all -inf (0, as the fused kernels give), a NaN
+    past the kept keys (NaN, as SDPA gives)."""
+    B, Hq, Hkv, Sq, Skv, D = 4, 4, 2, 1, 45, 16
+    kernel, plain = _bounded(B, Hq, Hkv, Sq, Skv, D), _bounded(B, Hq, Hkv, Sq, Skv, D, bound_keys=False)
+    q, k, v, _m = inputs(rng, B, Hq, Hkv, Sq, Skv, D)
+    m = torch.randn(B, 1, 1, Skv, generator=rng) * 30  # ALiBi-like biases, far inside the gap
+    m[1] = -65504.0  # every key at the same finite fill
+    m[2] = float("-inf")  # every key hidden: 0
+    m[3] = float("-inf")
+    m[3, ..., :3] = 0
+    m[3, ..., 40] = float("nan")  # a NaN past the other keys: NaN, as SDPA gives
+    got = kernel(q, k, v, m)
+    assert torch.equal(got.nan_to_num(7.0), plain(q, k, v, m).nan_to_num(7.0))
+    torch.testing.assert_close(got[0], attention.reference(q, k, v, m)[0], rtol=1e-5, atol=1e-5)
+    assert (got[2] == 0).all()
+    assert got[3].isnan().all() and attention.reference(q, k, v, m)[3].isnan().all()
+
+
+def test_bound_keys_need_a_mask_per_key():
+    for kw in ({"mask_shape": (1, 1, 4, 8)}, {"mask_shape": (1, 4, 1, 8)}, {"mask_shape": (1, 1, 1, 8), "is_causal": True},
+               {}):
+        with pytest.raises(ValueError, match="per key"):
+            attention.flash_attention(1, 4, 4, 8, 16, dtype="float32", target=C, pack=True, bound_keys=True, **kw)
+    assert attention.per_key_mask((2, 1, 1, 8)) and attention.per_key_mask((8,)) and not attention.per_key_mask(None)
+    assert all(c.get("bound_keys") for c in attention.decode_configs(SM90, 1, 4, keys_masked=True))
+    assert not any(c.get("bound_keys") for c in attention.decode_configs(SM90, 1, 4))
+
+
 def test_decode_configs_only_for_few_rows_on_gpus():
     assert attention.decode_configs(SM90, 1, 4)[0]["pack"] is True
     assert attention.decode_configs(SM90, 1, 4) == [c for c in attention.config_space(SM90, 64, Sq=1, groups=4)
@@ -130,7 +195,7 @@ def test_flash_attention_compiles_for_sm90a():
                                             mask_dtype="float32", dtype="float16", target=SM90,
                                             **attention.get_configs(SM90, 64)[-1]), [-1]))
     names.append("mask")
-    for cfg in attention.decode_configs(SM90, 1, 4):  # decode: packed rows, a mask over the cache
+    for cfg in attention.decode_configs(SM90, 1, 4, keys_masked=True):  # decode: packed rows, a mask over the cache
         items.append((attention.flash_attention(4, 32, 1, 512, 64, Hkv=8, mask_shape=(4, 1, 1, 512),
                                                 mask_dtype="float16", dtype="float16", target=SM90, **cfg), [-1]))
         names.append(("packed", cfg["block_M"], cfg["block_N"]))
@@ -306,3 +371,30 @@ def test_packed_rows_gpu_match_sdpa(dtype, rng):
     for cfg in attention.decode_configs(target, 3, 4):
         check(rng, target, 3, 16, 4, 1, 300, 64, mask_shape=(3, 1, 1, 300), dtype=dtype, device="cuda", tol=tol, **cfg)
         check(rng, target, 2, 8, 2, 3, 257, 128, mask_shape=(2, 1, 3, 257), dtype=dtype, device="cuda", tol=tol, **cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_bounded_decode_configs_gpu_read_only_the_filled_cache(dtype, rng):
+    """Every bounded decode config on the GPU, as a static cache decodes: sequences filled to different lengths
+    (one key, part of a tile, the whole cache, a window), the unfilled tiles full of NaN and inf, which the kernel
+    must never read; HF's fp16 fill (finfo.min) and -inf."""
+    target = default_target()
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-2, "atol": 1e-2}
+    B, Hq, Hkv, Skv, D = 4, 32, 8, 1000, 64
+    spans = [(0, 0), (0, 150), (0, Skv - 1), (300, 700)]
+    configs = attention.decode_configs(target, 1, Hq // Hkv, keys_masked=True)
+    assert configs and all(c["bound_keys"] for c in configs)
+    for cfg in configs:
+        f = attention.flash_attention(B, Hq, 1, Skv, D, Hkv=Hkv, mask_shape=(B, 1, 1, Skv), mask_dtype=str(dtype)[6:],
+                                      dtype=str(dtype)[6:], target=target, **cfg)
+        kernel = compile_kernel(f, target, [-1])
+        bn = cfg["block_N"]
+        for fill in (torch.finfo(dtype).min, float("-inf")):
+            q, k, v, _m = inputs(rng, B, Hq, Hkv, 1, Skv, D, dtype, device="cuda")
+            m = _cache_mask(B, Skv, spans, fill).to(dtype).cuda()
+            want = attention.reference(q, k, v, m)
+            for b, (lo, hi) in enumerate(spans):
+                for sl in (slice(0, lo // bn * bn), slice((hi // bn + 1) * bn, Skv)):
+                    k[b, :, sl], v[b, :, sl] = float("nan"), float("inf")
+            torch.testing.assert_close(kernel(q, k, v, m), want, **tol)

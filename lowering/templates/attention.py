@@ -39,6 +39,11 @@ import torch.nn.functional as F
 from tilefuse.lowering.templates.common import broadcast_index, broadcast_shapes, check_dtype, dialect, param
 
 LOG2E = 1.4426950408889634
+# ``bound_keys``: a key whose mask is at least this far below its row's largest mask value is skipped. Its softmax
+# weight, relative to the row's key with the largest mask, is below exp(-HIDDEN_GAP + their score difference): 0 in
+# fp32 unless two scaled scores of a row differ by more than ~9,900. Hugging Face fills hidden keys with finfo.min
+# (-65504 in fp16), older models with -10000 (tilefuse.planner.attention_mask.NEG_FILL is the same bound).
+HIDDEN_GAP = 1e4
 
 
 class TokenRows(NamedTuple):
@@ -94,6 +99,7 @@ def flash_attention(
     num_stages: int = 1,
     threads: int = 128,
     pack: bool = False,
+    bound_keys: bool = False,
     target: dict | str = "cuda",
     q_layout: TokenRows | None = None,
     k_layout: TokenRows | None = None,
@@ -109,7 +115,9 @@ def flash_attention(
     ``mask_dtype`` to the scaled scores. Tunables are TileLang's: ``block_M`` (query rows per program),
     ``block_N`` (keys per step), ``num_stages``, ``threads``; CPU targets ignore the last two. ``pack``: a program
     owns one kv head and its rows are the (query head of its group, query) pairs, so a decode step's few queries
-    fill the tile and each K/V tile is read once for the whole group (``decode_configs``).
+    fill the tile and each K/V tile is read once for the whole group (``decode_configs``). ``bound_keys`` (with a
+    mask): a first pass over the mask finds the first and last key some row of the program keeps, and the K/V loop
+    runs over those tiles only (a decode step over a static cache reads its filled part, see ``HIDDEN_GAP``).
     GPUs take fp16/bf16 (the MMAs); fp32 runs only on CPU targets (``T.gemm`` on GPUs would be TF32).
     """
     Hkv = Hkv or Hq
@@ -139,7 +147,15 @@ def flash_attention(
         raise NotImplementedError("flash_attention: packed rows (pack=True) have no Metal form")
     if window is not None and (not is_causal or int(window) < 1):
         raise ValueError(f"flash_attention: a sliding window ({window}) needs is_causal and at least one key")
+    if bound_keys and d.metal:
+        raise NotImplementedError("flash_attention: bound_keys has no Metal form")
+    bound = bool(bound_keys)
     rows = groups * Sq if pack else Sq  # a program's rows run over these
+    if bound_keys and not per_key_mask(mask_shape, is_causal):
+        raise ValueError(f"flash_attention: bound_keys needs a mask per key, (B, 1, 1, Skv), without is_causal; got "
+                         f"mask {mask_shape}{' and is_causal' if is_causal else ''}")
+    lanes = 1 if d.cpu else 32
+    lane_steps = lanes.bit_length() - 1
 
     def head_of(hk, r):  # packed row r of kv head hk: query head hk * groups + r // Sq, query r % Sq
         return hk * groups + r // Sq
@@ -163,6 +179,34 @@ def flash_attention(
         if not (tail_n or is_causal):
             return s
         return T.if_then_else(visible(m, n), s, neg_inf)
+
+    def key_mask(mask, bz, h, n):
+        """The per-key mask at key ``n`` in the log2 domain, -inf past ``Skv``."""
+        mi = broadcast_index(mask_shape, (bz, h, 0, T.min(n, Skv - 1)))
+        return T.if_then_else(n < Skv, T.Cast(accum_dtype, mask[mi]) * LOG2E, neg_inf)
+
+    @T.macro
+    def key_span(mask, span, bz, h):
+        """``span`` = (largest mask value, last kept key, first kept key; -1 and Skv where none is kept). Each warp
+        scans the mask itself, its lanes a key apart, and combines the lanes by shuffles: no shared memory, so
+        TileLang's warp-specialized producer computes the same span before its loads."""
+        lane = T.get_thread_binding(0) % lanes if lanes > 1 else 0
+        span[0] = neg_inf
+        for t in T.serial(T.ceildiv(Skv, lanes)):
+            span[0] = T.max(span[0], key_mask(mask, bz, h, t * lanes + lane))
+        for off in T.unroll(lane_steps):
+            span[0] = T.max(span[0], T.shfl_xor(span[0], 1 << off))
+        span[1] = -1
+        span[2] = Skv
+        for t in T.serial(T.ceildiv(Skv, lanes)):
+            # kept unless hidden (a NaN is kept: it reaches the scores as it would without the bound)
+            if T.Or(T.isnan(key_mask(mask, bz, h, t * lanes + lane)),
+                    key_mask(mask, bz, h, t * lanes + lane) > span[0] - HIDDEN_GAP * LOG2E):
+                span[1] = T.max(span[1], T.Cast(accum_dtype, t * lanes + lane))
+                span[2] = T.min(span[2], T.Cast(accum_dtype, t * lanes + lane))
+        for off in T.unroll(lane_steps):
+            span[1] = T.max(span[1], T.shfl_xor(span[1], 1 << off))
+            span[2] = T.min(span[2], T.shfl_xor(span[2], 1 << off))
 
     @T.prim_func
     def flash_attention_kernel():
@@ -203,15 +247,21 @@ def flash_attention(
                                                T.Cast(dtype, 0))
             else:
                 T.copy(_tile(Q, q_layout, bz, by, m0, D), Q_s)
-            T.fill(on["O"], 0)
-            T.fill(l_sum, 0)
-            T.fill(m_cur, neg_inf)
             if is_causal and not pack:
                 n_tiles = T.ceildiv(T.min(Skv, m0 + block_M), block_N)
             else:
                 n_tiles = T.ceildiv(Skv, block_N)
             # a window: the first key tile row m0 can see (key m0 - window + 1); the tiles before it are skipped
             k_lo = T.max(m0 - window + 1, 0) // block_N if window is not None and not pack else 0
+            if bound:
+                span = T.alloc_local((3,), accum_dtype)
+                key_span(mask, span, bz, head_of(hk, 0) if pack else by)
+                last, first = T.Cast("int32", span[1]), T.Cast("int32", span[2])
+                n_tiles = T.if_then_else(last >= 0, T.min(n_tiles, last // block_N + 1), 0)
+                k_lo = T.if_then_else(last >= 0, T.max(k_lo, first // block_N), 0)
+            T.fill(on["O"], 0)
+            T.fill(l_sum, 0)
+            T.fill(m_cur, neg_inf)
             for kk in d.pipelined(n_tiles - k_lo, num_stages):
                 k = kk + k_lo
                 T.copy(_tile(K, k_layout, bz, hk, k * block_N, D), K_s)
@@ -328,9 +378,20 @@ def cpu_config(Sq: int, Skv: int, most: int = 128) -> dict:
 DECODE_MAX_QUERIES, DECODE_MAX_ROWS = 16, 64
 
 
-def decode_configs(target: dict | str, Sq: int, groups: int) -> list[dict]:
+def per_key_mask(mask_shape: Sequence[int] | None, is_causal: bool = False) -> bool:
+    """Whether a mask of ``mask_shape`` is one value per key (and batch), the same for every head and query, with no
+    causal test beside it: what ``bound_keys`` reads (a decode step's mask over a static cache)."""
+    if mask_shape is None or is_causal:
+        return False
+    padded = (1,) * (4 - len(mask_shape)) + tuple(int(s) for s in mask_shape)
+    return padded[1] == 1 and padded[2] == 1
+
+
+def decode_configs(target: dict | str, Sq: int, groups: int, keys_masked: bool = False) -> list[dict]:
     """Packed configs for a decode-shaped attention on a GPU (``Sq`` queries, ``groups`` query heads per kv head),
-    the default pick first; none where the rows do not fit one tile or the target has no packed form."""
+    the default pick first; none where the rows do not fit one tile or the target has no packed form. With
+    ``keys_masked`` (``per_key_mask``) they bound the key loop by the mask (``bound_keys``): a static cache's
+    unfilled part is never read."""
     d = dialect(target)
     if d.cpu or d.metal or Sq > DECODE_MAX_QUERIES or Sq * groups > DECODE_MAX_ROWS:
         return []
@@ -339,17 +400,18 @@ def decode_configs(target: dict | str, Sq: int, groups: int) -> list[dict]:
     seeds = [(64, 128, 2, 128), (64, 64, 2, 128), (64, 64, 1, 128)]
     if Sq * groups <= 16:  # one warp's 16-row MMA tile holds them all
         seeds += [(16, 64, 2, 32), (16, 128, 2, 32)]
-    return [_config(*c, pack=True) for c in seeds]
+    return [_config(*c, pack=True, bound_keys=keys_masked) for c in seeds]
 
 
-def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups: int = 1) -> list[dict]:
+def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups: int = 1,
+                 keys_masked: bool = False) -> list[dict]:
     """Everything worth measuring for head dim ``D``: the seeds, then more Hopper tiles.
 
     Measured on the H200 (B4 H32 S4096 D128 fp16, bench/results): 128x128 and 128x176 key tiles with
     2 stages and 256 threads lead (491-496 TFLOP/s non-causal); 128 threads on 128-row tiles halve
     it. A FlashAttention-3 style manual schedule (``T.Pipelined`` order/stage) was tried and dropped:
     TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower."""
-    seeds = get_configs(target, D) + (decode_configs(target, Sq, groups) if Sq is not None else [])
+    seeds = get_configs(target, D) + (decode_configs(target, Sq, groups, keys_masked) if Sq is not None else [])
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     if dialect(target).cpu or not arch.startswith("sm_90") or D > 128:
         return seeds
@@ -360,6 +422,6 @@ def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups
     return seeds + [c for c in more if c not in seeds]
 
 
-def _config(block_M, block_N, num_stages, threads, pack: bool = False) -> dict:
+def _config(block_M, block_N, num_stages, threads, pack: bool = False, bound_keys: bool = False) -> dict:
     c = {"block_M": block_M, "block_N": block_N, "num_stages": num_stages, "threads": threads}
-    return {**c, "pack": True} if pack else c
+    return {**c, **({"pack": True} if pack else {}), **({"bound_keys": True} if bound_keys else {})}
