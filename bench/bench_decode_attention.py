@@ -35,13 +35,16 @@ def main() -> int:
     a = ap.parse_args()
     target = default_target()
     shapes = [(b, L, fill) for L, fill in ((512, 200), (4096, 300), (4096, 4000)) for b in (1, 8, 64)]
-    configs = ([attention.get_configs(target, D)[0]] + attention.decode_configs(target, 1, HQ // HKV)
-               + attention.decode_configs(target, 1, HQ // HKV, keys_masked=True))
+    def configs(b, L):  # the default tile, the packed default, then the planner's picks with the bound (and splits)
+        bounded = attention.decode_configs(target, 1, HQ // HKV, True, B=b, Hkv=HKV, Skv=L)
+        return ([attention.get_configs(target, D)[0], attention.decode_configs(target, 1, HQ // HKV)[0]]
+                + bounded[:2 if bounded[0].get("splits") else 1])
     items, keys = [], []
     for b, L, _ in shapes:
-        for k, cfg in enumerate(configs):
+        for k, cfg in enumerate(configs(b, L)):  # built as the planner builds them: room for the parts
             items.append((attention.flash_attention(b, HQ, 1, L, D, Hkv=HKV, mask_shape=(b, 1, 1, L),
-                                                    mask_dtype="float16", dtype="float16", target=target, **cfg), [-1]))
+                                                    mask_dtype="float16", dtype="float16", target=target,
+                                                    split_max=attention.SPLIT_MAX, **cfg), [-3, -2, -1]))
             keys.append((b, L, k))
     kernels = dict(zip(keys, compile_many(items, target, return_exceptions=True)))
     rows = []
@@ -58,19 +61,22 @@ def main() -> int:
                                                   attn_mask=mask)
         want = eager(q, kc, vc, mask)
         row = {"batch": b, "cache": L, "fill": fill, "torch_ms": time_ms(eager, q, kc, vc, mask), "configs": []}
-        for k, cfg in enumerate(configs):
+        for k, cfg in enumerate(configs(b, L)):
             kern = kernels[(b, L, k)]
             if isinstance(kern, BaseException):
                 row["configs"].append({"config": cfg, "error": str(kern).splitlines()[0][:200]})
                 continue
-            got = kern(q, kc, vc, mask)
+
+            def run(*a, kern=kern):
+                return kern(*a)[-1]
+            got = run(q, kc, vc, mask)
             err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-            row["configs"].append({"config": cfg, "ms": time_ms(kern, q, kc, vc, mask), "rel_err": err})
+            row["configs"].append({"config": cfg, "ms": time_ms(run, q, kc, vc, mask), "rel_err": err})
         rows.append(row)
         best = min((c for c in row["configs"] if "ms" in c), key=lambda c: c["ms"])
         print(f"b={b:3} cache={L:5} fill={fill}: torch {row['torch_ms']:.4f} ms; "
               + "; ".join(f"{'B' if c['config'].get('bound_keys') else 'P' if c['config'].get('pack') else 'U'}"
-                          f"{c['config']['block_M']}x{c['config']['block_N']}"
+                          f"{c['config']['block_M']}x{c['config']['block_N']}/{c['config'].get('splits', 1)}"
                           f"s{c['config']['num_stages']}t{c['config']['threads']} {c.get('ms', float('nan')):.4f}"
                           for c in row["configs"]) + f" | best x torch {row['torch_ms'] / best['ms']:.2f}", flush=True)
     if a.out:

@@ -15,7 +15,7 @@ from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.lowering import attention_layout, index
 from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, Load, ops_supported
 from tilefuse.lowering.index import NotLowerable
-from tilefuse.lowering.templates import reduction
+from tilefuse.lowering.templates import attention, reduction
 from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype, dialect
 from tilefuse.ops import POOL_OPS
 from tilefuse.planner.plan import VIEW_OPS, Region
@@ -524,5 +524,9 @@ def build_attention(b: Builder, anchor: Node, target: dict) -> KernelSpec:
         outputs, post = tuple((0, o, tuple(b.types[o].shape)) for o in b.region.outputs), []
     reads = {x for x, _ in inputs} | {i for n in post for i in n.inputs if i} | set(b.region.outputs)
     pre = attention_layout.needed(pre, reads)
-    return KernelSpec("flash_attention", tuple(params.items()), (-1,), tuple(inputs), outputs,
+    out_idx = (-1,)
+    if attention.decodes(target, Sq, Hq // Hkv):  # room for splitting the keys: the parts come out before O
+        params["split_max"] = attention.SPLIT_MAX
+        out_idx, outputs = (-3, -2, -1), tuple((2, o, shape) for _, o, shape in outputs)
+    return KernelSpec("flash_attention", tuple(params.items()), out_idx, tuple(inputs), outputs,
                       tuple(n.name for n in pre), tuple(n.name for n in post))

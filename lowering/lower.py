@@ -60,7 +60,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
                                    staged_tiles=staged, M=kw["M"])
     space = getattr(module, "config_space", module.get_configs)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
-        return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw))
+        return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
+                     **_decode_shape(kw))
     # gemm/conv seeds depend on the operand dtype
     arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
     return space(target, arg) if arg else space(target)
@@ -69,6 +70,14 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
 def _groups(kw: dict) -> int:
     """Query heads per kv head of a flash_attention spec's arguments."""
     return kw["Hq"] // (kw.get("Hkv") or kw["Hq"])
+
+
+def _decode_shape(kw: dict) -> dict:
+    """What ``attention.decode_configs`` splits the keys by: batch, kv heads and cache length, where the spec has room
+    for the parts (``split_max``)."""
+    if not kw.get("split_max"):
+        return {}
+    return {"B": kw["B"], "Hkv": kw.get("Hkv") or kw["Hq"], "Skv": kw["Skv"]}
 
 
 def _keys_masked(kw: dict) -> bool:
@@ -96,7 +105,7 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
     if spec.template == "flash_attention" and dialect(target).cpu:
         return attention.cpu_config(kw["Sq"], kw["Skv"])
     if spec.template == "flash_attention":  # a decode step: packed rows (attention.decode_configs)
-        decode = attention.decode_configs(target, kw["Sq"], _groups(kw), _keys_masked(kw))
+        decode = attention.decode_configs(target, kw["Sq"], _groups(kw), _keys_masked(kw), **_decode_shape(kw))
         if decode:
             return decode[0]
     if spec.template == "gemm_sp" and configs and target.get("kind") == "cuda":

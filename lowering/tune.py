@@ -249,6 +249,7 @@ def time_candidates(job: _Job, target: dict, deadline: float | None = None) -> t
     failed = dict(job.failed)
     device = "cuda" if kind == "cuda" else "cpu"
     args = _inputs(job.funcs[0][0], job.spec.out_idx, device)
+    used = sorted({k for k, _, _ in job.spec.outputs})  # (a split attention's parts are scratch: not compared)
     reference, timed = None, []
     for i, k in zip(job.idx, job.kernels):
         if isinstance(k, BaseException):
@@ -258,7 +259,8 @@ def time_candidates(job: _Job, target: dict, deadline: float | None = None) -> t
             failed[i] = "not timed: the model's tuning time is spent"
             continue
         try:
-            out = [o.clone() for o in _outputs(k(*args))]
+            outs = _outputs(k(*args))
+            out = [outs[j].clone() for j in used]
             if reference is None:
                 reference = out
             elif not _close(out, reference):

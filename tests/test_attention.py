@@ -137,6 +137,46 @@ def test_bound_keys_need_a_mask_per_key():
     assert not any(c.get("bound_keys") for c in attention.decode_configs(SM90, 1, 4))
 
 
+@pytest.mark.parametrize("bound", [True, False])
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_split_keys_combine_to_sdpa(splits, bound, rng):
+    """Keys split into parts (a decode step of few sequences over a long cache), each part's normalized output and
+    log-sum-exp combined by the second kernel: SDPA's answer, including a sequence whose mask leaves some parts
+    nothing (their LSE is -inf, weight 0), one that sees a single key, one fully hidden (0), and the TokenRows
+    output layout."""
+    B, Hq, Hkv, Sq, Skv, D = 4, 8, 2, 1, 90, 16
+    for o_layout in (None, attention.TokenRows(Hq * D, 0)):
+        f = attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, mask_shape=(B, 1, 1, Skv), mask_dtype="float32",
+                                      dtype="float32", target=C, block_M=8, block_N=16, pack=True, bound_keys=bound,
+                                      splits=splits, split_max=5, o_layout=o_layout)
+        kernel = compile_kernel(f, C, [-3, -2, -1])
+        q, k, v, _m = inputs(rng, B, Hq, Hkv, Sq, Skv, D)
+        m = _cache_mask(B, Skv, [(0, 89), (0, 20), (50, 50), (0, 89)], float("-inf"))
+        m[0] += torch.randn(Skv, generator=rng)  # a bias on the whole cache
+        m[3] = float("-inf")
+        _o_part, lse, got = kernel(q, k, v, m)
+        want = attention.reference(q, k, v, m)
+        if o_layout is not None:
+            got = got.view(B, Sq, Hq, D).transpose(1, 2)
+        torch.testing.assert_close(got[:3], want[:3], rtol=1e-5, atol=1e-5)
+        assert (got[3] == 0).all() and (lse[:splits, 3] == float("-inf")).all()
+        if not (bound and splits == 2):  # 21 keys, 2 tiles: some parts see nothing (bounded, 2 parts take a tile each)
+            assert (lse[:splits, 1] == float("-inf")).any()
+
+
+def test_split_keys_refusals_and_configs():
+    with pytest.raises(ValueError, match="split_max"):
+        attention.flash_attention(1, 4, 1, 64, 16, dtype="float32", target=C, pack=True, splits=4)
+    with pytest.raises(ValueError, match="packed"):
+        attention.flash_attention(1, 4, 1, 64, 16, dtype="float32", target=C, splits=2, split_max=4)
+    # one sequence, 8 kv heads, 4096 keys: 8 programs would use 8 of 132 SMs; the keys split 16 ways
+    first = attention.decode_configs(SM90, 1, 4, True, B=1, Hkv=8, Skv=4096)[0]
+    assert first["splits"] == attention.SPLIT_MAX and first["bound_keys"]
+    assert "splits" not in attention.decode_configs(SM90, 1, 4, True, B=64, Hkv=8, Skv=4096)[0]  # 512 programs
+    assert "splits" not in attention.decode_configs(SM90, 1, 4, True, B=1, Hkv=8, Skv=512)[0]  # a short cache
+    assert attention.decodes(SM90, 1, 4) and not attention.decodes(C, 1, 4) and not attention.decodes(SM90, 64, 1)
+
+
 def test_decode_configs_only_for_few_rows_on_gpus():
     assert attention.decode_configs(SM90, 1, 4)[0]["pack"] is True
     assert attention.decode_configs(SM90, 1, 4) == [c for c in attention.config_space(SM90, 64, Sq=1, groups=4)
@@ -195,10 +235,12 @@ def test_flash_attention_compiles_for_sm90a():
                                             mask_dtype="float32", dtype="float16", target=SM90,
                                             **attention.get_configs(SM90, 64)[-1]), [-1]))
     names.append("mask")
-    for cfg in attention.decode_configs(SM90, 1, 4, keys_masked=True):  # decode: packed rows, a mask over the cache
-        items.append((attention.flash_attention(4, 32, 1, 512, 64, Hkv=8, mask_shape=(4, 1, 1, 512),
-                                                mask_dtype="float16", dtype="float16", target=SM90, **cfg), [-1]))
-        names.append(("packed", cfg["block_M"], cfg["block_N"]))
+    # decode: packed rows, a mask over the cache, the keys split in parts for one sequence over a long cache
+    for cfg in attention.decode_configs(SM90, 1, 4, True, B=1, Hkv=8, Skv=4096):
+        items.append((attention.flash_attention(1, 32, 1, 4096, 64, Hkv=8, mask_shape=(1, 1, 1, 4096),
+                                                mask_dtype="float16", dtype="float16", target=SM90,
+                                                split_max=attention.SPLIT_MAX, **cfg), [-3, -2, -1]))
+        names.append(("packed", cfg["block_M"], cfg["block_N"], cfg.get("splits", 1)))
     for name, k in zip(names, compile_many(items, SM90, return_exceptions=True)):
         assert not isinstance(k, BaseException), f"{name}: {k}"
         assert ("wgmma" if name[0] != "packed" or name[1] == 64 else "mma") in k.get_kernel_source(), name
@@ -385,10 +427,10 @@ def test_bounded_decode_configs_gpu_read_only_the_filled_cache(dtype, rng):
     spans = [(0, 0), (0, 150), (0, Skv - 1), (300, 700)]
     configs = attention.decode_configs(target, 1, Hq // Hkv, keys_masked=True)
     assert configs and all(c["bound_keys"] for c in configs)
-    for cfg in configs:
-        f = attention.flash_attention(B, Hq, 1, Skv, D, Hkv=Hkv, mask_shape=(B, 1, 1, Skv), mask_dtype=str(dtype)[6:],
-                                      dtype=str(dtype)[6:], target=target, **cfg)
-        kernel = compile_kernel(f, target, [-1])
+    kernels = compile_many([(attention.flash_attention(B, Hq, 1, Skv, D, Hkv=Hkv, mask_shape=(B, 1, 1, Skv),
+                                                       mask_dtype=str(dtype)[6:], dtype=str(dtype)[6:], target=target,
+                                                       **cfg), [-1]) for cfg in configs], target)
+    for cfg, kernel in zip(configs, kernels):
         bn = cfg["block_N"]
         for fill in (torch.finfo(dtype).min, float("-inf")):
             q, k, v, _m = inputs(rng, B, Hq, Hkv, 1, Skv, D, dtype, device="cuda")
@@ -398,3 +440,22 @@ def test_bounded_decode_configs_gpu_read_only_the_filled_cache(dtype, rng):
                 for sl in (slice(0, lo // bn * bn), slice((hi // bn + 1) * bn, Skv)):
                     k[b, :, sl], v[b, :, sl] = float("nan"), float("inf")
             torch.testing.assert_close(kernel(q, k, v, m), want, **tol)
+
+
+@pytest.mark.gpu
+def test_split_decode_configs_gpu_match_sdpa(rng):
+    """The split configs on the GPU: one and two sequences over 4096 keys, filled to different lengths (some parts
+    see nothing), GQA 32/8, fp16, against SDPA."""
+    target = default_target()
+    for B, spans in ((1, [(0, 4095)]), (2, [(0, 300), (0, 3000)])):
+        configs = [c for c in attention.decode_configs(target, 1, 4, True, B=B, Hkv=8, Skv=4096) if c.get("splits")]
+        assert configs, "no split config for a long cache"
+        kernels = compile_many([(attention.flash_attention(B, 32, 1, 4096, 64, Hkv=8, mask_shape=(B, 1, 1, 4096),
+                                                           mask_dtype="float16", dtype="float16", target=target,
+                                                           split_max=attention.SPLIT_MAX, **cfg), [-3, -2, -1])
+                                for cfg in configs], target)
+        for cfg, kernel in zip(configs, kernels):
+            q, k, v, _m = inputs(rng, B, 32, 8, 1, 4096, 64, torch.float16, device="cuda")
+            m = _cache_mask(B, 4096, spans, torch.finfo(torch.float16).min).half().cuda()
+            torch.testing.assert_close(kernel(q, k, v, m)[-1], attention.reference(q, k, v, m),
+                                       rtol=1e-2, atol=1e-2)

@@ -36,6 +36,7 @@ import tilelang.language as T
 import torch
 import torch.nn.functional as F
 
+from tilefuse.config import device_facts
 from tilefuse.lowering.templates.common import broadcast_index, broadcast_shapes, check_dtype, dialect, param
 
 LOG2E = 1.4426950408889634
@@ -100,6 +101,8 @@ def flash_attention(
     threads: int = 128,
     pack: bool = False,
     bound_keys: bool = False,
+    splits: int = 1,
+    split_max: int | None = None,
     target: dict | str = "cuda",
     q_layout: TokenRows | None = None,
     k_layout: TokenRows | None = None,
@@ -118,6 +121,11 @@ def flash_attention(
     fill the tile and each K/V tile is read once for the whole group (``decode_configs``). ``bound_keys`` (with a
     mask): a first pass over the mask finds the first and last key some row of the program keeps, and the K/V loop
     runs over those tiles only (a decode step over a static cache reads its filled part, see ``HIDDEN_GAP``).
+    ``split_max`` (a spec argument) adds the parameters ``O_part (split_max, B, Hq, Sq, D)`` and ``LSE (split_max, B, Hq,
+    Sq)`` (fp32) before ``O``, which ``splits > 1`` (packed rows only) uses: each program takes one of ``splits`` equal
+    parts of the key tiles it would walk and writes its normalized output and log-sum-exp there, and a second kernel
+    combines the parts (a decode step of one sequence over a long cache: ``Hkv`` programs alone would leave the GPU
+    idle).
     GPUs take fp16/bf16 (the MMAs); fp32 runs only on CPU targets (``T.gemm`` on GPUs would be TF32).
     """
     Hkv = Hkv or Hq
@@ -151,6 +159,10 @@ def flash_attention(
         raise NotImplementedError("flash_attention: bound_keys has no Metal form")
     bound = bool(bound_keys)
     rows = groups * Sq if pack else Sq  # a program's rows run over these
+    split = int(splits) > 1
+    if split and (not pack or split_max is None or int(splits) > int(split_max)):
+        raise ValueError(f"flash_attention: splits={splits} needs packed rows and split_max >= splits "
+                         f"(split_max={split_max}, pack={pack})")
     if bound_keys and not per_key_mask(mask_shape, is_causal):
         raise ValueError(f"flash_attention: bound_keys needs a mask per key, (B, 1, 1, Skv), without is_causal; got "
                          f"mask {mask_shape}{' and is_causal' if is_causal else ''}")
@@ -208,14 +220,45 @@ def flash_attention(
             span[1] = T.max(span[1], T.shfl_xor(span[1], 1 << off))
             span[2] = T.min(span[2], T.shfl_xor(span[2], 1 << off))
 
+    @T.macro
+    def combine(O_part, LSE, O):
+        """O = the parts' outputs weighed by exp2(their LSE - the largest): one program per (query, head, batch),
+        a thread per feature; 0 where no part saw a key, NaN where a part is NaN."""
+        with d.kernel(Sq, Hq, B, threads=max(32, D)) as (q, h, b):
+            top = d.fragment((D,), accum_dtype)
+            acc = d.fragment((D,), accum_dtype)
+            wsum = d.fragment((D,), accum_dtype)
+            for c in d.tile_loop(D):
+                top[c] = neg_inf
+                acc[c] = 0
+                wsum[c] = 0
+            for p in T.serial(splits):
+                for c in d.tile_loop(D):
+                    top[c] = T.max(top[c], LSE[p, b, h, q])
+            for p in T.serial(splits):
+                for c in d.tile_loop(D):
+                    w = T.if_then_else(LSE[p, b, h, q] == neg_inf, T.Cast(accum_dtype, 0),
+                                       T.exp2(LSE[p, b, h, q] - top[c]))
+                    acc[c] = acc[c] + w * O_part[p, b, h, q, c]
+                    wsum[c] = wsum[c] + w
+            for c in d.tile_loop(D):
+                out = T.Cast(out_dtype, T.if_then_else(wsum[c] == 0, T.Cast(accum_dtype, 0), acc[c] / wsum[c]))
+                if o_layout is None:
+                    O[b, h, q, c] = out
+                else:
+                    O[b, q, o_layout[1] + h * D + c] = out
+
     @T.prim_func
     def flash_attention_kernel():
         Q = param("Q", q_shape, dtype)
         K = param("K", k_shape, dtype)
         V = param("V", v_shape, dtype)
         masks = [param("Mask", mask_shape, mask_dtype)] if mask_shape is not None else []
+        if split_max is not None:
+            O_part = param("O_part", (split_max, B, Hq, Sq, D), accum_dtype)
+            LSE = param("LSE", (split_max, B, Hq, Sq), accum_dtype)
         O = param("O", o_shape, out_dtype)
-        with d.kernel(T.ceildiv(rows, block_M), Hkv if pack else Hq, B, threads=threads) as (bx, by, bz):
+        with d.kernel(T.ceildiv(rows, block_M), Hkv if pack else Hq, B * splits, threads=threads) as (bx, by, bzs):
             Q_s = d.shared((block_M, D), dtype)
             K_s = d.shared((block_N, D), dtype)
             V_s = d.shared((block_N, D), dtype)
@@ -240,6 +283,7 @@ def flash_attention(
             mask = (masks + [None])[0]
             hk = by if pack else by // groups
             m0 = bx * block_M
+            bz = bzs // splits if split else bzs  # the batch row; with splits, part bzs % splits of its keys
             if pack:  # (padding rows past ``rows`` read row rows - 1 and are never stored)
                 for i, c in d.tile_loop(block_M, D):
                     r = T.min(m0 + i, rows - 1)
@@ -259,6 +303,11 @@ def flash_attention(
                 last, first = T.Cast("int32", span[1]), T.Cast("int32", span[2])
                 n_tiles = T.if_then_else(last >= 0, T.min(n_tiles, last // block_N + 1), 0)
                 k_lo = T.if_then_else(last >= 0, T.max(k_lo, first // block_N), 0)
+            if split:  # this program's part of the tiles [k_lo, n_tiles)
+                per = T.ceildiv(n_tiles - k_lo, splits)
+                k_lo, n_tiles = T.min(k_lo + (bzs % splits) * per, n_tiles), T.min(k_lo + (bzs % splits + 1) * per,
+                                                                                   n_tiles)
+                T.fill(m_use, 0)
             T.fill(on["O"], 0)
             T.fill(l_sum, 0)
             T.fill(m_cur, neg_inf)
@@ -312,7 +361,15 @@ def flash_attention(
                     T.gemm(P_c, V_s, O_f, policy=T.GemmWarpPolicy.FullRow)
             for i, j in d.tile_loop(block_M, D):
                 on["O"][i, j] = T.if_then_else(l_sum[i] == 0, T.Cast(accum_dtype, 0), on["O"][i, j] / l_sum[i])
-            if pack:
+            if split:  # the part's normalized output and log-sum-exp (log2 domain; -inf where it saw nothing)
+                for i, c in d.tile_loop(block_M, D):
+                    if m0 + i < rows:
+                        O_part[bzs % splits, bz, head_of(hk, m0 + i), (m0 + i) % Sq, c] = on["O"][i, c]
+                for i in d.tile_loop(block_M):
+                    if m0 + i < rows:
+                        LSE[bzs % splits, bz, head_of(hk, m0 + i), (m0 + i) % Sq] = T.if_then_else(
+                            l_sum[i] == 0, neg_inf, m_use[i] + T.log2(l_sum[i]))
+            elif pack:
                 for i, c in d.tile_loop(block_M, D):
                     if m0 + i < rows:
                         r = m0 + i
@@ -322,6 +379,8 @@ def flash_attention(
                             O[bz, r % Sq, o_layout[1] + head_of(hk, r) * D + c] = T.Cast(out_dtype, on["O"][i, c])
             else:
                 T.copy(on["O"], _tile(O, o_layout, bz, by, m0, D))
+        if split:
+            combine(O_part, LSE, O)
 
     return flash_attention_kernel
 
@@ -387,31 +446,59 @@ def per_key_mask(mask_shape: Sequence[int] | None, is_causal: bool = False) -> b
     return padded[1] == 1 and padded[2] == 1
 
 
-def decode_configs(target: dict | str, Sq: int, groups: int, keys_masked: bool = False) -> list[dict]:
+def decode_configs(target: dict | str, Sq: int, groups: int, keys_masked: bool = False, B: int = 0, Hkv: int = 0,
+                   Skv: int = 0) -> list[dict]:
     """Packed configs for a decode-shaped attention on a GPU (``Sq`` queries, ``groups`` query heads per kv head),
     the default pick first; none where the rows do not fit one tile or the target has no packed form. With
     ``keys_masked`` (``per_key_mask``) they bound the key loop by the mask (``bound_keys``): a static cache's
-    unfilled part is never read."""
+    unfilled part is never read. Given the batch, kv heads and cache length (``B``, ``Hkv``, ``Skv``), a config that
+    splits the keys (``decode_splits``) leads where the programs would not fill the GPU."""
     d = dialect(target)
-    if d.cpu or d.metal or Sq > DECODE_MAX_QUERIES or Sq * groups > DECODE_MAX_ROWS:
+    if d.cpu or d.metal or not decodes(target, Sq, groups):
         return []
     # H200, 32/8 heads, D 64, fp16 (bench/bench_decode_attention.py, 2026-12-01): 64 x 128 with 2 stages led at
     # batch 1-64 and caches of 512 and 4096 (0.042 ms at batch 64 x 512, against 0.161 for the 128-row tile)
     seeds = [(64, 128, 2, 128), (64, 64, 2, 128), (64, 64, 1, 128)]
     if Sq * groups <= 16:  # one warp's 16-row MMA tile holds them all
         seeds += [(16, 64, 2, 32), (16, 128, 2, 32)]
-    return [_config(*c, pack=True, bound_keys=keys_masked) for c in seeds]
+    configs = [_config(*c, pack=True, bound_keys=keys_masked) for c in seeds]
+    splits = decode_splits(target, Sq * groups, B, Hkv, Skv, seeds[0][0], seeds[0][1]) if B and Hkv and Skv else 1
+    return ([{**configs[0], "splits": splits}] if splits > 1 else []) + configs
+
+
+def decodes(target: dict | str, Sq: int, groups: int) -> bool:
+    """Whether ``decode_configs`` has packed configs for this shape on ``target`` (then a spec carries
+    ``split_max``)."""
+    d = dialect(target)
+    return not (d.cpu or d.metal) and Sq <= DECODE_MAX_QUERIES and Sq * groups <= DECODE_MAX_ROWS
+
+
+# Splitting the keys: at most this many parts (the spec's O_part/LSE are sized for it), and only for caches of at least
+# SPLIT_MIN_TILES key tiles. A split adds the combining kernel (a launch, ~2 us) and each part scans the mask; it pays
+# when a part walks many tiles: H200, batch 1, 8 kv heads, 4096 keys all filled, one program per kv head walked 32 tiles
+# in 46 us a layer (cuDNN: 25 us).
+SPLIT_MAX, SPLIT_MIN_TILES = 16, 16
+
+
+def decode_splits(target: dict | str, rows: int, B: int, Hkv: int, Skv: int, block_M: int, block_N: int) -> int:
+    """Parts to split the keys into so that the programs about fill the GPU's SMs once (1: no split)."""
+    tiles = math.ceil(Skv / block_N)
+    if tiles < SPLIT_MIN_TILES:
+        return 1
+    programs = B * Hkv * math.ceil(rows / block_M)
+    return max(1, min(SPLIT_MAX, tiles // 2, device_facts(target).sms // programs))
 
 
 def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups: int = 1,
-                 keys_masked: bool = False) -> list[dict]:
+                 keys_masked: bool = False, B: int = 0, Hkv: int = 0, Skv: int = 0) -> list[dict]:
     """Everything worth measuring for head dim ``D``: the seeds, then more Hopper tiles.
 
     Measured on the H200 (B4 H32 S4096 D128 fp16, bench/results): 128x128 and 128x176 key tiles with
     2 stages and 256 threads lead (491-496 TFLOP/s non-causal); 128 threads on 128-row tiles halve
     it. A FlashAttention-3 style manual schedule (``T.Pipelined`` order/stage) was tried and dropped:
     TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower."""
-    seeds = get_configs(target, D) + (decode_configs(target, Sq, groups, keys_masked) if Sq is not None else [])
+    seeds = get_configs(target, D) + (decode_configs(target, Sq, groups, keys_masked, B, Hkv, Skv)
+                                      if Sq is not None else [])
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     if dialect(target).cpu or not arch.startswith("sm_90") or D > 128:
         return seeds
