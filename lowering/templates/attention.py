@@ -45,6 +45,7 @@ LOG2E = 1.4426950408889634
 # fp32 unless two scaled scores of a row differ by more than ~9,900. Hugging Face fills hidden keys with finfo.min
 # (-65504 in fp16), older models with -10000 (tilefuse.planner.attention_mask.NEG_FILL is the same bound).
 HIDDEN_GAP = 1e4
+SCAN_RUN = 8  # keys a lane reads a step of the bound's scan of the mask
 
 
 class TokenRows(NamedTuple):
@@ -200,22 +201,26 @@ def flash_attention(
     @T.macro
     def key_span(mask, span, bz, h):
         """``span`` = (largest mask value, last kept key, first kept key; -1 and Skv where none is kept). Each warp
-        scans the mask itself, its lanes a key apart, and combines the lanes by shuffles: no shared memory, so
-        TileLang's warp-specialized producer computes the same span before its loads."""
+        scans the mask itself, each lane ``SCAN_RUN`` adjacent keys a step (independent loads), and combines the
+        lanes by shuffles: no shared memory, so TileLang's warp-specialized producer computes the same span before
+        its loads."""
         lane = T.get_thread_binding(0) % lanes if lanes > 1 else 0
+        steps = T.ceildiv(Skv, lanes * SCAN_RUN)
         span[0] = neg_inf
-        for t in T.serial(T.ceildiv(Skv, lanes)):
-            span[0] = T.max(span[0], key_mask(mask, bz, h, t * lanes + lane))
+        for t in T.serial(steps):
+            for e in T.unroll(SCAN_RUN):
+                span[0] = T.max(span[0], key_mask(mask, bz, h, (t * lanes + lane) * SCAN_RUN + e))
         for off in T.unroll(lane_steps):
             span[0] = T.max(span[0], T.shfl_xor(span[0], 1 << off))
         span[1] = -1
         span[2] = Skv
-        for t in T.serial(T.ceildiv(Skv, lanes)):
-            # kept unless hidden (a NaN is kept: it reaches the scores as it would without the bound)
-            if T.Or(T.isnan(key_mask(mask, bz, h, t * lanes + lane)),
-                    key_mask(mask, bz, h, t * lanes + lane) > span[0] - HIDDEN_GAP * LOG2E):
-                span[1] = T.max(span[1], T.Cast(accum_dtype, t * lanes + lane))
-                span[2] = T.min(span[2], T.Cast(accum_dtype, t * lanes + lane))
+        for t in T.serial(steps):
+            for e in T.unroll(SCAN_RUN):
+                # kept unless hidden (a NaN is kept: it reaches the scores as it would without the bound)
+                if T.Or(T.isnan(key_mask(mask, bz, h, (t * lanes + lane) * SCAN_RUN + e)),
+                        key_mask(mask, bz, h, (t * lanes + lane) * SCAN_RUN + e) > span[0] - HIDDEN_GAP * LOG2E):
+                    span[1] = T.max(span[1], T.Cast(accum_dtype, (t * lanes + lane) * SCAN_RUN + e))
+                    span[2] = T.min(span[2], T.Cast(accum_dtype, (t * lanes + lane) * SCAN_RUN + e))
         for off in T.unroll(lane_steps):
             span[1] = T.max(span[1], T.shfl_xor(span[1], 1 << off))
             span[2] = T.min(span[2], T.shfl_xor(span[2], 1 << off))
