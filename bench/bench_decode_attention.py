@@ -6,8 +6,10 @@ Usage (on the device machine):  python bench/bench_decode_attention.py [--out de
 
 Shapes: the decode benchmark's model (32 query heads, 8 kv heads, head dim 64, fp16), batch 1, 8 and 64, caches of 512
 and 4096 positions of which the first ``fill`` are written (the mask hides the rest: 200 of 512, 300 and 4000 of 4096).
-Configs: U the default tile of query rows, P packed rows, B packed rows with the key loop bounded by the mask. Timed
-with triton's do_bench (L2 flushed before each call), every config compiled in one parallel batch first.
+Configs: U the default tile of query rows, P packed rows, B packed rows with the key loop bounded by the mask; /n the
+parts the keys split into. Timed with triton's do_bench (L2 flushed before each call) as plain calls and as a call
+captured in a CUDA graph (what a plan runs: the host's wrapper work is out of it), with each config's kernels
+profiled; every config compiled in one parallel batch first.
 """
 
 from __future__ import annotations
@@ -20,13 +22,28 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from kernels import time_ms
+from kernels import profile, time_ms
 
 from tilefuse.config import default_target
 from tilefuse.lowering.compile import compile_many
 from tilefuse.lowering.templates import attention
 
 HQ, HKV, D = 32, 8, 64
+
+
+def graph_ms(fn, *args) -> float:
+    """``time_ms`` of one call captured in a CUDA graph and replayed, as a plan runs it: the kernels' time without
+    the host's (the wrapper's allocations and launches, which a plain call of a kernel this short waits on)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(*args)
+    return time_ms(g.replay)
 
 
 def main() -> int:
@@ -60,7 +77,8 @@ def main() -> int:
             return F.scaled_dot_product_attention(q, kc.repeat_interleave(rep, 1), vc.repeat_interleave(rep, 1),
                                                   attn_mask=mask)
         want = eager(q, kc, vc, mask)
-        row = {"batch": b, "cache": L, "fill": fill, "torch_ms": time_ms(eager, q, kc, vc, mask), "configs": []}
+        row = {"batch": b, "cache": L, "fill": fill, "torch_ms": time_ms(eager, q, kc, vc, mask),
+               "torch_graph_ms": graph_ms(eager, q, kc, vc, mask), "configs": []}
         for k, cfg in enumerate(configs(b, L)):
             kern = kernels[(b, L, k)]
             if isinstance(kern, BaseException):
@@ -71,14 +89,19 @@ def main() -> int:
                 return kern(*a)[-1]
             got = run(q, kc, vc, mask)
             err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-            row["configs"].append({"config": cfg, "ms": time_ms(run, q, kc, vc, mask), "rel_err": err})
+            row["configs"].append({"config": cfg, "ms": time_ms(run, q, kc, vc, mask), "rel_err": err,
+                                   "graph_ms": graph_ms(run, q, kc, vc, mask),
+                                   "kernels": profile(run, q, kc, vc, mask, calls=10, top=4)["top"]})
         rows.append(row)
         best = min((c for c in row["configs"] if "ms" in c), key=lambda c: c["ms"])
-        print(f"b={b:3} cache={L:5} fill={fill}: torch {row['torch_ms']:.4f} ms; "
+        gbest = min((c for c in row["configs"] if "ms" in c), key=lambda c: c["graph_ms"])
+        print(f"b={b:3} cache={L:5} fill={fill}: torch {row['torch_ms']:.4f} (graph {row['torch_graph_ms']:.4f}) ms; "
               + "; ".join(f"{'B' if c['config'].get('bound_keys') else 'P' if c['config'].get('pack') else 'U'}"
                           f"{c['config']['block_M']}x{c['config']['block_N']}/{c['config'].get('splits', 1)}"
                           f"s{c['config']['num_stages']}t{c['config']['threads']} {c.get('ms', float('nan')):.4f}"
-                          for c in row["configs"]) + f" | best x torch {row['torch_ms'] / best['ms']:.2f}", flush=True)
+                          f" (graph {c.get('graph_ms', float('nan')):.4f})"
+                          for c in row["configs"]) + f" | best x torch {row['torch_ms'] / best['ms']:.2f}, in graphs "
+              f"{row['torch_graph_ms'] / gbest['graph_ms']:.2f}", flush=True)
     if a.out:
         meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
                 "torch": torch.__version__}

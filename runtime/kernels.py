@@ -35,7 +35,8 @@ class RegionKernel:
     def __call__(self, args):
         env = dict(zip(self.region.inputs, args))
         _run_nodes(self.pre, env)
-        tensors = [as_storage(dense(env[v].reshape(s) if s is not None else env[v])) for v, s in self.spec.inputs]
+        tensors = [aligned(as_storage(dense(env[v].reshape(s) if s is not None else env[v])))
+                   for v, s in self.spec.inputs]
         for i in self.spec.packed:
             tensors[i] = self.pack(i, tensors[i])
         try:
@@ -92,6 +93,12 @@ def dense(t: torch.Tensor) -> torch.Tensor:
 
 
 _STRIDES: dict[torch.Size, tuple[int, ...]] = {}  # shape -> row-major strides (kernels see a few shapes each)
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, copied to fresh memory where it starts off a 16-byte boundary (a view into the middle of a row): TMA
+    copies and 16-byte vector loads need the boundary, which every allocation has."""
+    return t if t.data_ptr() % 16 == 0 or t.numel() == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
 def boundary_error(region: str, inputs, tensors: list[torch.Tensor], e: Exception) -> Exception | None:

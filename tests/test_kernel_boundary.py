@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tilefuse
-from tilefuse.runtime.kernels import boundary_error, dense
+from tilefuse.runtime.kernels import aligned, boundary_error, dense
 
 
 def _zero_stride_empty(cols: int) -> torch.Tensor:
@@ -49,3 +49,19 @@ def test_mixed_devices_at_a_kernel_are_named():
     msg = str(boundary_error("fused_add_0", [("a", None), ("b", None)], t, err))
     assert "fused_add_0" in msg and "b on cpu" in msg and "a on meta" in msg and "device_type mismatch" in msg
     assert boundary_error("r", [("a", None)], [torch.zeros(1)], err) is None
+
+
+def test_views_off_a_16_byte_boundary_are_copied_to_one(rng):
+    """A view into the middle of a row (a slice of a model's mask, say) starts off the 16-byte boundary that TMA
+    copies and vector loads need: it reaches the kernel as a fresh copy; aligned tensors pass as they are."""
+    base = torch.randn(4, 10, generator=rng)
+    odd = base.view(-1)[3:19].view(2, 8)  # contiguous, 12 bytes past an aligned start
+    assert odd.data_ptr() % 16 != 0
+    fixed = aligned(odd)
+    assert fixed.data_ptr() % 16 == 0 and torch.equal(fixed, odd) and fixed.stride() == odd.stride()
+    assert aligned(base) is base and aligned(torch.empty(0)).numel() == 0
+
+    @torch.compile(backend="tilefuse")
+    def f(x):
+        return x * 2 + 1
+    torch.testing.assert_close(f(odd), odd * 2 + 1)

@@ -168,6 +168,8 @@ def flash_attention(
         raise ValueError(f"flash_attention: bound_keys needs a mask per key, (B, 1, 1, Skv), without is_causal; got "
                          f"mask {mask_shape}{' and is_causal' if is_causal else ''}")
     lanes = 1 if d.cpu else 32
+    # the scan loads a run of keys at once where every run lies inside the mask's rows
+    vector_scan = bound and not d.cpu and Skv % SCAN_RUN == 0 and int(mask_shape[-1]) == Skv
     lane_steps = lanes.bit_length() - 1
 
     def head_of(hk, r):  # packed row r of kv head hk: query head hk * groups + r // Sq, query r % Sq
@@ -193,32 +195,47 @@ def flash_attention(
             return s
         return T.if_then_else(visible(m, n), s, neg_inf)
 
-    def key_mask(mask, bz, h, n):
-        """The per-key mask at key ``n`` in the log2 domain, -inf past ``Skv``."""
-        mi = broadcast_index(mask_shape, (bz, h, 0, T.min(n, Skv - 1)))
-        return T.if_then_else(n < Skv, T.Cast(accum_dtype, mask[mi]) * LOG2E, neg_inf)
+    def run_key(run, valid, base, e):
+        """Key ``base + e`` of a scan step's run: its mask value (log2 domain), -inf past ``Skv``."""
+        if vector_scan:
+            return T.if_then_else(valid, T.Cast(accum_dtype, run[e]) * LOG2E, neg_inf)
+        return T.if_then_else(base + e < Skv, T.Cast(accum_dtype, run[e]) * LOG2E, neg_inf)
 
     @T.macro
-    def key_span(mask, span, bz, h):
+    def load_run(mask, run, bz, h, base):
+        """The mask values of keys ``base .. base + SCAN_RUN - 1`` into ``run``: one 16-byte load where the mask's rows
+        allow (a whole run inside ``Skv``), else one key at a time at clamped positions."""
+        if vector_scan:
+            for e in T.vectorized(SCAN_RUN):
+                run[e] = mask[broadcast_index(mask_shape, (bz, h, 0, T.min(base, Skv - SCAN_RUN) + e))]
+        else:
+            for e in T.unroll(SCAN_RUN):
+                run[e] = mask[broadcast_index(mask_shape, (bz, h, 0, T.min(base + e, Skv - 1)))]
+
+    @T.macro
+    def key_span(mask, span, run, bz, h):
         """``span`` = (largest mask value, last kept key, first kept key; -1 and Skv where none is kept). Each warp
-        scans the mask itself, each lane ``SCAN_RUN`` adjacent keys a step (independent loads), and combines the
-        lanes by shuffles: no shared memory, so TileLang's warp-specialized producer computes the same span before
-        its loads."""
+        scans the mask itself, each lane ``SCAN_RUN`` adjacent keys a step, and combines the lanes by shuffles: no
+        shared memory, so TileLang's warp-specialized producer computes the same span before its loads."""
         lane = T.get_thread_binding(0) % lanes if lanes > 1 else 0
         steps = T.ceildiv(Skv, lanes * SCAN_RUN)
         span[0] = neg_inf
         for t in T.serial(steps):
+            load_run(mask, run, bz, h, (t * lanes + lane) * SCAN_RUN)
             for e in T.unroll(SCAN_RUN):
-                span[0] = T.max(span[0], key_mask(mask, bz, h, (t * lanes + lane) * SCAN_RUN + e))
+                span[0] = T.max(span[0], run_key(run, (t * lanes + lane) * SCAN_RUN < Skv,
+                                                 (t * lanes + lane) * SCAN_RUN, e))
         for off in T.unroll(lane_steps):
             span[0] = T.max(span[0], T.shfl_xor(span[0], 1 << off))
         span[1] = -1
         span[2] = Skv
         for t in T.serial(steps):
+            load_run(mask, run, bz, h, (t * lanes + lane) * SCAN_RUN)
             for e in T.unroll(SCAN_RUN):
                 # kept unless hidden (a NaN is kept: it reaches the scores as it would without the bound)
-                if T.Or(T.isnan(key_mask(mask, bz, h, (t * lanes + lane) * SCAN_RUN + e)),
-                        key_mask(mask, bz, h, (t * lanes + lane) * SCAN_RUN + e) > span[0] - HIDDEN_GAP * LOG2E):
+                if T.Or(T.isnan(run_key(run, (t * lanes + lane) * SCAN_RUN < Skv, (t * lanes + lane) * SCAN_RUN, e)),
+                        run_key(run, (t * lanes + lane) * SCAN_RUN < Skv, (t * lanes + lane) * SCAN_RUN, e)
+                        > span[0] - HIDDEN_GAP * LOG2E):
                     span[1] = T.max(span[1], T.Cast(accum_dtype, (t * lanes + lane) * SCAN_RUN + e))
                     span[2] = T.min(span[2], T.Cast(accum_dtype, (t * lanes + lane) * SCAN_RUN + e))
         for off in T.unroll(lane_steps):
@@ -304,7 +321,8 @@ def flash_attention(
             k_lo = T.max(m0 - window + 1, 0) // block_N if window is not None and not pack else 0
             if bound:
                 span = T.alloc_local((3,), accum_dtype)
-                key_span(mask, span, bz, head_of(hk, 0) if pack else by)
+                run = T.alloc_local((SCAN_RUN,), mask_dtype)
+                key_span(mask, span, run, bz, head_of(hk, 0) if pack else by)
                 last, first = T.Cast("int32", span[1]), T.Cast("int32", span[2])
                 n_tiles = T.if_then_else(last >= 0, T.min(n_tiles, last // block_N + 1), 0)
                 k_lo = T.if_then_else(last >= 0, T.max(k_lo, first // block_N), 0)
