@@ -217,7 +217,10 @@ def flash_attention(
         """``span`` = (largest mask value, last kept key, first kept key; -1 and Skv where none is kept). Each warp
         scans the mask itself, each lane ``SCAN_RUN`` adjacent keys a step, and combines the lanes by shuffles: no
         shared memory, so TileLang's warp-specialized producer computes the same span before its loads."""
-        lane = T.get_thread_binding(0) % lanes if lanes > 1 else 0
+        # the lane from the hardware's thread id (tl::get_lane_idx): ``threadIdx.x % 32`` would be simplified by the
+        # block's declared thread count (a 32-thread block: threadIdx.x itself), which warp specialization then
+        # renumbers for its producer warps (0..127): they scanned other keys, disagreed on the span and hung
+        lane = T.get_lane_idx() if lanes > 1 else 0
         steps = T.ceildiv(Skv, lanes * SCAN_RUN)
         span[0] = neg_inf
         for t in T.serial(steps):
