@@ -189,7 +189,9 @@ def flash_attention(
         or causal-hidden."""
         s = acc * scale_log2
         if mask is not None:
-            mi = broadcast_index(mask_shape, (bz, h, T.min(m, Sq - 1), T.min(n, Skv - 1)))
+            # keys past Skv only in a tail tile (clamped there); else a bounded or split loop's keys stay inside, which
+            # the simplifier cannot see through their runtime bounds (a clamp kept there costs the vector loads)
+            mi = broadcast_index(mask_shape, (bz, h, T.min(m, Sq - 1), T.min(n, Skv - 1) if tail_n else n))
             s = s + T.Cast(accum_dtype, mask[mi]) * LOG2E
         if not (tail_n or is_causal):
             return s
@@ -327,8 +329,10 @@ def flash_attention(
                 run = T.alloc_local((SCAN_RUN,), mask_dtype)
                 key_span(mask, span, run, bz, head_of(hk, 0) if pack else by)
                 last, first = T.Cast("int32", span[1]), T.Cast("int32", span[2])
-                n_tiles = T.if_then_else(last >= 0, T.min(n_tiles, last // block_N + 1), 0)
-                k_lo = T.if_then_else(last >= 0, T.max(k_lo, first // block_N), 0)
+                # min/max, not selects, so the simplifier keeps the tile index in [0, n_tiles): no last key (-1)
+                # gives 0 tiles, and k_lo <= n_tiles
+                n_tiles = T.min(n_tiles, T.max(last, -1) // block_N + 1)
+                k_lo = T.min(T.max(k_lo, T.max(first, 0) // block_N), n_tiles)
             if split:  # this program's part of the tiles [k_lo, n_tiles)
                 per = T.ceildiv(n_tiles - k_lo, splits)
                 k_lo, n_tiles = T.min(k_lo + (bzs % splits) * per, n_tiles), T.min(k_lo + (bzs % splits + 1) * per,
@@ -487,7 +491,9 @@ def decode_configs(target: dict | str, Sq: int, groups: int, keys_masked: bool =
     seeds = [(64, 128, 2, 128), (64, 64, 2, 128), (64, 64, 1, 128)]
     if Sq * groups <= 16:  # one warp's 16-row MMA tile holds them all
         seeds += [(16, 64, 2, 32), (16, 128, 2, 32)]
-    configs = [_config(*c, pack=True, bound_keys=keys_masked) for c in seeds]
+    # the bound on 128-thread programs only: the H200 ran those (bench/results/2026-12-01-h200-session10); the 32-thread
+    # ones hung there before the scan's lane came from tl::get_lane_idx, and have not run since
+    configs = [_config(*c, pack=True, bound_keys=keys_masked and c[3] >= 128) for c in seeds]
     splits = decode_splits(target, Sq * groups, B, Hkv, Skv, seeds[0][0], seeds[0][1]) if B and Hkv and Skv else 1
     return ([{**configs[0], "splits": splits}] if splits > 1 else []) + configs
 
@@ -499,20 +505,23 @@ def decodes(target: dict | str, Sq: int, groups: int) -> bool:
     return not (d.cpu or d.metal) and Sq <= DECODE_MAX_QUERIES and Sq * groups <= DECODE_MAX_ROWS
 
 
-# Splitting the keys: at most this many parts (the spec's O_part/LSE are sized for it), and only for caches of at least
-# SPLIT_MIN_TILES key tiles. A split adds the combining kernel (a launch, ~2 us) and each part scans the mask; it pays
-# when a part walks many tiles: H200, batch 1, 8 kv heads, 4096 keys all filled, one program per kv head walked 32 tiles
-# in 46 us a layer (cuDNN: 25 us).
-SPLIT_MAX, SPLIT_MIN_TILES = 16, 16
+# Splitting the keys: at most this many parts (the spec's O_part/LSE are sized for it), only for caches of at least
+# SPLIT_MIN_TILES key tiles and programs that fill at most 1/SPLIT_FEW of the SMs. A split adds the combining kernel
+# (1.2-1.6 us) and each part scans the mask. H200, 32/8 heads, D 64, 4096 keys (bench_decode_attention.py, kernel time
+# per call): one sequence all filled 0.036 ms unsplit, 0.018 in 16 parts; 300 filled 0.010 bounded, 0.013 in 16
+# parts; 8 sequences in 2 parts lost (0.060 -> 0.100 all filled), measured before the parts' score loop got its
+# vector loads back, so not split.
+SPLIT_MAX, SPLIT_MIN_TILES, SPLIT_FEW = 16, 16, 8
 
 
 def decode_splits(target: dict | str, rows: int, B: int, Hkv: int, Skv: int, block_M: int, block_N: int) -> int:
     """Parts to split the keys into so that the programs about fill the GPU's SMs once (1: no split)."""
     tiles = math.ceil(Skv / block_N)
-    if tiles < SPLIT_MIN_TILES:
-        return 1
     programs = B * Hkv * math.ceil(rows / block_M)
-    return max(1, min(SPLIT_MAX, tiles // 2, device_facts(target).sms // programs))
+    sms = device_facts(target).sms
+    if tiles < SPLIT_MIN_TILES or programs * SPLIT_FEW > sms:
+        return 1
+    return max(1, min(SPLIT_MAX, tiles // 2, sms // programs))
 
 
 def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups: int = 1,
