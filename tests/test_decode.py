@@ -14,7 +14,7 @@ from tilefuse.config import Options
 from tilefuse.frontends.fx import FxProgram
 from tilefuse.ir import Graph, TensorType
 from tilefuse.ops import GraphBuilder
-from tilefuse.pipeline import build_runner
+from tilefuse.pipeline import build_runner, plan_step
 from tilefuse.pipeline import plan as make_plan
 from tilefuse.runtime.plan_runner import PlanRunner
 
@@ -282,3 +282,32 @@ def test_static_cache_steps_match_eager_logits(device, monkeypatch):
     if device == "cuda":  # the decode steps replayed a captured graph (capture did not fail into plain runs)
         decode = counting.runners[1]
         assert decode._graphed is not None and decode._graphed.graphs, "no CUDA graph was captured for decode"
+
+
+def _decode_attention_graph(B: int, L: int) -> Graph:
+    """One decode step's attention as a Hugging Face LLaMA hands it over: 32 query heads, 8 kv heads, head dim 64,
+    fp16, an additive (B, 1, 1, L) mask over a static cache of L positions."""
+    b = GraphBuilder("decode_attention")
+    q = b.input("q", TensorType((B, 32, 1, 64), "float16"))
+    k = b.input("k", TensorType((B, 8, L, 64), "float16"))
+    v = b.input("v", TensorType((B, 8, L, 64), "float16"))
+    m = b.input("mask", TensorType((B, 1, 1, L), "float16"))
+    return b.build([b.add("sdpa", [q, k, v, m])[0]])
+
+
+@pytest.mark.parametrize("B, L, splits", [(1, 4096, 16), (64, 4096, 1), (1, 512, 1)])
+def test_decode_attention_plans_bounded_and_split_on_a_gpu(B, L, splits):
+    """The plan of a decode step for the H200 (planned here, nothing compiled): the attention kernel reads only the
+    filled cache (``bound_keys``) and, for one sequence over a long cache, splits the keys so the programs fill the
+    GPU; its spec has room for the parts (``split_max``), which come out before the output."""
+    from tilefuse.lowering.lower import default_config
+    from tilefuse.lowering.templates import attention
+
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    planned = plan_step(_decode_attention_graph(B, L), Options(target=target, quiet=True))
+    (spec,) = [s for s in planned.specs.values() if s.template == "flash_attention"]
+    kw = spec.factory_kwargs()
+    assert kw["split_max"] == attention.SPLIT_MAX and spec.out_idx == (-3, -2, -1)
+    assert [k for k, _, _ in spec.outputs] == [2]
+    cfg = default_config(spec, target)
+    assert cfg["pack"] and cfg["bound_keys"] and cfg.get("splits", 1) == splits, cfg
