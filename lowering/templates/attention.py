@@ -226,23 +226,23 @@ def flash_attention(
         steps = T.ceildiv(Skv, lanes * SCAN_RUN)
         span[0] = neg_inf
         for t in T.serial(steps):
-            load_run(mask, run, bz, h, (t * lanes + lane) * SCAN_RUN)
+            base = (t * lanes + lane) * SCAN_RUN
+            load_run(mask, run, bz, h, base)
             for e in T.unroll(SCAN_RUN):
-                span[0] = T.max(span[0], run_key(run, (t * lanes + lane) * SCAN_RUN < Skv,
-                                                 (t * lanes + lane) * SCAN_RUN, e))
+                span[0] = T.max(span[0], run_key(run, base < Skv, base, e))
         for off in T.unroll(lane_steps):
             span[0] = T.max(span[0], T.shfl_xor(span[0], 1 << off))
         span[1] = -1
         span[2] = Skv
         for t in T.serial(steps):
-            load_run(mask, run, bz, h, (t * lanes + lane) * SCAN_RUN)
+            base = (t * lanes + lane) * SCAN_RUN
+            load_run(mask, run, bz, h, base)
             for e in T.unroll(SCAN_RUN):
                 # kept unless hidden (a NaN is kept: it reaches the scores as it would without the bound)
-                if T.Or(T.isnan(run_key(run, (t * lanes + lane) * SCAN_RUN < Skv, (t * lanes + lane) * SCAN_RUN, e)),
-                        run_key(run, (t * lanes + lane) * SCAN_RUN < Skv, (t * lanes + lane) * SCAN_RUN, e)
-                        > span[0] - HIDDEN_GAP * LOG2E):
-                    span[1] = T.max(span[1], T.Cast(accum_dtype, (t * lanes + lane) * SCAN_RUN + e))
-                    span[2] = T.min(span[2], T.Cast(accum_dtype, (t * lanes + lane) * SCAN_RUN + e))
+                if T.Or(T.isnan(run_key(run, base < Skv, base, e)),
+                        run_key(run, base < Skv, base, e) > span[0] - HIDDEN_GAP * LOG2E):
+                    span[1] = T.max(span[1], T.Cast(accum_dtype, base + e))
+                    span[2] = T.min(span[2], T.Cast(accum_dtype, base + e))
         for off in T.unroll(lane_steps):
             span[1] = T.max(span[1], T.shfl_xor(span[1], 1 << off))
             span[2] = T.min(span[2], T.shfl_xor(span[2], 1 << off))
