@@ -188,3 +188,19 @@ def test_source_targets_emit_and_their_artifacts_are_refused(target, ext, need, 
         tilefuse.load(tfz)
     assert cli.main(["explain", "gpt2", "--target", target]) == 0
     assert "kernels" in capsys.readouterr().out
+
+
+def test_decode_attention_with_bound_and_split_compiles_to_gfx942(toolchain):
+    """A decode step's attention as the planner builds it for an AMD GPU: the bound's mask scan (lanes from
+    threadIdx.x there: HIP has no tl::get_lane_idx) and the keys split in parts with the combining kernel."""
+    from tilefuse.lowering.templates import attention
+
+    configs = attention.decode_configs(GFX942, 1, 4, True, B=1, Hkv=8, Skv=4096)[:2]
+    assert configs[0].get("splits", 1) > 1 and all(c["bound_keys"] for c in configs)
+    for cfg in configs:
+        f = attention.flash_attention(1, 32, 1, 4096, 64, Hkv=8, mask_shape=(1, 1, 1, 4096), mask_dtype="float16",
+                                      dtype="float16", target=GFX942, split_max=attention.SPLIT_MAX, **cfg)
+        src, shared = lower_source(f, GFX942)
+        co = vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared)
+        check_code_object(co, str(cfg))
+        assert len(co.resources) == (2 if cfg.get("splits", 1) > 1 else 1), co.resources

@@ -37,7 +37,14 @@ import torch
 import torch.nn.functional as F
 
 from tilefuse.config import device_facts
-from tilefuse.lowering.templates.common import broadcast_index, broadcast_shapes, check_dtype, dialect, param
+from tilefuse.lowering.templates.common import (
+    broadcast_index,
+    broadcast_shapes,
+    check_dtype,
+    dialect,
+    param,
+    target_kind,
+)
 
 LOG2E = 1.4426950408889634
 # ``bound_keys``: a key whose mask is at least this far below its row's largest mask value is skipped. Its softmax
@@ -168,6 +175,7 @@ def flash_attention(
         raise ValueError(f"flash_attention: bound_keys needs a mask per key, (B, 1, 1, Skv), without is_causal; got "
                          f"mask {mask_shape}{' and is_causal' if is_causal else ''}")
     lanes = 1 if d.cpu else 32
+    cuda = target_kind(target) == "cuda"
     # the scan loads a run of keys at once where every run lies inside the mask's rows
     vector_scan = bound and not d.cpu and Skv % SCAN_RUN == 0 and int(mask_shape[-1]) == Skv
     lane_steps = lanes.bit_length() - 1
@@ -222,7 +230,8 @@ def flash_attention(
         # the lane from the hardware's thread id (tl::get_lane_idx): ``threadIdx.x % 32`` would be simplified by the
         # block's declared thread count (a 32-thread block: threadIdx.x itself), which warp specialization then
         # renumbers for its producer warps (0..127): they scanned other keys, disagreed on the span and hung
-        lane = T.get_lane_idx() if lanes > 1 else 0
+        # (HIP has no tl::get_lane_idx and no warp specialization: threadIdx.x % 32 there, the shuffles' 32 lanes)
+        lane = 0 if lanes == 1 else T.get_lane_idx(lanes) if cuda else T.get_thread_binding(0) % lanes
         steps = T.ceildiv(Skv, lanes * SCAN_RUN)
         span[0] = neg_inf
         for t in T.serial(steps):
