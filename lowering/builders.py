@@ -525,8 +525,9 @@ def build_attention(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     reads = {x for x, _ in inputs} | {i for n in post for i in n.inputs if i} | set(b.region.outputs)
     pre = attention_layout.needed(pre, reads)
     out_idx = (-1,)
-    if attention.decodes(target, Sq, Hq // Hkv):  # room for splitting the keys: the parts come out before O
-        params["split_max"] = attention.SPLIT_MAX
+    parts = attention.decode_parts(target, Sq, Hq // Hkv, B, Hkv, Skv)
+    if parts > 1:  # a decode step that splits its keys: room for the parts, which come out before O
+        params["split_max"] = parts
         out_idx, outputs = (-3, -2, -1), tuple((2, o, shape) for _, o, shape in outputs)
     return KernelSpec("flash_attention", tuple(params.items()), out_idx, tuple(inputs), outputs,
                       tuple(n.name for n in pre), tuple(n.name for n in post))

@@ -299,15 +299,17 @@ def _decode_attention_graph(B: int, L: int) -> Graph:
 def test_decode_attention_plans_bounded_and_split_on_a_gpu(B, L, splits):
     """The plan of a decode step for the H200 (planned here, nothing compiled): the attention kernel reads only the
     filled cache (``bound_keys``) and, for one sequence over a long cache, splits the keys so the programs fill the
-    GPU; its spec has room for the parts (``split_max``), which come out before the output."""
+    GPU; only then has its spec room for the parts (``split_max``), which come out before the output."""
     from tilefuse.lowering.lower import default_config
-    from tilefuse.lowering.templates import attention
 
     target = {"kind": "cuda", "arch": "sm_90a"}
     planned = plan_step(_decode_attention_graph(B, L), Options(target=target, quiet=True))
     (spec,) = [s for s in planned.specs.values() if s.template == "flash_attention"]
     kw = spec.factory_kwargs()
-    assert kw["split_max"] == attention.SPLIT_MAX and spec.out_idx == (-3, -2, -1)
-    assert [k for k, _, _ in spec.outputs] == [2]
+    if splits > 1:  # room for exactly the default's parts
+        assert kw["split_max"] == splits and spec.out_idx == (-3, -2, -1)
+        assert [k for k, _, _ in spec.outputs] == [2]
+    else:  # no parts: the kernel as before
+        assert "split_max" not in kw and spec.out_idx == (-1,) and [k for k, _, _ in spec.outputs] == [0]
     cfg = default_config(spec, target)
     assert cfg["pack"] and cfg["bound_keys"] and cfg.get("splits", 1) == splits, cfg

@@ -205,10 +205,8 @@ def flash_attention(
             return s
         return T.if_then_else(visible(m, n), s, neg_inf)
 
-    def run_key(run, valid, base, e):
+    def run_key(run, base, e):
         """Key ``base + e`` of a scan step's run: its mask value (log2 domain), -inf past ``Skv``."""
-        if vector_scan:
-            return T.if_then_else(valid, T.Cast(accum_dtype, run[e]) * LOG2E, neg_inf)
         return T.if_then_else(base + e < Skv, T.Cast(accum_dtype, run[e]) * LOG2E, neg_inf)
 
     @T.macro
@@ -238,7 +236,7 @@ def flash_attention(
             base = (t * lanes + lane) * SCAN_RUN
             load_run(mask, run, bz, h, base)
             for e in T.unroll(SCAN_RUN):
-                span[0] = T.max(span[0], run_key(run, base < Skv, base, e))
+                span[0] = T.max(span[0], run_key(run, base, e))
         for off in T.unroll(lane_steps):
             span[0] = T.max(span[0], T.shfl_xor(span[0], 1 << off))
         span[1] = -1
@@ -248,8 +246,8 @@ def flash_attention(
             load_run(mask, run, bz, h, base)
             for e in T.unroll(SCAN_RUN):
                 # kept unless hidden (a NaN is kept: it reaches the scores as it would without the bound)
-                if T.Or(T.isnan(run_key(run, base < Skv, base, e)),
-                        run_key(run, base < Skv, base, e) > span[0] - HIDDEN_GAP * LOG2E):
+                if T.Or(T.isnan(run_key(run, base, e)),
+                        run_key(run, base, e) > span[0] - HIDDEN_GAP * LOG2E):
                     span[1] = T.max(span[1], T.Cast(accum_dtype, base + e))
                     span[2] = T.min(span[2], T.Cast(accum_dtype, base + e))
         for off in T.unroll(lane_steps):
@@ -474,6 +472,9 @@ def cpu_config(Sq: int, Skv: int, most: int = 128) -> dict:
 # be nearly all padding, and every head of a group would read the same K/V tiles again. Packed, a program holds the
 # group's (head, query) pairs as its rows.
 DECODE_MAX_QUERIES, DECODE_MAX_ROWS = 16, 64
+# H200, 32/8 heads, D 64, fp16 (bench/bench_decode_attention.py, 2026-12-01): 64 x 128 with 2 stages led at batch 1-64
+# and caches of 512 and 4096 (0.042 ms at batch 64 x 512, against 0.161 for the 128-row tile): the default pick
+DECODE_TILE = (64, 128, 2, 128)
 
 
 def per_key_mask(mask_shape: Sequence[int] | None, is_causal: bool = False) -> bool:
@@ -491,30 +492,35 @@ def decode_configs(target: dict | str, Sq: int, groups: int, keys_masked: bool =
     the default pick first; none where the rows do not fit one tile or the target has no packed form. With
     ``keys_masked`` (``per_key_mask``) they bound the key loop by the mask (``bound_keys``): a static cache's
     unfilled part is never read. Given the batch, kv heads and cache length (``B``, ``Hkv``, ``Skv``), a config that
-    splits the keys (``decode_splits``) leads where the programs would not fill the GPU."""
+    splits the keys (``decode_parts``) leads where the programs would not fill the GPU."""
     d = dialect(target)
     if d.cpu or d.metal or not decodes(target, Sq, groups):
         return []
-    # H200, 32/8 heads, D 64, fp16 (bench/bench_decode_attention.py, 2026-12-01): 64 x 128 with 2 stages led at
-    # batch 1-64 and caches of 512 and 4096 (0.042 ms at batch 64 x 512, against 0.161 for the 128-row tile)
-    seeds = [(64, 128, 2, 128), (64, 64, 2, 128), (64, 64, 1, 128)]
+    seeds = [DECODE_TILE, (64, 64, 2, 128), (64, 64, 1, 128)]
     if Sq * groups <= 16:  # one warp's 16-row MMA tile holds them all
         seeds += [(16, 64, 2, 32), (16, 128, 2, 32)]
     # the bound on 128-thread programs only: the H200 ran those (bench/results/2026-12-01-h200-session10); the 32-thread
     # ones hung there before the scan's lane came from tl::get_lane_idx, and have not run since
     configs = [_config(*c, pack=True, bound_keys=keys_masked and c[3] >= 128) for c in seeds]
-    splits = decode_splits(target, Sq * groups, B, Hkv, Skv, seeds[0][0], seeds[0][1]) if B and Hkv and Skv else 1
+    splits = decode_parts(target, Sq, groups, B, Hkv, Skv) if B and Hkv and Skv else 1
     return ([{**configs[0], "splits": splits}] if splits > 1 else []) + configs
 
 
 def decodes(target: dict | str, Sq: int, groups: int) -> bool:
-    """Whether ``decode_configs`` has packed configs for this shape on ``target`` (then a spec carries
-    ``split_max``)."""
+    """Whether ``decode_configs`` has packed configs for this shape on ``target``."""
     d = dialect(target)
     return not (d.cpu or d.metal) and Sq <= DECODE_MAX_QUERIES and Sq * groups <= DECODE_MAX_ROWS
 
 
-# Splitting the keys: at most this many parts (the spec's O_part/LSE are sized for it), only for caches of at least
+def decode_parts(target: dict | str, Sq: int, groups: int, B: int, Hkv: int, Skv: int) -> int:
+    """The parts the default decode config splits the keys into (``decode_splits`` for ``DECODE_TILE``; 1: none). A
+    spec with more than one carries them as ``split_max``, its room for the parts' outputs."""
+    if not decodes(target, Sq, groups):
+        return 1
+    return decode_splits(target, Sq * groups, B, Hkv, Skv, DECODE_TILE[0], DECODE_TILE[1])
+
+
+# Splitting the keys: at most this many parts (a spec's O_part/LSE are sized for its own), only for caches of at least
 # SPLIT_MIN_TILES key tiles and programs that fill at most 1/SPLIT_FEW of the SMs. A split adds the combining kernel
 # (1.2-1.6 us) and each part scans the mask. H200, 32/8 heads, D 64, 4096 keys (bench_decode_attention.py, kernel time
 # per call): one sequence all filled 0.036 ms unsplit, 0.018 in 16 parts; 300 filled 0.010 bounded, 0.013 in 16
