@@ -499,9 +499,7 @@ def decode_configs(target: dict | str, Sq: int, groups: int, keys_masked: bool =
     seeds = [DECODE_TILE, (64, 64, 2, 128), (64, 64, 1, 128)]
     if Sq * groups <= 16:  # one warp's 16-row MMA tile holds them all
         seeds += [(16, 64, 2, 32), (16, 128, 2, 32)]
-    # the bound on 128-thread programs only: the H200 ran those (bench/results/2026-12-01-h200-session10); the 32-thread
-    # ones hung there before the scan's lane came from tl::get_lane_idx, and have not run since
-    configs = [_config(*c, pack=True, bound_keys=keys_masked and c[3] >= 128) for c in seeds]
+    configs = [_config(*c, pack=True, bound_keys=keys_masked) for c in seeds]
     splits = decode_parts(target, Sq, groups, B, Hkv, Skv) if B and Hkv and Skv else 1
     return ([{**configs[0], "splits": splits}] if splits > 1 else []) + configs
 
