@@ -15,7 +15,7 @@ from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.lowering import attention_layout, index
 from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, Load, ops_supported
 from tilefuse.lowering.index import NotLowerable
-from tilefuse.lowering.templates import attention, reduction
+from tilefuse.lowering.templates import attention, gemv, reduction
 from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype, dialect
 from tilefuse.ops import POOL_OPS
 from tilefuse.planner.plan import VIEW_OPS, Region
@@ -29,7 +29,7 @@ TEMPLATE_DTYPES = ("float32", "float16", "bfloat16")
 class KernelSpec:
     """One template instance and how the region's tensors map onto its parameters."""
 
-    template: str  # gemm | row_reduction | elementwise | conv2d | pool2d | flash_attention
+    template: str  # gemm | gemv | gemm_sp | row_reduction | elementwise | conv2d | pool2d | flash_attention
     params: tuple[tuple[str, Any], ...]  # factory keyword arguments (hashable)
     out_idx: tuple[int, ...]
     inputs: tuple[tuple[str, tuple | None], ...]  # (value, reshape-to) in parameter order
@@ -294,9 +294,22 @@ def build_gemm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     extra = list(b.args)  # an operand the epilogue also reads (x @ w + x) stays an extra: Arg(i) indexes b.args
     extra_shapes = tuple(domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
                          else tuple(b.types[a].shape) for a in extra)
+    layout = {"trans_A": trans_a, "trans_B": trans_b, "batch_A": batch_a, "batch_B": batch_b, "prologue": pro}
+    if decode_rows(target, M, layout):  # a decode step's few rows: the weight streamed by warps (templates/gemv.py)
+        spec = gemm_spec(b, M, N, K, (a_val, a_shape or (M, K)), (b_val, None), exprs[0], mapping, extra,
+                         extra_shapes, prologue=pro)
+        return dataclasses.replace(spec, template="gemv", params=tuple(
+            (k, v) for k, v in spec.params if k not in ("trans_A", "trans_B", "batch_A", "batch_B")))
     spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
-                     trans_A=trans_a, trans_B=trans_b, batch_A=batch_a, batch_B=batch_b, prologue=pro)
+                     **layout)
     return dataclasses.replace(spec, packed=packed) if packed else spec
+
+
+def decode_rows(target: dict, M: int, layout: dict) -> bool:
+    """Whether a GEMM is a linear layer of a decode step on a CUDA GPU: at most ``gemv.GEMV_ROWS`` rows of A times an
+    (N, K) weight, unbatched; the ``gemv`` template takes it."""
+    return (target.get("kind") == "cuda" and M <= gemv.GEMV_ROWS and layout["trans_B"] and not layout["trans_A"]
+            and not layout["batch_A"] and not layout["batch_B"])
 
 
 def gemm_spec(b: Builder, M: int, N: int, K: int, a: tuple, b_: tuple, epilogue: Expr, mapping, extra,

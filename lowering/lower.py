@@ -25,6 +25,7 @@ from tilefuse.lowering.templates import (
     gemm,
     gemm_configs,
     gemm_sp,
+    gemv,
     pool,
     reduction,
 )
@@ -37,7 +38,7 @@ _log = logging.getLogger("tilefuse")
 TEMPLATES = {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.row_reduction),
              "elementwise": (elementwise, elementwise.elementwise), "conv2d": (conv, conv.conv2d),
              "pool2d": (pool, pool.pool2d), "flash_attention": (attention, attention.flash_attention),
-             "gemm_sp": (gemm_sp, gemm_sp.gemm_sp), **ascend.TEMPLATES}
+             "gemm_sp": (gemm_sp, gemm_sp.gemm_sp), "gemv": (gemv, gemv.gemv), **ascend.TEMPLATES}
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
                      **_decode_shape(kw))
     # gemm/conv seeds depend on the operand dtype
-    arg = {"gemm": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
+    arg = {"gemm": kw.get("B_dtype"), "gemv": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
     return space(target, arg) if arg else space(target)
 
 
@@ -102,6 +103,8 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
     kw = spec.factory_kwargs()
     if spec.template == "gemm":
         return gemm_configs.default_config(configs, kw["M"], kw["N"], gemm_batch(kw), target)
+    if spec.template == "gemv":
+        return gemv.default_config(configs, kw["N"], gemm_configs.sm_count(target))
     if spec.template == "flash_attention" and dialect(target).cpu:
         return attention.cpu_config(kw["Sq"], kw["Skv"])
     if spec.template == "flash_attention":  # a decode step: packed rows (attention.decode_configs)

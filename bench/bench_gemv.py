@@ -1,0 +1,113 @@
+"""A decode step's linear layers: the ``gemv`` template's configs against cuBLAS (``F.linear``), as a model streams them.
+
+Usage (on the device machine):  python bench/bench_gemv.py [--json out.json]
+
+Shapes: HF LLaMA's (hidden 2048, GQA 32/8, MLP 5632, vocabulary 32000; ``bench_decode.py``'s model) and LLaMA-3-8B's
+projections, at 1 and 8 rows, fp16, with a bias-free and a residual-add epilogue. Each weight is one of enough
+copies that together they exceed the L2 cache several times, and one CUDA graph calls the layer once per copy: the
+time per call is what a decode step pays, its weight read from memory, the launch inside a graph. Every output
+element is checked against the fp32 reference. Prints a table (ms per call, TB/s of the weight, x cuBLAS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+
+import torch
+import torch.nn.functional as F
+
+from tilefuse.config import default_target
+from tilefuse.lowering.compile import compile_many
+from tilefuse.lowering.expr import Acc, Arg, Call
+from tilefuse.lowering.templates import gemv
+from tilefuse.lowering.templates.gemm import reference
+
+SHAPES = {"llama q/o": (2048, 2048), "llama k/v": (512, 2048), "llama gate/up": (5632, 2048),
+          "llama down": (2048, 5632), "llama lm head": (32000, 2048), "8b q/o": (4096, 4096), "8b k/v": (1024, 4096),
+          "8b gate/up": (14336, 4096), "8b down": (4096, 14336)}
+L2_BYTES = 50 * 2**20
+
+
+def graph_ms(calls, reps: int = 20) -> float:
+    """Milliseconds per call of ``calls`` (callables) captured once in a CUDA graph; median of ``reps`` replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--rows", default="1,8")
+    a = ap.parse_args()
+    target = default_target()
+    configs = gemv.get_configs(target)
+    cases = [(name, M, N, K, epi) for name, (N, K) in SHAPES.items() for M in map(int, a.rows.split(","))
+             for epi in ("none", "residual")]
+    items = []
+    for _, M, N, K, epi in cases:
+        for cfg in configs:
+            kw = {"epilogue": Call("add", (Acc(), Arg(0))), "extra_shapes": [(M, N)], "extra_dtypes": ["float16"]} \
+                if epi == "residual" else {}
+            items.append((gemv.gemv(M, N, K, A_dtype="float16", target=target, **kw, **cfg), [-1]))
+    kernels = iter(compile_many(items, target))
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, M, N, K, epi in cases:
+        copies = max(2, -(-4 * L2_BYTES // (N * K * 2)))
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.float16, generator=gen) * 0.05 for _ in range(copies)]
+        x = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=gen)
+        res = torch.randn(M, N, device="cuda", dtype=torch.float16, generator=gen)
+        extras = [res] if epi == "residual" else []
+        want = reference(x, ws[0], extras, trans_B=True,
+                         epilogue=Call("add", (Acc(), Arg(0))) if extras else None).float()
+
+        def torch_call(w):
+            return (lambda: F.linear(x, w) + res) if extras else (lambda: F.linear(x, w))
+        t_torch = graph_ms([torch_call(w) for w in ws])
+        row = {"shape": name, "M": M, "N": N, "K": K, "epilogue": epi, "torch_ms": t_torch, "configs": {}}
+        for cfg in configs:
+            kern = next(kernels)
+            got = kern(x, ws[0], *extras).float()
+            err = ((got - want).abs() / (want.abs() + 1e-2)).max().item()
+            ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2)
+            t = graph_ms([(lambda w=w, k=kern: k(x, w, *extras)) for w in ws])
+            row["configs"][f"{cfg['block_N']}/{cfg['threads']}"] = {"ms": t, "ok": ok, "rel_err": err}
+        pick = gemv.default_config(configs, N, torch.cuda.get_device_properties(0).multi_processor_count)
+        row["default"] = f"{pick['block_N']}/{pick['threads']}"
+        best = min(row["configs"].items(), key=lambda kv: kv[1]["ms"])
+        gb = N * K * 2 / 1e9
+        print(f"{name:14s} M={M} {epi:8s} cuBLAS {t_torch:.4f} ms ({gb / t_torch:.2f} TB/s) | "
+              + " ".join(f"{k} {v['ms']:.4f}{'' if v['ok'] else ' BAD'}" for k, v in row["configs"].items())
+              + f" | best {best[0]} {gb / best[1]['ms']:.2f} TB/s x{t_torch / best[1]['ms']:.2f}; default {row['default']}"
+              f" x{t_torch / row['configs'][row['default']]['ms']:.2f}", flush=True)
+        rows.append(row)
+    if a.json:
+        meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+        with open(a.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

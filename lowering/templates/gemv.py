@@ -1,0 +1,146 @@
+"""A decode step's linear layer: ``C = epilogue(prologue(A) @ B^T)`` for a few rows of ``A`` (M <= ``GEMV_ROWS``).
+
+Note: at batch 1-8 a linear layer streams its weight once and does almost no arithmetic, so its speed is the
+bandwidth its weight is read at. A GEMM tile of 64+ rows computes padding there, and cuBLAS's GEMV kernels give a
+2048 x 2048 weight 32 programs (H200, HF LLaMA decode, ``bench/results/2026-12-01-h200-session10``: the q/k/v/o
+projections read at 0.7 TB/s). Here each warp owns ``block_N // warps`` weight rows (``B`` is a linear weight,
+``(N, K)``), its lanes read them 16 bytes at a time along K with several loads in flight, multiply by the same A
+elements for every row of A, and combine their partial sums by shuffles; the epilogue and the store follow in the
+warp. Programs are small (``block_N`` rows), so even a 512-row weight spreads over the SMs.
+
+Tails: rows past N read row N - 1 and are never stored; K need not divide the step (the last part of a row is
+read one vector at a time, guarded). On CPU targets (the numerics tests) a program is one lane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tilelang.language as T
+
+from tilefuse.lowering.expr import Acc, Env, Expr, args_used, emit
+from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype, dialect, normalize_shapes, param
+from tilefuse.lowering.templates.gemm import epilogue_at, reference  # noqa: F401 -- the same reference as gemm's
+
+# A decode step's rows at most: each weight element is multiplied by every row of A in registers (8 rows: 64 FMAs a
+# 16-byte load, about what the fp32 units keep up with at full bandwidth).
+GEMV_ROWS = 8
+# Loads of a lane in flight: its rows' vectors for this many steps along K.
+UNROLL = 4
+
+
+def gemv(
+    M: int,
+    N: int,
+    K: int,
+    *,
+    A_dtype: str = "float16",
+    B_dtype: str | None = None,
+    out_dtype: str | None = None,
+    accum_dtype: str = "float32",
+    prologue: Expr | None = None,
+    epilogue: Expr | None = None,
+    extra_shapes: Sequence[Sequence[int]] = (),
+    extra_dtypes: Sequence[str] = (),
+    block_N: int = 8,
+    threads: int = 128,
+    target: dict | str = "cuda",
+):
+    """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B^T)``; parameters ``A (M, K), B (N, K), extra_0.., C (M,
+    N)``. ``prologue``/``epilogue`` as ``gemm``'s (the product runs in ``B_dtype``'s values, summed in fp32).
+    Tunables: ``block_N`` weight rows a program, over ``threads // 32`` warps (CPU targets: one lane)."""
+    B_dtype = B_dtype or A_dtype
+    out_dtype = out_dtype or B_dtype
+    extra_shapes = normalize_shapes(extra_shapes)
+    if len(extra_dtypes) != len(extra_shapes):
+        raise ValueError("gemv: one dtype per extra input")
+    for dt in (A_dtype, B_dtype, out_dtype, *extra_dtypes):
+        check_dtype(dt, target, "gemv")
+    if args_used(prologue):
+        raise NotImplementedError("gemv: the prologue may read only acc and constants (no extra inputs)")
+    if broadcast_shapes((M, N), *extra_shapes) != (M, N):
+        raise ValueError(f"gemv: extra inputs {extra_shapes} do not broadcast to the output {(M, N)}")
+    if not 1 <= M <= GEMV_ROWS:
+        raise ValueError(f"gemv: {M} rows; at most {GEMV_ROWS} (a GEMM takes more)")
+    d = dialect(target)
+    lanes = 1 if d.cpu else 32
+    warps = 1 if d.cpu else threads // 32
+    if not d.cpu and (threads % 32 or block_N % warps):
+        raise ValueError(f"gemv: block_N={block_N} rows do not split over {threads} threads' warps")
+    R = block_N // warps  # rows of a warp
+    vec = 16 // {"float32": 4}.get(B_dtype, 2)  # elements of a 16-byte load
+    vec = vec if K % vec == 0 else 1  # a row that is not whole vectors (nor 16-byte aligned) reads elements
+    step = lanes * vec
+    full = K // step  # steps every lane reads whole
+
+    def a_elem(a):
+        """An element of A as the product reads it: through the prologue, in ``B_dtype``'s values (as ``gemm``)."""
+        if prologue is None and A_dtype == B_dtype:
+            return T.Cast(accum_dtype, a)
+        return T.Cast(accum_dtype, T.Cast(B_dtype, emit(prologue or Acc(), Env(acc=a))))
+
+    def row(bx, warp, r):
+        """Weight row ``r`` of this warp (rows past N read row N - 1)."""
+        n = bx * block_N + warp * R + r
+        return T.min(n, N - 1) if N % block_N else n
+
+    @T.macro
+    def step_at(A, B, acc, a_r, b_r, bx, warp, base):
+        """One step along K at ``base`` (this lane's first element): its vectors of A and of its rows, multiplied."""
+        for m in T.unroll(M):
+            for e in T.vectorized(vec):
+                a_r[m, e] = A[m, base + e]
+        for r in T.unroll(R):
+            for e in T.vectorized(vec):
+                b_r[r, e] = B[row(bx, warp, r), base + e]
+        for m in T.unroll(M):
+            for r in T.unroll(R):
+                for e in T.unroll(vec):
+                    acc[m, r] += a_elem(a_r[m, e]) * T.Cast(accum_dtype, b_r[r, e])
+
+    @T.prim_func
+    def gemv_kernel():
+        A = param("A", (M, K), A_dtype)
+        B = param("B", (N, K), B_dtype)
+        extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
+        C = param("C", (M, N), out_dtype)
+        with d.kernel(T.ceildiv(N, block_N), threads=threads) as bx:
+            acc = T.alloc_local((M, R), accum_dtype)
+            a_r = T.alloc_local((M, vec), A_dtype)
+            b_r = T.alloc_local((R, vec), B_dtype)
+            tx = 0 if d.cpu else T.get_thread_binding(0)
+            lane, warp = tx % lanes, tx // lanes
+            T.clear(acc)
+            for t in T.serial(full // UNROLL):
+                for u in T.unroll(UNROLL):
+                    step_at(A, B, acc, a_r, b_r, bx, warp, ((t * UNROLL + u) * lanes + lane) * vec)
+            for u in T.unroll(full % UNROLL):
+                step_at(A, B, acc, a_r, b_r, bx, warp, ((full // UNROLL * UNROLL + u) * lanes + lane) * vec)
+            if K % step:  # the row's last part: a vector per lane while it lasts
+                if (full * lanes + lane) * vec < K:
+                    step_at(A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec)
+            for off in T.unroll(lanes.bit_length() - 1):
+                for m in T.unroll(M):
+                    for r in T.unroll(R):
+                        acc[m, r] = acc[m, r] + T.shfl_xor(acc[m, r], 1 << off)
+            for m, r in T.grid(M, R):
+                n = bx * block_N + warp * R + r
+                if T.And(lane == (m * R + r) % lanes, n < N):
+                    C[m, n] = T.Cast(out_dtype, acc[m, r] if epilogue is None else
+                                     epilogue_at(epilogue, acc[m, r], extras, extra_shapes, [m, n], accum_dtype))
+
+    return gemv_kernel
+
+
+def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
+    """Programs of 4-16 weight rows on 4 or 8 warps (one lane on CPU targets); the default pick first."""
+    if dialect(target).cpu:
+        return [{"block_N": 8, "threads": 1}]
+    return [{"block_N": n, "threads": t} for n, t in ((8, 128), (4, 128), (16, 128), (16, 256), (32, 256))]
+
+
+def default_config(configs: list[dict], N: int, sms: int) -> dict:
+    """The first config that gives every SM at least two programs, else the one with the most programs: a small
+    weight's rows spread over the GPU."""
+    fits = [c for c in configs if -(-N // c["block_N"]) >= 2 * sms]
+    return fits[0] if fits else min(configs, key=lambda c: c["block_N"])
