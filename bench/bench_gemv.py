@@ -81,8 +81,8 @@ def main() -> int:
         want = reference(x, ws[0], extras, trans_B=True,
                          epilogue=Call("add", (Acc(), Arg(0))) if extras else None).float()
 
-        def torch_call(w):
-            return (lambda: F.linear(x, w) + res) if extras else (lambda: F.linear(x, w))
+        def torch_call(w, x=x, res=res, add=bool(extras)):
+            return (lambda: F.linear(x, w) + res) if add else (lambda: F.linear(x, w))
         t_torch = graph_ms([torch_call(w) for w in ws])
         row = {"shape": name, "M": M, "N": N, "K": K, "epilogue": epi, "torch_ms": t_torch, "configs": {}}
         for cfg in configs:
@@ -90,7 +90,7 @@ def main() -> int:
             got = kern(x, ws[0], *extras).float()
             err = ((got - want).abs() / (want.abs() + 1e-2)).max().item()
             ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2)
-            t = graph_ms([(lambda w=w, k=kern: k(x, w, *extras)) for w in ws])
+            t = graph_ms([(lambda w=w, k=kern, x=x, e=extras: k(x, w, *e)) for w in ws])
             row["configs"][f"{cfg['block_N']}/{cfg['threads']}"] = {"ms": t, "ok": ok, "rel_err": err}
         pick = gemv.default_config(configs, N, torch.cuda.get_device_properties(0).multi_processor_count)
         row["default"] = f"{pick['block_N']}/{pick['threads']}"

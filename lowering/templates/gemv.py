@@ -116,7 +116,7 @@ def gemv(
                     step_at(A, B, acc, a_r, b_r, bx, warp, ((t * UNROLL + u) * lanes + lane) * vec)
             for u in T.unroll(full % UNROLL):
                 step_at(A, B, acc, a_r, b_r, bx, warp, ((full // UNROLL * UNROLL + u) * lanes + lane) * vec)
-            if K % step:  # the row's last part: a vector per lane while it lasts
+            if K % step:  # noqa: SIM102 -- a Python test, then a TIR one: the row's last part, a vector a lane
                 if (full * lanes + lane) * vec < K:
                     step_at(A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec)
             for off in T.unroll(lanes.bit_length() - 1):
