@@ -25,10 +25,12 @@ position). ``% peak`` is that over ``--peak-tbps`` (the H200's ~4.8 TB/s). Reduc
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
 import inspect
 import json
 import platform
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -127,11 +129,17 @@ def run_one(model, ref_model, mode: str, batch: int, cache_len: int, args, targe
         for _ in range(args.warmup):
             tok = fwd(tok, **{kw: cache}).logits[:, -1].argmax(-1, keepdim=True)
         sync(dev)
+        host = cProfile.Profile() if args.host_profile and mode == "tilefuse" else None
         t0 = time.perf_counter()
+        if host is not None:
+            host.enable()
         for _ in range(args.steps):
             tok = fwd(tok, **{kw: cache}).logits[:, -1].argmax(-1, keepdim=True)
         sync(dev)
         step_s = (time.perf_counter() - t0) / args.steps
+        if host is not None:  # where the host's time per step goes (cumulative, the top entries)
+            host.disable()
+            pstats.Stats(host).sort_stats("cumulative").print_stats(30)
         prof = profile_steps(lambda t: fwd(t, **{kw: cache}).logits[:, -1].argmax(-1, keepdim=True), tok, step_s) \
             if args.profile and dev == "cuda" else None
     position = args.prompt + args.check + args.warmup + args.steps / 2
@@ -170,8 +178,11 @@ def _plan_summary(runners) -> list[dict]:
         p = r.plan
         rows.append({"graph": p.graph.name, "regions": {b: sum(1 for g in p.regions if g.launches and g.backend == b)
                                                         for b in ("tilelang", "torch", "split")},
+                     "runs_as": r.graph_backend,
+                     "cuda_graphs": None if r._graphed is None else len(r._graphed.graphs),
                      "given_to_torch": [n for n in p.notes if "measured" in n]})
-        print(f"    plan {p.graph.name}: {rows[-1]['regions']}; " + "; ".join(rows[-1]["given_to_torch"][:40]), flush=True)
+        print(f"    plan {p.graph.name}: {rows[-1]['regions']}, runs as {r.graph_backend}, CUDA graphs "
+              f"{rows[-1]['cuda_graphs']}; " + "; ".join(rows[-1]["given_to_torch"][:40]), flush=True)
     return rows
 
 
@@ -190,6 +201,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tol", type=float, default=None, help="logits tolerance (default 2e-2 fp16, 1e-4 fp32)")
     ap.add_argument("--out", required=True, help="where to write the JSON results")
     ap.add_argument("--profile", action="store_true", help="also profile 8 steps per mode: kernels by category")
+    ap.add_argument("--host-profile", action="store_true", help="cProfile tilefuse's timed steps: host time by function")
     args = ap.parse_args(argv)
     cpu, quick = args.device == "cpu", args.quick
     defaults = {"batches": "1,2" if cpu else ("1,8" if quick else "1,8,64"),

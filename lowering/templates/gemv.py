@@ -22,9 +22,10 @@ from tilefuse.lowering.expr import Acc, Env, Expr, args_used, emit
 from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype, dialect, normalize_shapes, param
 from tilefuse.lowering.templates.gemm import epilogue_at, reference  # noqa: F401 -- the same reference as gemm's
 
-# A decode step's rows at most: each weight element is multiplied by every row of A in registers (8 rows: 64 FMAs a
-# 16-byte load, about what the fp32 units keep up with at full bandwidth).
-GEMV_ROWS = 8
+# A decode step's rows at most. Each weight element is multiplied by every row of A in registers; on the H200
+# (bench_gemv.py, bench/results/2026-12-02-h200-session11) one row reads the weight at 2-3.9 TB/s, 1.05-2.8x cuBLAS,
+# where eight rows run out of arithmetic (1.1-2.3 TB/s, 0.6-0.9x cuBLAS but for the smallest weights).
+GEMV_ROWS = 4
 # Loads of a lane in flight: its rows' vectors for this many steps along K.
 UNROLL = 4
 
