@@ -1,0 +1,133 @@
+"""The ``gemv`` template (a decode step's linear layers, issue 16): every output element against the fp64 reference on
+the CPU target (tails in N and K, rows of A up to its limit, prologue and epilogue, NaN and inf), the planner's choice
+of it (a CUDA target, at most ``GEMV_ROWS`` rows of an unbatched linear), every config compiled for sm_90a, and
+every config run on the GPU."""
+
+import math
+
+import pytest
+import torch
+
+from tilefuse.config import Options, default_target
+from tilefuse.ir import TensorType
+from tilefuse.lowering.compile import compile_many
+from tilefuse.lowering.expr import Acc, Arg, Call
+from tilefuse.lowering.lower import default_config
+from tilefuse.lowering.templates import gemv
+from tilefuse.lowering.templates.gemm import reference
+from tilefuse.ops import GraphBuilder
+from tilefuse.pipeline import plan_step
+
+C = {"kind": "c"}
+SM90 = {"kind": "cuda", "arch": "sm_90a"}
+BIAS_GELU = Call("gelu", (Call("add", (Acc(), Arg(0))),), {"approximate": "tanh"})
+RESIDUAL = Call("add", (Acc(), Arg(0)))
+
+
+def _case(rng, M, N, K, dtype, epilogue, specials=False, device="cpu"):
+    A = torch.randn(M, K, generator=rng).to(dtype)
+    B = (torch.randn(N, K, generator=rng) * 0.1).to(dtype)
+    if specials:  # NaN and inf reach exactly the outputs whose row or column they are in
+        A[0, K // 2] = float("nan")
+        B[N - 1, 0] = float("inf")
+    extras = []
+    if epilogue is BIAS_GELU:
+        extras = [torch.randn(N, generator=rng).to(dtype)]
+    elif epilogue is RESIDUAL:
+        extras = [torch.randn(M, N, generator=rng).to(dtype)]
+    return [t.to(device) for t in (A, B, *extras)]
+
+
+@pytest.mark.parametrize("M, N, K", [(1, 37, 64), (3, 16, 300), (4, 9, 13), (2, 64, 1000), (1, 5, 8)])
+@pytest.mark.parametrize("epilogue", [None, BIAS_GELU, RESIDUAL], ids=["plain", "bias_gelu", "residual"])
+def test_gemv_matches_the_reference_on_c(rng, M, N, K, epilogue):
+    A, B, *extras = _case(rng, M, N, K, torch.float32, epilogue, specials=N > 8)
+    f = gemv.gemv(M, N, K, A_dtype="float32", epilogue=epilogue, extra_shapes=[tuple(e.shape) for e in extras],
+                  extra_dtypes=["float32"] * len(extras), target=C, **gemv.get_configs(C)[0])
+    (kernel,) = compile_many([(f, [-1])], C)
+    want = reference(A, B, extras, trans_B=True, epilogue=epilogue)
+    torch.testing.assert_close(kernel(A, B, *extras), want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_gemv_prologue_and_a_cast(rng):
+    """A float32 A with a prologue, multiplied as float16 values (as ``gemm`` does: the product runs in B's dtype)."""
+    M, N, K = 2, 24, 40
+    A, B = torch.randn(M, K, generator=rng), torch.randn(N, K, generator=rng).half()
+    pro = Call("relu", (Acc(),))
+    f = gemv.gemv(M, N, K, A_dtype="float32", B_dtype="float16", out_dtype="float32", prologue=pro, target=C,
+                  **gemv.get_configs(C)[0])
+    (kernel,) = compile_many([(f, [-1])], C)
+    torch.testing.assert_close(kernel(A, B), reference(A, B, trans_B=True, prologue=pro, out_dtype="float32"),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_gemv_refusals():
+    with pytest.raises(ValueError, match="at most"):
+        gemv.gemv(gemv.GEMV_ROWS + 1, 8, 8, target=SM90)
+    with pytest.raises(ValueError, match="do not split"):
+        gemv.gemv(1, 8, 8, block_N=6, threads=128, target=SM90)
+    with pytest.raises(ValueError, match="broadcast"):
+        gemv.gemv(1, 8, 8, epilogue=RESIDUAL, extra_shapes=[(2, 8)], extra_dtypes=["float16"], target=SM90)
+
+
+def test_gemv_default_config_spreads_small_weights():
+    configs = gemv.get_configs(SM90)
+    assert gemv.default_config(configs, 32000, 132) == configs[0]  # enough rows: the first config
+    small = gemv.default_config(configs, 512, 132)  # k/v of a GQA model: the most programs
+    assert small["block_N"] == min(c["block_N"] for c in configs)
+
+
+def _linear_graph(rows: tuple, N: int, K: int, bias: bool = True):
+    b = GraphBuilder("linear")
+    x = b.input("x", TensorType((*rows, K), "float16"))
+    w = b.input("w", TensorType((N, K), "float16"))
+    args = [x, w] + ([b.input("b", TensorType((N,), "float16"))] if bias else [])
+    (y,) = b.add("linear", args)
+    return b.build([b.add("gelu", [y], approximate="tanh")[0]])
+
+
+@pytest.mark.parametrize("rows, target, template", [
+    ((1, 1), SM90, "gemv"), ((2, 1), SM90, "gemv"), ((gemv.GEMV_ROWS,), SM90, "gemv"),
+    ((gemv.GEMV_ROWS + 1,), SM90, "gemm"), ((64, 1), SM90, "gemm"), ((1, 1), C, "gemm")])
+def test_the_planner_takes_gemv_for_a_decode_steps_linear_on_cuda(rows, target, template):
+    """A linear of at most GEMV_ROWS rows on a CUDA GPU is a ``gemv`` spec with its bias and GELU fused; more rows, or
+    the CPU, keep the GEMM template (planned here, nothing compiled)."""
+    planned = plan_step(_linear_graph(rows, 5632, 2048), Options(target=target, quiet=True))
+    (spec,) = planned.specs.values()
+    assert spec.template == template
+    kw = spec.factory_kwargs()
+    assert kw["epilogue"] is not None and kw["N"] == 5632 and kw["K"] == 2048
+    if template == "gemv":
+        assert kw["M"] == math.prod(rows) and "trans_B" not in kw
+        assert default_config(spec, target) in gemv.get_configs(target)
+
+
+def test_gemv_compiles_for_sm90a():
+    """Every config, an aligned and a tail shape, through nvcc for sm_90a (no GPU needed)."""
+    items = [(gemv.gemv(M, N, K, epilogue=BIAS_GELU, extra_shapes=[(N,)], extra_dtypes=["float16"], target=SM90,
+                        **cfg), [-1])
+             for cfg in gemv.get_configs(SM90) for M, N, K in ((1, 512, 2048), (3, 100, 13))]
+    kernels = compile_many(items, SM90, return_exceptions=True)
+    assert not [k for k in kernels if isinstance(k, Exception)], kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemv_configs_gpu(rng, dtype):
+    """Every config on the GPU: one to GEMV_ROWS rows, tails in N and K, a bias+GELU and a residual epilogue, NaN and
+    inf in the operands, every element against the fp64 reference."""
+    target = default_target()
+    dt = str(dtype)[6:]
+    shapes = [(1, 2048, 2048, BIAS_GELU), (gemv.GEMV_ROWS, 100, 1000, RESIDUAL), (2, 37, 13, None)]
+    items, cases = [], []
+    for cfg in gemv.get_configs(target):
+        for M, N, K, epi in shapes:
+            extra = {BIAS_GELU: [(N,)], RESIDUAL: [(M, N)]}.get(epi, [])
+            items.append((gemv.gemv(M, N, K, A_dtype=dt, epilogue=epi, extra_shapes=extra,
+                                    extra_dtypes=[dt] * len(extra), target=target, **cfg), [-1]))
+            cases.append((M, N, K, epi))
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-2, "atol": 1e-2}
+    for kernel, (M, N, K, epi) in zip(compile_many(items, target), cases):
+        A, B, *extras = _case(rng, M, N, K, dtype, epi, specials=N > 8, device="cuda")
+        want = reference(A, B, extras, trans_B=True, epilogue=epi)
+        torch.testing.assert_close(kernel(A, B, *extras), want, equal_nan=True, **tol)
