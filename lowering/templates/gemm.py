@@ -77,15 +77,8 @@ def gemm(
     fp32 operands on GPUs: ``T.gemm`` would run them as TF32 (10-bit mantissa, unlike torch's
     default), so unless ``allow_tf32`` the tile product is a plain fp32 FMA loop (exact, slower).
     """
-    B_dtype = B_dtype or A_dtype
-    out_dtype = out_dtype or B_dtype
-    extra_shapes = normalize_shapes(extra_shapes)
-    if len(extra_dtypes) != len(extra_shapes):
-        raise ValueError("gemm: one dtype per extra input")
-    for dt in (A_dtype, B_dtype, out_dtype, *extra_dtypes):
-        check_dtype(dt, target, "gemm")
-    if args_used(prologue):
-        raise NotImplementedError("gemm: the prologue may read only acc and constants (no extra inputs)")
+    B_dtype, out_dtype, extra_shapes = operand_types("gemm", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
+                                                     prologue, target)
     d = dialect(target)
     batch_A, batch_B = tuple(batch_A), tuple(batch_B)
     batch = broadcast_shapes(batch_A, batch_B) if (batch_A or batch_B) else ()
@@ -182,6 +175,23 @@ def gemm(
                     T.copy(C_f, C[(*bcoords, m0, n0)])
 
     return gemm_kernel
+
+
+def operand_types(what: str, A_dtype: str, B_dtype: str | None, out_dtype: str | None,
+                  extra_shapes: Sequence[Sequence[int]], extra_dtypes: Sequence[str], prologue: Expr | None,
+                  target: dict | str) -> tuple[str, str, tuple]:
+    """A GEMM-family template's operand types checked for ``target``: (B's dtype, the output's, the extras' shapes);
+    B defaults to A's dtype and the output to B's. The prologue may read only the element and constants."""
+    B_dtype = B_dtype or A_dtype
+    out_dtype = out_dtype or B_dtype
+    extra_shapes = normalize_shapes(extra_shapes)
+    if len(extra_dtypes) != len(extra_shapes):
+        raise ValueError(f"{what}: one dtype per extra input")
+    for dt in (A_dtype, B_dtype, out_dtype, *extra_dtypes):
+        check_dtype(dt, target, what)
+    if args_used(prologue):
+        raise NotImplementedError(f"{what}: the prologue may read only acc and constants (no extra inputs)")
+    return B_dtype, out_dtype, extra_shapes
 
 
 def epilogue_at(epilogue: Expr, acc, extras: Sequence, extra_shapes: Sequence[Sequence[int]], coords: Sequence,

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import tilelang.language as T
 
-from tilefuse.lowering.expr import Acc, Env, Expr, args_used, emit
-from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype, dialect, normalize_shapes, param
-from tilefuse.lowering.templates.gemm import epilogue_at, reference  # noqa: F401 -- the same reference as gemm's
+from tilefuse.lowering.expr import Acc, Env, Expr, emit
+from tilefuse.lowering.templates.common import broadcast_shapes, dialect, param
+from tilefuse.lowering.templates.gemm import epilogue_at, operand_types, reference  # noqa: F401 -- gemm's reference
 
 # A decode step's rows at most. Each weight element is multiplied by every row of A in registers; on the H200
 # (bench_gemv.py, bench/results/2026-12-02-h200-session11) one row reads the weight at 2-3.9 TB/s, 1.05-2.8x cuBLAS,
@@ -50,15 +50,8 @@ def gemv(
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B^T)``; parameters ``A (M, K), B (N, K), extra_0.., C (M,
     N)``. ``prologue``/``epilogue`` as ``gemm``'s (the product runs in ``B_dtype``'s values, summed in fp32).
     Tunables: ``block_N`` weight rows a program, over ``threads // 32`` warps (CPU targets: one lane)."""
-    B_dtype = B_dtype or A_dtype
-    out_dtype = out_dtype or B_dtype
-    extra_shapes = normalize_shapes(extra_shapes)
-    if len(extra_dtypes) != len(extra_shapes):
-        raise ValueError("gemv: one dtype per extra input")
-    for dt in (A_dtype, B_dtype, out_dtype, *extra_dtypes):
-        check_dtype(dt, target, "gemv")
-    if args_used(prologue):
-        raise NotImplementedError("gemv: the prologue may read only acc and constants (no extra inputs)")
+    B_dtype, out_dtype, extra_shapes = operand_types("gemv", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
+                                                     prologue, target)
     if broadcast_shapes((M, N), *extra_shapes) != (M, N):
         raise ValueError(f"gemv: extra inputs {extra_shapes} do not broadcast to the output {(M, N)}")
     if not 1 <= M <= GEMV_ROWS:
