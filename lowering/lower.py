@@ -103,8 +103,6 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
     kw = spec.factory_kwargs()
     if spec.template == "gemm":
         return gemm_configs.default_config(configs, kw["M"], kw["N"], gemm_batch(kw), target)
-    if spec.template == "gemv":
-        return gemv.default_config(configs, kw["N"], gemm_configs.sm_count(target))
     if spec.template == "flash_attention" and dialect(target).cpu:
         return attention.cpu_config(kw["Sq"], kw["Skv"])
     if spec.template == "flash_attention":  # a decode step: packed rows (attention.decode_configs)

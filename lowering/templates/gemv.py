@@ -127,14 +127,9 @@ def gemv(
 
 
 def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
-    """Programs of 4-16 weight rows on 4 or 8 warps (one lane on CPU targets); the default pick first."""
+    """Programs of 4-32 weight rows on 4 or 8 warps (one lane on CPU targets), the default pick first: one row a warp
+    read every weight fastest or within 6% on the H200 at one row of A (bench_gemv.py,
+    bench/results/2026-12-02-h200-session11: 1.04-2.25x cuBLAS on HF LLaMA's and LLaMA-3-8B's projections)."""
     if dialect(target).cpu:
         return [{"block_N": 8, "threads": 1}]
-    return [{"block_N": n, "threads": t} for n, t in ((8, 128), (4, 128), (16, 128), (16, 256), (32, 256))]
-
-
-def default_config(configs: list[dict], N: int, sms: int) -> dict:
-    """The first config that gives every SM at least two programs, else the one with the most programs: a small
-    weight's rows spread over the GPU."""
-    fits = [c for c in configs if -(-N // c["block_N"]) >= 2 * sms]
-    return fits[0] if fits else min(configs, key=lambda c: c["block_N"])
+    return [{"block_N": n, "threads": t} for n, t in ((4, 128), (8, 128), (16, 128), (16, 256), (32, 256))]
