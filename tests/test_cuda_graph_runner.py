@@ -121,6 +121,27 @@ def test_arguments_off_the_graph_device_run_the_function_directly(rng):
     torch.testing.assert_close(total, x.sum(0) * 2, rtol=1e-6, atol=1e-6)
 
 
+def test_a_captured_runner_handed_another_device_or_a_non_tensor_runs_directly(rng):
+    """After a capture, a call whose tensors sit elsewhere (here on the meta device) or that carries a non-tensor
+    misses the graphs and runs the function itself: a hit is only ever on the devices a graph was captured on."""
+    seen = []
+
+    def fn(*args):
+        seen.append(tuple(a.device.type if isinstance(a, torch.Tensor) else a for a in args))
+        return (args[0] * 2,)
+
+    runner = CudaGraphRunner(fn, record=record_on_cpu, device_type="cpu")
+    x = torch.randn(3, generator=rng)
+    torch.testing.assert_close(runner(x)[0], x * 2)
+    assert len(runner.graphs) == 1
+    seen.clear()
+    assert runner(torch.empty(3, device="meta"))[0].device.type == "meta"
+    assert runner(x, None)[0].shape == (3,)
+    assert seen == [("meta",), ("cpu", None)] and len(runner.graphs) == 1  # both direct, nothing captured
+    torch.testing.assert_close(runner(x)[0], x * 2)
+    assert runner.graphs[0].graph.replays == 2
+
+
 # ---- through torch.compile: the plan's head in the graph, its tail after --------------------------------------
 
 
