@@ -306,9 +306,9 @@ def build_gemm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
 
 
 def decode_rows(target: dict, M: int, layout: dict) -> bool:
-    """Whether a GEMM is a linear layer of a decode step on a CUDA GPU: at most ``gemv.GEMV_ROWS`` rows of A times an
-    (N, K) weight, unbatched; the ``gemv`` template takes it."""
-    return (target.get("kind") == "cuda" and M <= gemv.GEMV_ROWS and layout["trans_B"] and not layout["trans_A"]
+    """Whether a GEMM is a linear layer of a decode step on a GPU (CUDA; AMD, compiled there, not yet run): at most
+    ``gemv.GEMV_ROWS`` rows of A times an (N, K) weight, unbatched; the ``gemv`` template takes it."""
+    return (target.get("kind") in ("cuda", "hip") and M <= gemv.GEMV_ROWS and layout["trans_B"] and not layout["trans_A"]
             and not layout["batch_A"] and not layout["batch_B"])
 
 

@@ -204,3 +204,27 @@ def test_decode_attention_with_bound_and_split_compiles_to_gfx942(toolchain):
         co = vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared)
         check_code_object(co, str(cfg))
         assert len(co.resources) == (2 if cfg.get("splits", 1) > 1 else 1), co.resources
+
+
+def test_decode_linear_layers_compile_to_gfx942_as_gemv(toolchain):
+    """A decode step's linear layer planned for an AMD GPU is a ``gemv`` spec (not a 64-row GEMM tile of padding), and
+    every gemv config compiles to a gfx942 code object (the shuffles span 32 lanes, half a wavefront)."""
+    from tilefuse.config import Options
+    from tilefuse.ir import TensorType
+    from tilefuse.lowering.dispatch import build
+    from tilefuse.lowering.expr import Acc, Arg, Call
+    from tilefuse.lowering.templates import gemv
+    from tilefuse.ops import GraphBuilder
+    from tilefuse.pipeline import plan_step
+
+    b = GraphBuilder("decode_linear")
+    x, w = b.input("x", TensorType((1, 1, 2048), "float16")), b.input("w", TensorType((512, 2048), "float16"))
+    plan = plan_step(b.build([b.add("linear", [x, w])[0]]), Options(target=GFX942, quiet=True)).plan
+    specs = [build(r, plan.graph, GFX942, source=True) for r in plan.regions if r.kind == "gemm"]
+    assert [s.template for s in specs] == ["gemv"], specs  # (as `tilefuse compile --target hip` plans for source)
+    for cfg in gemv.get_configs(GFX942):
+        for M, N, K in ((1, 512, 2048), (3, 100, 13)):
+            f = gemv.gemv(M, N, K, epilogue=Call("add", (Acc(), Arg(0))), extra_shapes=[(N,)], extra_dtypes=["float16"],
+                          target=GFX942, **cfg)
+            src, shared = lower_source(f, GFX942)
+            check_code_object(vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared), f"{cfg} {M}")
