@@ -99,7 +99,14 @@ def test_training_gpt2_through_fallbacks(rng):
     assert backend.failures == []
 
 
-def test_dynamic_shapes_are_specialized():
+def test_dynamic_shapes_are_specialized(monkeypatch):
+    made = []
+    init = dynamo._Specializing.__init__
+
+    def spy(self, *a, **k):
+        made.append(self)
+        init(self, *a, **k)
+    monkeypatch.setattr(dynamo._Specializing, "__init__", spy)
     model, _ = models.build("gpt2", "tiny")
     backend = make_backend(CPU)
     compiled = torch.compile(model, backend=backend)
@@ -109,6 +116,11 @@ def test_dynamic_shapes_are_specialized():
             torch.testing.assert_close(compiled(ids), model(ids), **FP32)
     assert backend.failures == [] and compiled_fallbacks(backend) == set()
     assert sum("static" in p.graph.name for p in backend.programs) >= 2
+    # keyed by the inputs that vary (the sequence length, the ids), not by every weight: one compile per length
+    (spec,) = made
+    placeholders = [n for n in spec.gm.graph.nodes if n.op == "placeholder"]
+    assert spec.varying is not None and 0 < len(spec.varying) < len(placeholders) / 4, (spec.varying, len(placeholders))
+    assert len(spec.cache) == 2  # 13 and 17 (9 was the first, static graph)
 
 
 def test_unimportable_graph_runs_through_torch_with_a_warning(monkeypatch, caplog):

@@ -303,10 +303,14 @@ class _Specializing:
         self.name = name
         self.static_inputs = static_inputs  # make_fx keeps the placeholders' order
         self.cache: dict[tuple, Callable] = {}
+        self.varying = _varying_inputs(gm)
 
     def __call__(self, *args: Any) -> Any:
         fx_args = _unbox(args)
-        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in fx_args)
+        # keyed by the inputs that can vary between calls that reach this graph (a decode step: 3 of its 100)
+        pick = fx_args if self.varying is None else [fx_args[i] for i in self.varying]
+        key = tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
+                    for a in pick)
         fn = self.cache.get(key)
         if fn is None:
             fn = self.cache[key] = self._specialize(fx_args)
@@ -322,6 +326,20 @@ class _Specializing:
             self.backend._fail(f"{name}: cannot specialize symbolic shapes ({type(e).__name__}: {_first_line(e)})")
             return _boxed(self.gm)
         return self.backend.compile_graph(static, args, name, static_inputs=self.static_inputs)
+
+
+def _varying_inputs(gm: fx.GraphModule) -> tuple[int, ...] | None:
+    """Positions of a graph's inputs that can differ between calls reaching it: symbolic ints, and tensors with a
+    symbolic size or stride. Dynamo's guards fix every other input's shape, strides, dtype and device before the call
+    gets here. None where a placeholder carries no example value: then every input is keyed."""
+    out = []
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        val = node.meta.get("val")
+        if val is None:
+            return None
+        if not isinstance(val, torch.Tensor) or any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+            out.append(i)
+    return tuple(out)
 
 
 def _static_input_indices() -> frozenset[int]:
