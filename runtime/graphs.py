@@ -95,9 +95,10 @@ class CudaGraphRunner:
         # the key first: a captured graph's key names every argument's device, so a hit needs no device check (a
         # decode step's 100 arguments: the check cost as much as the key); a miss checks them before capturing.
         # List comprehensions, not generators: this runs before every replay (GPT-2: 150 inputs, 78 -> 58 us)
+        n = len(args)
         try:
             key = tuple([(a.shape, a.dtype, a.device) for a in args]) + tuple(
-                [(args[i].data_ptr(), args[i].stride()) for i in self.static_inputs if i < len(args)])
+                [(args[i].data_ptr(), args[i].stride()) for i in self.static_inputs if i < n])
         except AttributeError:  # an argument that is not a tensor: no graph
             key = None
         entry = self._graphs.get(key) if key is not None else None
