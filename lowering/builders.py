@@ -294,14 +294,12 @@ def build_gemm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     extra = list(b.args)  # an operand the epilogue also reads (x @ w + x) stays an extra: Arg(i) indexes b.args
     extra_shapes = tuple(domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
                          else tuple(b.types[a].shape) for a in extra)
-    layout = {"trans_A": trans_a, "trans_B": trans_b, "batch_A": batch_a, "batch_B": batch_b, "prologue": pro}
+    layout = {"trans_A": trans_a, "trans_B": trans_b, "batch_A": batch_a, "batch_B": batch_b}
     if decode_rows(target, M, layout):  # a decode step's few rows: the weight streamed by warps (templates/gemv.py)
-        spec = gemm_spec(b, M, N, K, (a_val, a_shape or (M, K)), (b_val, None), exprs[0], mapping, extra,
-                         extra_shapes, prologue=pro)
-        return dataclasses.replace(spec, template="gemv", params=tuple(
-            (k, v) for k, v in spec.params if k not in ("trans_A", "trans_B", "batch_A", "batch_B")))
+        return gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
+                         template="gemv", prologue=pro)
     spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
-                     **layout)
+                     **layout, prologue=pro)
     return dataclasses.replace(spec, packed=packed) if packed else spec
 
 
@@ -313,17 +311,20 @@ def decode_rows(target: dict, M: int, layout: dict) -> bool:
 
 
 def gemm_spec(b: Builder, M: int, N: int, K: int, a: tuple, b_: tuple, epilogue: Expr, mapping, extra,
-               extra_shapes, **layout) -> KernelSpec:
-    """The ``gemm`` template's spec: operands ``a`` and ``b_`` as (value, reshape-to), the epilogue over
-    ``extra`` (read with ``extra_shapes``), ``layout`` the transposes, batch dims and prologue."""
-    params = {"M": M, "N": N, "K": K, "trans_A": False, "trans_B": False, "batch_A": (), "batch_B": (),
-              "A_dtype": b.types[a[0]].dtype, "B_dtype": b.types[b_[0]].dtype,
-              "out_dtype": b.types[b.region.outputs[0]].dtype, "prologue": None,
-              "epilogue": epilogue if epilogue != Acc() else None, "extra_shapes": tuple(extra_shapes),
-              "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
+               extra_shapes, template: str = "gemm", **layout) -> KernelSpec:
+    """The ``gemm`` template's spec (or ``gemv``'s, which has no transposes or batch dims): operands ``a`` and ``b_``
+    as (value, reshape-to), the epilogue over ``extra`` (read with ``extra_shapes``), ``layout`` the transposes,
+    batch dims and prologue."""
+    params = {"M": M, "N": N, "K": K}
+    if template == "gemm":
+        params.update({"trans_A": False, "trans_B": False, "batch_A": (), "batch_B": ()})
+    params |= {"A_dtype": b.types[a[0]].dtype, "B_dtype": b.types[b_[0]].dtype,
+               "out_dtype": b.types[b.region.outputs[0]].dtype, "prologue": None,
+               "epilogue": epilogue if epilogue != Acc() else None, "extra_shapes": tuple(extra_shapes),
+               "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
     params.update(layout)
     inputs = (a, b_, *zip(extra, extra_shapes))
-    return KernelSpec("gemm", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
+    return KernelSpec(template, tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
 
 def broadcast(a: tuple, b: tuple) -> tuple:

@@ -20,7 +20,7 @@ import tilelang.language as T
 
 from tilefuse.lowering.expr import Acc, Env, Expr, emit
 from tilefuse.lowering.templates.common import broadcast_shapes, dialect, param
-from tilefuse.lowering.templates.gemm import epilogue_at, operand_types, reference  # noqa: F401 -- gemm's reference
+from tilefuse.lowering.templates.gemm import epilogue_at, operand_types
 
 # A decode step's rows at most. Each weight element is multiplied by every row of A in registers; on the H200
 # (bench_gemv.py, bench/results/2026-12-02-h200-session11) one row reads the weight at 2-3.9 TB/s, 1.05-2.8x cuBLAS,
