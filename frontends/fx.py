@@ -77,6 +77,23 @@ class FxProgram:
         """Positions among the graph's inputs (not the fx arguments) that the graph updates in place."""
         return tuple(self.input_indices.index(i) for i, _ in self.mutations if i in self.input_indices)
 
+    @property
+    def input_updates(self) -> tuple[tuple[int, int], ...]:
+        """(graph output, graph input) positions of the mutations whose new value the fx graph does not also return:
+        a runner may write them into the input itself (then ``write_back`` finds the caller's tensor and skips it)."""
+        returned: set[int] = set()
+
+        def walk(spec: Any) -> None:
+            if isinstance(spec, (list, tuple)):
+                for s in spec:
+                    walk(s)
+            elif spec.kind == "graph":
+                returned.add(spec.index)
+
+        walk(self.outputs)
+        return tuple((k, self.input_indices.index(i)) for i, k in self.mutations
+                     if i in self.input_indices and k not in returned)
+
     def write_back(self, args: Sequence[Any], results: Sequence[torch.Tensor]) -> tuple[int, ...]:
         """Apply the graph's input mutations to the caller's tensors (across devices where the plan ran
         elsewhere); returns the positions of the arguments copied into. A result that already is the caller's

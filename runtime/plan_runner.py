@@ -46,6 +46,9 @@ class PlanRunner:
         self._staged: dict[int, torch.Tensor] = {}  # input position -> its buffer on the plan's device
         self._foreign: tuple[torch.device, tuple[int, ...]] | None = None  # decided once when check is off
         self.static_inputs: tuple[int, ...] = ()  # inputs CUDA graphs read in place (set by the pipeline)
+        # (output, input) positions: the caller copies that output into that input after each call (an input
+        # mutation; set by the pipeline): CUDA graphs write it themselves where the input is static
+        self.updates: tuple[tuple[int, int], ...] = ()
         self.kernels = dict(kernels or {})
         self.fns: list[RegionFn] = [self.kernels.get(r.name) or reference_region(plan, r) for r in plan.regions]
         last: dict[str, int] = {}
@@ -59,6 +62,7 @@ class PlanRunner:
                 self.frees.setdefault(k, []).append(name)
         self._constants: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._graphed = None
+        self.tail_start: int | None = None  # where the regions run after the CUDA graph start (enable_cuda_graphs)
         self._straight: dict[tuple[int, int], tuple[list, Callable]] = {}  # (lo, hi) -> (its fns, straight_line)
         # Called once with the first call's inputs (on the plan's device), before it runs: the pipeline's measured
         # choice, which decides per region and calls ``apply``.
@@ -73,17 +77,30 @@ class PlanRunner:
             self._constants[device] = {k: t.to(device) for k, t in self.plan.graph.constants.items()}
         return self._constants[device]
 
-    def enable_cuda_graphs(self, tail: bool = False) -> None:
+    def enable_cuda_graphs(self, tail: bool = False, tail_min_bytes: int | None = None) -> None:
         """Replay the plan from captured CUDA graphs (static shapes; one graph per input signature). The
         ``static_inputs`` (parameters: they keep their address across calls) are read in place rather than
-        copied in before each replay (``runtime.graphs.CudaGraphRunner``). With ``tail`` (``Options.eager_tail``)
-        the plan's last regions, where they write its outputs (a language model's logits), run after the
-        replay outside the graph: their outputs are then fresh tensors, where an output of the graph is copied
-        out of its memory (GPT-2's logits, 8x1024x50257 fp16: 0.39 ms of copy per call on the H200)."""
+        copied in before each replay (``runtime.graphs.CudaGraphRunner``), and the ``updates`` into them are written
+        by the graph itself. With ``tail`` (``Options.eager_tail``) the plan's last regions, where they write its
+        outputs (a language model's logits), run after the replay outside the graph: their outputs are then fresh
+        tensors, where an output of the graph is copied out of its memory (GPT-2's logits, 8x1024x50257 fp16: 0.39 ms
+        of copy per call on the H200). Only where those outputs hold at least ``tail_min_bytes`` (``TAIL_MIN_BYTES``):
+        below that the copy costs less than launching the tail's kernels from Python (a decode step's logits)."""
         g, regions = self.plan.graph, self.plan.regions
         start = eager_tail(self.plan) if tail else len(regions)
-        if not any(r.launches for r in regions[:start]):  # no tail, or nothing left to capture before it
-            self._graphed = CudaGraphRunner(self.run, static_inputs=self.static_inputs)
+        if start < len(regions) and tail_output_bytes(self.plan, start) < \
+                (TAIL_MIN_BYTES if tail_min_bytes is None else tail_min_bytes):
+            start = len(regions)
+        self.tail_start = start
+        # graph outputs the caller copies into an input: written by the graph where the input is read in place and
+        # nothing after the graph reads its old value
+        later = {v for r in regions[start:] for v in r.inputs}
+        names = [v.name for v in g.inputs]
+        updates = {g.outputs[k]: i for k, i in self.updates if names[i] not in later}
+        if start == len(regions) or not any(r.launches for r in regions[:start]):  # the plan whole in the graph
+            start = self.tail_start = len(regions)
+            self._graphed = CudaGraphRunner(self.run, static_inputs=self.static_inputs, guarded=not self.check,
+                                            updates=[(k, updates[v]) for k, v in enumerate(g.outputs) if v in updates])
             return
         made = {v for r in regions[:start] for v in r.outputs}
         read = list(dict.fromkeys(v for r in regions[start:] for v in r.inputs if v in made))
@@ -105,7 +122,9 @@ class PlanRunner:
             self._run_regions(env, start, len(regions))
             return tuple(copies[o] if o in copies else env[o] for o in g.outputs)
 
-        self._graphed = CudaGraphRunner(head, static_inputs=self.static_inputs, finish=finish)
+        self._graphed = CudaGraphRunner(head, static_inputs=self.static_inputs, finish=finish, guarded=not self.check,
+                                        updates=[(len(read) + k, updates[v]) for k, v in enumerate(kept)
+                                                 if v in updates])
 
     def place(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """``args`` on the plan's device: those elsewhere copied into their staging buffers. Without input
@@ -222,6 +241,9 @@ class PlanRunner:
 
 
 MAX_EAGER_TAIL = 2  # regions with kernels run outside the CUDA graph at most
+# The eager tail only where the outputs it makes hold this much: a graph's copy of 1 MiB takes under 1 us on the H200,
+# less than one kernel launched from Python (about 10 us of host time)
+TAIL_MIN_BYTES = 1 << 20
 
 
 def eager_tail(plan: FusionPlan) -> int:
@@ -242,6 +264,14 @@ def eager_tail(plan: FusionPlan) -> int:
     if any(not r.launches and made_before & set(r.inputs) for r in regions[start:]):
         return len(regions)
     return collectives_together(plan, start)
+
+
+def tail_output_bytes(plan: FusionPlan, start: int) -> int:
+    """The bytes of the plan's outputs that its regions from ``start`` on make (unknown sizes count as large)."""
+    made = {v for r in plan.regions[start:] for v in r.outputs} & set(plan.graph.outputs)
+    values = plan.graph.values()
+    sizes = [values[v].type.nbytes for v in made]
+    return sum(n for n in sizes if n is not None) if all(n is not None for n in sizes) else 1 << 62
 
 
 def collectives_together(plan: FusionPlan, start: int) -> int:

@@ -38,16 +38,20 @@ class ReplayingGraph:
 
 def record_on_cpu(fn, inputs, warmup):
     """``runtime.graphs.record_cuda_graph``'s stand-in: warm-up calls, then the "capture" (one call whose outputs
-    are the graph's memory from then on)."""
+    are the graph's memory from then on; as a capture runs nothing, the inputs are then put back as they were)."""
     for _ in range(warmup):
         fn(*inputs)
+    before = [t.clone() for t in inputs]
     outputs = tuple(fn(*inputs))
+    for t, b in zip(inputs, before):
+        t.copy_(b)
     return ReplayingGraph(fn, inputs, outputs), outputs
 
 
-def emulate_cuda_graphs(runner, tail: bool = True) -> None:
-    """Give a ``c`` plan's runner what ``build_runner`` gives a CUDA plan's: graphs (emulated) and the eager tail."""
-    runner.enable_cuda_graphs(tail)
+def emulate_cuda_graphs(runner, tail: bool = True, tail_min_bytes: int | None = 0) -> None:
+    """Give a ``c`` plan's runner what ``build_runner`` gives a CUDA plan's: graphs (emulated) and the eager tail
+    (here for outputs of any size, unless ``tail_min_bytes``)."""
+    runner.enable_cuda_graphs(tail, tail_min_bytes)
     runner._graphed.record, runner._graphed.device_type = record_on_cpu, "cpu"
 
 
@@ -103,14 +107,39 @@ def test_an_input_updated_in_place_comes_back_as_the_callers_tensor(finish, rng)
         assert all(torch.allclose(t, w, rtol=1e-6, atol=1e-6) for t, w in results)
 
 
-def test_a_new_address_of_a_static_input_is_a_new_graph(rng):
-    runner = CudaGraphRunner(_update, static_inputs=[1], record=record_on_cpu, device_type="cpu")
+@pytest.mark.parametrize("guarded", [False, True], ids=["full_key", "guarded_key"])
+def test_a_new_address_of_a_static_input_is_a_new_graph(guarded, rng):
+    """Keyed on everything, or (``guarded``: dynamo's guards fix shapes and dtypes) on the static inputs' addresses
+    and the copied inputs' shapes: either way another cache is another graph, the same one the same graph."""
+    runner = CudaGraphRunner(_update, static_inputs=[1], record=record_on_cpu, device_type="cpu", guarded=guarded)
     idx = torch.tensor([0, 1])
     a, b = torch.zeros(4, 3), torch.zeros(4, 3)
     for cache in (a, b, a):
         x = torch.randn(2, 3, generator=rng)
         assert runner(x, cache, idx)[1] is cache and torch.equal(cache[:2], x)
     assert [g.inputs[1] for g in runner.graphs] == [a, b] and [g.graph.replays for g in runner.graphs] == [2, 1]
+
+
+def _count(x, counter):
+    """A step that also advances a counter: its new value is an output the caller would copy back (an update)."""
+    return x * counter, counter + 1
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_the_graph_writes_an_update_into_its_input_once_a_call(warmup, rng):
+    """An update (output 1 into static input 1) is written by the graph: the warm-up calls before the capture leave
+    the counter as it was, each replay advances it by one, and the output handed back is the caller's counter."""
+    runner = CudaGraphRunner(_count, static_inputs=[1], record=record_on_cpu, device_type="cpu", warmup=warmup,
+                             updates=[(1, 1), (0, 0), (1, 1)])  # (0, 0): not a static input, left to the caller
+    assert runner.updates == ((1, 1),)
+    counter = torch.tensor(3.0)
+    for step in range(4):
+        x = torch.randn(5, generator=rng)
+        y, c = runner(x, counter)
+        torch.testing.assert_close(y, x * (3 + step))
+        assert c is counter and counter.item() == 4 + step
+    (graph,) = runner.graphs
+    assert graph.aliases == ((1, 1),) and graph.graph.replays == 4
 
 
 def test_arguments_off_the_graph_device_run_the_function_directly(rng):
@@ -163,7 +192,11 @@ class _Step(torch.nn.Module):
         return self.head(torch.softmax(x @ self.k.transpose(1, 2), -1) @ self.k)
 
 
-def test_graph_and_tail_update_the_callers_cache_in_place(monkeypatch, rng):
+@pytest.mark.parametrize("tail_min_bytes", [0, None], ids=["tail", "small_outputs_no_tail"])
+def test_graph_and_tail_update_the_callers_cache_in_place(tail_min_bytes, monkeypatch, rng):
+    """The cache is updated where it lives, and the position counter (an input mutation: an output the caller would
+    copy back) is written by the graph itself: nothing is copied back, and the values are eager's. With the default
+    ``TAIL_MIN_BYTES`` the small output has no tail: the whole plan is one graph."""
     model, eager = _Step(), _Step()
     with torch.no_grad():
         for p in model.parameters():
@@ -172,8 +205,8 @@ def test_graph_and_tail_update_the_callers_cache_in_place(monkeypatch, rng):
             p.copy_(torch.randn(p.shape, generator=rng) * p.shape[-1] ** -0.5)
     eager.load_state_dict(model.state_dict())
     spy, runners = WriteBacks(monkeypatch), []
-    backend = make_backend(Options(target=C, quiet=True,
-                                   observer=lambda r: (runners.append(r), emulate_cuda_graphs(r))))
+    backend = make_backend(Options(target=C, quiet=True, observer=lambda r: (
+        runners.append(r), emulate_cuda_graphs(r, tail_min_bytes=tail_min_bytes))))
     compiled = torch.compile(model, backend=backend)
     address = model.k.data_ptr()
     with torch.no_grad():
@@ -185,16 +218,17 @@ def test_graph_and_tail_update_the_callers_cache_in_place(monkeypatch, rng):
     assert model.k.data_ptr() == address and backend.failures == []
     (runner,) = runners
     assert 0 < eager_tail(runner.plan) < len(runner.plan.regions)  # a head captured, a tail run after it
+    assert runner.tail_start == (eager_tail(runner.plan) if tail_min_bytes == 0 else len(runner.plan.regions))
     (graph,) = runner._graphed.graphs
-    assert graph.graph.replays == 6 and graph.aliases  # the cache is one of the head's outputs, handed back as is
-    assert spy.copied == [torch.Size([])] * 6  # the position each step; the cache never
+    assert graph.graph.replays == 6 and len(graph.aliases) == 2  # the cache and the position: handed back as they are
+    assert spy.copied == []  # neither copied back: the graph wrote both
 
 
 def test_static_cache_decode_through_measure_graph_and_tail_matches_eager(monkeypatch, tmp_path):
     """Hugging Face LLaMA decoding with a static cache, as on CUDA by default: the first call of each graph measured
     region by region (timings injected: GEMM kernels lose to torch), then captured and replayed, the LM head after
     the replay. Teacher-forced, every step's logits are eager's; the cache's counter and contents are eager's, and
-    only the 0-d counters are ever copied back."""
+    nothing is ever copied back (the graphs write the counters)."""
     transformers = pytest.importorskip("transformers")
     import inspect
 
@@ -228,4 +262,6 @@ def test_static_cache_decode_through_measure_graph_and_tail_matches_eager(monkey
         assert int(a.cumulative_length) == int(b.cumulative_length) == 7 + 11
         torch.testing.assert_close(b.keys, a.keys, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(b.values, a.values, rtol=1e-5, atol=1e-5)
-    assert spy.copied and all(s.numel() == 1 for s in spy.copied), spy.copied
+    # the counters (right, above) were written by the graphs themselves: none copied back (before: a clone of each
+    # and a copy back, per layer and step)
+    assert spy.copied == [], spy.copied

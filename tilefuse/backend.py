@@ -144,7 +144,8 @@ class TilefuseBackend:
                 static = [j for j, i in enumerate(program.input_indices) if i in static_inputs or j in mutated]
                 # dynamo's guards check the inputs' shapes and dtypes before every call: the runner need not
                 # (about 1 us an input on the hot path, 150 inputs for GPT-2)
-                runner = build_runner(program.graph, self.options, inputs, static, check=False)
+                runner = build_runner(program.graph, self.options, inputs, static, check=False,
+                                      updates=program.input_updates)
             if getattr(runner, "sparsity_report", None) is not None:
                 self.sparsity.reports.append(runner.sparsity_report)
         except Exception as e:  # noqa: BLE001

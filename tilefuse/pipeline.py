@@ -160,9 +160,10 @@ def splits_step(p: FusionPlan, regions: Sequence[Region], target: dict,
 # ---- runner and decide ------------------------------------------------------------------------------------------
 
 def runner_step(p: FusionPlan, kernels: Mapping[str, Callable], options: Options, static_inputs: Collection[int] = (),
-                check: bool = True) -> PlanRunner:
+                check: bool = True, updates: Collection[tuple[int, int]] = ()) -> PlanRunner:
     runner = PlanRunner(p, kernels, check=check, device_type="cuda" if options.target.get("kind") == "cuda" else "cpu")
     runner.static_inputs = tuple(static_inputs)
+    runner.updates = tuple(updates)
     if options.cuda_graphs and options.target.get("kind") == "cuda" and p.kernels:
         runner.enable_cuda_graphs(options.eager_tail)  # (a plan of views alone launches nothing: no graph)
     return runner
@@ -277,12 +278,14 @@ def measured_choice(runner: PlanRunner, db: TuningDB, target: dict) -> Callable[
 # ---- the whole compile -------------------------------------------------------------------------------------------
 
 def build_runner(graph: Graph, options: Options, example_inputs_: Sequence[torch.Tensor] | None = None,
-                 static_inputs: Collection[int] = (), check: bool = True) -> PlanRunner:
+                 static_inputs: Collection[int] = (), check: bool = True,
+                 updates: Collection[tuple[int, int]] = ()) -> PlanRunner:
     """Run the steps on ``graph``: the runner of its plan. With ``options.sparsity`` the runner's
     ``sparsity_report`` says how much pruning changed the outputs on ``example_inputs_`` (random ones when not
     given). ``static_inputs``: positions of the graph's inputs that keep their address across calls (a module's
     parameters and buffers), read in place by CUDA graphs. ``check=False`` skips checking each call's inputs
-    against the graph, for callers that already have (dynamo's guards)."""
+    against the graph, for callers that already have (dynamo's guards). ``updates``: (output, input) positions where
+    the caller copies that output into that input after each call (an input mutation; a CUDA graph writes it)."""
     t0 = time.perf_counter()
     planned = plan_step(graph, options)
     p = planned.plan
@@ -293,7 +296,7 @@ def build_runner(graph: Graph, options: Options, example_inputs_: Sequence[torch
     if options.lower:
         configs, db = configs_step(planned, options)
         p, kernels = lower_step(planned, configs, options.target, progress=wanted(options.quiet))
-    runner = runner_step(p, kernels, options, static_inputs, check)
+    runner = runner_step(p, kernels, options, static_inputs, check, updates)
     runner.sparsity_report = p.sparsity
     if from_rank0(bool(kernels) and options.measure and options.target.get("kind") in ("cuda", *CPU_KINDS), p):
         runner.first_call = measured_choice(runner, db if db is not None else TuningDB(), options.target)
