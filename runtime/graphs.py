@@ -172,8 +172,9 @@ def writing_updates(fn: Callable[..., Sequence[torch.Tensor]], updates: Sequence
         if calls <= skip:
             return outs
         outs = list(outs)
+        # one kernel for all of them (torch's multi-tensor apply; 8 counters: 8 copies of ~1.2 us each, before)
+        torch._foreach_copy_([ins[i] for _, i in updates], [outs[k] for k, _ in updates])
         for k, i in updates:
-            ins[i].copy_(outs[k])
             outs[k] = ins[i]
         return tuple(outs)
     return run

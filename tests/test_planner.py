@@ -158,3 +158,40 @@ def test_unfused_plan_is_one_region_per_node(fuse):
     y = b.add1("relu", [b.add1("exp", [x])])
     p = plan(b.build([y]), fuse=fuse)
     assert p.kernels == (1 if fuse else 2)
+
+
+def test_small_input_only_elementwise_regions_run_as_one_kernel_per_shape(rng):
+    """A decode step's per-layer cache counters (``c + 1``, 0-d) and positions (``arange + c``, one element) depend on
+    nothing computed: they merge into one region per output shape, at most the elementwise template's 8 outputs
+    each. A large one, and one that reads a computed value, stay as they were. The merged kernels (``c`` target) give
+    the reference's values, int64 and float alike."""
+    from tilefuse.config import Options
+    from tilefuse.pipeline import build_runner
+    from tilefuse.planner.legality import MAX_OUTPUTS
+
+    b = GraphBuilder("counters")
+    outs = []
+    for k in range(10):
+        c = b.input(f"c{k}", TensorType((), "int64"))
+        outs.append(b.add1("add", [c, b.constant(f"one{k}", torch.tensor(1))]))
+        outs.append(b.add1("add", [b.constant(f"ar{k}", torch.arange(1)), c]))
+    f = b.input("f", TensorType((3,), F32))
+    outs.append(b.add1("mul", [f, scalar(b, 2.0)]))  # float, another shape: a region of its own
+    big = b.input("big", TensorType((4096,), F32))
+    outs.append(b.add1("add", [big, big]))  # too large to merge
+    outs.append(b.add1("exp", [b.add1("matmul", [big, big])]))  # reads a computed value: not input-only
+    g = b.build(outs)
+    p = plan(g)
+    shapes = [tuple(g.values()[r.outputs[0]].type.shape) for r in p.regions if r.kind == "elementwise"]
+    assert shapes.count(()) == 2 and shapes.count((1,)) == 2  # 10 counters and 10 positions: 8 + 2 each
+    assert all(len(r.outputs) <= MAX_OUTPUTS["elementwise"] for r in p.regions)
+    assert shapes.count((3,)) == 1 and shapes.count((4096,)) == 1
+    args = [torch.randint(-5, 1000, (), generator=rng) for _ in range(10)] + [
+        torch.tensor([1.5, float("nan"), -float("inf")]), torch.randn(4096, generator=rng)]
+    runner = build_runner(g, Options(target={"kind": "c"}, quiet=True, measure=False))
+    assert all(r.name in runner.kernels for r in runner.plan.regions if r.kind == "elementwise")  # kernels, not torch
+    got, want = runner(*args), Executor(g)(*args)
+    assert len(got) == len(want)
+    for x, y in zip(got, want):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, equal_nan=True)

@@ -22,6 +22,7 @@ from tilefuse.ops import OpKind
 from tilefuse.planner.cost import CostModel
 from tilefuse.planner.legality import (
     COLLECTIVE_OPS,
+    MAX_OUTPUTS,
     NORM_OPS,
     Facts,
     can_fuse_epilogue,
@@ -83,6 +84,7 @@ def partition(graph: Graph, cost: CostModel | None = None) -> tuple[list[Region]
         else:
             open_region(node, "opaque", None)
     _merge_views(f, regions, region_of)
+    _merge_input_only(f, regions, region_of)
     return _finish(f, regions, cost), refusals
 
 
@@ -209,6 +211,46 @@ def _merge_views(f: Facts, regions, region_of) -> None:
                 region_of[m] = next(iter(consumers))
             target.members.extend(r.members)
             r.members.clear()
+
+
+# Elementwise regions that read only graph inputs and constants, with at most this many elements, run as one kernel
+# per output shape (horizontal fusion): a decode step's per-layer positions and cache counters (HF LLaMA, 8 layers:
+# 16 one-element kernels a step) cost a launch each, not their arithmetic.
+HORIZONTAL_MAX_NUMEL = 1024
+
+
+def _merge_input_only(f: Facts, regions, region_of) -> None:
+    """Merge the small elementwise regions that depend on no other region, by output shape, up to the elementwise
+    template's ``MAX_OUTPUTS``: nothing orders them, so no merge can create a cycle."""
+    groups: dict[tuple, list[int]] = {}
+    for rid, r in enumerate(regions):
+        if r.kind != "elementwise" or not r.members or r.domain is None or r.domain.numel is None \
+                or r.domain.numel > HORIZONTAL_MAX_NUMEL:
+            continue
+        nodes = [f.nodes[m] for m in r.members]
+        if any(f.kind(n) not in ops.FUSIBLE_POINTWISE for n in nodes):
+            continue
+        if any(i and f.producers.get(i) is not None and region_of.get(f.producers[i].name) != rid
+               for n in nodes for i in n.inputs):
+            continue
+        outs = escaping(f, set(r.members))
+        if {f.types[o].shape for o in outs} != {r.domain.shape}:
+            continue
+        groups.setdefault(r.domain.shape, []).append(rid)
+    cap = MAX_OUTPUTS["elementwise"]
+    for group in groups.values():
+        into, count = None, 0
+        for rid in group:
+            r = regions[rid]
+            n_out = len(escaping(f, set(r.members)))
+            if into is None or count + n_out > cap:
+                into, count = rid, n_out
+                continue
+            for m in r.members:
+                region_of[m] = into
+            regions[into].members.extend(r.members)
+            r.members.clear()
+            count += n_out
 
 
 def _finish(f: Facts, regions: list[_Open], cost: CostModel) -> list[Region]:
