@@ -127,6 +127,27 @@ def test_bound_keys_keep_what_the_mask_leaves_in_play(rng):
     assert got[3].isnan().all() and attention.reference(q, k, v, m)[3].isnan().all()
 
 
+def test_bound_keys_one_pass_scan_on_graded_and_reordered_masks(rng):
+    """The scan is one pass: a key is kept beside the largest value seen so far, and a new largest that hides them all
+    starts the span over. Masks whose largest arrives late (hidden keys first, then kept ones: left padding), or climbs
+    in steps inside the gap (-15000, -8000, 0: the -15000 keys read although hidden) still give SDPA's answer, and
+    keys hidden before a kept run by a full gap are never read (NaN there does not reach the output)."""
+    B, Hq, Hkv, Sq, Skv, D = 3, 4, 2, 1, 64, 16
+    kernel = _bounded(B, Hq, Hkv, Sq, Skv, D)
+    q, k, v, _m = inputs(rng, B, Hq, Hkv, Sq, Skv, D)
+    m = torch.full((B, 1, 1, Skv), -65504.0)
+    m[0, ..., 40:50] = 0  # left padding: 40 hidden keys first
+    m[1, ..., :10], m[1, ..., 10:20], m[1, ..., 20:30] = -15000.0, -8000.0, 0.0  # climbing inside the gap
+    m[2, ..., 5] = float("nan")
+    m[2, ..., 33:35] = 3.0
+    want = attention.reference(q, k, v, m)
+    torch.testing.assert_close(kernel(q, k, v, m)[:2], want[:2], rtol=1e-5, atol=1e-5)
+    assert kernel(q, k, v, m)[2].isnan().all() and want[2].isnan().all()  # NaN in the mask: NaN, as SDPA gives
+    dirty_k = k.clone()
+    dirty_k[0, :, :32] = float("nan")  # tiles 0-1 of row 0: hidden by a full gap before its kept run
+    torch.testing.assert_close(kernel(q, dirty_k, v, m)[0], want[0], rtol=1e-5, atol=1e-5)
+
+
 def test_bound_keys_need_a_mask_per_key():
     for kw in ({"mask_shape": (1, 1, 4, 8)}, {"mask_shape": (1, 4, 1, 8)}, {"mask_shape": (1, 1, 1, 8), "is_causal": True},
                {}):
