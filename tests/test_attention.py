@@ -127,11 +127,10 @@ def test_bound_keys_keep_what_the_mask_leaves_in_play(rng):
     assert got[3].isnan().all() and attention.reference(q, k, v, m)[3].isnan().all()
 
 
-def test_bound_keys_one_pass_scan_on_graded_and_reordered_masks(rng):
-    """The scan is one pass: a key is kept beside the largest value seen so far, and a new largest that hides them all
-    starts the span over. Masks whose largest arrives late (hidden keys first, then kept ones: left padding), or climbs
-    in steps inside the gap (-15000, -8000, 0: the -15000 keys read although hidden) still give SDPA's answer, and
-    keys hidden before a kept run by a full gap are never read (NaN there does not reach the output)."""
+def test_bound_keys_on_left_padded_graded_and_nan_masks(rng):
+    """The bound on masks whose largest value comes late (40 hidden keys, then kept ones: left padding), that climb in
+    steps inside the gap (-15000, -8000, 0: the -15000 keys are hidden beside 0), and with a NaN: SDPA's answer, and
+    the keys hidden before a kept run are never read (NaN there does not reach the output)."""
     B, Hq, Hkv, Sq, Skv, D = 3, 4, 2, 1, 64, 16
     kernel = _bounded(B, Hq, Hkv, Sq, Skv, D)
     q, k, v, _m = inputs(rng, B, Hq, Hkv, Sq, Skv, D)

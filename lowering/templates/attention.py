@@ -52,8 +52,7 @@ LOG2E = 1.4426950408889634
 # fp32 unless two scaled scores of a row differ by more than ~9,900. Hugging Face fills hidden keys with finfo.min
 # (-65504 in fp16), older models with -10000 (tilefuse.planner.attention_mask.NEG_FILL is the same bound).
 HIDDEN_GAP = 1e4
-SCAN_RUN = 8  # keys a lane reads at once in the bound's scan of the mask
-SCAN_UNROLL = 4  # runs of a lane in flight in that scan
+SCAN_RUN = 8  # keys a lane reads a step of the bound's scan of the mask
 
 
 class TokenRows(NamedTuple):
@@ -206,69 +205,51 @@ def flash_attention(
             return s
         return T.if_then_else(visible(m, n), s, neg_inf)
 
-    def run_key(run, at, base, e):
-        """Key ``base + e`` of the run at ``run[at:]``: its mask value (log2 domain), -inf past ``Skv``."""
-        return T.if_then_else(base + e < Skv, T.Cast(accum_dtype, run[at + e]) * LOG2E, neg_inf)
+    def run_key(run, base, e):
+        """Key ``base + e`` of a scan step's run: its mask value (log2 domain), -inf past ``Skv``."""
+        return T.if_then_else(base + e < Skv, T.Cast(accum_dtype, run[e]) * LOG2E, neg_inf)
 
     @T.macro
-    def load_run(mask, run, at, bz, h, base):
-        """The mask values of keys ``base .. base + SCAN_RUN - 1`` into ``run[at:]``: one 16-byte load where the mask's
-        rows allow (a whole run inside ``Skv``), else one key at a time at clamped positions."""
+    def load_run(mask, run, bz, h, base):
+        """The mask values of keys ``base .. base + SCAN_RUN - 1`` into ``run``: one 16-byte load where the mask's rows
+        allow (a whole run inside ``Skv``), else one key at a time at clamped positions."""
         if vector_scan:
             for e in T.vectorized(SCAN_RUN):
-                run[at + e] = mask[broadcast_index(mask_shape, (bz, h, 0, T.min(base, Skv - SCAN_RUN) + e))]
+                run[e] = mask[broadcast_index(mask_shape, (bz, h, 0, T.min(base, Skv - SCAN_RUN) + e))]
         else:
             for e in T.unroll(SCAN_RUN):
-                run[at + e] = mask[broadcast_index(mask_shape, (bz, h, 0, T.min(base + e, Skv - 1)))]
+                run[e] = mask[broadcast_index(mask_shape, (bz, h, 0, T.min(base + e, Skv - 1)))]
 
     @T.macro
     def key_span(mask, span, run, bz, h):
-        """``span[1:3]`` = (last kept key, first kept key; -1 and Skv where none is kept), in one pass over the mask.
-        Each warp scans it itself, each lane ``SCAN_RUN`` adjacent keys a run and ``SCAN_UNROLL`` runs in flight, and
-        combines the lanes by shuffles: no shared memory, so TileLang's warp-specialized producer computes the same
-        span before its loads. A lane keeps the keys within ``HIDDEN_GAP`` of the largest value it has seen so far,
-        starting over where a new largest hides all of them: a superset of what the row's largest keeps, exact for
-        masks of kept and hidden values (a static cache's, a padding mask), and the scores still add the mask. A lane
-        whose largest is hidden beside the row's keeps nothing; NaN keys are kept (``span``: 0 largest, 1-2 the span,
-        3-4 the NaN keys' span, 5 the lane's own largest)."""
+        """``span`` = (largest mask value, last kept key, first kept key; -1 and Skv where none is kept). Each warp
+        scans the mask itself, each lane ``SCAN_RUN`` adjacent keys a step, and combines the lanes by shuffles: no
+        shared memory, so TileLang's warp-specialized producer computes the same span before its loads."""
         # the lane from the hardware's thread id (tl::get_lane_idx): ``threadIdx.x % 32`` would be simplified by the
         # block's declared thread count (a 32-thread block: threadIdx.x itself), which warp specialization then
         # renumbers for its producer warps (0..127): they scanned other keys, disagreed on the span and hung
         # (HIP has no tl::get_lane_idx and no warp specialization: threadIdx.x % 32 there, the shuffles' 32 lanes)
         lane = 0 if lanes == 1 else T.get_lane_idx(lanes) if cuda else T.get_thread_binding(0) % lanes
-        steps = T.ceildiv(T.ceildiv(Skv, lanes * SCAN_RUN), SCAN_UNROLL)
-        gap = HIDDEN_GAP * LOG2E
+        steps = T.ceildiv(Skv, lanes * SCAN_RUN)
         span[0] = neg_inf
-        span[1] = -1
-        span[2] = Skv
-        span[3] = -1
-        span[4] = Skv
         for t in T.serial(steps):
-            for u in T.unroll(SCAN_UNROLL):
-                load_run(mask, run, u * SCAN_RUN, bz, h, ((t * SCAN_UNROLL + u) * lanes + lane) * SCAN_RUN)
-            for u in T.unroll(SCAN_UNROLL):
-                for e in T.unroll(SCAN_RUN):
-                    base = ((t * SCAN_UNROLL + u) * lanes + lane) * SCAN_RUN
-                    key = T.Cast(accum_dtype, base + e)
-                    if T.isnan(run_key(run, u * SCAN_RUN, base, e)):
-                        span[3] = T.max(span[3], key)
-                        span[4] = T.min(span[4], key)
-                    if run_key(run, u * SCAN_RUN, base, e) > span[0]:  # a new largest (NaN compares false)
-                        if run_key(run, u * SCAN_RUN, base, e) - gap >= span[0]:  # it hides every key kept so far
-                            span[1] = -1
-                            span[2] = Skv
-                        span[0] = run_key(run, u * SCAN_RUN, base, e)
-                    if run_key(run, u * SCAN_RUN, base, e) > span[0] - gap:
-                        span[1] = T.max(span[1], key)
-                        span[2] = T.min(span[2], key)
-        span[5] = span[0]
+            base = (t * lanes + lane) * SCAN_RUN
+            load_run(mask, run, bz, h, base)
+            for e in T.unroll(SCAN_RUN):
+                span[0] = T.max(span[0], run_key(run, base, e))
         for off in T.unroll(lane_steps):
             span[0] = T.max(span[0], T.shfl_xor(span[0], 1 << off))
-        if span[5] <= span[0] - gap:  # (a lane of -inf only too; no value is NaN here)
-            span[1] = -1
-            span[2] = Skv
-        span[1] = T.max(span[1], span[3])
-        span[2] = T.min(span[2], span[4])
+        span[1] = -1
+        span[2] = Skv
+        for t in T.serial(steps):
+            base = (t * lanes + lane) * SCAN_RUN
+            load_run(mask, run, bz, h, base)
+            for e in T.unroll(SCAN_RUN):
+                # kept unless hidden (a NaN is kept: it reaches the scores as it would without the bound)
+                if T.Or(T.isnan(run_key(run, base, e)),
+                        run_key(run, base, e) > span[0] - HIDDEN_GAP * LOG2E):
+                    span[1] = T.max(span[1], T.Cast(accum_dtype, base + e))
+                    span[2] = T.min(span[2], T.Cast(accum_dtype, base + e))
         for off in T.unroll(lane_steps):
             span[1] = T.max(span[1], T.shfl_xor(span[1], 1 << off))
             span[2] = T.min(span[2], T.shfl_xor(span[2], 1 << off))
@@ -351,8 +332,8 @@ def flash_attention(
             # a window: the first key tile row m0 can see (key m0 - window + 1); the tiles before it are skipped
             k_lo = T.max(m0 - window + 1, 0) // block_N if window is not None and not pack else 0
             if bound:
-                span = T.alloc_local((6,), accum_dtype)
-                run = T.alloc_local((SCAN_RUN * SCAN_UNROLL,), mask_dtype)
+                span = T.alloc_local((3,), accum_dtype)
+                run = T.alloc_local((SCAN_RUN,), mask_dtype)
                 key_span(mask, span, run, bz, head_of(hk, 0) if pack else by)
                 last, first = T.Cast("int32", span[1]), T.Cast("int32", span[2])
                 # min/max, not selects, so the simplifier keeps the tile index in [0, n_tiles): no last key (-1)
