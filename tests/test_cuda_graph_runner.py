@@ -120,26 +120,39 @@ def test_a_new_address_of_a_static_input_is_a_new_graph(guarded, rng):
     assert [g.inputs[1] for g in runner.graphs] == [a, b] and [g.graph.replays for g in runner.graphs] == [2, 1]
 
 
-def _count(x, counter):
-    """A step that also advances a counter: its new value is an output the caller would copy back (an update)."""
-    return x * counter, counter + 1
+def _count(x, counter, cache):
+    """A step that also advances a counter (its new value an output the caller would copy back: an update) and writes
+    a cache in place (the output is the cache itself)."""
+    cache[counter.long() % cache.shape[0]] = x.sum()
+    return x * counter, counter + 1, cache
 
 
 @pytest.mark.parametrize("warmup", [0, 2])
-def test_the_graph_writes_an_update_into_its_input_once_a_call(warmup, rng):
+def test_the_graph_writes_an_update_into_its_input_once_a_call(warmup, monkeypatch, rng):
     """An update (output 1 into static input 1) is written by the graph: the warm-up calls before the capture leave
-    the counter as it was, each replay advances it by one, and the output handed back is the caller's counter."""
-    runner = CudaGraphRunner(_count, static_inputs=[1], record=record_on_cpu, device_type="cpu", warmup=warmup,
-                             updates=[(1, 1), (0, 0), (1, 1)])  # (0, 0): not a static input, left to the caller
-    assert runner.updates == ((1, 1),)
-    counter = torch.tensor(3.0)
+    the counter as it was, each replay advances it by one, and the output handed back is the caller's counter. The
+    cache, updated in place, is never copied onto itself."""
+    copies = []
+    foreach_copy = torch._foreach_copy_
+
+    def spy(dst, src):
+        copies.append(len(dst))
+        return foreach_copy(dst, src)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", spy)
+    runner = CudaGraphRunner(_count, static_inputs=[1, 2], record=record_on_cpu, device_type="cpu", warmup=warmup,
+                             updates=[(1, 1), (0, 0), (1, 1), (2, 2)])  # (0, 0): not a static input, the caller's
+    assert runner.updates == ((1, 1), (2, 2))
+    counter, cache = torch.tensor(3.0), torch.zeros(16)
     for step in range(4):
         x = torch.randn(5, generator=rng)
-        y, c = runner(x, counter)
+        y, c, kv = runner(x, counter, cache)
         torch.testing.assert_close(y, x * (3 + step))
-        assert c is counter and counter.item() == 4 + step
+        assert c is counter and counter.item() == 4 + step and kv is cache
+        torch.testing.assert_close(cache[3 + step], x.sum())
     (graph,) = runner.graphs
-    assert graph.aliases == ((1, 1),) and graph.graph.replays == 4
+    assert graph.aliases == ((1, 1), (2, 2)) and graph.graph.replays == 4
+    assert copies and set(copies) == {1}  # the counter alone, each time
 
 
 def test_arguments_off_the_graph_device_run_the_function_directly(rng):
