@@ -295,7 +295,8 @@ def test_eager_tail_runs_the_output_regions_after_the_graph(rng):
     start = eager_tail(runner.plan)
     assert 0 < start < len(regions) and set(regions[-1].outputs) <= set(runner.plan.graph.outputs)
     assert "linear" in regions[start].ops  # the LM head
-    runner.enable_cuda_graphs(tail=True)  # on CPU tensors the graph runner calls head and tail directly
+    runner.enable_cuda_graphs(tail=True, tail_min_bytes=0)  # (tiny logits: the tail whatever their size)
+    assert runner.tail_start == start  # on CPU tensors the graph runner calls head and tail directly
     args = [torch.randint(0, 128, v.type.shape, generator=rng) if v.type.dtype == "int64"
             else torch.randn(v.type.shape, generator=rng) for v in runner.plan.graph.inputs]
     whole, split = runner.run(*args), runner._graphed(*args)
@@ -305,10 +306,15 @@ def test_eager_tail_runs_the_output_regions_after_the_graph(rng):
 
 
 @pytest.mark.gpu
-def test_eager_tail_outputs_survive_the_next_call():
-    """GPT-2's logits come from the eager tail, a fresh tensor each call: a result kept across calls stays right."""
+def test_eager_tail_outputs_survive_the_next_call(monkeypatch):
+    """GPT-2's logits come from the eager tail, a fresh tensor each call: a result kept across calls stays right. (The
+    tiny model's logits are below ``TAIL_MIN_BYTES``: the threshold is lifted so that the tail runs.)"""
+    from tilefuse.runtime import plan_runner
+
+    monkeypatch.setattr(plan_runner, "TAIL_MIN_BYTES", 0)
     model, _ = models.build("gpt2", "tiny", dtype=torch.float16, device="cuda")
-    compiled = tilefuse.compile(model, eager_tail=True)
+    runners = []
+    compiled = tilefuse.compile(model, eager_tail=True, observer=runners.append)
     with torch.no_grad():
         a, b = (models.example_inputs("gpt2", "tiny", device="cuda")[0] for _ in range(2))
         out_a = compiled(a)
@@ -316,3 +322,5 @@ def test_eager_tail_outputs_survive_the_next_call():
         torch.testing.assert_close(out_a, model(a), **FP16)
         torch.testing.assert_close(out_b, model(b), **FP16)
         assert out_a.data_ptr() != out_b.data_ptr()
+    (runner,) = runners
+    assert runner.tail_start < len(runner.plan.regions)  # the tail ran after the replay
