@@ -49,6 +49,46 @@ def test_gemv_matches_the_reference_on_c(rng, M, N, K, epilogue):
     torch.testing.assert_close(kernel(A, B, *extras), want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+def _group_case(rng, M, Ns, K, dtype, device="cpu"):
+    """A group of weights over one A: q/k/v-like (a bias on the second, a residual on the third), NaN in A, inf in a
+    weight, tails in N and K."""
+    A = torch.randn(M, K, generator=rng).to(dtype)
+    A[0, K // 3] = float("nan")
+    Bs = [(torch.randn(N, K, generator=rng) * 0.1).to(dtype) for N in Ns]
+    Bs[0][Ns[0] - 1, 1] = float("inf")
+    epilogues = [None, BIAS_GELU, RESIDUAL][:len(Ns)]
+    extras = [torch.randn(Ns[1], generator=rng).to(dtype)] + (
+        [torch.randn(M, Ns[2], generator=rng).to(dtype)] if len(Ns) > 2 else [])
+    extras_of = [(), (0,), (1,)][:len(Ns)]
+    return [t.to(device) for t in (A, *Bs)], [e.to(device) for e in extras], epilogues, extras_of
+
+
+def _group_want(A, Bs, extras, epilogues, extras_of):
+    return [reference(A, B, [extras[j] for j in own], trans_B=True, epilogue=epi)
+            for B, epi, own in zip(Bs, epilogues, extras_of)]
+
+
+@pytest.mark.parametrize("M, Ns, K", [(1, (40, 9, 17), 64), (3, (16, 8, 24), 300), (2, (5, 33), 13)])
+def test_gemv_group_matches_the_reference_on_c(rng, M, Ns, K):
+    """``gemv_group``: each weight's output is what ``gemv`` gives it alone, every element (NaN and inf included)."""
+    (A, *Bs), extras, epilogues, extras_of = _group_case(rng, M, Ns, K, torch.float32)
+    f = gemv.gemv_group(M, Ns, K, A_dtype="float32", epilogues=epilogues, extra_shapes=[tuple(e.shape) for e in extras],
+                        extra_dtypes=["float32"] * len(extras), extras_of=extras_of, target=C,
+                        **gemv.get_configs(C)[0])
+    (kernel,) = compile_many([(f, list(range(-len(Ns), 0)))], C)
+    got = kernel(A, *Bs, *extras)
+    for o, w in zip(got, _group_want(A, Bs, extras, epilogues, extras_of)):
+        torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_gemv_group_refusals():
+    with pytest.raises(ValueError, match="epilogues"):
+        gemv.gemv_group(1, (8, 8), 16, epilogues=[None], target=SM90)
+    with pytest.raises(ValueError, match="broadcast"):
+        gemv.gemv_group(1, (8, 16), 16, epilogues=[None, RESIDUAL], extra_shapes=[(1, 8)], extra_dtypes=["float16"],
+                        extras_of=[(), (0,)], target=SM90)
+
+
 def test_gemv_prologue_and_a_cast(rng):
     """A float32 A with a prologue, multiplied as float16 values (as ``gemm`` does: the product runs in B's dtype)."""
     M, N, K = 2, 24, 40
@@ -102,6 +142,33 @@ def test_gemv_compiles_for_sm90a():
              for cfg in gemv.get_configs(SM90) for M, N, K in ((1, 512, 2048), (3, 100, 13))]
     kernels = compile_many(items, SM90, return_exceptions=True)
     assert not [k for k in kernels if isinstance(k, Exception)], kernels
+
+
+def test_gemv_group_compiles_for_sm90a():
+    """Every config, HF LLaMA's q/k/v and gate/up groups and a tail group, through nvcc for sm_90a."""
+    items = [(gemv.gemv_group(1, Ns, K, target=SM90, **cfg), list(range(-len(Ns), 0)))
+             for cfg in gemv.get_configs(SM90) for Ns, K in (((2048, 512, 512), 2048), ((5632, 5632), 2048),
+                                                           ((100, 37, 9), 13))]
+    kernels = compile_many(items, SM90, return_exceptions=True)
+    assert not [k for k in kernels if isinstance(k, Exception)], kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemv_group_configs_gpu(rng, dtype):
+    """Every config of ``gemv_group`` on the GPU, each output element against the fp64 reference."""
+    target = default_target()
+    dt = str(dtype)[6:]
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-2, "atol": 1e-2}
+    for M, Ns, K in ((1, (2048, 512, 512), 2048), (gemv.GEMV_ROWS, (100, 37, 9), 1000)):
+        (A, *Bs), extras, epilogues, extras_of = _group_case(rng, M, Ns, K, dtype, device="cuda")
+        items = [(gemv.gemv_group(M, Ns, K, A_dtype=dt, epilogues=epilogues, extras_of=extras_of,
+                                  extra_shapes=[tuple(e.shape) for e in extras], extra_dtypes=[dt] * len(extras),
+                                  target=target, **cfg), list(range(-len(Ns), 0))) for cfg in gemv.get_configs(target)]
+        want = _group_want(A, Bs, extras, epilogues, extras_of)
+        for kernel in compile_many(items, target):
+            for o, w in zip(kernel(A, *Bs, *extras), want):
+                torch.testing.assert_close(o, w, equal_nan=True, **tol)
 
 
 @pytest.mark.gpu

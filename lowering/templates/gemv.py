@@ -54,6 +54,50 @@ def gemv(
                                                      prologue, target)
     if broadcast_shapes((M, N), *extra_shapes) != (M, N):
         raise ValueError(f"gemv: extra inputs {extra_shapes} do not broadcast to the output {(M, N)}")
+    return _gemv((N,), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, (epilogue,), list(extra_shapes),
+                 list(extra_dtypes), (tuple(range(len(extra_shapes))),), block_N, threads, target)
+
+
+def gemv_group(
+    M: int,
+    Ns: Sequence[int],
+    K: int,
+    *,
+    A_dtype: str = "float16",
+    B_dtype: str | None = None,
+    out_dtype: str | None = None,
+    accum_dtype: str = "float32",
+    prologue: Expr | None = None,
+    epilogues: Sequence[Expr | None] = (),
+    extra_shapes: Sequence[Sequence[int]] = (),
+    extra_dtypes: Sequence[str] = (),
+    extras_of: Sequence[Sequence[int]] = (),
+    block_N: int = 8,
+    threads: int = 128,
+    target: dict | str = "cuda",
+):
+    """Several linears of the same rows in one launch (a decode step's q, k and v projections of one normalized
+    input): ``C_i = epilogue_i(prologue(A) @ B_i^T)``; parameters ``A (M, K), B_0 (N_0, K).., extra_0.., C_0 (M,
+    N_0)..``. Epilogue ``i`` reads the extras ``extras_of[i]`` (their positions among ``extra_shapes``), each
+    broadcasting to ``(M, N_i)``. A program computes ``block_N`` rows of one weight; the weights' programs follow one
+    another, so every weight streams as it would alone, and the launch (and the GPU's ramp up and tail) is shared."""
+    g = len(Ns)
+    epilogues, extras_of = tuple(epilogues) or (None,) * g, tuple(tuple(e) for e in extras_of) or ((),) * g
+    if g < 1 or len(epilogues) != g or len(extras_of) != g:
+        raise ValueError(f"gemv_group: {g} weights, {len(epilogues)} epilogues, {len(extras_of)} extras lists")
+    B_dtype, out_dtype, extra_shapes = operand_types("gemv", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
+                                                     prologue, target)
+    for N, own in zip(Ns, extras_of):
+        shapes = [extra_shapes[j] for j in own]
+        if broadcast_shapes((M, N), *shapes) != (M, N):
+            raise ValueError(f"gemv_group: extra inputs {shapes} do not broadcast to the output {(M, N)}")
+    return _gemv(tuple(Ns), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, list(extra_shapes),
+                 list(extra_dtypes), extras_of, block_N, threads, target)
+
+
+def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, extra_shapes, extra_dtypes,
+          extras_of, block_N, threads, target):
+    """The kernel of ``gemv`` (one weight, its parameters named ``B`` and ``C``) and ``gemv_group`` (``B_i``, ``C_i``)."""
     if not 1 <= M <= GEMV_ROWS:
         raise ValueError(f"gemv: {M} rows; at most {GEMV_ROWS} (a GEMM takes more)")
     d = dialect(target)
@@ -66,6 +110,9 @@ def gemv(
     vec = vec if K % vec == 0 else 1  # a row that is not whole vectors (nor 16-byte aligned) reads elements
     step = lanes * vec
     full = K // step  # steps every lane reads whole
+    blocks = [(N + block_N - 1) // block_N for N in Ns]
+    first = [sum(blocks[:i]) for i in range(len(Ns))]  # each weight's first program
+    one = len(Ns) == 1
 
     def a_elem(a):
         """An element of A as the product reads it: through the prologue, in ``B_dtype``'s values (as ``gemm``)."""
@@ -73,55 +120,67 @@ def gemv(
             return T.Cast(accum_dtype, a)
         return T.Cast(accum_dtype, T.Cast(B_dtype, emit(prologue or Acc(), Env(acc=a))))
 
-    def row(bx, warp, r):
+    def row(N, bx, warp, r):
         """Weight row ``r`` of this warp (rows past N read row N - 1)."""
         n = bx * block_N + warp * R + r
         return T.min(n, N - 1) if N % block_N else n
 
     @T.macro
-    def step_at(A, B, acc, a_r, b_r, bx, warp, base):
+    def step_at(N, A, B, acc, a_r, b_r, bx, warp, base):
         """One step along K at ``base`` (this lane's first element): its vectors of A and of its rows, multiplied."""
         for m in T.unroll(M):
             for e in T.vectorized(vec):
                 a_r[m, e] = A[m, base + e]
         for r in T.unroll(R):
             for e in T.vectorized(vec):
-                b_r[r, e] = B[row(bx, warp, r), base + e]
+                b_r[r, e] = B[row(N, bx, warp, r), base + e]
         for m in T.unroll(M):
             for r in T.unroll(R):
                 for e in T.unroll(vec):
                     acc[m, r] += a_elem(a_r[m, e]) * T.Cast(accum_dtype, b_r[r, e])
 
+    @T.macro
+    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp):
+        """This program's ``block_N`` rows of weight ``B`` (``bx``: its program among that weight's) into ``C``."""
+        T.clear(acc)
+        for t in T.serial(full // UNROLL):
+            for u in T.unroll(UNROLL):
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * UNROLL + u) * lanes + lane) * vec)
+        for u in T.unroll(full % UNROLL):
+            step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // UNROLL * UNROLL + u) * lanes + lane) * vec)
+        if K % step:  # noqa: SIM102 -- a Python test, then a TIR one: the row's last part, a vector a lane
+            if (full * lanes + lane) * vec < K:
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec)
+        for off in T.unroll(lanes.bit_length() - 1):
+            for m in T.unroll(M):
+                for r in T.unroll(R):
+                    acc[m, r] = acc[m, r] + T.shfl_xor(acc[m, r], 1 << off)
+        for m, r in T.grid(M, R):
+            n = bx * block_N + warp * R + r
+            if T.And(lane == (m * R + r) % lanes, n < N):
+                C[m, n] = T.Cast(out_dtype, acc[m, r] if epilogue is None else
+                                 epilogue_at(epilogue, acc[m, r], extras, shapes, [m, n], accum_dtype))
+
     @T.prim_func
     def gemv_kernel():
         A = param("A", (M, K), A_dtype)
-        B = param("B", (N, K), B_dtype)
+        Bs = [param("B" if one else f"B{i}", (N, K), B_dtype) for i, N in enumerate(Ns)]
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
-        C = param("C", (M, N), out_dtype)
-        with d.kernel(T.ceildiv(N, block_N), threads=threads) as bx:
+        Cs = [param("C" if one else f"C{i}", (M, N), out_dtype) for i, N in enumerate(Ns)]
+        with d.kernel(sum(blocks), threads=threads) as bx:
             acc = T.alloc_local((M, R), accum_dtype)
             a_r = T.alloc_local((M, vec), A_dtype)
             b_r = T.alloc_local((R, vec), B_dtype)
             tx = 0 if d.cpu else T.get_thread_binding(0)
             lane, warp = tx % lanes, tx // lanes
-            T.clear(acc)
-            for t in T.serial(full // UNROLL):
-                for u in T.unroll(UNROLL):
-                    step_at(A, B, acc, a_r, b_r, bx, warp, ((t * UNROLL + u) * lanes + lane) * vec)
-            for u in T.unroll(full % UNROLL):
-                step_at(A, B, acc, a_r, b_r, bx, warp, ((full // UNROLL * UNROLL + u) * lanes + lane) * vec)
-            if K % step:  # noqa: SIM102 -- a Python test, then a TIR one: the row's last part, a vector a lane
-                if (full * lanes + lane) * vec < K:
-                    step_at(A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec)
-            for off in T.unroll(lanes.bit_length() - 1):
-                for m in T.unroll(M):
-                    for r in T.unroll(R):
-                        acc[m, r] = acc[m, r] + T.shfl_xor(acc[m, r], 1 << off)
-            for m, r in T.grid(M, R):
-                n = bx * block_N + warp * R + r
-                if T.And(lane == (m * R + r) % lanes, n < N):
-                    C[m, n] = T.Cast(out_dtype, acc[m, r] if epilogue is None else
-                                     epilogue_at(epilogue, acc[m, r], extras, extra_shapes, [m, n], accum_dtype))
+            for i, N in enumerate(Ns):
+                own = extras_of[i]
+                if one:
+                    rows_of(N, A, Bs[i], Cs[i], epilogues[i], [extras[j] for j in own],
+                            [extra_shapes[j] for j in own], acc, a_r, b_r, bx, lane, warp)
+                elif T.And(bx >= first[i], bx < first[i] + blocks[i]):
+                    rows_of(N, A, Bs[i], Cs[i], epilogues[i], [extras[j] for j in own],
+                            [extra_shapes[j] for j in own], acc, a_r, b_r, bx - first[i], lane, warp)
 
     return gemv_kernel
 
