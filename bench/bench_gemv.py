@@ -7,6 +7,11 @@ projections, at 1 and 8 rows, fp16, with a bias-free and a residual-add epilogue
 copies that together they exceed the L2 cache several times, and one CUDA graph calls the layer once per copy: the
 time per call is what a decode step pays, its weight read from memory, the launch inside a graph. Every output
 element is checked against the fp32 reference. Prints a table (ms per call, TB/s of the weight, x cuBLAS).
+
+``--groups``: instead, the linears a decode step applies to one input (q/k/v, gate/up) as one ``gemv_group`` launch,
+against the same weights as separate ``gemv`` launches (the default config), separate cuBLAS calls, and one cuBLAS
+call on the weights concatenated (what a plan-time concatenation would give). ``--device cpu`` runs the same on the
+``c`` target with wall-clock timing and tiny shapes (a check of the script, not a measurement).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from tilefuse.lowering.templates.gemm import reference
 SHAPES = {"llama q/o": (2048, 2048), "llama k/v": (512, 2048), "llama gate/up": (5632, 2048),
           "llama down": (2048, 5632), "llama lm head": (32000, 2048), "8b q/o": (4096, 4096), "8b k/v": (1024, 4096),
           "8b gate/up": (14336, 4096), "8b down": (4096, 14336)}
+GROUPS = {"llama q/k/v": ((2048, 512, 512), 2048), "llama gate/up": ((5632, 5632), 2048),
+          "8b q/k/v": ((4096, 1024, 1024), 4096), "8b gate/up": ((14336, 14336), 4096)}
+CPU_GROUPS = {"tiny q/k/v": ((64, 16, 16), 64), "tiny gate/up": ((96, 96), 64)}
 L2_BYTES = 50 * 2**20
 
 
@@ -54,11 +62,81 @@ def graph_ms(calls, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def wall_ms(calls, reps: int = 5) -> float:
+    """``graph_ms`` on the CPU: wall-clock milliseconds per call (a check of the script, not a measurement)."""
+    import time
+
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for c in calls:
+            c()
+        times.append((time.perf_counter() - t0) * 1e3 / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def group_rows(target: dict, device: str, rows: list[int], timer) -> list[dict]:
+    """Each group of ``GROUPS`` (``CPU_GROUPS`` on the CPU) at each row count: ms per call of one ``gemv_group`` launch
+    (every config), separate ``gemv`` launches (the default config), separate cuBLAS calls and one cuBLAS call on the
+    concatenated weight; every output checked against the fp32 reference."""
+    groups = GROUPS if device == "cuda" else CPU_GROUPS
+    configs = gemv.get_configs(target)
+    dt = "float16" if device == "cuda" else "float32"
+    dtype = getattr(torch, dt)
+    cases = [(name, M, Ns, K) for name, (Ns, K) in groups.items() for M in rows]
+    items = []
+    for _, M, Ns, K in cases:
+        items += [(gemv.gemv_group(M, Ns, K, A_dtype=dt, target=target, **cfg), list(range(-len(Ns), 0)))
+                  for cfg in configs]
+        items += [(gemv.gemv(M, N, K, A_dtype=dt, target=target, **configs[0]), [-1]) for N in Ns]
+    kernels = iter(compile_many(items, target))
+    out = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    for name, M, Ns, K in cases:
+        nbytes = sum(Ns) * K * torch.finfo(dtype).bits // 8
+        copies = max(2, -(-4 * L2_BYTES // nbytes)) if device == "cuda" else 2
+        sets = [[torch.randn(N, K, device=device, dtype=dtype, generator=gen) * 0.05 for N in Ns] for _ in range(copies)]
+        cats = [torch.cat(ws) for ws in sets]
+        x = torch.randn(M, K, device=device, dtype=dtype, generator=gen)
+        want = [reference(x, w, trans_B=True).float() for w in sets[0]]
+        row = {"group": name, "M": M, "Ns": list(Ns), "K": K, "configs": {}}
+        row["cublas_ms"] = timer([(lambda w=w: F.linear(x, w)) for ws in sets for w in ws]) * len(Ns)
+        row["cublas_cat_ms"] = timer([(lambda c=c: F.linear(x, c)) for c in cats])
+        group_kernels = [next(kernels) for _ in configs]
+        singles = [next(kernels) for _ in Ns]
+        row["gemv_ms"] = timer([(lambda k=k, w=w: k(x, w)) for ws in sets for k, w in zip(singles, ws)]) * len(Ns)
+        ok = all(torch.allclose(k(x, w).float(), r, rtol=1e-2, atol=1e-2) for k, w, r in zip(singles, sets[0], want))
+        for cfg, kern in zip(configs, group_kernels):
+            got = kern(x, *sets[0])
+            good = all(torch.allclose(g.float(), r, rtol=1e-2, atol=1e-2) for g, r in zip(got, want))
+            t = timer([(lambda k=kern, ws=ws: k(x, *ws)) for ws in sets])
+            row["configs"][f"{cfg['block_N']}/{cfg['threads']}"] = {"ms": t, "ok": good}
+        row["ok"] = ok and all(v["ok"] for v in row["configs"].values())
+        best = min(row["configs"].items(), key=lambda kv: kv[1]["ms"])
+        print(f"{name:14s} M={M} cuBLAS {row['cublas_ms']:.4f} ms, concatenated {row['cublas_cat_ms']:.4f} | gemv "
+              f"apart {row['gemv_ms']:.4f} | group " + " ".join(f"{k} {v['ms']:.4f}{'' if v['ok'] else ' BAD'}"
+                                                             for k, v in row["configs"].items())
+              + f" | best {best[0]} {nbytes / 1e9 / best[1]['ms']:.2f} TB/s, x{row['gemv_ms'] / best[1]['ms']:.2f} "
+              f"apart, x{row['cublas_cat_ms'] / best[1]['ms']:.2f} concatenated cuBLAS{'' if row['ok'] else ' BAD'}",
+              flush=True)
+        out.append(row)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--rows", default="1,8")
+    ap.add_argument("--groups", action="store_true", help="q/k/v and gate/up as one launch (gemv_group)")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     a = ap.parse_args()
+    if a.groups:
+        target = default_target() if a.device == "cuda" else {"kind": "c"}
+        rows = group_rows(target, a.device, [int(r) for r in a.rows.split(",") if int(r) <= gemv.GEMV_ROWS],
+                          graph_ms if a.device == "cuda" else wall_ms)
+        if a.json:
+            _write(a.json, rows)
+        return 0 if all(r["ok"] for r in rows) else 1
     target = default_target()
     configs = gemv.get_configs(target)
     cases = [(name, M, N, K, epi) for name, (N, K) in SHAPES.items() for M in map(int, a.rows.split(","))
@@ -102,11 +180,15 @@ def main() -> int:
               f" x{t_torch / row['configs'][row['default']]['ms']:.2f}", flush=True)
         rows.append(row)
     if a.json:
-        meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
-        with open(a.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        _write(a.json, rows)
     return 0
+
+
+def _write(path: str, rows: list[dict]) -> None:
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -228,3 +228,6 @@ def test_decode_linear_layers_compile_to_gfx942_as_gemv(toolchain):
                           target=GFX942, **cfg)
             src, shared = lower_source(f, GFX942)
             check_code_object(vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared), f"{cfg} {M}")
+        f = gemv.gemv_group(1, (2048, 512, 512), 2048, target=GFX942, **cfg)  # q/k/v in one launch
+        src, shared = lower_source(f, GFX942)
+        check_code_object(vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared), f"{cfg} group")
