@@ -100,16 +100,16 @@ def group_rows(target: dict, device: str, rows: list[int], timer) -> list[dict]:
         x = torch.randn(M, K, device=device, dtype=dtype, generator=gen)
         want = [reference(x, w, trans_B=True).float() for w in sets[0]]
         row = {"group": name, "M": M, "Ns": list(Ns), "K": K, "configs": {}}
-        row["cublas_ms"] = timer([(lambda w=w: F.linear(x, w)) for ws in sets for w in ws]) * len(Ns)
-        row["cublas_cat_ms"] = timer([(lambda c=c: F.linear(x, c)) for c in cats])
+        row["cublas_ms"] = timer([(lambda w=w, x=x: F.linear(x, w)) for ws in sets for w in ws]) * len(Ns)
+        row["cublas_cat_ms"] = timer([(lambda c=c, x=x: F.linear(x, c)) for c in cats])
         group_kernels = [next(kernels) for _ in configs]
         singles = [next(kernels) for _ in Ns]
-        row["gemv_ms"] = timer([(lambda k=k, w=w: k(x, w)) for ws in sets for k, w in zip(singles, ws)]) * len(Ns)
+        row["gemv_ms"] = timer([(lambda k=k, w=w, x=x: k(x, w)) for ws in sets for k, w in zip(singles, ws)]) * len(Ns)
         ok = all(torch.allclose(k(x, w).float(), r, rtol=1e-2, atol=1e-2) for k, w, r in zip(singles, sets[0], want))
         for cfg, kern in zip(configs, group_kernels):
             got = kern(x, *sets[0])
             good = all(torch.allclose(g.float(), r, rtol=1e-2, atol=1e-2) for g, r in zip(got, want))
-            t = timer([(lambda k=kern, ws=ws: k(x, *ws)) for ws in sets])
+            t = timer([(lambda k=kern, ws=ws, x=x: k(x, *ws)) for ws in sets])
             row["configs"][f"{cfg['block_N']}/{cfg['threads']}"] = {"ms": t, "ok": good}
         row["ok"] = ok and all(v["ok"] for v in row["configs"].values())
         best = min(row["configs"].items(), key=lambda kv: kv[1]["ms"])
