@@ -253,7 +253,9 @@ def epilogue_exprs(b: Builder, anchor: Node, bias: str | None, after: list[Node]
     return exprs, mapping
 
 
-def build_gemm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
+def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) -> KernelSpec:
+    """A GEMM region's spec: ``gemm``'s, or ``gemv``'s for a decode step's linear on a GPU (``decode_rows``); with
+    ``as_gemv`` ``gemv``'s on any target (a ``gemv_group``'s parts), refused where its rows or layout do not fit."""
     by_out = {v.name: n for n in b.members for v in n.outputs}
     pos = b.members.index(anchor)
     require(all(n.op in PASS_VIEWS or n.op in ("cast", "scale", "transpose", "permute")
@@ -283,7 +285,7 @@ def build_gemm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
         pro = Call(n.op, (pro or Acc(),), n.attrs)
     bias = anchor.inputs[2] if anchor.op == "linear" and len(anchor.inputs) > 2 else None
     packed = ()
-    if trans_b and not batch_b and dialect(target).cpu and (b_val in b.graph.constants
+    if trans_b and not batch_b and dialect(target).cpu and not as_gemv and (b_val in b.graph.constants
                                                             or b_val in {v.name for v in b.graph.inputs}):
         # A linear weight (N, K) on the CPU: the kernel would transpose each tile of it again for every tile row of
         # the output; the runtime hands it over as (K, N) instead, transposed once per weight version (2 cores,
@@ -295,7 +297,10 @@ def build_gemm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     extra_shapes = tuple(domain_shape(b.types[a], rows, cols) if not (batch_a or batch_b)
                          else tuple(b.types[a].shape) for a in extra)
     layout = {"trans_A": trans_a, "trans_B": trans_b, "batch_A": batch_a, "batch_B": batch_b}
-    if decode_rows(target, M, layout):  # a decode step's few rows: the weight streamed by warps (templates/gemv.py)
+    if as_gemv:
+        require(decode_rows({"kind": "cuda"}, M, layout),
+                f"a gemv group's linear of {M} rows (at most {gemv.GEMV_ROWS}, unbatched)")
+    if as_gemv or decode_rows(target, M, layout):  # a decode step's few rows: the weight streamed by warps (templates/gemv.py)
         return gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
                          template="gemv", prologue=pro)
     spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,

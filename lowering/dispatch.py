@@ -30,6 +30,7 @@ from tilefuse.lowering.builders import (
     is_global_pool,
 )
 from tilefuse.lowering.conv_builder import build_conv, build_pool
+from tilefuse.lowering.gemv_group_builder import build_gemv_group
 from tilefuse.lowering.index import NotLowerable
 from tilefuse.lowering.sparse_builder import build_gemm_sp
 from tilefuse.lowering.templates.ascend import ASCEND_KINDS, ascend_spec
@@ -56,6 +57,7 @@ BUILDERS: dict[tuple[str, str | None], Builds] = {
     ("gemm", "linear"): build_gemm,
     ("gemm", "matmul"): build_gemm,
     ("gemm", "conv"): build_conv,
+    ("gemv_group", None): build_gemv_group,  # a decode step's linears of one input (planner.grouping)
     ("gemm_sp", None): build_gemm_sp,  # a 2:4 sparse weight (lowering/sparse_builder.py)
     **{("reduction", op): _pool for op in sorted(POOL_OPS)},
     ("reduction", None): build_reduction,

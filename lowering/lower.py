@@ -38,7 +38,8 @@ _log = logging.getLogger("tilefuse")
 TEMPLATES = {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.row_reduction),
              "elementwise": (elementwise, elementwise.elementwise), "conv2d": (conv, conv.conv2d),
              "pool2d": (pool, pool.pool2d), "flash_attention": (attention, attention.flash_attention),
-             "gemm_sp": (gemm_sp, gemm_sp.gemm_sp), "gemv": (gemv, gemv.gemv), **ascend.TEMPLATES}
+             "gemm_sp": (gemm_sp, gemm_sp.gemm_sp), "gemv": (gemv, gemv.gemv),
+             "gemv_group": (gemv, gemv.gemv_group), **ascend.TEMPLATES}
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
                      **_decode_shape(kw))
     # gemm/conv seeds depend on the operand dtype
-    arg = {"gemm": kw.get("B_dtype"), "gemv": kw.get("B_dtype"), "conv2d": kw.get("in_dtype")}.get(spec.template)
+    arg = {"gemm": kw.get("B_dtype"), "gemv": kw.get("B_dtype"), "gemv_group": kw.get("B_dtype"),
+           "conv2d": kw.get("in_dtype")}.get(spec.template)
     return space(target, arg) if arg else space(target)
 
 

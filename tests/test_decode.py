@@ -319,3 +319,38 @@ def test_decode_attention_plans_bounded_and_split_on_a_gpu(B, L, splits):
         assert "split_max" not in kw and spec.out_idx == (-1,) and [k for k, _, _ in spec.outputs] == [0]
     cfg = default_config(spec, target)
     assert cfg["pack"] and cfg["bound_keys"] and cfg.get("splits", 1) == splits, cfg
+
+
+# ---- a decode step's q/k/v as one launch (planner.grouping), here on the c target ------------------------------
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
+def test_grouped_linears_of_a_decode_step_match_eager(make, monkeypatch):
+    """The grouping a CUDA plan makes (q, k and v of one normalized input as one ``gemv_group`` kernel), made on the c
+    target here so that it runs: teacher-forced decode steps give eager's logits (fp32), and every layer's decode plan
+    holds a group of TileLang's. (GPT-2's q/k/v are one linear already: no group, the same logits.)"""
+    from tilefuse.planner import grouping
+
+    monkeypatch.setattr(grouping, "GROUP_TARGETS", ("c",))
+    torch._dynamo.reset()
+    eager = make()
+    compiled = _twin(eager)
+    counting = _Counting(monkeypatch, Options(target={"kind": "c"}, quiet=True, measure=False))
+    compiled.forward = torch.compile(compiled.forward, backend=counting.backend)
+    caches = [transformers.StaticCache(config=eager.config, max_cache_len=32) for _ in range(2)]
+    ids = torch.randint(1, VOCAB, (1, 5))
+    with torch.no_grad():
+        for step in range(6):
+            want = eager(ids, **{CACHE: caches[0]}).logits[:, -1]
+            got = compiled(ids, **{CACHE: caches[1]}).logits[:, -1]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m, step=step: f"step {step}: {m}")
+            ids = want.argmax(-1, keepdim=True)
+    assert counting.backend.failures == []
+    decode = counting.runners[-1]
+    groups = [r for r in decode.plan.regions if r.kind == "gemv_group"]
+    if make is tiny_llama:
+        assert len(groups) == eager.config.num_hidden_layers and all(r.backend == "tilelang" for r in groups)
+        assert all(r.ops.count("linear") == 3 for r in groups)
+    else:
+        assert groups == []
+    assert not any(r.kind == "gemv_group" for r in counting.runners[0].plan.regions)  # the prefill's 5 rows: apart

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from tilefuse.ir import Graph
 from tilefuse.planner.canonicalize import canonicalize, simplify  # noqa: F401
 from tilefuse.planner.cost import CostModel
+from tilefuse.planner.grouping import group_gemvs
 from tilefuse.planner.layout import aligned_gemm_outputs, channels_last
 from tilefuse.planner.partition import partition, region_name
 from tilefuse.planner.pattern import RewriteLog
@@ -32,6 +33,8 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
     if fuse:
         canon = aligned_gemm_outputs(canon, target)
     regions, refusals = partition(canon, cost) if fuse else _one_per_node(canon)
+    if fuse:
+        regions = group_gemvs(canon, regions, target, why_not)
     regions, notes = _mark_sparse(regions, canon, sparse)
     backends = [_backend(r, canon, target, why_not) for r in regions]
     regions = [dataclasses.replace(r, backend=b) for r, (b, _) in zip(regions, backends)]
