@@ -191,3 +191,35 @@ def test_gemv_configs_gpu(rng, dtype):
         A, B, *extras = _case(rng, M, N, K, dtype, epi, specials=N > 8, device="cuda")
         want = reference(A, B, extras, trans_B=True, epilogue=epi)
         torch.testing.assert_close(kernel(A, B, *extras), want, equal_nan=True, **tol)
+
+
+def test_the_planner_groups_a_decode_steps_linears_of_one_input():
+    """Linears of one input (through reshapes) at a decode step's rows become ``gemv_group`` regions of at most
+    ``GROUP_MAX`` on a GPU; one that reads another's output, one with more rows, and every linear on the CPU stay
+    apart. Each group is one ``gemv_group`` spec whose outputs are its linears'."""
+    from tilefuse.lowering.dispatch import build
+    from tilefuse.planner.grouping import GROUP_MAX
+
+    def graph(rows):
+        b = GraphBuilder("decode_linears")
+        x = b.input("x", TensorType((1, rows, 64), "float16"))
+        flat = b.add1("reshape", [x], shape=[rows, 64])
+        outs = []
+        for k in range(6):
+            w = b.input(f"w{k}", TensorType((16 * (k + 1), 64), "float16"))
+            outs.append(b.add1("linear", [flat if k % 2 else x, w]))
+        w6 = b.input("w6", TensorType((64, 16), "float16"))
+        outs.append(b.add1("linear", [outs[0], w6]))  # reads the first one's output
+        return b.build(outs)
+
+    p = plan_step(graph(1), Options(target=SM90, quiet=True)).plan
+    groups = [r for r in p.regions if r.kind == "gemv_group"]
+    assert [r.ops.count("linear") for r in groups] == [GROUP_MAX, 6 - GROUP_MAX]
+    assert all(r.backend == "tilelang" for r in groups)
+    assert sum(r.kind == "gemm" for r in p.regions) == 1  # the dependent linear
+    spec = build(groups[0], p.graph, SM90)
+    assert spec.template == "gemv_group" and spec.factory_kwargs()["Ns"] == (16, 32, 48, 64)
+    assert len(spec.outputs) == GROUP_MAX and spec.out_idx == (-4, -3, -2, -1)
+    for rows, target in ((gemv.GEMV_ROWS + 1, SM90), (1, C)):
+        p = plan_step(graph(rows), Options(target=target, quiet=True)).plan
+        assert not any(r.kind == "gemv_group" for r in p.regions)

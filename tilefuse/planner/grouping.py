@@ -17,6 +17,9 @@ from tilefuse.ir import Graph
 from tilefuse.planner.plan import Region
 
 GROUP_TARGETS = ("cuda", "hip")  # where a decode step's linear is a gemv (lowering.builders.decode_rows)
+# Linears a group takes at most: each is its own copy of the kernel's body (a mixture of experts' dozens of linears of one
+# input would make one kernel of dozens, slow to compile); q, k and v are three.
+GROUP_MAX = 4
 RESHAPES = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity"})  # the same data, another shape
 
 
@@ -45,14 +48,17 @@ def group_gemvs(graph: Graph, regions: Sequence[Region], target: dict | None,
     merged: dict[int, Region] = {}
     dropped: set[int] = set()
     for ks in by_input.values():
-        pos = ks[0]
-        parts = [k for k in ks if all(i in outside or made_at.get(i, len(regions)) < pos for i in regions[k].inputs)]
-        if len(parts) < 2 or parts[0] != pos:
-            continue
-        group = _merge(graph, [regions[k] for k in parts])
-        if why_not(group, graph) is None:
-            merged[pos] = group
-            dropped |= set(parts[1:])
+        while len(ks) > 1:
+            pos = ks[0]
+            parts = [k for k in ks if all(i in outside or made_at.get(i, len(regions)) < pos
+                                          for i in regions[k].inputs)][:GROUP_MAX]
+            ks = [k for k in ks[1:] if k not in parts]
+            if len(parts) < 2:
+                continue
+            group = _merge(graph, [regions[k] for k in parts])
+            if why_not(group, graph) is None:
+                merged[pos] = group
+                dropped |= set(parts[1:])
     return [merged.get(k, r) for k, r in enumerate(regions) if k not in dropped]
 
 
