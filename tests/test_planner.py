@@ -195,3 +195,21 @@ def test_small_input_only_elementwise_regions_run_as_one_kernel_per_shape(rng):
     for x, y in zip(got, want):
         assert x.dtype == y.dtype and x.shape == y.shape
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_merged_input_only_regions_keep_each_outputs_dtype():
+    """One kernel for 0-d int64, float32 (NaN), float16 and bool values of one shape, each output its own dtype."""
+    from tilefuse.config import Options
+    from tilefuse.pipeline import build_runner
+
+    b = GraphBuilder("mixed")
+    c, f = b.input("c", TensorType((), "int64")), b.input("f", TensorType((), F32))
+    h, flag = b.input("h", TensorType((), "float16")), b.input("flag", TensorType((), "bool"))
+    g = b.build([b.add1("add", [c, b.constant("one", torch.tensor(1))]), b.add1("mul", [f, scalar(b, 2.0)]),
+                 b.add1("exp", [h]), b.add1("logical_not", [flag])])
+    runner = build_runner(g, Options(target={"kind": "c"}, quiet=True, measure=False))
+    assert [r.kind for r in runner.plan.regions] == ["elementwise"] and runner.plan.regions[0].name in runner.kernels
+    args = [torch.tensor(41), torch.tensor(float("nan")), torch.tensor(1.5, dtype=torch.float16), torch.tensor(True)]
+    for got, want in zip(runner(*args), Executor(g)(*args)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, equal_nan=True)
