@@ -220,6 +220,12 @@ def test_the_planner_groups_a_decode_steps_linears_of_one_input():
     spec = build(groups[0], p.graph, SM90)
     assert spec.template == "gemv_group" and spec.factory_kwargs()["Ns"] == (16, 32, 48, 64)
     assert len(spec.outputs) == GROUP_MAX and spec.out_idx == (-4, -3, -2, -1)
+    # an artifact's plan keeps the groups (a region kind the loader knows)
+    from tilefuse.runtime.serialize import plan_from_json, plan_to_json
+
+    back = plan_from_json(plan_to_json(p), p.graph.constants)
+    assert [(r.name, r.kind, r.nodes, r.backend) for r in back.regions] == \
+        [(r.name, r.kind, r.nodes, r.backend) for r in p.regions]
     for rows, target in ((gemv.GEMV_ROWS + 1, SM90), (1, C)):
         p = plan_step(graph(rows), Options(target=target, quiet=True)).plan
         assert not any(r.kind == "gemv_group" for r in p.regions)

@@ -10,7 +10,7 @@ from tilefuse import ops
 from tilefuse.ir import Graph
 
 # Region kinds. ``view`` regions hold only metadata ops (reshape, squeeze, ...): no kernel.
-KINDS = ("gemm", "gemm_sp", "attention", "reduction", "elementwise", "opaque", "view", "collective")
+KINDS = ("gemm", "gemm_sp", "gemv_group", "attention", "reduction", "elementwise", "opaque", "view", "collective")
 
 
 BACKENDS = ("tilelang", "torch", "split")
