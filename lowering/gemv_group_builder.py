@@ -13,12 +13,13 @@ from tilefuse.planner.plan import Region
 def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     """A ``gemv_group`` region (``planner.grouping``: linears of one decode-step input): each linear's part built as a
     ``gemv`` spec, then one ``gemv_group`` spec of them; they must agree on A, its prologue, rows, depth and dtypes."""
-    specs = [build_gemm(Builder(part, b.graph, {n.name: n for n in b.graph.nodes}, b.types, target),
-                        next(n for n in b.graph.nodes if n.name == part.anchor), target, as_gemv=True)
+    nodes = {n.name: n for n in b.graph.nodes}
+    producer = {v.name: n for n in b.graph.nodes for v in n.outputs}
+    specs = [build_gemm(Builder(part, b.graph, nodes, b.types, target), nodes[part.anchor], target, as_gemv=True)
              for part in gemv_group_parts(b.region, b.graph)]
     kws = [s.factory_kwargs() for s in specs]
     same = ("M", "K", "A_dtype", "B_dtype", "out_dtype", "prologue")
-    base = [(reshaped_from(b.graph, s.inputs[0][0]), s.inputs[0][1]) for s in specs]  # A: one tensor's data
+    base = [(reshaped_from(b.graph, s.inputs[0][0], producer), s.inputs[0][1]) for s in specs]  # A: one tensor's data
     require(all(x == base[0] and x[1] is not None for x in base) and
             all(kw[k] == kws[0][k] for kw in kws for k in same), "the group's linears differ in A, rows or dtypes")
     extras, extra_dtypes, extras_of = [], [], []

@@ -23,9 +23,10 @@ GROUP_MAX = 4
 RESHAPES = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity"})  # the same data, another shape
 
 
-def reshaped_from(graph: Graph, value: str) -> str:
-    """The value ``value`` is a reshape of (through any chain of them), or itself."""
-    producer = {v.name: n for n in graph.nodes for v in n.outputs}
+def reshaped_from(graph: Graph, value: str, producer: dict | None = None) -> str:
+    """The value ``value`` is a reshape of (through any chain of them), or itself. ``producer``: value -> node, where
+    the caller has it."""
+    producer = producer if producer is not None else {v.name: n for n in graph.nodes for v in n.outputs}
     while value in producer and producer[value].op in RESHAPES and producer[value].inputs:
         value = producer[value].inputs[0]
     return value
@@ -39,12 +40,13 @@ def group_gemvs(graph: Graph, regions: Sequence[Region], target: dict | None,
     if why_not is None or not target or target.get("kind") not in GROUP_TARGETS:
         return regions
     nodes = {n.name: n for n in graph.nodes}
+    producer = {v.name: n for n in graph.nodes for v in n.outputs}
     outside = {v.name for v in graph.inputs} | set(graph.constants)
     made_at = {v: k for k, r in enumerate(regions) for v in r.outputs}
     by_input: dict[str, list[int]] = {}
     for k, r in enumerate(regions):
         if r.kind == "gemm" and r.anchor is not None and nodes[r.anchor].op == "linear":
-            by_input.setdefault(reshaped_from(graph, nodes[r.anchor].inputs[0]), []).append(k)
+            by_input.setdefault(reshaped_from(graph, nodes[r.anchor].inputs[0], producer), []).append(k)
     merged: dict[int, Region] = {}
     dropped: set[int] = set()
     for ks in by_input.values():
@@ -55,19 +57,19 @@ def group_gemvs(graph: Graph, regions: Sequence[Region], target: dict | None,
             ks = [k for k in ks[1:] if k not in parts]
             if len(parts) < 2:
                 continue
-            group = _merge(graph, [regions[k] for k in parts])
+            group = _merge(graph, nodes, [regions[k] for k in parts])
             if why_not(group, graph) is None:
                 merged[pos] = group
                 dropped |= set(parts[1:])
     return [merged.get(k, r) for k, r in enumerate(regions) if k not in dropped]
 
 
-def _merge(graph: Graph, parts: list[Region]) -> Region:
+def _merge(graph: Graph, nodes: dict, parts: list[Region]) -> Region:
     order = {n.name: k for k, n in enumerate(graph.nodes)}
     members = sorted({m for p in parts for m in p.nodes}, key=order.__getitem__)
     made = {v for p in parts for v in p.outputs}
     inputs = tuple(dict.fromkeys(i for p in parts for i in p.inputs if i not in made))
     outputs = tuple(dict.fromkeys(o for p in parts for o in p.outputs))
-    ops = tuple(op for m in members for op in [next(n.op for n in graph.nodes if n.name == m)])
+    ops = tuple(nodes[m].op for m in members)
     return Region(f"gemv_group_{parts[0].name}", "gemv_group", tuple(members), ops, inputs, outputs,
                   parts[0].anchor, "gemv.group", "torch", sum(p.est_bytes for p in parts))
