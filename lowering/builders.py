@@ -298,7 +298,7 @@ def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) ->
                          else tuple(b.types[a].shape) for a in extra)
     layout = {"trans_A": trans_a, "trans_B": trans_b, "batch_A": batch_a, "batch_B": batch_b}
     if as_gemv:
-        require(decode_rows({"kind": "cuda"}, M, layout),
+        require(gemv_shape(M, layout),
                 f"a gemv group's linear of {M} rows (at most {gemv.GEMV_ROWS}, unbatched)")
     if as_gemv or decode_rows(target, M, layout):  # a decode step's few rows: the weight streamed by warps (templates/gemv.py)
         return gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
@@ -308,11 +308,21 @@ def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) ->
     return dataclasses.replace(spec, packed=packed) if packed else spec
 
 
+# Targets whose decode-step linears are gemv kernels (AMD: compiled there, not yet run). The CPU's one-lane programs
+# would lose to its GEMM template.
+GEMV_TARGETS = ("cuda", "hip")
+
+
 def decode_rows(target: dict, M: int, layout: dict) -> bool:
-    """Whether a GEMM is a linear layer of a decode step on a GPU (CUDA; AMD, compiled there, not yet run): at most
-    ``gemv.GEMV_ROWS`` rows of A times an (N, K) weight, unbatched; the ``gemv`` template takes it."""
-    return (target.get("kind") in ("cuda", "hip") and M <= gemv.GEMV_ROWS and layout["trans_B"] and not layout["trans_A"]
-            and not layout["batch_A"] and not layout["batch_B"])
+    """Whether a GEMM is a linear layer of a decode step on a GPU (``GEMV_TARGETS``) that ``gemv`` takes
+    (``gemv_shape``)."""
+    return target.get("kind") in GEMV_TARGETS and gemv_shape(M, layout)
+
+
+def gemv_shape(M: int, layout: dict) -> bool:
+    """At most ``gemv.GEMV_ROWS`` rows of A times an (N, K) weight, unbatched: the ``gemv`` template's shape."""
+    return M <= gemv.GEMV_ROWS and layout["trans_B"] and not layout["trans_A"] and not layout["batch_A"] \
+        and not layout["batch_B"]
 
 
 def gemm_spec(b: Builder, M: int, N: int, K: int, a: tuple, b_: tuple, epilogue: Expr, mapping, extra,

@@ -5,6 +5,7 @@ spec of them."""
 from __future__ import annotations
 
 from tilefuse.ir import Graph, Node
+from tilefuse.lowering import builders
 from tilefuse.lowering.builders import Builder, KernelSpec, build_gemm, require
 from tilefuse.planner.grouping import reshaped_from
 from tilefuse.planner.plan import Region
@@ -12,7 +13,9 @@ from tilefuse.planner.plan import Region
 
 def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     """A ``gemv_group`` region (``planner.grouping``: linears of one decode-step input): each linear's part built as a
-    ``gemv`` spec, then one ``gemv_group`` spec of them; they must agree on A, its prologue, rows, depth and dtypes."""
+    ``gemv`` spec, then one ``gemv_group`` spec of them; they must agree on A, its prologue, rows, depth and dtypes.
+    Only where a decode step's linear is a gemv (``builders.GEMV_TARGETS``)."""
+    require(target.get("kind") in builders.GEMV_TARGETS, f"no gemv on {target.get('kind')} targets: the linears apart")
     nodes = {n.name: n for n in b.graph.nodes}
     producer = {v.name: n for n in b.graph.nodes for v in n.outputs}
     specs = [build_gemm(Builder(part, b.graph, nodes, b.types, target), nodes[part.anchor], target, as_gemv=True)

@@ -20,6 +20,7 @@ neither a clone of each nor a copy back (HF LLaMA, 8 layers: 16 copies a decode 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ class CapturedGraph:
     copied: tuple[int, ...]  # input positions copied into ``inputs`` before each replay
     aliases: tuple[tuple[int, int], ...]  # (output, static input) pairs where the output is that input
 
-    @property
+    @functools.cached_property
     def kept(self) -> frozenset[int]:
         """The outputs that are static inputs (handed back as the caller's tensors, never copied)."""
         return frozenset(k for k, _ in self.aliases)
@@ -146,7 +147,8 @@ class CudaGraphRunner:
 
     def _position_split(self, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         static = tuple(i for i in self.static_inputs if i < n)
-        split = self._positions[n] = (tuple(i for i in range(n) if i not in set(static)), static)
+        kept = set(static)
+        split = self._positions[n] = (tuple(i for i in range(n) if i not in kept), static)
         return split
 
     def _capture(self, args: Sequence[torch.Tensor]) -> CapturedGraph:

@@ -329,9 +329,9 @@ def test_grouped_linears_of_a_decode_step_match_eager(make, monkeypatch):
     """The grouping a CUDA plan makes (q, k and v of one normalized input as one ``gemv_group`` kernel), made on the c
     target here so that it runs: teacher-forced decode steps give eager's logits (fp32), and every layer's decode plan
     holds a group of TileLang's. (GPT-2's q/k/v are one linear already: no group, the same logits.)"""
-    from tilefuse.planner import grouping
+    from tilefuse.lowering import builders
 
-    monkeypatch.setattr(grouping, "GROUP_TARGETS", ("c",))
+    monkeypatch.setattr(builders, "GEMV_TARGETS", ("c",))  # (the single linears too: gemv kernels on c)
     torch._dynamo.reset()
     eager = make()
     compiled = _twin(eager)

@@ -5,8 +5,8 @@ Note: at a decode step's few rows each linear streams its weight once; apart, ea
 up and its tail (HF LLaMA on the H200, 2026-12-02: q 4.2 us, k and v 2.6 us each, at 2.0 and 0.8 TB/s, where a
 larger weight reads at 2.9-3.7). Grouped they share them. Legality here (GEMM regions of a ``linear`` whose input is
 the same value up to reshapes, whose other inputs exist where the first of them runs); whether the group lowers is the
-lowering's answer (``why_not``: the ``gemv_group`` builder wants at most ``gemv.GEMV_ROWS`` unbatched rows, the same
-prologue and dtypes), asked before the regions are replaced: a group that does not lower stays apart.
+lowering's answer (``why_not``: the ``gemv_group`` builder wants a GPU target, at most ``gemv.GEMV_ROWS`` unbatched
+rows, the same prologue and dtypes), asked before the regions are replaced: a group that does not lower stays apart.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from tilefuse.ir import Graph
 from tilefuse.planner.plan import Region
 
-GROUP_TARGETS = ("cuda", "hip")  # where a decode step's linear is a gemv (lowering.builders.decode_rows)
 # Linears a group takes at most: each is its own copy of the kernel's body (a mixture of experts' dozens of linears of one
 # input would make one kernel of dozens, slow to compile); q, k and v are three.
 GROUP_MAX = 4
@@ -37,7 +36,7 @@ def group_gemvs(graph: Graph, regions: Sequence[Region], target: dict | None,
     """``regions`` with each set of GEMM regions whose ``linear`` reads the same input (up to reshapes) made one
     ``gemv_group`` region where the first of them ran, when the lowering takes it."""
     regions = list(regions)
-    if why_not is None or not target or target.get("kind") not in GROUP_TARGETS:
+    if why_not is None or not target:
         return regions
     nodes = {n.name: n for n in graph.nodes}
     producer = {v.name: n for n in graph.nodes for v in n.outputs}
