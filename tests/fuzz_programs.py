@@ -169,19 +169,24 @@ class Program:
         outs = scope["program"](*(x.double() for x in inputs))
         return tuple(o.to(w.dtype) for o, w in zip(outs, self.fn(*inputs)))
 
-    def wide_reference(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-        """The program with its float16 arithmetic done in float32 (what a fusion compiler does inside a kernel, as
-        Inductor does: values are rounded to float16 where they are stored, not after every op), outputs cast back
-        to eager's dtypes; None for a program with no float16. An intermediate that overflows float16 in eager
-        (``65504 ** 2``) does not overflow so, and that answer is as right as eager's."""
+    def wide_references(self, *inputs: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        """The program with its float16 arithmetic done in float32 (what a fusion compiler does inside a kernel:
+        values are rounded to float16 where they are stored, not after every op), outputs cast back to eager's
+        dtypes; empty for a program with no float16. An intermediate that overflows float16 in eager (``65504 ** 2``)
+        does not overflow so, and that answer is as right as eager's. Two readings of an explicit cast to float16
+        inside a kernel, both as right: dropped (Inductor's, ``1 / 6e-8`` is 1.67e7) or rounded there and no later
+        (``1 / fp16(6e-8)`` is 2**24, where eager's float16 reciprocal overflows)."""
         source = self.source()
         if self.dtype != torch.float16 and "float16" not in source:
-            return None
-        scope = {"torch": torch, "F": F}
-        exec(compile(source.replace("torch.float16", "torch.float32"), "<fuzz program>", "exec"), scope)  # noqa: S102
-        outs = scope["program"](*(x.float() if x.dtype == torch.float16 else x for x in inputs))
-        return tuple(o.to(w.dtype) for o, w in zip(outs, self.fn(*inputs)))
-
+            return []
+        wide = [x.float() if x.dtype == torch.float16 else x for x in inputs]
+        runs = []
+        for text in (source, source.replace(".to(torch.float16)", ".half().float()")):
+            scope = {"torch": torch, "F": F}
+            exec(compile(text.replace("torch.float16", "torch.float32"), "<fuzz program>", "exec"), scope)  # noqa: S102
+            outs = scope["program"](*wide)
+            runs.append(tuple(o.to(w.dtype) for o, w in zip(outs, self.fn(*inputs))))
+        return runs
 
 
 # Base shapes: size-0 and size-1 dims, odd sizes, rows that do not fill a tile.
