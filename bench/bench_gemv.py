@@ -110,7 +110,7 @@ def group_rows(target: dict, device: str, rows: list[int], timer) -> list[dict]:
             got = kern(x, *sets[0])
             good = all(torch.allclose(g.float(), r, rtol=1e-2, atol=1e-2) for g, r in zip(got, want))
             t = timer([(lambda k=kern, ws=ws, x=x: k(x, *ws)) for ws in sets])
-            row["configs"][f"{cfg['block_N']}/{cfg['threads']}"] = {"ms": t, "ok": good}
+            row["configs"][gemv.config_label(cfg)] = {"ms": t, "ok": good}
         row["ok"] = ok and all(v["ok"] for v in row["configs"].values())
         best = min(row["configs"].items(), key=lambda kv: kv[1]["ms"])
         print(f"{name:14s} M={M} cuBLAS {row['cublas_ms']:.4f} ms, concatenated {row['cublas_cat_ms']:.4f} | gemv "
@@ -169,9 +169,9 @@ def main() -> int:
             err = ((got - want).abs() / (want.abs() + 1e-2)).max().item()
             ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2)
             t = graph_ms([(lambda w=w, k=kern, x=x, e=extras: k(x, w, *e)) for w in ws])
-            row["configs"][f"{cfg['block_N']}/{cfg['threads']}"] = {"ms": t, "ok": ok, "rel_err": err}
+            row["configs"][gemv.config_label(cfg)] = {"ms": t, "ok": ok, "rel_err": err}
         pick = configs[0]
-        row["default"] = f"{pick['block_N']}/{pick['threads']}"
+        row["default"] = gemv.config_label(pick)
         best = min(row["configs"].items(), key=lambda kv: kv[1]["ms"])
         gb = N * K * 2 / 1e9
         print(f"{name:14s} M={M} {epi:8s} cuBLAS {t_torch:.4f} ms ({gb / t_torch:.2f} TB/s) | "

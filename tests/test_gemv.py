@@ -49,6 +49,21 @@ def test_gemv_matches_the_reference_on_c(rng, M, N, K, epilogue):
     torch.testing.assert_close(kernel(A, B, *extras), want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.parametrize("unroll", [1, 3, 8, 64])
+def test_gemv_unroll_matches_the_reference_on_c(rng, unroll):
+    """``unroll`` (steps along K whose loads are issued together): any count, dividing a row's steps or not, more
+    than it has, gives every element (NaN and inf included) as the reference."""
+    for M, N, K in ((2, 19, 1000), (1, 12, 13), (3, 9, 36)):
+        A, B, *extras = _case(rng, M, N, K, torch.float32, RESIDUAL, specials=True)
+        f = gemv.gemv(M, N, K, A_dtype="float32", epilogue=RESIDUAL, extra_shapes=[tuple(extras[0].shape)],
+                      extra_dtypes=["float32"], target=C, block_N=8, threads=1, unroll=unroll)
+        (kernel,) = compile_many([(f, [-1])], C)
+        want = reference(A, B, extras, trans_B=True, epilogue=RESIDUAL)
+        torch.testing.assert_close(kernel(A, B, *extras), want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    with pytest.raises(ValueError, match="unroll=0"):
+        gemv.gemv(1, 8, 16, A_dtype="float32", target=C, unroll=0)
+
+
 def _group_case(rng, M, Ns, K, dtype, device="cpu"):
     """A group of weights over one A: q/k/v-like (a bias on the second, a residual on the third), NaN in A, inf in a
     weight, tails in N and K."""

@@ -26,7 +26,7 @@ from tilefuse.lowering.templates.gemm import epilogue_at, operand_types
 # (bench_gemv.py, bench/results/2026-12-02-h200-session11) one row reads the weight at 2-3.9 TB/s, 1.05-2.8x cuBLAS,
 # where eight rows run out of arithmetic (1.1-2.3 TB/s, 0.6-0.9x cuBLAS but for the smallest weights).
 GEMV_ROWS = 4
-# Loads of a lane in flight: its rows' vectors for this many steps along K.
+# Loads of a lane in flight: its rows' vectors for this many steps along K (the default; ``unroll`` is a tunable).
 UNROLL = 4
 
 
@@ -45,17 +45,20 @@ def gemv(
     extra_dtypes: Sequence[str] = (),
     block_N: int = 8,
     threads: int = 128,
+    unroll: int = UNROLL,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B^T)``; parameters ``A (M, K), B (N, K), extra_0.., C (M,
     N)``. ``prologue``/``epilogue`` as ``gemm``'s (the product runs in ``B_dtype``'s values, summed in fp32).
-    Tunables: ``block_N`` weight rows a program, over ``threads // 32`` warps (CPU targets: one lane)."""
+    Tunables: ``block_N`` weight rows a program, over ``threads // 32`` warps (CPU targets: one lane); ``unroll``
+    steps along K whose loads a lane issues before it multiplies (a 2048-deep row of float16 is 8 steps: 8 is one
+    round trip to memory, 4 two)."""
     B_dtype, out_dtype, extra_shapes = operand_types("gemv", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
                                                      prologue, target)
     if broadcast_shapes((M, N), *extra_shapes) != (M, N):
         raise ValueError(f"gemv: extra inputs {extra_shapes} do not broadcast to the output {(M, N)}")
     return _gemv((N,), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, (epilogue,), list(extra_shapes),
-                 list(extra_dtypes), (tuple(range(len(extra_shapes))),), block_N, threads, target)
+                 list(extra_dtypes), (tuple(range(len(extra_shapes))),), block_N, threads, unroll, target)
 
 
 def gemv_group(
@@ -74,6 +77,7 @@ def gemv_group(
     extras_of: Sequence[Sequence[int]] = (),
     block_N: int = 8,
     threads: int = 128,
+    unroll: int = UNROLL,
     target: dict | str = "cuda",
 ):
     """Several linears of the same rows in one launch (a decode step's q, k and v projections of one normalized
@@ -92,14 +96,16 @@ def gemv_group(
         if broadcast_shapes((M, N), *shapes) != (M, N):
             raise ValueError(f"gemv_group: extra inputs {shapes} do not broadcast to the output {(M, N)}")
     return _gemv(tuple(Ns), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, list(extra_shapes),
-                 list(extra_dtypes), extras_of, block_N, threads, target)
+                 list(extra_dtypes), extras_of, block_N, threads, unroll, target)
 
 
 def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, extra_shapes, extra_dtypes,
-          extras_of, block_N, threads, target):
+          extras_of, block_N, threads, unroll, target):
     """The kernel of ``gemv`` (one weight, its parameters named ``B`` and ``C``) and ``gemv_group`` (``B_i``, ``C_i``)."""
     if not 1 <= M <= GEMV_ROWS:
         raise ValueError(f"gemv: {M} rows; at most {GEMV_ROWS} (a GEMM takes more)")
+    if unroll < 1:
+        raise ValueError(f"gemv: unroll={unroll}; at least 1")
     d = dialect(target)
     lanes = 1 if d.cpu else 32
     warps = 1 if d.cpu else threads // 32
@@ -143,11 +149,11 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
     def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp):
         """This program's ``block_N`` rows of weight ``B`` (``bx``: its program among that weight's) into ``C``."""
         T.clear(acc)
-        for t in T.serial(full // UNROLL):
-            for u in T.unroll(UNROLL):
-                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * UNROLL + u) * lanes + lane) * vec)
-        for u in T.unroll(full % UNROLL):
-            step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // UNROLL * UNROLL + u) * lanes + lane) * vec)
+        for t in T.serial(full // unroll):
+            for u in T.unroll(unroll):
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec)
+        for u in T.unroll(full % unroll):
+            step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // unroll * unroll + u) * lanes + lane) * vec)
         if K % step:  # noqa: SIM102 -- a Python test, then a TIR one: the row's last part, a vector a lane
             if (full * lanes + lane) * vec < K:
                 step_at(N, A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec)
@@ -188,7 +194,16 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
 def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
     """Programs of 4-32 weight rows on 4 or 8 warps (one lane on CPU targets), the default pick first: one row a warp
     read every weight fastest or within 6% on the H200 at one row of A (bench_gemv.py,
-    bench/results/2026-12-02-h200-session11: 1.04-2.25x cuBLAS on HF LLaMA's and LLaMA-3-8B's projections)."""
+    bench/results/2026-12-02-h200-session11: 1.04-2.25x cuBLAS on HF LLaMA's and LLaMA-3-8B's projections). The
+    same with all eight steps of a 2048-deep row's loads in flight (``unroll`` 8, one trip to memory where 4 makes
+    two: the small weights' kernels, 2.6-4.2 us, are mostly that latency) are candidates, not yet measured."""
     if dialect(target).cpu:
         return [{"block_N": 8, "threads": 1}]
-    return [{"block_N": n, "threads": t} for n, t in ((4, 128), (8, 128), (16, 128), (16, 256), (32, 256))]
+    return [{"block_N": n, "threads": t} for n, t in ((4, 128), (8, 128), (16, 128), (16, 256), (32, 256))] + \
+        [{"block_N": n, "threads": 128, "unroll": 8} for n in (4, 8, 16)]
+
+
+def config_label(config: dict) -> str:
+    """A config as benchmark tables name it: ``block_N/threads``, ``/u8`` where it unrolls other than ``UNROLL``."""
+    u = config.get("unroll", UNROLL)
+    return f"{config['block_N']}/{config['threads']}" + (f"/u{u}" if u != UNROLL else "")
