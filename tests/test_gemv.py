@@ -22,6 +22,8 @@ C = {"kind": "c"}
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
 BIAS_GELU = Call("gelu", (Call("add", (Acc(), Arg(0))),), {"approximate": "tanh"})
 RESIDUAL = Call("add", (Acc(), Arg(0)))
+SILU = Call("silu", (Acc(),))
+GATED = Call("add", (Call("mul", (Arg(0), Acc())), Arg(1)))  # silu(gate) * up, plus a residual
 
 
 def _case(rng, M, N, K, dtype, epilogue, specials=False, device="cpu"):
@@ -96,12 +98,51 @@ def test_gemv_group_matches_the_reference_on_c(rng, M, Ns, K):
         torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+def _check_joined(rng, M, K, stored, dtype, target, device, tol):
+    """A gated MLP's gate and up of one input in one launch (``extras_of`` -1: the up's epilogue reads the gate's
+    output, computed by the same programs and never stored unless asked), beside a weight of its own (q-like, a
+    bias), every config: each output element (NaN and inf included) as the weights' own references give it."""
+    N, Nq, dt = 37, 20, str(dtype)[6:]
+    A = torch.randn(M, K, generator=rng).to(dtype)
+    A[0, K // 2] = float("nan")
+    gate, up, q = ((torch.randn(n, K, generator=rng) * 0.1).to(dtype) for n in (N, N, Nq))
+    up[N - 1, 0] = float("inf")
+    res, bias = torch.randn(M, N, generator=rng).to(dtype), torch.randn(Nq, generator=rng).to(dtype)
+    g = reference(A, gate, trans_B=True, epilogue=SILU)
+    want = [reference(A, q, [bias], trans_B=True, epilogue=BIAS_GELU)] + ([g] if stored[0] else []) + \
+        [reference(A, up, [g, res], trans_B=True, epilogue=GATED)]
+    items = [(gemv.gemv_group(M, (Nq, N, N), K, A_dtype=dt, epilogues=[BIAS_GELU, SILU, GATED],
+                              extra_shapes=[(Nq,), (M, N)], extra_dtypes=[dt] * 2, extras_of=[(0,), (), (-2, 1)],
+                              stored=(True, *stored), target=target, **cfg), list(range(-1 - sum(stored), 0)))
+             for cfg in gemv.get_configs(target)]
+    for kernel in compile_many(items, target):
+        got = kernel(*(t.to(device) for t in (A, q, gate, up, bias, res)))
+        assert len(got) == len(want)
+        for o, w in zip(got, want):
+            torch.testing.assert_close(o.cpu(), w, equal_nan=True, **tol)
+        assert torch.isnan(got[-1][0]).all() and not torch.isnan(got[-1][1:]).any()
+
+
+@pytest.mark.parametrize("M, K, stored", [(1, 64, (False, True)), (3, 300, (True, True)), (4, 13, (False, True))])
+def test_gemv_group_joined_weights_match_the_reference_on_c(rng, M, K, stored):
+    """A gate and up in one launch on the c target (see ``_check_joined``)."""
+    assert gemv.joined_sets([(0,), (), (-2, 1)]) == [[0], [1, 2]]
+    assert gemv.joined_sets([(-3,), (), (-1, -2)]) == [[0, 1, 2]]
+    _check_joined(rng, M, K, stored, torch.float32, C, "cpu", {"rtol": 1e-5, "atol": 1e-5})
+
+
 def test_gemv_group_refusals():
     with pytest.raises(ValueError, match="epilogues"):
         gemv.gemv_group(1, (8, 8), 16, epilogues=[None], target=SM90)
     with pytest.raises(ValueError, match="broadcast"):
         gemv.gemv_group(1, (8, 16), 16, epilogues=[None, RESIDUAL], extra_shapes=[(1, 8)], extra_dtypes=["float16"],
                         extras_of=[(), (0,)], target=SM90)
+    with pytest.raises(ValueError, match="weight 1 reads weight 1"):
+        gemv.gemv_group(1, (8, 8), 16, epilogues=[None, None], extras_of=[(), (-2,)], target=SM90)
+    with pytest.raises(ValueError, match="weight 1 reads weight 0's output: it must be an earlier weight of the same"):
+        gemv.gemv_group(1, (8, 16), 16, epilogues=[None, None], extras_of=[(), (-1,)], target=SM90)
+    with pytest.raises(ValueError, match="stored flags"):
+        gemv.gemv_group(1, (8, 8), 16, stored=(True,), target=SM90)
 
 
 def test_gemv_prologue_and_a_cast(rng):
@@ -164,6 +205,10 @@ def test_gemv_group_compiles_for_sm90a():
     items = [(gemv.gemv_group(1, Ns, K, target=SM90, **cfg), list(range(-len(Ns), 0)))
              for cfg in gemv.get_configs(SM90) for Ns, K in (((2048, 512, 512), 2048), ((5632, 5632), 2048),
                                                            ((100, 37, 9), 13))]
+    items += [(gemv.gemv_group(M, (5632, 5632), K, epilogues=[SILU, GATED], extra_shapes=[(M, 5632)],
+                               extra_dtypes=["float16"], extras_of=[(), (-1, 0)], stored=(False, True), target=SM90,
+                               **cfg), [-1])
+              for cfg in gemv.get_configs(SM90) for M, K in ((1, 2048), (3, 13))]  # a gated MLP's gate and up
     kernels = compile_many(items, SM90, return_exceptions=True)
     assert not [k for k in kernels if isinstance(k, Exception)], kernels
 
@@ -184,6 +229,8 @@ def test_gemv_group_configs_gpu(rng, dtype):
         for kernel in compile_many(items, target):
             for o, w in zip(kernel(A, *Bs, *extras), want):
                 torch.testing.assert_close(o, w, equal_nan=True, **tol)
+    for M, K, stored in ((1, 2048, (False, True)), (gemv.GEMV_ROWS, 1000, (True, True))):
+        _check_joined(rng, M, K, stored, dtype, target, "cuda", tol)
 
 
 @pytest.mark.gpu

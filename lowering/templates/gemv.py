@@ -75,33 +75,63 @@ def gemv_group(
     extra_shapes: Sequence[Sequence[int]] = (),
     extra_dtypes: Sequence[str] = (),
     extras_of: Sequence[Sequence[int]] = (),
+    stored: Sequence[bool] = (),
     block_N: int = 8,
     threads: int = 128,
     unroll: int = UNROLL,
     target: dict | str = "cuda",
 ):
     """Several linears of the same rows in one launch (a decode step's q, k and v projections of one normalized
-    input): ``C_i = epilogue_i(prologue(A) @ B_i^T)``; parameters ``A (M, K), B_0 (N_0, K).., extra_0.., C_0 (M,
-    N_0)..``. Epilogue ``i`` reads the extras ``extras_of[i]`` (their positions among ``extra_shapes``), each
-    broadcasting to ``(M, N_i)``. A program computes ``block_N`` rows of one weight; the weights' programs follow one
-    another, so every weight streams as it would alone, and the launch (and the GPU's ramp up and tail) is shared."""
+    input): ``C_i = epilogue_i(prologue(A) @ B_i^T)``; parameters ``A (M, K), B_0 (N_0, K).., extra_0.., C_i (M,
+    N_i)`` for each ``stored`` weight (default all). Epilogue ``i`` reads the extras ``extras_of[i]`` (their positions
+    among ``extra_shapes``), each broadcasting to ``(M, N_i)``; a position ``-1 - k`` there is weight ``k``'s own
+    output instead (``k < i``, ``N_k == N_i``: a gated MLP's up projection reading ``silu(gate)``), which never
+    goes through memory: weights so joined are computed by the same programs, one after the other. A program
+    computes ``block_N`` rows of one weight (or of each weight of a joined set); the programs follow one another, so
+    every weight streams as it would alone, and the launch (and the GPU's ramp up and tail) is shared."""
     g = len(Ns)
     epilogues, extras_of = tuple(epilogues) or (None,) * g, tuple(tuple(e) for e in extras_of) or ((),) * g
-    if g < 1 or len(epilogues) != g or len(extras_of) != g:
-        raise ValueError(f"gemv_group: {g} weights, {len(epilogues)} epilogues, {len(extras_of)} extras lists")
+    stored = tuple(stored) or (True,) * g
+    if g < 1 or len(epilogues) != g or len(extras_of) != g or len(stored) != g:
+        raise ValueError(f"gemv_group: {g} weights, {len(epilogues)} epilogues, {len(extras_of)} extras lists, "
+                         f"{len(stored)} stored flags")
     B_dtype, out_dtype, extra_shapes = operand_types("gemv", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
                                                      prologue, target)
-    for N, own in zip(Ns, extras_of):
-        shapes = [extra_shapes[j] for j in own]
+    for i, (N, own) in enumerate(zip(Ns, extras_of)):
+        shapes = [extra_shapes[j] for j in own if j >= 0]
         if broadcast_shapes((M, N), *shapes) != (M, N):
             raise ValueError(f"gemv_group: extra inputs {shapes} do not broadcast to the output {(M, N)}")
+        for k in (-1 - j for j in own if j < 0):
+            if not (0 <= k < i and Ns[k] == N):
+                raise ValueError(f"gemv_group: weight {i} reads weight {k}'s output: it must be an earlier weight of "
+                                 f"the same rows ({N})")
     return _gemv(tuple(Ns), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, list(extra_shapes),
-                 list(extra_dtypes), extras_of, block_N, threads, unroll, target)
+                 list(extra_dtypes), extras_of, block_N, threads, unroll, target, stored)
+
+
+def joined_sets(extras_of: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The weights computed by the same programs (one reads another's output, ``gemv_group``), each set in order,
+    the sets in the order of their first weights."""
+    of = list(range(len(extras_of)))
+
+    def root(i):
+        while of[i] != i:
+            i = of[i]
+        return i
+
+    for i, own in enumerate(extras_of):
+        for k in (-1 - j for j in own if j < 0):
+            of[root(i)] = root(k)
+    sets: dict[int, list[int]] = {}
+    for i in range(len(extras_of)):
+        sets.setdefault(root(i), []).append(i)
+    return sorted(sets.values())
 
 
 def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, extra_shapes, extra_dtypes,
-          extras_of, block_N, threads, unroll, target):
+          extras_of, block_N, threads, unroll, target, stored=None):
     """The kernel of ``gemv`` (one weight, its parameters named ``B`` and ``C``) and ``gemv_group`` (``B_i``, ``C_i``)."""
+    stored = stored or (True,) * len(Ns)
     if not 1 <= M <= GEMV_ROWS:
         raise ValueError(f"gemv: {M} rows; at most {GEMV_ROWS} (a GEMM takes more)")
     if unroll < 1:
@@ -116,9 +146,11 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
     vec = vec if K % vec == 0 else 1  # a row that is not whole vectors (nor 16-byte aligned) reads elements
     step = lanes * vec
     full = K // step  # steps every lane reads whole
-    blocks = [(N + block_N - 1) // block_N for N in Ns]
-    first = [sum(blocks[:i]) for i in range(len(Ns))]  # each weight's first program
+    sets = joined_sets(extras_of)
+    blocks = [(Ns[ws[0]] + block_N - 1) // block_N for ws in sets]
+    first = [sum(blocks[:i]) for i in range(len(sets))]  # each set's first program
     one = len(Ns) == 1
+    kept = {k for own in extras_of for k in (-1 - j for j in own if j < 0)}  # weights whose output another reads
 
     def a_elem(a):
         """An element of A as the product reads it: through the prologue, in ``B_dtype``'s values (as ``gemm``)."""
@@ -145,9 +177,19 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                 for e in T.unroll(vec):
                     acc[m, r] += a_elem(a_r[m, e]) * T.Cast(accum_dtype, b_r[r, e])
 
+    def finish(epilogue, acc, extras, shapes, fed, m, r, n):
+        """Output element (m, n) of a weight from its sum ``acc[m, r]``: through its epilogue, whose extras are read
+        at (m, n) or are the ``fed`` outputs of other weights (kept, (M, R))."""
+        if epilogue is None:
+            return acc[m, r]
+        return epilogue_at(epilogue, acc[m, r], extras, shapes, [m, n], accum_dtype,
+                           {p: f[m, r] for p, f in fed.items()})
+
     @T.macro
-    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp):
-        """This program's ``block_N`` rows of weight ``B`` (``bx``: its program among that weight's) into ``C``."""
+    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed):
+        """This program's ``block_N`` rows of weight ``B`` (``bx``: its program among that weight's) into ``C`` (None:
+        not stored) and ``keep`` (None: no other weight reads them); ``fed``: epilogue argument -> the kept output
+        (M, R) of the weight it reads."""
         T.clear(acc)
         for t in T.serial(full // unroll):
             for u in T.unroll(unroll):
@@ -163,30 +205,40 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                     acc[m, r] = acc[m, r] + T.shfl_xor(acc[m, r], 1 << off)
         for m, r in T.grid(M, R):
             n = bx * block_N + warp * R + r
-            if T.And(lane == (m * R + r) % lanes, n < N):
-                C[m, n] = T.Cast(out_dtype, acc[m, r] if epilogue is None else
-                                 epilogue_at(epilogue, acc[m, r], extras, shapes, [m, n], accum_dtype))
+            if keep is not None:  # every lane holds the sums after the shuffles: each keeps them all
+                keep[m, r] = T.Cast(out_dtype, finish(epilogue, acc, extras, shapes, fed, m, r, n))
+            if C is not None:  # noqa: SIM102 -- a Python test, then a TIR one
+                if T.And(lane == (m * R + r) % lanes, n < N):
+                    C[m, n] = T.Cast(out_dtype, finish(epilogue, acc, extras, shapes, fed, m, r, n))
+
+    def weight(i, bx, bufs):
+        """Weight ``i``'s rows of program ``bx`` (among its set's programs), its epilogue's extras or kept outputs."""
+        A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp = bufs
+        own = extras_of[i]
+        rows_of(Ns[i], A, Bs[i], Cs[i], epilogues[i], [extras[j] if j >= 0 else None for j in own],
+                [extra_shapes[j] if j >= 0 else None for j in own], acc, a_r, b_r, bx, lane, warp, keeps.get(i),
+                {p: keeps[-1 - j] for p, j in enumerate(own) if j < 0})
 
     @T.prim_func
     def gemv_kernel():
         A = param("A", (M, K), A_dtype)
         Bs = [param("B" if one else f"B{i}", (N, K), B_dtype) for i, N in enumerate(Ns)]
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
-        Cs = [param("C" if one else f"C{i}", (M, N), out_dtype) for i, N in enumerate(Ns)]
+        Cs = [param("C" if one else f"C{i}", (M, N), out_dtype) if stored[i] else None for i, N in enumerate(Ns)]
         with d.kernel(sum(blocks), threads=threads) as bx:
             acc = T.alloc_local((M, R), accum_dtype)
             a_r = T.alloc_local((M, vec), A_dtype)
             b_r = T.alloc_local((R, vec), B_dtype)
+            keeps = {k: T.alloc_local((M, R), out_dtype) for k in sorted(kept)}
             tx = 0 if d.cpu else T.get_thread_binding(0)
             lane, warp = tx % lanes, tx // lanes
-            for i, N in enumerate(Ns):
-                own = extras_of[i]
+            bufs = (A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp)
+            for s, ws in enumerate(sets):
                 if one:
-                    rows_of(N, A, Bs[i], Cs[i], epilogues[i], [extras[j] for j in own],
-                            [extra_shapes[j] for j in own], acc, a_r, b_r, bx, lane, warp)
-                elif T.And(bx >= first[i], bx < first[i] + blocks[i]):
-                    rows_of(N, A, Bs[i], Cs[i], epilogues[i], [extras[j] for j in own],
-                            [extra_shapes[j] for j in own], acc, a_r, b_r, bx - first[i], lane, warp)
+                    weight(ws[0], bx, bufs)
+                elif T.And(bx >= first[s], bx < first[s] + blocks[s]):
+                    for i in ws:
+                        weight(i, bx - first[s], bufs)
 
     return gemv_kernel
 
