@@ -10,8 +10,10 @@ element is checked against the fp32 reference. Prints a table (ms per call, TB/s
 
 ``--groups``: instead, the linears a decode step applies to one input (q/k/v, gate/up) as one ``gemv_group`` launch,
 against the same weights as separate ``gemv`` launches (the default config), separate cuBLAS calls, and one cuBLAS
-call on the weights concatenated (what a plan-time concatenation would give). ``--device cpu`` runs the same on the
-``c`` target with wall-clock timing and tiny shapes (a check of the script, not a measurement).
+call on the weights concatenated (what a plan-time concatenation would give). Then each gate/up pair as a gated MLP's
+decode step runs it: one launch whose up reads ``silu(gate)`` in registers (the gate never stored, every config)
+against the two launches a plan made before (the gate stored, the up's epilogue reading it). ``--device cpu`` runs
+the same on the ``c`` target with wall-clock timing and tiny shapes (a check of the script, not a measurement).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ GROUPS = {"llama q/k/v": ((2048, 512, 512), 2048), "llama gate/up": ((5632, 5632
           "8b q/k/v": ((4096, 1024, 1024), 4096), "8b gate/up": ((14336, 14336), 4096)}
 CPU_GROUPS = {"tiny q/k/v": ((64, 16, 16), 64), "tiny gate/up": ((96, 96), 64)}
 L2_BYTES = 50 * 2**20
+SILU = Call("silu", (Acc(),))
+GATED = Call("mul", (Call("silu", (Arg(0),)), Acc()))  # the up's epilogue reading the stored gate
+JOINED = Call("mul", (Arg(0), Acc()))  # the up's epilogue reading the gate's silu in registers
 
 
 def graph_ms(calls, reps: int = 20) -> float:
@@ -123,6 +128,52 @@ def group_rows(target: dict, device: str, rows: list[int], timer) -> list[dict]:
     return out
 
 
+def gated_rows(target: dict, device: str, rows: list[int], timer) -> list[dict]:
+    """Each gate/up pair of ``GROUPS`` (``CPU_GROUPS``) at each row count: ms per call of the joined ``gemv_group``
+    (every config) and of the two launches apart (the default config); every output checked against the fp32
+    reference of ``silu(x @ gate^T) * (x @ up^T)``."""
+    groups = {k: v for k, v in (GROUPS if device == "cuda" else CPU_GROUPS).items() if "gate/up" in k}
+    configs = gemv.get_configs(target)
+    dt = "float16" if device == "cuda" else "float32"
+    dtype = getattr(torch, dt)
+    cases = [(name, M, Ns[0], K) for name, (Ns, K) in groups.items() for M in rows]
+    items = []
+    for _, M, N, K in cases:
+        items += [(gemv.gemv_group(M, (N, N), K, A_dtype=dt, epilogues=[SILU, JOINED], extras_of=[(), (-1,)],
+                                   stored=(False, True), target=target, **cfg), [-1]) for cfg in configs]
+        items += [(gemv.gemv(M, N, K, A_dtype=dt, target=target, **configs[0]), [-1]),
+                  (gemv.gemv(M, N, K, A_dtype=dt, epilogue=GATED, extra_shapes=[(M, N)], extra_dtypes=[dt],
+                             target=target, **configs[0]), [-1])]
+    kernels = iter(compile_many(items, target))
+    out = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    for name, M, N, K in cases:
+        nbytes = 2 * N * K * torch.finfo(dtype).bits // 8
+        copies = max(2, -(-4 * L2_BYTES // nbytes)) if device == "cuda" else 2
+        sets = [[torch.randn(N, K, device=device, dtype=dtype, generator=gen) * 0.05 for _ in range(2)]
+                for _ in range(copies)]
+        x = torch.randn(M, K, device=device, dtype=dtype, generator=gen)
+        g = reference(x, sets[0][0], trans_B=True)
+        want = reference(x, sets[0][1], [g], trans_B=True, epilogue=GATED).float()
+        joined = [next(kernels) for _ in configs]
+        gate_k, up_k = next(kernels), next(kernels)
+        row = {"pair": name, "M": M, "N": N, "K": K, "configs": {}}
+        row["apart_ms"] = timer([(lambda ws=ws, x=x: up_k(x, ws[1], gate_k(x, ws[0]))) for ws in sets])
+        ok = torch.allclose(up_k(x, sets[0][1], gate_k(x, sets[0][0])).float(), want, rtol=1e-2, atol=1e-2)
+        for cfg, kern in zip(configs, joined):
+            good = torch.allclose(kern(x, *sets[0]).float(), want, rtol=1e-2, atol=1e-2)
+            t = timer([(lambda k=kern, ws=ws, x=x: k(x, *ws)) for ws in sets])
+            row["configs"][gemv.config_label(cfg)] = {"ms": t, "ok": good}
+        row["ok"] = ok and all(v["ok"] for v in row["configs"].values())
+        best = min(row["configs"].items(), key=lambda kv: kv[1]["ms"])
+        print(f"{name:14s} M={M} gated: apart {row['apart_ms']:.4f} ms | joined "
+              + " ".join(f"{k} {v['ms']:.4f}{'' if v['ok'] else ' BAD'}" for k, v in row["configs"].items())
+              + f" | best {best[0]} {nbytes / 1e9 / best[1]['ms']:.2f} TB/s, x{row['apart_ms'] / best[1]['ms']:.2f} "
+              f"apart{'' if row['ok'] else ' BAD'}", flush=True)
+        out.append(row)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -132,8 +183,9 @@ def main() -> int:
     a = ap.parse_args()
     if a.groups:
         target = default_target() if a.device == "cuda" else {"kind": "c"}
-        rows = group_rows(target, a.device, [int(r) for r in a.rows.split(",") if int(r) <= gemv.GEMV_ROWS],
-                          graph_ms if a.device == "cuda" else wall_ms)
+        counts = [int(r) for r in a.rows.split(",") if int(r) <= gemv.GEMV_ROWS]
+        timer = graph_ms if a.device == "cuda" else wall_ms
+        rows = group_rows(target, a.device, counts, timer) + gated_rows(target, a.device, counts, timer)
         if a.json:
             _write(a.json, rows)
         return 0 if all(r["ok"] for r in rows) else 1

@@ -348,9 +348,14 @@ def test_grouped_linears_of_a_decode_step_match_eager(make, monkeypatch):
     assert counting.backend.failures == []
     decode = counting.runners[-1]
     groups = [r for r in decode.plan.regions if r.kind == "gemv_group"]
-    if make is tiny_llama:
-        assert len(groups) == eager.config.num_hidden_layers and all(r.backend == "tilelang" for r in groups)
-        assert all(r.ops.count("linear") == 3 for r in groups)
+    if make is tiny_llama:  # per layer: q/k/v, and gate/up with the up's silu(gate) * up (the gate never stored)
+        layers = eager.config.num_hidden_layers
+        assert len(groups) == 2 * layers and all(r.backend == "tilelang" for r in groups)
+        assert sum(r.ops.count("linear") == 3 for r in groups) == layers
+        mlps = [r for r in groups if r.ops.count("linear") == 2]
+        assert len(mlps) == layers and all({"silu", "mul"} <= set(r.ops) and len(r.outputs) == 1 for r in mlps)
+        kernels = [decode.kernels[r.name] for r in mlps]
+        assert all(dict(k.spec.params)["stored"] == (False, True) for k in kernels)
     else:
         assert groups == []
     assert not any(r.kind == "gemv_group" for r in counting.runners[0].plan.regions)  # the prefill's 5 rows: apart

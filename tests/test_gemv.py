@@ -291,3 +291,32 @@ def test_the_planner_groups_a_decode_steps_linears_of_one_input():
     for rows, target in ((gemv.GEMV_ROWS + 1, SM90), (1, C)):
         p = plan_step(graph(rows), Options(target=target, quiet=True)).plan
         assert not any(r.kind == "gemv_group" for r in p.regions)
+
+
+@pytest.mark.parametrize("form", ["joined", "gate_returned", "transposed"])
+def test_the_planner_joins_a_gated_mlps_gate_and_up(form):
+    """A decode step's gated MLP (``silu(x @ gate^T) * (x @ up^T)``) on a GPU: one ``gemv_group`` region whose up reads
+    the gate's output in registers, the gate never stored. Where the graph returns the gate's output, or the product
+    reads both through transposes, the planner leaves ``silu * up`` to an elementwise kernel: the two linears group
+    apart from each other's outputs, both stored."""
+    from tilefuse.lowering.dispatch import build
+
+    b = GraphBuilder("gated_mlp")
+    x = b.input("x", TensorType((1, 1, 64), "float16"))
+    g = b.add1("linear", [x, b.input("gate", TensorType((96, 64), "float16"))])
+    u = b.add1("linear", [x, b.input("up", TensorType((96, 64), "float16"))])
+    s = b.add1("silu", [g])
+    if form == "transposed":
+        s = b.add1("transpose", [b.add1("reshape", [s], shape=[1, 8, 12])], dim0=1, dim1=2)
+        u = b.add1("transpose", [b.add1("reshape", [u], shape=[1, 8, 12])], dim0=1, dim1=2)
+    graph = b.build([b.add1("mul", [s, u])] + ([g] if form == "gate_returned" else []))
+    p = plan_step(graph, Options(target=SM90, quiet=True)).plan
+    (group,) = [r for r in p.regions if r.kind == "gemv_group"]
+    assert group.backend == "tilelang" and group.ops.count("linear") == 2
+    kw = build(group, p.graph, SM90).factory_kwargs()
+    assert kw["Ns"] == (96, 96)
+    if form == "joined":
+        assert len(p.regions) == 1 and kw["extras_of"] == ((), (-1,)) and kw["stored"] == (False, True)
+    else:
+        assert kw["extras_of"] == ((), ()) and "stored" not in kw
+        assert [r.kind for r in p.regions] == ["gemv_group", "elementwise"]

@@ -231,3 +231,7 @@ def test_decode_linear_layers_compile_to_gfx942_as_gemv(toolchain):
         f = gemv.gemv_group(1, (2048, 512, 512), 2048, target=GFX942, **cfg)  # q/k/v in one launch
         src, shared = lower_source(f, GFX942)
         check_code_object(vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared), f"{cfg} group")
+        f = gemv.gemv_group(1, (5632, 5632), 2048, epilogues=[Call("silu", (Acc(),)), Call("mul", (Arg(0), Acc()))],
+                            extras_of=[(), (-1,)], stored=(False, True), target=GFX942, **cfg)  # gate and up joined
+        src, shared = lower_source(f, GFX942)
+        check_code_object(vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared), f"{cfg} gated")

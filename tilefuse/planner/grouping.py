@@ -4,8 +4,9 @@ one ``gemv_group`` launch.
 Note: at a decode step's few rows each linear streams its weight once; apart, each also pays a launch, the GPU's ramp
 up and its tail (HF LLaMA on the H200, 2026-12-02: q 4.2 us, k and v 2.6 us each, at 2.0 and 0.8 TB/s, where a
 larger weight reads at 2.9-3.7). Grouped they share them. Legality here (GEMM regions of a ``linear`` whose input is
-the same value up to reshapes, whose other inputs exist where the first of them runs); whether the group lowers is the
-lowering's answer (``why_not``: the ``gemv_group`` builder wants a GPU target, at most ``gemv.GEMV_ROWS`` unbatched
+the same value up to reshapes, whose other inputs exist where the first of them runs or are made by another of them: a
+gated MLP's up projection, whose epilogue multiplies by ``silu(gate)``); whether the group lowers is the lowering's
+answer (``why_not``: the ``gemv_group`` builder wants a GPU target, at most ``gemv.GEMV_ROWS`` unbatched
 rows, the same prologue and dtypes), asked before the regions are replaced: a group that does not lower stays apart.
 """
 
@@ -50,9 +51,11 @@ def group_gemvs(graph: Graph, regions: Sequence[Region], target: dict | None,
     dropped: set[int] = set()
     for ks in by_input.values():
         while len(ks) > 1:
-            pos = ks[0]
-            parts = [k for k in ks if all(i in outside or made_at.get(i, len(regions)) < pos
-                                          for i in regions[k].inputs)][:GROUP_MAX]
+            pos, parts = ks[0], []
+            for k in ks:  # what a part reads exists where the group runs, or is another part's (the lowering decides)
+                if len(parts) < GROUP_MAX and all(i in outside or made_at.get(i, len(regions)) < pos or
+                                                  made_at.get(i) in parts for i in regions[k].inputs):
+                    parts.append(k)
             ks = [k for k in ks[1:] if k not in parts]
             if len(parts) < 2:
                 continue
@@ -68,7 +71,9 @@ def _merge(graph: Graph, nodes: dict, parts: list[Region]) -> Region:
     members = sorted({m for p in parts for m in p.nodes}, key=order.__getitem__)
     made = {v for p in parts for v in p.outputs}
     inputs = tuple(dict.fromkeys(i for p in parts for i in p.inputs if i not in made))
-    outputs = tuple(dict.fromkeys(o for p in parts for o in p.outputs))
+    inside = set(members)
+    wanted = set(graph.outputs) | {i for n in graph.nodes if n.name not in inside for i in n.inputs}
+    outputs = tuple(dict.fromkeys(o for p in parts for o in p.outputs if o in wanted))  # (a gate's, read by the up only: no)
     ops = tuple(nodes[m].op for m in members)
     return Region(f"gemv_group_{parts[0].name}", "gemv_group", tuple(members), ops, inputs, outputs,
                   parts[0].anchor, "gemv.group", "torch", sum(p.est_bytes for p in parts))
