@@ -158,7 +158,7 @@ def gated_rows(target: dict, device: str, rows: list[int], timer) -> list[dict]:
         joined = [next(kernels) for _ in configs]
         gate_k, up_k = next(kernels), next(kernels)
         row = {"pair": name, "M": M, "N": N, "K": K, "configs": {}}
-        row["apart_ms"] = timer([(lambda ws=ws, x=x: up_k(x, ws[1], gate_k(x, ws[0]))) for ws in sets])
+        row["apart_ms"] = timer([(lambda ws=ws, x=x, u=up_k, g=gate_k: u(x, ws[1], g(x, ws[0]))) for ws in sets])
         ok = torch.allclose(up_k(x, sets[0][1], gate_k(x, sets[0][0])).float(), want, rtol=1e-2, atol=1e-2)
         for cfg, kern in zip(configs, joined):
             good = torch.allclose(kern(x, *sets[0]).float(), want, rtol=1e-2, atol=1e-2)
