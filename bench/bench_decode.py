@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-MODES = ("eager", "inductor", "inductor-ro", "tilefuse")
+MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart")
 
 
 def model_config(device: str):
@@ -76,11 +76,12 @@ def compiled_forward(model, mode: str, target: dict, runners: list):
             torch.compiler.cudagraph_mark_step_begin()
             return fn(*args, **kw)
         return step, None
-    if mode == "tilefuse":
+    if mode in ("tilefuse", "tilefuse-apart"):  # apart: each linear its own kernel (Options.group_linears off)
         from tilefuse.backend import make_backend
         from tilefuse.config import Options
 
-        backend = make_backend(Options(target=target, quiet=True, observer=runners.append))
+        backend = make_backend(Options(target=target, quiet=True, observer=runners.append,
+                                       group_linears=mode == "tilefuse"))
         return torch.compile(forward, backend=backend), backend
     raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 
@@ -147,10 +148,10 @@ def run_one(model, ref_model, mode: str, batch: int, cache_len: int, args, targe
     return {"mode": mode, "batch": batch, "cache_len": cache_len, "ms_per_token": step_s * 1e3,
             "tokens_per_s": batch / step_s, "bytes_per_step": nbytes, "tb_per_s": nbytes / step_s / 1e12,
             "pct_peak": 100 * nbytes / step_s / 1e12 / args.peak_tbps, "logits_rel_err": worst,
-            "prefill_s": prefill_s, "compiles": len(runners) if mode == "tilefuse" else None,
+            "prefill_s": prefill_s, "compiles": len(runners) if mode.startswith("tilefuse") else None,
             "tilefuse_failures": list(backend.failures) if backend is not None else None,
             "tilefuse_fallback_ops": sorted(backend.fallback_ops()) if backend is not None else None,
-            "profile": prof, "plan": _plan_summary(runners) if mode == "tilefuse" else None}
+            "profile": prof, "plan": _plan_summary(runners) if mode.startswith("tilefuse") else None}
 
 
 def profile_steps(step, tok, step_s: float, steps: int = 8) -> dict:
@@ -269,22 +270,22 @@ def _add_ratios(rows: list[dict]) -> None:
 
 def _line(r: dict) -> str:
     if "error" in r:
-        return f"{r['mode']:12} b={r['batch']:<3} L={r['cache_len']:<5} ERROR {r['error']}"
-    return (f"{r['mode']:12} b={r['batch']:<3} L={r['cache_len']:<5} {r['ms_per_token']:8.3f} ms/token "
+        return f"{r['mode']:14} b={r['batch']:<3} L={r['cache_len']:<5} ERROR {r['error']}"
+    return (f"{r['mode']:14} b={r['batch']:<3} L={r['cache_len']:<5} {r['ms_per_token']:8.3f} ms/token "
             f"{r['tokens_per_s']:10.1f} tok/s {r['tb_per_s']:6.3f} TB/s ({r['pct_peak']:5.1f}% peak) "
             f"logits err {r['logits_rel_err']:.1e}")
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'mode':12} {'batch':>5} {'cache':>6} {'ms/token':>9} {'tokens/s':>10} {'TB/s':>6} {'%peak':>6} "
+    head = (f"{'mode':14} {'batch':>5} {'cache':>6} {'ms/token':>9} {'tokens/s':>10} {'TB/s':>6} {'%peak':>6} "
             f"{'vs ind.':>7} {'logit err':>9} {'compiles':>8}")
     out = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            out.append(f"{r['mode']:12} {r['batch']:>5} {r['cache_len']:>6}  ERROR {r['error'][:80]}")
+            out.append(f"{r['mode']:14} {r['batch']:>5} {r['cache_len']:>6}  ERROR {r['error'][:80]}")
             continue
         ratio = f"{r['vs_best_inductor']:.2f}x" if "vs_best_inductor" in r else "-"
-        out.append(f"{r['mode']:12} {r['batch']:>5} {r['cache_len']:>6} {r['ms_per_token']:9.3f} "
+        out.append(f"{r['mode']:14} {r['batch']:>5} {r['cache_len']:>6} {r['ms_per_token']:9.3f} "
                    f"{r['tokens_per_s']:10.1f} {r['tb_per_s']:6.3f} {r['pct_peak']:6.1f} {ratio:>7} "
                    f"{r['logits_rel_err']:9.1e} {r['compiles'] if r['compiles'] is not None else '-':>8}")
     return "\n".join(out)

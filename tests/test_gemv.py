@@ -291,6 +291,8 @@ def test_the_planner_groups_a_decode_steps_linears_of_one_input():
     for rows, target in ((gemv.GEMV_ROWS + 1, SM90), (1, C)):
         p = plan_step(graph(rows), Options(target=target, quiet=True)).plan
         assert not any(r.kind == "gemv_group" for r in p.regions)
+    p = plan_step(graph(1), Options(target=SM90, quiet=True, group_linears=False)).plan  # the option: each apart
+    assert not any(r.kind == "gemv_group" for r in p.regions) and sum(r.kind == "gemm" for r in p.regions) == 7
 
 
 @pytest.mark.parametrize("form", ["joined", "gate_returned", "transposed"])

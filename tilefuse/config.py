@@ -116,6 +116,10 @@ class Options:
     # (tilefuse/pipeline.py decide). On CUDA and on the CPU targets (there timed with perf_counter, the median
     # of enough calls); 0 runs every region that lowered as its kernel. The test session sets 0 (tests/conftest.py).
     measure: bool = _read("MEASURE", "1", _on)
+    # A decode step's linears of one input as one gemv_group launch (q/k/v; a gated MLP's gate and up, the up
+    # reading silu(gate) in registers): tilefuse/planner/grouping.py. 0 keeps each linear its own kernel (the A/B
+    # of bench_decode.py's tilefuse-apart mode).
+    group_linears: bool = _read("GROUP_LINEARS", "1", _on)
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)
     # Measure tile configs before lowering: "none", "fast" (a few seeds) or "max" (every candidate); winners
