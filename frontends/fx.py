@@ -267,7 +267,7 @@ class _Importer:
             self.mutations.append((self._copies[node], value))
             return node  # copy_ returns its destination: the placeholder, which holds the value after the run
         if node in self._in_place:
-            return self._fallback(node, self._in_place[node], "", warn=False)
+            return self._scatter_in_place(node)
         if target is operator.getitem:
             seq = self.env[node.args[0]]
             if not isinstance(seq, (list, tuple)):
@@ -325,6 +325,20 @@ class _Importer:
                 return f"{result!r} for {len(val)} outputs"
             return next((m for v, r in zip(val, result) if (m := self._mismatch(v, r))), None)
         return None
+
+    def _scatter_in_place(self, node: fx.Node) -> Any:
+        """A functional scatter made in place on its input (``input_mutations``): ``index_copy`` along a static dim by
+        a 1-D index as the registry's in-place ``index_copy`` (a kernel may write it); anything else as the in-place
+        ATen op through torch."""
+        op = self._in_place[node]
+        if op is aten.index_copy_.default:
+            x, dim, index, src = (self.env[a] if isinstance(a, fx.Node) else a for a in node.args[:4])
+            if all(isinstance(v, str) for v in (x, index, src)) and isinstance(dim, int) and \
+                    len(self.b.types[index].shape or ()) == 1 and self.b.types[index].dtype in ("int64", "int32"):
+                (name,) = self.b.add("index_copy", [x, index, src], name=node.name, dim=dim)
+                self.keep.add(self.b.nodes[-1].name)
+                return name
+        return self._fallback(node, op, "", warn=False)
 
     # -- fallbacks and folding -------------------------------------------------------------------
     def _fallback(self, node: fx.Node, op: torch._ops.OpOverload, why: str, warn: bool = True) -> Any:

@@ -13,14 +13,19 @@ from typing import Any
 
 from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.lowering import attention_layout, index
-from tilefuse.lowering.expr import Acc, Arg, Call, Const, Expr, Load, ops_supported
+from tilefuse.lowering.expr import Acc, Arg, Call, Const, Coord, Expr, Load, ops_supported
 from tilefuse.lowering.index import NotLowerable
 from tilefuse.lowering.templates import attention, gemv, reduction
 from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype, dialect
 from tilefuse.ops import POOL_OPS
+from tilefuse.ops import get as get_op
 from tilefuse.planner.plan import VIEW_OPS, Region
 
 PASS_VIEWS = VIEW_OPS - {"expand"}
+# Targets whose elementwise kernels store in place (a static cache's ``index_copy``): GPUs trap at an index out of
+# range as torch's device-side assert does, the CPU's caller checks first (``runtime.kernels``). Metal's and Ascend's
+# sources leave the update to torch.
+SCATTER_TARGETS = ("cuda", "hip", "c", "cpu")
 _log = logging.getLogger("tilefuse")
 TEMPLATE_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -39,6 +44,8 @@ class KernelSpec:
     # names the values the kernel computes, and the region's outputs are read after the post nodes)
     packed: tuple[int, ...] = ()  # input positions handed over with their last two dims swapped, made contiguous
     # once per tensor version (a CPU GEMM's linear weight: see ``build_gemm``)
+    aliases: tuple[tuple[str, int], ...] = ()  # (region output, input position): an output the kernel writes into
+    # that input itself (an in-place ``index_copy`` of a static cache: the elementwise template's ``scatters``)
 
     def factory_kwargs(self) -> dict:
         return dict(self.params)
@@ -176,6 +183,10 @@ def build_elementwise(b: Builder, target: dict) -> KernelSpec:
             b.pre.append(n.name)
             b.available.add(n.outputs[0].name)
     computed = {v.name: (n, k) for n in b.members if n.name not in b.pre for k, v in enumerate(n.outputs)}
+    stores = {n.outputs[0].name: n for n in b.members if "in_place" in get_op(n.op).traits}
+    require(not stores or target.get("kind") in SCATTER_TARGETS,
+            f"no in-place stores on {target.get('kind')} targets: the cache's update runs through torch")
+    require(all(i not in stores for n in b.members for i in n.inputs), "a cache read after its update in the region")
     base_of = {}  # region output -> the kernel value it is a plain reshape of
     for o in b.region.outputs:
         v = o
@@ -183,7 +194,8 @@ def build_elementwise(b: Builder, target: dict) -> KernelSpec:
             v = computed[v][0].inputs[0]
         base_of[o] = v
     bases = list(dict.fromkeys(base_of.values()))
-    shapes = [tuple(types[v].shape) for v in bases]
+    require(all(base_of[o] == o for o in b.region.outputs if base_of[o] in stores), "a view of a cache's update")
+    shapes = [tuple(types[stores[v].inputs[2]].shape if v in stores else types[v].shape) for v in bases]
     require(all(numel(s) > 0 for s in shapes), "an empty output")
     current: list[tuple] = [()]
 
@@ -198,11 +210,23 @@ def build_elementwise(b: Builder, target: dict) -> KernelSpec:
         return Load(e.index, idx)
 
     ib = index.IndexBuilder(computed, types, leaf, ops_supported(), b.call)
-    exprs = []
+    exprs, scatters = [], []
     for v, shape in zip(bases, shapes):
         current[0] = shape
         ib.reset()
-        exprs.append(ib.at(v, index.coords(shape)))
+        if v in stores:  # src's element at c, stored into the cache at c with c[dim] = index[c[dim]]
+            cache, idx, src = stores[v].inputs
+            dim = stores[v].attr["dim"] % len(shape)
+            dest = b.leaf(cache)
+            require(isinstance(dest, Arg) and cache in b.region.inputs, "a cache made inside the region")
+            at = ib.at(idx, (index.coords(shape)[dim],))
+            require(isinstance(at, Load) and isinstance(at.index[0], Coord) and b.leaf(idx) == Arg(at.arg),
+                    "an index computed in the cache's update (its bounds are checked where it is an input)")
+            exprs.append(ib.at(src, index.coords(shape)))
+            scatters.append((dest.index, dim, at))
+        else:
+            exprs.append(ib.at(v, index.coords(shape)))
+            scatters.append(None)
     n_nodes = index.size(exprs)
     require(n_nodes <= index.MAX_EXPR_NODES,
              f"the region's expressions unfold to {n_nodes} nodes (limit {index.MAX_EXPR_NODES})")
@@ -212,10 +236,15 @@ def build_elementwise(b: Builder, target: dict) -> KernelSpec:
     in_shapes = tuple(tuple(types[a].shape) for a in b.args)
     params = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "exprs": tuple(exprs), "out_dtypes": out_dtypes,
               "out_shapes": tuple(shapes)}
-    mapping = tuple((bases.index(base_of[o]), o, tuple(types[o].shape)) for o in b.region.outputs)
-    n = len(exprs)
+    if stores:
+        params["scatters"] = tuple(scatters)
+    kept = [v for v in bases if v not in stores]  # the kernel's outputs, in order
+    mapping = tuple((kept.index(base_of[o]), o, tuple(types[o].shape)) for o in b.region.outputs
+                    if base_of[o] not in stores)
+    aliases = tuple((o, b.args.index(stores[o].inputs[0])) for o in b.region.outputs if o in stores)
+    n = len(kept)
     return KernelSpec("elementwise", tuple(params.items()), tuple(range(-n, 0)),
-                      tuple((a, None) for a in b.args), mapping, tuple(b.pre))
+                      tuple((a, None) for a in b.args), mapping, tuple(b.pre), aliases=aliases)
 
 
 def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]) -> tuple[str, bool, list[Node]]:

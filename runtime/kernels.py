@@ -29,8 +29,13 @@ class RegionKernel:
         kw = spec.factory_kwargs()
         dts = kw.get("out_dtypes") or ((kw.get("out_dtype"), kw.get("pre_dtype")) if spec.template == "row_reduction"
                                        else ())
+        if kw.get("scatters"):  # (in-place stores have no kernel output)
+            dts = [dt for dt, sc in zip(dts, kw["scatters"]) if sc is None]
         self.bool_outputs = {k for k, dt in enumerate(dts) if dt == "bool"}
         self.packs: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # input -> (source, its version, packed)
+        # In-place stores (an elementwise kernel's ``scatters``): (dest, dim, index input) each
+        self.scatters = tuple((sc[0], sc[1], sc[2].arg) for sc in kw.get("scatters") or () if sc is not None) \
+            if spec.template == "elementwise" else ()
 
     def __call__(self, args):
         env = dict(zip(self.region.inputs, args))
@@ -39,12 +44,20 @@ class RegionKernel:
                    for v, s in self.spec.inputs]
         for i in self.spec.packed:
             tensors[i] = self.pack(i, tensors[i])
+        if self.scatters:
+            check_scatters(self.scatters, tensors)
         try:
             outs = self.kernel(*tensors)
         except (RuntimeError, ValueError) as e:
             raise boundary_error(self.region.name, self.spec.inputs, tensors, e) or e
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [] if outs is None else [outs]
         outs = [o.view(torch.bool) if k in self.bool_outputs else o for k, o in enumerate(outs)]
+        if self.spec.aliases:  # outputs the kernel wrote into an input: that input, where the caller has it
+            env.update({v: outs[k].reshape(shape) for k, v, shape in self.spec.outputs})
+            for v, pos in self.spec.aliases:
+                env[v] = written_back(env[self.spec.inputs[pos][0]], tensors[pos])
+            _run_nodes(self.post, env)
+            return [env[o] for o in self.region.outputs]
         if not self.post:
             return [outs[k].reshape(shape) for k, _, shape in self.spec.outputs]
         env.update({v: outs[k].reshape(shape) for k, v, shape in self.spec.outputs})
@@ -67,6 +80,29 @@ class RegionKernel:
         packed = t.mT.contiguous()
         self.packs[i] = (t, t._version, packed)
         return packed
+
+
+def check_scatters(scatters, tensors: list[torch.Tensor]) -> None:
+    """torch's error for an index out of range of an in-place store, where the index is on the host (a CPU target;
+    a GPU's kernel traps there, as torch's device-side assert does): checked before the kernel, which stores
+    nothing out of range."""
+    for dest, dim, i in scatters:
+        index = tensors[i]
+        if index.device.type != "cpu" or index.numel() == 0:
+            continue
+        size = tensors[dest].shape[dim]
+        bad = (index < 0) | (index >= size)
+        if bool(bad.any()):
+            raise IndexError(f"index_copy_(): index {int(index[bad][0])} is out of bounds for dimension {dim} with "
+                             f"size {size}")
+
+
+def written_back(dest: torch.Tensor, passed: torch.Tensor) -> torch.Tensor:
+    """The input ``dest`` after a kernel stored into ``passed`` (the tensor it was handed: ``dest`` itself, or a
+    dense or aligned copy of it, whose stores are copied back)."""
+    if passed.data_ptr() != dest.data_ptr() or passed.stride() != dest.stride():
+        dest.copy_(passed.reshape(dest.shape))
+    return dest
 
 
 def _run_nodes(nodes, env: dict) -> None:

@@ -91,9 +91,13 @@ def test_static_cache_generate_matches_eager_and_compiles_once(make, monkeypatch
         # the caches are updated where they live: only the 0-d position counters are ever copied back
         assert counting.copied and all(s.numel() == 1 for s in counting.copied), counting.copied
         decode = counting.backend.programs[-1]
-        in_place = [n for n in decode.graph.nodes if n.attr.get("target") == "aten::index_copy_.default"]
+        in_place = [n for n in decode.graph.nodes if n.op == "index_copy"]
         assert len(in_place) == 2 * 2  # k and v of each layer
         assert {n.inputs[0] for n in in_place} <= {v.name for v in decode.graph.inputs}
+        # each layer's k and v stores are one TileLang kernel with their rows' rotary and transpose
+        plan = counting.runners[-1].plan
+        stores = [r for r in plan.regions if "index_copy" in r.ops]
+        assert len(stores) == 2 and all(r.ops.count("index_copy") == 2 and r.backend == "tilelang" for r in stores)
     assert compiles[8] == compiles[32] == 2, compiles  # prefill and decode, whatever the number of tokens
 
 
@@ -135,7 +139,9 @@ def test_in_place_cache_update_writes_the_callers_buffer(monkeypatch, rng):
     (program,) = counting.backend.programs
     assert len(program.mutations) == 2
     ops = [n.attr.get("target", n.op) for n in program.graph.nodes]
-    assert "aten::index_copy_.default" in ops and "aten::index_copy.default" not in ops
+    assert "index_copy" in ops and "aten::index_copy.default" not in ops  # the registry's in-place op
+    (store,) = [r for r in counting.runners[0].plan.regions if "index_copy" in r.ops]
+    assert store.backend == "tilelang" and "linear" not in store.ops  # the linear's epilogue is not the store
 
 
 def test_a_scatter_whose_input_is_read_again_is_not_done_in_place(rng):

@@ -235,3 +235,17 @@ def test_decode_linear_layers_compile_to_gfx942_as_gemv(toolchain):
                             extras_of=[(), (-1,)], stored=(False, True), target=GFX942, **cfg)  # gate and up joined
         src, shared = lower_source(f, GFX942)
         check_code_object(vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared), f"{cfg} gated")
+
+
+def test_a_cache_store_compiles_to_gfx942_with_a_trap(toolchain):
+    """An in-place ``index_copy`` store (a static cache's update) for AMD: ``__builtin_trap`` where CUDA has
+    ``__trap`` (an index out of range, torch's device-side assert)."""
+    from tilefuse.lowering.expr import Arg, Coord, Load
+    from tilefuse.lowering.templates import elementwise
+
+    f = elementwise.elementwise([(2, 8, 64, 64), (1,), (2, 8, 1, 64)], ["float16", "int64", "float16"], [Arg(2)],
+                                ["float16"], out_shapes=[(2, 8, 1, 64)], scatters=[(0, 2, Load(1, (Coord(2),)))],
+                                target=GFX942)
+    src, shared = lower_source(f, GFX942)
+    assert "__builtin_trap()" in src
+    check_code_object(vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared), "cache store")

@@ -44,6 +44,7 @@ class Dialect:
 
     cpu: bool
     metal: bool = False
+    trap: str = "__trap"  # the device function that aborts the kernel as an assert does (HIP: __builtin_trap)
 
     def kernel(self, *grid, threads: int = 128):
         """The launch frame: a grid of tile programs (with ``threads`` on GPUs)."""
@@ -104,7 +105,7 @@ def _serial_reduce(op: str, rows: int, cols: int, clear: bool):
 
 def dialect(target: dict | str) -> Dialect:
     kind = target_kind(target)
-    return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal")
+    return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal", trap="__builtin_trap" if kind == "hip" else "__trap")
 
 
 def check_dtype(dtype: str, target: dict | str, what: str) -> None:

@@ -80,19 +80,28 @@ def elementwise(
     out_shape: Sequence[int] | None = None,
     *,
     out_shapes: Sequence[Sequence[int]] | None = None,
+    scatters: Sequence[tuple[int, int, Expr] | None] = (),
     block: int = 1024,
     threads: int = 256,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` computing ``out_k = exprs[k](inputs)`` for every element of output ``k``.
 
-    Parameters are the inputs in order, then the outputs (``out_idx`` = the last ``len(exprs)``); a
-    0-d output is declared ``(1,)`` since TileLang cannot allocate 0-d outputs (0-d inputs are fine).
-    ``out_shapes`` gives each output its shape; without it every output has ``out_shape`` (default:
-    the broadcast of ``in_shapes``). Inputs read by ``Arg`` must broadcast (numpy rules) to their
-    output's shape. Floating values compute in fp32 and are cast to ``out_dtypes[k]`` on store.
-    ``block`` elements per program.
+    Parameters are the inputs in order, then the outputs (``out_idx`` = the last ones, one per output that is
+    not a scatter); a 0-d output is declared ``(1,)`` since TileLang cannot allocate 0-d outputs (0-d inputs are
+    fine). ``out_shapes`` gives each output its shape; without it every output has ``out_shape`` (default: the
+    broadcast of ``in_shapes``). Inputs read by ``Arg`` must broadcast (numpy rules) to their output's shape.
+    Floating values compute in fp32 and are cast to ``out_dtypes[k]`` on store. ``block`` elements per program.
+
+    ``scatters[k] = (dest, dim, index)`` makes output ``k`` an in-place ``index_copy`` (a static cache's update):
+    its element at coordinates ``c`` is stored into input ``dest`` at ``c`` with ``c[dim]`` replaced by
+    ``index`` (an expression evaluated at ``c``), not into an output of its own. An index outside ``dest``'s
+    dim stores nothing: GPUs trap there, as torch's device-side assert (the c target's caller checks on the
+    host first, ``runtime.kernels``).
     """
+    scatters = tuple(scatters) or (None,) * len(exprs)
+    if len(scatters) != len(exprs):
+        raise ValueError("elementwise: one scatter entry (or None) per output expression")
     in_shapes = normalize_shapes(in_shapes)
     if len(in_dtypes) != len(in_shapes) or len(out_dtypes) != len(exprs):
         raise ValueError("elementwise: one dtype per input and one per output expression")
@@ -117,7 +126,15 @@ def elementwise(
     block = max(1, min(block, total))
     flat_in = [s in out_shapes for s in in_shapes]  # read flat where an output has the same shape
     # Outside the kernel body, where `or` would become a TIR bool op.
-    out_params = [(s or (1,), storage_dtype(dt)) for s, dt in zip(out_shapes, out_dtypes)]
+    out_params = [(s or (1,), storage_dtype(dt)) for s, dt, sc in zip(out_shapes, out_dtypes, scatters) if sc is None]
+    for sc, s, dt in zip(scatters, out_shapes, out_dtypes):
+        if sc is not None and (not 0 <= sc[0] < len(in_shapes) or len(in_shapes[sc[0]]) != len(s) or
+                               not 0 <= sc[1] < len(s) or in_dtypes[sc[0]] != dt or
+                               any(a != b for d, (a, b) in enumerate(zip(in_shapes[sc[0]], s)) if d != sc[1])):
+            raise ValueError(f"elementwise: scatter {sc[:2]} of a {dt}{list(s)} output into input {sc[0]} "
+                             f"({in_dtypes[sc[0]] if 0 <= sc[0] < len(in_dtypes) else '?'}"
+                             f"{list(in_shapes[sc[0]]) if 0 <= sc[0] < len(in_shapes) else ''}): the input must "
+                             "have the output's dtype, rank and dims but the scattered one")
     # A gather (an index read from data) broadcasts its index load across TileLang's vector lanes,
     # and int64 vectors have no CUDA type: such kernels walk their block SIMT-style instead
     # (thread t takes elements t, t + threads, ...: still coalesced, never vectorized).
@@ -129,16 +146,31 @@ def elementwise(
 
     def store_one(ins, flats, out, k, idx):
         """Output k at flat index idx."""
-        v = emit(exprs[k], element_env(exprs[k], ins, flats, in_shapes, in_dtypes, out_shapes[k], idx, read))
+        env = element_env(exprs[k], ins, flats, in_shapes, in_dtypes, out_shapes[k], idx, read)
+        v = emit(exprs[k], env)
         if out_dtypes[k] == "bool":
             v = T.Cast("int8", v if str(v.dtype) == "bool" else v != T.Cast(str(v.dtype), 0))
         else:
             if out_dtypes[k] in ("float16", "bfloat16") and not str(v.dtype).startswith("float"):
                 v = T.Cast("float32", v)  # cutlass's half_t has no unambiguous int64 constructor
             v = T.Cast(out_dtypes[k], v)
-        T.buffer_store(out, v, [idx])
+        if scatters[k] is None:
+            T.buffer_store(out, v, [idx])
+            return
+        dest, dim, index = scatters[k]
+        c = list(unravel(idx, out_shapes[k]))
+        at = emit(index, env)  # bounds in the index's own dtype (an int64 past 2**31 must not wrap into range)
+        inside = T.And(at >= T.Cast(str(at.dtype), 0), at < T.Cast(str(at.dtype), in_shapes[dest][dim]))
+        with T.If(inside), T.Then():
+            c[dim] = T.Cast("int32", at)
+            T.buffer_store(ins[dest], v, c)
+        if not d.cpu:
+            with T.If(T.Not(inside)), T.Then():
+                T.evaluate(T.call_extern("int32", d.trap))
 
     def store_all(ins, flats, outs, idx):
+        outs = iter(outs)
+        outs = [None if sc is not None else next(outs) for sc in scatters]
         for k, out in enumerate(outs):
             if sizes[k] == total:
                 store_one(ins, flats, out, k, idx)
@@ -151,7 +183,7 @@ def elementwise(
         ins = [param(f"in{i}", s, storage_dtype(dt)) for i, (s, dt) in enumerate(zip(in_shapes, in_dtypes))]
         outs = [param(f"out{k}", s, dt) for k, (s, dt) in enumerate(out_params)]
         flats = [view(b, (numel(s),)) if f else None for b, s, f in zip(ins, in_shapes, flat_in)]
-        flat_outs = [view(b, (n,)) for b, n in zip(outs, sizes)]
+        flat_outs = [view(b, (n,)) for b, n in zip(outs, [n for n, sc in zip(sizes, scatters) if sc is None])]
         with d.kernel(T.ceildiv(total, block), threads=threads) as bx:
             if simt:
                 tx = T.get_thread_binding()

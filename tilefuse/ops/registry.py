@@ -49,6 +49,8 @@ TRAITS = {
     "axis": "pointwise, but an attribute or an operand names an axis: not free of the layout",
     "fold_dynamic": "shape arithmetic whose output size depends on its inputs' values but is no larger than them: "
                     "folded when every input is a constant (range_dynamic: the ONNX Range converter bounds the count)",
+    "in_place": "writes into its first input's memory and returns it (a static KV cache's ``index_copy_``): made only "
+                "where nothing reads that input otherwise (frontends.fx.input_mutations); a kernel stores there",
     "collective": "a collective or its wait (tilefuse/ops/collective.py): a side effect every rank takes part in, in the "
                   "same order: its own region, in program order, never fused, dropped or duplicated; runs through torch",
 }

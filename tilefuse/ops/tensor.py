@@ -126,6 +126,13 @@ def index_select(x, index, dim: int):
     return out.reshape(x.shape[:dim] + index.shape + x.shape[dim + 1:])
 
 
+@register("index_copy", O, traits=("in_place",))
+def index_copy(x, index, src, dim: int):
+    """``x.index_copy_(dim, index, src)``: ``src``'s slices along ``dim`` into ``x`` at ``index``, in ``x`` itself (a
+    static KV cache's update; the importer makes it only where nothing else reads ``x``). Returns ``x``."""
+    return x.index_copy_(dim, index, src)
+
+
 @register("embedding", I)
 def embedding(weight, ids, padding_idx: int | None = None):
     """Rows of ``weight`` selected by ``ids``."""

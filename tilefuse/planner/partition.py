@@ -77,6 +77,9 @@ def partition(graph: Graph, cost: CostModel | None = None) -> tuple[list[Region]
             if rkind == "attention":
                 regions[rid].patterns.append(attention_pattern(node, f.types))
             _take_prologue(f, node, rid, regions, region_of, refusals)
+        elif "in_place" in ops.get(node.op).traits:  # a cache's update: the store of what makes its rows
+            if not _join_scatter(f, node, regions, region_of, refusals, place):
+                open_region(node, "elementwise", f.types[node.inputs[2]])
         elif kind in ops.FUSIBLE_POINTWISE or kind == OpKind.INJECTIVE or node.op in VIEW_OPS:
             if not _join_producer(f, node, regions, region_of, refusals, cost, place):
                 rk = "view" if node.op in VIEW_OPS or _narrowed_gemm_output(f, node, regions, region_of) else "elementwise"
@@ -85,7 +88,52 @@ def partition(graph: Graph, cost: CostModel | None = None) -> tuple[list[Region]
             open_region(node, "opaque", None)
     _merge_views(f, regions, region_of)
     _merge_input_only(f, regions, region_of)
+    _merge_into_scatters(f, regions, region_of)
     return _finish(f, regions, cost), refusals
+
+
+def _join_scatter(f: Facts, node: Node, regions, region_of, refusals, place) -> bool:
+    """An in-place scatter (``index_copy`` of a static cache) joins the elementwise region that makes its rows (a
+    rotary embedding's, a transpose's) as that region's store; True when it did."""
+    p = f.producers.get(node.inputs[2])
+    rid = region_of.get(p.name) if p is not None else None
+    if rid is None or regions[rid].kind != "elementwise":
+        return False
+    if creates_cycle(f, set(regions[rid].members), {node.name}):
+        refusals.append(f"{node.name} ({node.op}) not fused into the elementwise region of {regions[rid].members[0]}: "
+                        "a cycle")
+        return False
+    place(node, rid)
+    return True
+
+
+def _merge_into_scatters(f: Facts, regions, region_of) -> None:
+    """Merge into each elementwise region that stores into a cache (``in_place``) the elementwise regions that read a
+    value it reads (a layer's rotary of q and its k and v stores, of one position and one cos/sin: one kernel of
+    three), where no cycle forms and the outputs stay within the template's ``MAX_OUTPUTS``."""
+    scatter = {rid for rid, r in enumerate(regions) if r.kind == "elementwise" and
+               any("in_place" in ops.get(f.nodes[m].op).traits for m in r.members)}
+    cap = MAX_OUTPUTS["elementwise"]
+
+    def computed_inputs(r) -> set[str]:  # (constants apart: a shared scalar says nothing)
+        inside = set(r.members)
+        return {i for m in r.members for i in f.nodes[m].inputs if i and i not in f.graph.constants
+                and (f.producers.get(i) is None or f.producers[i].name not in inside)}
+
+    for into in sorted(scatter):
+        for rid, r in enumerate(regions):
+            target = regions[into]
+            if rid == into or r.kind != "elementwise" or not r.members or not target.members:
+                continue
+            if not computed_inputs(r) & computed_inputs(target):
+                continue
+            if len(escaping(f, set(target.members) | set(r.members))) > cap or \
+                    creates_cycle(f, set(target.members), set(r.members)):
+                continue
+            for m in r.members:
+                region_of[m] = into
+            target.members.extend(r.members)
+            r.members.clear()
 
 
 def _narrowed_gemm_output(f: Facts, node: Node, regions, region_of) -> bool:
