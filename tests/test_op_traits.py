@@ -34,6 +34,7 @@ EXPECTED = {
                      "reduce_dynamic"},
     "collective": {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "rank_broadcast", "all_to_all_single",
                    "wait_tensor", "collective_fallback"},
+    "in_place": {"index_copy"},
 }
 
 
