@@ -365,3 +365,33 @@ def test_grouped_linears_of_a_decode_step_match_eager(make, monkeypatch):
     else:
         assert groups == []
     assert not any(r.kind == "gemv_group" for r in counting.runners[0].plan.regions)  # the prefill's 5 rows: apart
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc is not on PATH")
+def test_every_kernel_of_a_decode_step_compiles_for_sm90a(monkeypatch):
+    """The H200's plans of a float16 LLaMA's prefill and decode step, every kernel through nvcc for sm_90a (no GPU
+    needed): the decode step's q/k/v and gate/up groups (the up reading silu(gate) in registers) and its cache stores
+    (a layer's q rotary and k and v stores, one kernel) among them."""
+    from tilefuse.pipeline import lower_step
+
+    torch._dynamo.reset()
+    eager = tiny_llama().half()
+    compiled = _twin(eager).half()
+    counting = _Counting(monkeypatch)
+    compiled.forward = torch.compile(compiled.forward, backend=counting.backend)
+    cache = transformers.StaticCache(config=eager.config, max_cache_len=32)
+    ids = torch.randint(1, VOCAB, (1, 5))
+    with torch.no_grad():
+        for _ in range(2):
+            ids = compiled(ids, **{CACHE: cache}).logits[:, -1].argmax(-1, keepdim=True)
+    sm90 = {"kind": "cuda", "arch": "sm_90a"}
+    prefill, decode = counting.backend.programs
+    for program in (prefill, decode):
+        planned = plan_step(program.graph, Options(target=sm90, quiet=True))
+        plan, kernels = lower_step(planned, {}, sm90)
+        assert planned.specs and set(kernels) == set(planned.specs), set(planned.specs) - set(kernels)
+    regions = plan.regions  # the decode step's
+    layers = eager.config.num_hidden_layers
+    assert sum(r.kind == "gemv_group" for r in regions) == 2 * layers
+    stores = [r for r in regions if "index_copy" in r.ops]
+    assert len(stores) == layers and all(r.ops.count("index_copy") == 2 and r.backend == "tilelang" for r in stores)
