@@ -98,9 +98,9 @@ def check_scatters(scatters, tensors: list[torch.Tensor]) -> None:
 
 
 def written_back(dest: torch.Tensor, passed: torch.Tensor) -> torch.Tensor:
-    """The input ``dest`` after a kernel stored into ``passed`` (the tensor it was handed: ``dest`` itself, or a
-    dense or aligned copy of it, whose stores are copied back)."""
-    if passed.data_ptr() != dest.data_ptr() or passed.stride() != dest.stride():
+    """The input ``dest`` after a kernel stored into ``passed``, the tensor ``dense``/``aligned`` handed it: ``dest``'s
+    own memory (restrided at most on size-1 dims: the same elements), or a copy, whose stores are copied back."""
+    if passed.data_ptr() != dest.data_ptr():
         dest.copy_(passed.reshape(dest.shape))
     return dest
 

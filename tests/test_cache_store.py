@@ -17,7 +17,7 @@ from tilefuse.lowering.expr import Arg, Call, Coord, Load
 from tilefuse.lowering.templates import elementwise
 from tilefuse.ops import GraphBuilder
 from tilefuse.pipeline import build_runner, plan_step
-from tilefuse.runtime.kernels import written_back
+from tilefuse.runtime.kernels import dense, written_back
 
 C = {"kind": "c"}
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
@@ -165,6 +165,12 @@ def test_a_copy_the_kernel_was_handed_is_written_back():
     assert written_back(strided, passed) is strided and dest[2, 1] == 7.0
     same = torch.zeros(3)
     assert written_back(same, same) is same
+    one = torch.zeros(6, 4)[:1]  # a size-1 dim: dense restrides it over the same memory, nothing to copy back
+    one = one.as_strided((1, 4), (99, 1))
+    passed = dense(one)
+    assert passed.data_ptr() == one.data_ptr() and passed.stride() != one.stride()
+    passed.fill_(3.0)
+    assert written_back(one, passed) is one and bool((one == 3.0).all())
 
 
 @pytest.mark.gpu

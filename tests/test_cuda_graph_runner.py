@@ -243,7 +243,7 @@ def test_static_cache_decode_through_measure_graph_and_tail_matches_eager(monkey
     the replay. Teacher-forced, every step's logits are eager's; the cache's counter and contents are eager's, and
     nothing is ever copied back (the graphs write the counters)."""
     transformers = pytest.importorskip("transformers")
-    import inspect
+    from decode_steps import teacher_forced
 
     monkeypatch.setenv(tuning_db.DB_ENV, str(tmp_path / "tuning.json"))
     monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind: 2e-3 if getattr(
@@ -257,16 +257,7 @@ def test_static_cache_decode_through_measure_graph_and_tail_matches_eager(monkey
     options = Options(target=C, quiet=True, measure=True,
                       observer=lambda r: (runners.append(r), emulate_cuda_graphs(r)))
     compiled.forward = torch.compile(compiled.forward, backend=make_backend(options))
-    # transformers 5.17 names the argument past_key_values (an unknown ``cache=`` is ignored there), later ones cache
-    kw = "cache" if "cache" in inspect.signature(type(eager).forward).parameters else "past_key_values"
-    caches = [transformers.StaticCache(config=cfg, max_cache_len=48) for _ in range(2)]
-    ids = torch.randint(1, 256, (2, 7))
-    with torch.no_grad():
-        for step in range(12):
-            want = eager(ids, **{kw: caches[0]}).logits[:, -1]
-            got = compiled(ids, **{kw: caches[1]}).logits[:, -1]
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m, step=step: f"step {step}: {m}")
-            ids = want.argmax(-1, keepdim=True)
+    caches = teacher_forced(eager, compiled, torch.randint(1, 256, (2, 7)), 12, 1e-4)
     assert len(runners) == 2  # prefill and decode
     decode = runners[1]
     assert any("measured" in n for n in decode.plan.notes), decode.plan.notes  # some regions went to torch

@@ -4,7 +4,6 @@ tokens, compiles a fixed number of graphs whatever the number of tokens, updates
 a plan on one device whatever the host tensors it is handed."""
 
 import dataclasses
-import inspect
 
 import pytest
 import torch
@@ -19,11 +18,12 @@ from tilefuse.pipeline import plan as make_plan
 from tilefuse.runtime.plan_runner import PlanRunner
 
 transformers = pytest.importorskip("transformers")
+from decode_steps import cache_argument, teacher_forced  # (after the skip: it needs transformers)
 
 VOCAB = 256
 # The cache argument's name: transformers 5.17 (the H200's) calls it past_key_values and ignores an unknown ``cache=``
 # (the model then decodes without the static cache, silently); later versions call it cache.
-CACHE = "cache" if "cache" in inspect.signature(transformers.LlamaForCausalLM.forward).parameters else "past_key_values"
+CACHE = cache_argument(transformers.LlamaForCausalLM)
 
 
 def tiny_llama():
@@ -272,15 +272,7 @@ def test_static_cache_steps_match_eager_logits(device, monkeypatch):
     compiled = _twin(eager).to(device, dtype)
     counting = _Counting(monkeypatch, Options(target=target, quiet=True, measure=device == "cuda"))
     compiled.forward = torch.compile(compiled.forward, backend=counting.backend)
-    caches = [transformers.StaticCache(config=eager.config, max_cache_len=48) for _ in range(2)]
-    ids = torch.randint(1, VOCAB, (2, 7), device=device)
-    with torch.no_grad():
-        for step in range(12):
-            want = eager(ids, **{CACHE: caches[0]}).logits[:, -1].float()
-            got = compiled(ids, **{CACHE: caches[1]}).logits[:, -1].float()
-            assert got.device == want.device
-            torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m, step=step: f"step {step}: {m}")
-            ids = want.argmax(-1, keepdim=True)  # both follow eager's tokens
+    caches = teacher_forced(eager, compiled, torch.randint(1, VOCAB, (2, 7), device=device), 12, tol)
     assert counting.backend.failures == [] and len(counting.runners) == 2
     for a, b in zip(caches[0].layers, caches[1].layers):
         assert a.cumulative_length.device.type == device and int(a.cumulative_length) == 7 + 11  # eager used it
@@ -343,14 +335,7 @@ def test_grouped_linears_of_a_decode_step_match_eager(make, monkeypatch):
     compiled = _twin(eager)
     counting = _Counting(monkeypatch, Options(target={"kind": "c"}, quiet=True, measure=False))
     compiled.forward = torch.compile(compiled.forward, backend=counting.backend)
-    caches = [transformers.StaticCache(config=eager.config, max_cache_len=32) for _ in range(2)]
-    ids = torch.randint(1, VOCAB, (1, 5))
-    with torch.no_grad():
-        for step in range(6):
-            want = eager(ids, **{CACHE: caches[0]}).logits[:, -1]
-            got = compiled(ids, **{CACHE: caches[1]}).logits[:, -1]
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m, step=step: f"step {step}: {m}")
-            ids = want.argmax(-1, keepdim=True)
+    teacher_forced(eager, compiled, torch.randint(1, VOCAB, (1, 5)), 6, 1e-4, max_cache_len=32)
     assert counting.backend.failures == []
     decode = counting.runners[-1]
     groups = [r for r in decode.plan.regions if r.kind == "gemv_group"]

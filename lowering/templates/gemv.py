@@ -53,12 +53,10 @@ def gemv(
     Tunables: ``block_N`` weight rows a program, over ``threads // 32`` warps (CPU targets: one lane); ``unroll``
     steps along K whose loads a lane issues before it multiplies (a 2048-deep row of float16 is 8 steps: 8 is one
     round trip to memory, 4 two)."""
-    B_dtype, out_dtype, extra_shapes = operand_types("gemv", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
-                                                     prologue, target)
-    if broadcast_shapes((M, N), *extra_shapes) != (M, N):
-        raise ValueError(f"gemv: extra inputs {extra_shapes} do not broadcast to the output {(M, N)}")
-    return _gemv((N,), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, (epilogue,), list(extra_shapes),
-                 list(extra_dtypes), (tuple(range(len(extra_shapes))),), block_N, threads, unroll, target)
+    return gemv_group(M, (N,), K, A_dtype=A_dtype, B_dtype=B_dtype, out_dtype=out_dtype, accum_dtype=accum_dtype,
+                      prologue=prologue, epilogues=(epilogue,), extra_shapes=extra_shapes, extra_dtypes=extra_dtypes,
+                      extras_of=(tuple(range(len(extra_shapes))),), block_N=block_N, threads=threads, unroll=unroll,
+                      target=target)  # (a group of one names its parameters B and C)
 
 
 def gemv_group(
@@ -100,7 +98,8 @@ def gemv_group(
     for i, (N, own) in enumerate(zip(Ns, extras_of)):
         shapes = [extra_shapes[j] for j in own if j >= 0]
         if broadcast_shapes((M, N), *shapes) != (M, N):
-            raise ValueError(f"gemv_group: extra inputs {shapes} do not broadcast to the output {(M, N)}")
+            raise ValueError(f"{'gemv' if g == 1 else 'gemv_group'}: extra inputs {shapes} do not broadcast to the "
+                             f"output {(M, N)}")
         for k in (-1 - j for j in own if j < 0):
             if not (0 <= k < i and Ns[k] == N):
                 raise ValueError(f"gemv_group: weight {i} reads weight {k}'s output: it must be an earlier weight of "

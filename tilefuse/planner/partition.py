@@ -111,21 +111,22 @@ def _merge_into_scatters(f: Facts, regions, region_of) -> None:
     """Merge into each elementwise region that stores into a cache (``in_place``) the elementwise regions that read a
     value it reads (a layer's rotary of q and its k and v stores, of one position and one cos/sin: one kernel of
     three), where no cycle forms and the outputs stay within the template's ``MAX_OUTPUTS``."""
-    scatter = {rid for rid, r in enumerate(regions) if r.kind == "elementwise" and
-               any("in_place" in ops.get(f.nodes[m].op).traits for m in r.members)}
     cap = MAX_OUTPUTS["elementwise"]
-
-    def computed_inputs(r) -> set[str]:  # (constants apart: a shared scalar says nothing)
-        inside = set(r.members)
-        return {i for m in r.members for i in f.nodes[m].inputs if i and i not in f.graph.constants
-                and (f.producers.get(i) is None or f.producers[i].name not in inside)}
-
-    for into in sorted(scatter):
-        for rid, r in enumerate(regions):
-            target = regions[into]
-            if rid == into or r.kind != "elementwise" or not r.members or not target.members:
-                continue
-            if not computed_inputs(r) & computed_inputs(target):
+    reads: dict[int, set[str]] = {}  # an elementwise region's inputs from outside it (constants apart: a shared
+    readers: dict[str, set[int]] = {}  # scalar says nothing), and the regions reading each value
+    for rid, r in enumerate(regions):
+        if r.kind == "elementwise" and r.members:
+            inside = set(r.members)
+            reads[rid] = {i for m in r.members for i in f.nodes[m].inputs if i and i not in f.graph.constants
+                          and (f.producers.get(i) is None or f.producers[i].name not in inside)}
+            for i in reads[rid]:
+                readers.setdefault(i, set()).add(rid)
+    stores = [rid for rid in reads if any("in_place" in ops.get(f.nodes[m].op).traits for m in regions[rid].members)]
+    for into in stores:
+        target = regions[into]
+        for rid in sorted({k for i in reads[into] for k in readers[i]} - {into}):
+            r = regions[rid]
+            if not r.members or not target.members:
                 continue
             if len(escaping(f, set(target.members) | set(r.members))) > cap or \
                     creates_cycle(f, set(target.members), set(r.members)):
