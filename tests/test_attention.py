@@ -147,6 +147,27 @@ def test_bound_keys_on_left_padded_graded_and_nan_masks(rng):
     torch.testing.assert_close(kernel(q, dirty_k, v, m)[0], want[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fill", [float("-inf"), -65504.0])
+def test_bound_keys_scan_past_one_round_of_loads(fill, rng):
+    """A mask longer than one round of the bound's scan (``SCAN_UNROLL`` steps a round; on the CPU a step is one lane's
+    ``SCAN_RUN`` keys, so 300 keys are three rounds, the last partial): the kept span found in any round, the largest
+    value in a later round than the kept keys it hides, and hidden tiles never read."""
+    B, Hq, Hkv, Sq, Skv, D = 5, 4, 2, 1, 300, 16
+    assert Skv > 2 * attention.SCAN_UNROLL * attention.SCAN_RUN
+    kernel = _bounded(B, Hq, Hkv, Sq, Skv, D)
+    spans = [(0, 0), (0, 299), (130, 140), (250, 299), (0, 260)]
+    q, k, v, _m = inputs(rng, B, Hq, Hkv, Sq, Skv, D)
+    m = _cache_mask(B, Skv, spans, fill)
+    m[4, ..., :200] = -15000.0  # kept keys of row 4 climb from -15000 to 0 at key 200 (a third round): only the 0s kept
+    want = attention.reference(q, k, v, m)
+    dirty_k = k.clone()
+    for b, (lo, hi) in enumerate(spans):
+        first = 200 if b == 4 else lo
+        for t in [*range(first // 16 * 16), *range((hi // 16 + 1) * 16, Skv)]:
+            dirty_k[b, :, t] = float("nan")
+    torch.testing.assert_close(kernel(q, dirty_k, v, m), want, rtol=1e-5, atol=1e-5)
+
+
 def test_bound_keys_need_a_mask_per_key():
     for kw in ({"mask_shape": (1, 1, 4, 8)}, {"mask_shape": (1, 4, 1, 8)}, {"mask_shape": (1, 1, 1, 8), "is_causal": True},
                {}):
@@ -468,17 +489,18 @@ def test_bounded_decode_configs_gpu_read_only_the_filled_cache(dtype, rng):
 @pytest.mark.gpu
 def test_split_decode_configs_gpu_match_sdpa(rng):
     """The split configs on the GPU: one and two sequences over 4096 keys, filled to different lengths (some parts
-    see nothing), GQA 32/8, fp16, against SDPA."""
+    see nothing), and one over 10000 (the bound's scan in three rounds of loads, the last partial), GQA 32/8, fp16,
+    against SDPA."""
     target = default_target()
-    for B, spans in ((1, [(0, 4095)]), (2, [(0, 300), (0, 3000)])):
-        configs = [c for c in attention.decode_configs(target, 1, 4, True, B=B, Hkv=8, Skv=4096) if c.get("splits")]
+    for B, Skv, spans in ((1, 4096, [(0, 4095)]), (2, 4096, [(0, 300), (0, 3000)]), (1, 10000, [(0, 9001)])):
+        configs = [c for c in attention.decode_configs(target, 1, 4, True, B=B, Hkv=8, Skv=Skv) if c.get("splits")]
         assert configs, "no split config for a long cache"
-        kernels = compile_many([(attention.flash_attention(B, 32, 1, 4096, 64, Hkv=8, mask_shape=(B, 1, 1, 4096),
+        kernels = compile_many([(attention.flash_attention(B, 32, 1, Skv, 64, Hkv=8, mask_shape=(B, 1, 1, Skv),
                                                            mask_dtype="float16", dtype="float16", target=target,
                                                            split_max=attention.SPLIT_MAX, **cfg), [-3, -2, -1])
                                 for cfg in configs], target)
         for cfg, kernel in zip(configs, kernels):
-            q, k, v, _m = inputs(rng, B, 32, 8, 1, 4096, 64, torch.float16, device="cuda")
-            m = _cache_mask(B, 4096, spans, torch.finfo(torch.float16).min).half().cuda()
+            q, k, v, _m = inputs(rng, B, 32, 8, 1, Skv, 64, torch.float16, device="cuda")
+            m = _cache_mask(B, Skv, spans, torch.finfo(torch.float16).min).half().cuda()
             torch.testing.assert_close(kernel(q, k, v, m)[-1], attention.reference(q, k, v, m),
                                        rtol=1e-2, atol=1e-2)
