@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import faulthandler
 import json
 import os
 import platform
@@ -238,6 +239,8 @@ def main() -> int:
             model, x, g, plan, heads = build(name, a.size, dtype, device, a.seed)
             ref = reference(model, x, g)
             for mode in a.modes.split(","):
+                # where a rank is stuck, if it is: every thread's stack on stderr shortly before the deadline
+                faulthandler.dump_traceback_later(max(1.0, a.timeout - 20))
                 if device == "cpu" and mode == "tilefuse-nograph":
                     continue  # no CUDA graphs on the CPU: the same as tilefuse
                 tp = shard(model, plan, heads, mesh, world)
@@ -277,6 +280,7 @@ def main() -> int:
                 Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
                 print(f"wrote {a.out}")
     finally:
+        faulthandler.cancel_dump_traceback_later()
         dist.destroy_process_group()
     return 0 if ok else 1
 

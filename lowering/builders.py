@@ -6,10 +6,13 @@ See ``lowering.dispatch`` for the model (pre views, kernel, post reshapes; the (
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.lowering import attention_layout, index
@@ -116,16 +119,22 @@ def cpu_form(n: Node, args: tuple[Expr, ...], dtype: str) -> Expr | None:
     """The expression a CPU target computes for ``n`` where torch's CPU kernel departs from the op's definition (which
     the GPU targets follow, as torch's CUDA kernels do), else None.
 
-    gelu (erf form) of float32: torch's kernel for a contiguous tensor of more than one element (oneDNN's, or its
-    vectorized erf) gives NaN at +-inf and computes ``x * (1 + erf(x / sqrt 2))`` before halving, so an ``x`` past
-    2^127 overflows to inf. Its scalar path (one element, a strided input), its CUDA kernel and float16 give the limit
-    at +inf (all give NaN at -inf, ``-inf * 0``); we follow the kernel nearly every tensor meets. Reported upstream
-    (pytorch/pytorch#185770, fix open in #192318): change this when torch changes. ``+ x * 0`` is NaN exactly at
-    +-inf and NaN and +-0 elsewhere, which keeps every other result's bits, -0.0 included."""
-    if n.op == "gelu" and dtype == "float32" and n.attr.get("approximate", "none") == "none":
+    gelu (erf form) of float32: torch's kernel for contiguous tensors of several elements gives NaN at +-inf and computes
+    ``x * (1 + erf(x / sqrt 2))`` before halving (an ``x`` past 2^127 overflows); its scalar path on AVX2 and CUDA give
+    the limit at +inf. float16/bfloat16 depend on the machine (``half_gelu_nan_at_inf``): AVX512 widens them into that
+    kernel, AVX2 gives the limit. pytorch/pytorch#185770 (fix open in #192318). ``+ x * 0`` is NaN exactly at +-inf
+    and NaN and +-0 elsewhere, which keeps every other result's bits, -0.0 included."""
+    if n.op == "gelu" and n.attr.get("approximate", "none") == "none" and (
+            dtype == "float32" or dtype in ("float16", "bfloat16") and half_gelu_nan_at_inf(dtype)):
         (x,) = args
         return x * (Const(1.0) + Call("erf", (x * Const(math.sqrt(0.5)),))) * Const(0.5) + x * Const(0.0)
     return None
+
+
+@functools.cache
+def half_gelu_nan_at_inf(dtype: str) -> bool:
+    """Whether this process's torch gives NaN (not the limit) for the CPU gelu of a contiguous ``dtype`` +inf."""
+    return bool(torch.nn.functional.gelu(torch.full((64,), math.inf, dtype=getattr(torch, dtype))).isnan().all())
 
 
 def domain_shape(t: TensorType, rows: int, cols: int) -> tuple:

@@ -86,16 +86,17 @@ class Step:
 
 class _CpuKernelF:
     """``torch.nn.functional`` as eager's CPU kernel computes a contiguous tensor of more than one element, where
-    torch's own paths disagree (the rule the c target follows: ``lowering.builders.cpu_form``). float32 gelu runs on
-    a padded contiguous copy, so a single element or a strided view gets the kernel's NaN at +-inf, not the scalar
-    path's limit (eager's answer for the same value depends on the tensor's size and layout)."""
+    torch's own paths disagree (the rule the c target follows: ``lowering.builders.cpu_form``). gelu runs on a padded
+    contiguous copy, so a single element or a strided view gets the kernel's answer at +-inf (float32: NaN; float16
+    and bfloat16: what this machine's kernel gives), not the scalar path's (eager's answer for the same value depends
+    on the tensor's size and layout, and on the CPU's vector width)."""
 
     def __getattr__(self, name):
         return getattr(F, name)
 
     @staticmethod
     def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-        if x.dtype != torch.float32 or approximate != "none":
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or approximate != "none":
             return F.gelu(x, approximate=approximate)
         return F.gelu(torch.cat([x.reshape(-1), x.new_zeros(16)]))[: x.numel()].reshape(x.shape)
 

@@ -111,6 +111,58 @@ def test_whole_graph_choice_keeps_the_faster(slow):
     assert choice.fn is (GM.forward if fast == "torch" else compiled)
 
 
+@pytest.mark.parametrize("rank0_stored", [True, False])
+def test_whole_graph_choice_of_a_plan_with_collectives_is_rank0s(rank0_stored, monkeypatch, tmp_path):
+    """Several ranks: whether the timing calls run (each exchanges tensors with the other ranks) and which way wins
+    are rank 0's, whatever this rank's own tuning database holds; a rank that skipped the calls its peers made would
+    leave them waiting in collectives (a 2-rank CI run timed out so once)."""
+    from tilefuse.lowering.tuning_db import TuningDB
+    from tilefuse.runtime import distributed
+
+    monkeypatch.setenv("TILEFUSE_TUNING_DB", str(tmp_path / "db.json"))
+    key = backend_mod._GraphKey("graph", (("digest", "collective-test"),))
+    monkeypatch.setattr(backend_mod, "_graph_key", lambda plan: key)
+    target = {"kind": "c"}
+    own = {"runs": "tilefuse", "tilefuse_ms": 1.0, "torch_ms": 2.0}
+    if not rank0_stored:  # this rank has a stored choice that rank 0 has not
+        TuningDB().put(key, target, own, "whole")
+    rank0 = [{"runs": "torch", "tilefuse_ms": 2.0, "torch_ms": 1.0} if rank0_stored else None, "torch"]
+    sent = []
+
+    def broadcast(box):  # rank 0's answers, in the order the ranks ask
+        sent.append(box[0])
+        box[0] = rank0[len(sent) - 1]
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "_broadcast_object", broadcast)
+
+    class Region:
+        kind = "collective"
+
+    class Runner:
+        graph_backend = "tilefuse"
+        plan = type("Plan", (), {"regions": [Region()]})()
+
+    calls = []
+
+    class GM:
+        @staticmethod
+        def forward(x):
+            calls.append("torch")
+            return x + 1
+
+    def compiled(x):
+        calls.append("tilefuse")
+        return x + 1
+    choices, runner = {}, Runner()
+    choice = backend_mod._WholeGraphChoice(compiled, GM(), "graph0", runner, choices, target)
+    x = torch.randn(3)
+    torch.testing.assert_close(choice(x), x + 1)
+    timed = 2 * backend_mod.WHOLE_GRAPH_ROUNDS
+    assert len(calls) == 1 + (0 if rank0_stored else timed)  # the first call, then rank 0's timing or none
+    assert sent[0] == (None if rank0_stored else own)  # what this rank's database held
+    assert runner.graph_backend == "torch" and choice.fn is GM.forward  # rank 0's way, not this rank's
+
+
 def test_whole_graph_choice_under_torch_compile_matches_eager(monkeypatch, rng):
     monkeypatch.setenv("TILEFUSE_MEASURE", "1")
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()

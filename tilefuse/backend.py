@@ -32,6 +32,7 @@ from tilefuse.frontends.fx import FxProgram, import_fx_program, is_symbolic
 from tilefuse.lowering.tuning_db import TuningDB, TuningDBError
 from tilefuse.pipeline import build_runner
 from tilefuse.planner.sparsity import SparsityLog, freeze_linear_weights
+from tilefuse.runtime.distributed import from_rank0
 from tilefuse.runtime.serialize import graph_to_json
 
 log = logging.getLogger("tilefuse")
@@ -248,8 +249,13 @@ class _WholeGraphChoice:
             self.fn = self.compiled
             return out
         ways = {"tilefuse": self.compiled, "torch": self.gm.forward}
-        key, db = _graph_key(getattr(self.runner, "plan", None)), TuningDB()
+        plan = getattr(self.runner, "plan", None)
+        key, db = _graph_key(plan), TuningDB()
         stored = db.get(key, self.target, "whole") if key is not None else None
+        # a plan with collectives: every rank times (its calls exchange tensors) or none does, as rank 0's database
+        # says, and runs rank 0's way (ranks with databases of their own would otherwise make different numbers of
+        # calls, and wait in collectives that never come)
+        stored = from_rank0(stored, plan) if plan is not None else stored
         if stored is not None and stored.get("runs") in ways:
             way, ms = stored["runs"], {w: stored.get(f"{w}_ms", float("nan")) for w in ways}
         else:
@@ -261,6 +267,7 @@ class _WholeGraphChoice:
                     times[w].append(time.perf_counter() - t0)
             ms = {w: sorted(t)[len(t) // 2] * 1e3 for w, t in times.items()}
             way = "tilefuse" if ms["tilefuse"] < WHOLE_GRAPH_MARGIN * ms["torch"] else "torch"
+            way = from_rank0(way, plan) if plan is not None else way
             if key is not None:
                 try:
                     db.put(key, self.target, {"runs": way, "tilefuse_ms": ms["tilefuse"], "torch_ms": ms["torch"]},
