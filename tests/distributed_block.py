@@ -105,23 +105,17 @@ def plan_summary(plan) -> tuple:
     return plan.graph.name, tuple((r.name, r.kind, r.backend, r.ops) for r in plan.regions), plan.notes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_rank(rank: int, port: int, seed: int, folder: str) -> None:
+def run_rank(rank: int, seed: int, folder: str) -> None:
     """One rank: both parallel modes; saves ``rank{rank}.pt``, or ``rank{rank}.err`` with the traceback."""
     try:
-        torch.save(_run(rank, port, seed, folder), os.path.join(folder, f"rank{rank}.pt"))
+        torch.save(_run(rank, seed, folder), os.path.join(folder, f"rank{rank}.pt"))
     except BaseException:
         with open(os.path.join(folder, f"rank{rank}.err"), "w") as f:
             f.write(traceback.format_exc())
         raise
 
 
-def _run(rank: int, port: int, seed: int, folder: str) -> dict:
+def _run(rank: int, seed: int, folder: str) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
@@ -129,8 +123,7 @@ def _run(rank: int, port: int, seed: int, folder: str) -> dict:
     from tilefuse import pipeline
     from tilefuse.runtime.distributed import from_rank0
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      TILEFUSE_TUNING_DB=os.path.join(folder, f"tuning{rank}.json"))
+    os.environ["TILEFUSE_TUNING_DB"] = os.path.join(folder, f"tuning{rank}.json")
     if "lo" in dict(socket.if_nameindex()).values():
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
     torch.set_num_threads(1)  # two ranks on a 2-core CI machine
@@ -141,7 +134,10 @@ def _run(rank: int, port: int, seed: int, folder: str) -> dict:
 
     pipeline.device_time = fake_time
     # a collective that never completes raises after this long instead of hanging the test
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=90))
+    # the ranks meet in a file of their own folder, not on a port: a port found free and bound later by rank 0 could
+    # meanwhile be another job's (a concurrent test's gloo listener, which rank 1 would then connect to)
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(folder, "store"), rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=90))
     try:
         mesh = init_device_mesh("cpu", (WORLD,))
         result = {}

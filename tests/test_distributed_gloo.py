@@ -28,11 +28,10 @@ RTOL, ATOL = 1e-5, 1e-5
 
 
 def _spawn(seed: int, folder: str) -> dict:
-    from distributed_block import WORLD, free_port, run_rank
+    from distributed_block import WORLD, run_rank
 
     ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=run_rank, args=(rank, port, seed, folder), daemon=True) for rank in range(WORLD)]
+    procs = [ctx.Process(target=run_rank, args=(rank, seed, folder), daemon=True) for rank in range(WORLD)]
     for p in procs:
         p.start()
     end = time.monotonic() + DEADLINE_S
