@@ -217,6 +217,10 @@ def flash_attention(
         ``Skv``."""
         return T.if_then_else(base + e < Skv, T.Cast(accum_dtype, run[at]) * LOG2E, neg_inf)
 
+    def scan_base(t, u, lane):
+        """The first key of step ``u`` of round ``t`` of the bound's scan, for ``lane``."""
+        return ((t * scan_steps + u) * lanes + lane) * SCAN_RUN
+
     @T.macro
     def load_run(mask, run, at, bz, h, base):
         """The mask values of keys ``base .. base + SCAN_RUN - 1`` into ``run[at:at + SCAN_RUN]``: one 16-byte load
@@ -244,11 +248,10 @@ def flash_attention(
         span[0] = neg_inf
         for t in T.serial(rounds):
             for u in T.unroll(scan_steps):
-                load_run(mask, run, u * SCAN_RUN, bz, h, ((t * scan_steps + u) * lanes + lane) * SCAN_RUN)
+                load_run(mask, run, u * SCAN_RUN, bz, h, scan_base(t, u, lane))
             for u in T.unroll(scan_steps):
                 for e in T.unroll(SCAN_RUN):
-                    span[0] = T.max(span[0], run_key(run, u * SCAN_RUN + e,
-                                                     ((t * scan_steps + u) * lanes + lane) * SCAN_RUN, e))
+                    span[0] = T.max(span[0], run_key(run, u * SCAN_RUN + e, scan_base(t, u, lane), e))
         for off in T.unroll(lane_steps):
             span[0] = T.max(span[0], T.shfl_xor(span[0], 1 << off))
         span[1] = -1
@@ -256,15 +259,14 @@ def flash_attention(
         for t in T.serial(rounds):
             if rounds > 1:  # (one round: the first pass's runs are still in ``run``)
                 for u in T.unroll(scan_steps):
-                    load_run(mask, run, u * SCAN_RUN, bz, h, ((t * scan_steps + u) * lanes + lane) * SCAN_RUN)
+                    load_run(mask, run, u * SCAN_RUN, bz, h, scan_base(t, u, lane))
             for u in T.unroll(scan_steps):
                 for e in T.unroll(SCAN_RUN):
-                    base = ((t * scan_steps + u) * lanes + lane) * SCAN_RUN
-                    key = run_key(run, u * SCAN_RUN + e, base, e)
+                    key = run_key(run, u * SCAN_RUN + e, scan_base(t, u, lane), e)
                     # kept unless hidden (a NaN is kept: it reaches the scores as it would without the bound)
                     if T.Or(T.isnan(key), key > span[0] - HIDDEN_GAP * LOG2E):
-                        span[1] = T.max(span[1], T.Cast(accum_dtype, base + e))
-                        span[2] = T.min(span[2], T.Cast(accum_dtype, base + e))
+                        span[1] = T.max(span[1], T.Cast(accum_dtype, scan_base(t, u, lane) + e))
+                        span[2] = T.min(span[2], T.Cast(accum_dtype, scan_base(t, u, lane) + e))
         for off in T.unroll(lane_steps):
             span[1] = T.max(span[1], T.shfl_xor(span[1], 1 << off))
             span[2] = T.min(span[2], T.shfl_xor(span[2], 1 << off))
