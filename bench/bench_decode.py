@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart")
+MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl")
 
 
 def model_config(device: str):
@@ -76,12 +76,12 @@ def compiled_forward(model, mode: str, target: dict, runners: list):
             torch.compiler.cudagraph_mark_step_begin()
             return fn(*args, **kw)
         return step, None
-    if mode in ("tilefuse", "tilefuse-apart"):  # apart: each linear its own kernel (Options.group_linears off)
-        from tilefuse.backend import make_backend
+    if mode.startswith("tilefuse"):  # apart: each linear its own kernel (Options.group_linears off); nopdl: plain
+        from tilefuse.backend import make_backend  # launches (Options.pdl off)
         from tilefuse.config import Options
 
         backend = make_backend(Options(target=target, quiet=True, observer=runners.append,
-                                       group_linears=mode == "tilefuse"))
+                                       group_linears=mode != "tilefuse-apart", pdl=mode != "tilefuse-nopdl"))
         return torch.compile(forward, backend=backend), backend
     raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 

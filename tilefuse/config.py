@@ -120,6 +120,10 @@ class Options:
     # reading silu(gate) in registers): tilefuse/planner/grouping.py. 0 keeps each linear its own kernel (the A/B
     # of bench_decode.py's tilefuse-apart mode).
     group_linears: bool = _read("GROUP_LINEARS", "1", _on)
+    # On CUDA sm_90+, the decode-step kernels (gemv, elementwise, row reductions, attention) launch as programmatic
+    # dependents: each may start while the kernel before it runs, a gemv streaming its weight into L2 meanwhile
+    # (lowering/templates/common.py). 0 builds them as plain launches: the target then carries "pdl": False.
+    pdl: bool = _read("PDL", "1", _on)
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)
     # Measure tile configs before lowering: "none", "fast" (a few seeds) or "max" (every candidate); winners
@@ -134,3 +138,7 @@ class Options:
     sparsity: str | None = _read("SPARSITY", "", lambda v: v or None)
     # Called with each runner built (one per compiled graph): lets callers see plans and timings.
     observer: Callable[[Any], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if not self.pdl and self.target.get("kind") == "cuda" and self.target.get("pdl", True):
+            object.__setattr__(self, "target", {**self.target, "pdl": False})

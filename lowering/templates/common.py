@@ -11,6 +11,15 @@ implementation"), so ``Dialect.reduce`` writes one with shared memory and plain 
 accumulator becomes an array of opaque ``simdgroup_float8x8`` matrices, whose elements no code can read, so a
 GEMM-family template copies it to threadgroup memory (``simdgroup_store``) before any elementwise epilogue or
 store. Nothing in these branches runs for ``cuda`` or ``c``.
+
+Note: on CUDA sm_90+ the decode-step templates (gemv, elementwise, row reduction, attention) launch as programmatic
+dependents (PDL): a kernel may start while the kernel before it in the stream still runs, and waits for it
+(``griddepcontrol.wait``, ``Dialect.wait_inputs``) before it reads anything that kernel could have written; it then
+lets the next kernel start. What runs before the wait only touches memory no kernel of a step writes, and only as
+an L2 prefetch (``Dialect.prefetch_l2``), which is a hint and never a stale value: a decode step's gemv streams
+its weight into L2 while the norm or attention before it runs. TileLang 0.1.15 marks such a function, and its
+runtime launches it with ``cudaLaunchAttributeProgrammaticStreamSerialization`` (kept by CUDA-graph capture).
+A target ``{"pdl": False}`` (``Options.pdl``, ``TILEFUSE_PDL=0``) builds the kernels without it.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ class Dialect:
     cpu: bool
     metal: bool = False
     trap: str = "__trap"  # the device function that aborts the kernel as an assert does (HIP: __builtin_trap)
+    pdl: bool = False  # programmatic dependent launch (CUDA sm_90+, see the note above)
 
     def kernel(self, *grid, threads: int = 128):
         """The launch frame: a grid of tile programs (with ``threads`` on GPUs)."""
@@ -53,6 +63,22 @@ class Dialect:
 
             return TC.Kernel(*grid)
         return T.Kernel(*grid, threads=threads)
+
+    def wait_inputs(self):
+        """Where a kernel may first read what earlier kernels wrote: with PDL, wait for the kernel before it and let
+        the next one launch; nothing elsewhere. Call it before any load of an input or store of an output."""
+        if self.pdl:
+            from tilelang.cuda.language import pdl_sync, pdl_trigger
+
+            T.evaluate(pdl_sync())
+            T.evaluate(pdl_trigger())
+
+    def prefetch_l2(self, element):
+        """With PDL, an L2 prefetch of the 128-byte line holding ``element`` (a buffer element, e.g. ``B[n, k]``),
+        issued before ``wait_inputs``: only for memory no kernel of the step writes (a weight)."""
+        if self.pdl:
+            T.import_source(_PREFETCH_SRC)
+            T.evaluate(T.call_extern("void", "tf_prefetch_l2", T.address_of(element)))
 
     def shared(self, shape, dtype):
         return T.alloc_local(shape, dtype) if self.cpu else T.alloc_shared(shape, dtype)
@@ -103,9 +129,25 @@ def _serial_reduce(op: str, rows: int, cols: int, clear: bool):
     return reduce_rows
 
 
+# The L2 prefetch's device function, defined once however many kernels of a module import it.
+_PREFETCH_SRC = ("#ifndef TF_PREFETCH_L2\n#define TF_PREFETCH_L2\n__device__ __forceinline__ void tf_prefetch_l2("
+                 "const void* p) { asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"(p)); }\n#endif\n")
+
+
+def uses_pdl(target: dict | str) -> bool:
+    """Whether kernels for ``target`` launch as programmatic dependents: CUDA sm_90 or later, unless the target
+    says ``"pdl": False``."""
+    if target_kind(target) != "cuda" or (isinstance(target, dict) and not target.get("pdl", True)):
+        return False
+    arch = target.get("arch", "sm_90a") if isinstance(target, dict) else str(target).partition(":")[2] or "sm_90a"
+    digits = "".join(c for c in arch.removeprefix("sm_") if c.isdigit())
+    return bool(digits) and int(digits) >= 90
+
+
 def dialect(target: dict | str) -> Dialect:
     kind = target_kind(target)
-    return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal", trap="__builtin_trap" if kind == "hip" else "__trap")
+    return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal", trap="__builtin_trap" if kind == "hip" else "__trap",
+                   pdl=uses_pdl(target))
 
 
 def check_dtype(dtype: str, target: dict | str, what: str) -> None:

@@ -1,0 +1,143 @@
+"""Programmatic dependent launch (issue 16): on CUDA sm_90+ the decode-step templates start while the kernel before
+them runs and wait for it before reading (``lowering/templates/common.py``). On the CPU: which targets use it, the
+option that turns it off, and the sm_90a sources (a gemv's weight prefetches before the wait, no load of an input
+before it, no PDL for other targets). On the GPU: a gemv launched behind a slow reduction reads the reduction's
+finished output, eagerly and replayed in a CUDA graph whose edge between them is programmatic."""
+
+import ctypes
+import re
+
+import pytest
+import torch
+
+from tilefuse.config import Options, default_target
+from tilefuse.lowering.compile import compile_kernel, kernel_source
+from tilefuse.lowering.expr import Arg, Call
+from tilefuse.lowering.templates import gemv
+from tilefuse.lowering.templates.attention import decode_configs, flash_attention
+from tilefuse.lowering.templates.common import uses_pdl
+from tilefuse.lowering.templates.elementwise import elementwise
+from tilefuse.lowering.templates.reduction import row_reduction
+
+SM90 = {"kind": "cuda", "arch": "sm_90a"}
+WAIT = "cudaGridDependencySynchronize();"
+TRIGGER = "cudaTriggerProgrammaticLaunchCompletion();"
+
+
+@pytest.mark.parametrize("target, want", [
+    (SM90, True), ({"kind": "cuda", "arch": "sm_100a"}, True), ("cuda", True),
+    ({"kind": "cuda", "arch": "sm_80"}, False), ({"kind": "cuda", "arch": "sm_89"}, False),
+    ({**SM90, "pdl": False}, False), ({"kind": "c"}, False), ({"kind": "hip", "mcpu": "gfx942"}, False),
+    ({"kind": "metal"}, False)])
+def test_which_targets_launch_as_programmatic_dependents(target, want):
+    assert uses_pdl(target) is want
+
+
+def test_the_option_off_marks_a_cuda_target_and_leaves_others():
+    assert Options(target=dict(SM90), pdl=False).target == {**SM90, "pdl": False}
+    assert Options(target=dict(SM90)).target == SM90
+    assert Options(target={"kind": "c"}, pdl=False).target == {"kind": "c"}
+
+
+def _body(src: str) -> str:
+    return src[src.index("__launch_bounds__"):]
+
+
+def test_a_gemvs_weight_is_prefetched_before_the_wait_and_nothing_else_is_read():
+    """Every 128-byte line of the program's rows once (88 lines of a 5632-deep float16 row: 32 + 32 + 24 lanes), all
+    before the wait; the first load of A and of the weight come after it; off, the source has none of it."""
+    body = _body(kernel_source(gemv.gemv(1, 2048, 5632, block_N=8, threads=128, target=SM90), SM90))
+    wait = body.index(WAIT)
+    assert body.index(TRIGGER) > wait
+    pre = body[:wait]
+    # 3 rounds of 32 lanes, the last guarded at line 88 (88 / 8 = 11 once the lane's 3 low bits are shifted out)
+    assert "tf_prefetch_l2(" in pre and "j < 3;" in pre and "< 11)" in pre, pre
+    assert not re.search(r"\(A \+|A\[", pre), pre  # the input is read only after the wait
+    assert not re.search(r"\*\(uint4\*\)\(B \+", pre), pre  # and the weight only prefetched
+    assert re.search(r"\(A \+", body[wait:])
+    off = kernel_source(gemv.gemv(1, 2048, 5632, block_N=8, threads=128, target={**SM90, "pdl": False}),
+                        {**SM90, "pdl": False})
+    assert WAIT not in off and "tf_prefetch_l2" not in off and TRIGGER not in off
+    grouped = _body(kernel_source(gemv.gemv_group(1, (2048, 512, 512), 2048, target=SM90), SM90))
+    assert grouped.index(WAIT) > grouped.rindex("tf_prefetch_l2(", 0, grouped.index(WAIT))
+
+
+@pytest.mark.parametrize("build", [
+    lambda t: elementwise([(4, 256)], ["float16"], [Call("silu", (Arg(0),))], ["float16"], target=t),
+    lambda t: row_reduction((4, 2048), "rms_norm", x_dtype="float16", has_weight=True, target=t),
+    lambda t: flash_attention(1, 8, 1, 512, 64, Hkv=2, mask_shape=(1, 1, 1, 512), mask_dtype="float16",
+                              dtype="float16", target=t, **_decode_config(t)),
+], ids=["elementwise", "rms_norm", "decode_attention"])
+def test_other_decode_kernels_wait_before_anything(build):
+    """Elementwise, norm and attention kernels start with the wait (then the trigger) on sm_90a; with the option
+    off, and on C, they have neither."""
+    body = _body(kernel_source(build(SM90), SM90))
+    wait = body.index(WAIT)
+    assert body.index(TRIGGER) == wait + len(WAIT) + body[wait + len(WAIT):].index(TRIGGER)
+    assert not re.search(r"\b(in0|X|Q|K|V|Mask|mask)\b(\[| \+)", body[:wait]), body[:wait]
+    for other in ({**SM90, "pdl": False}, {"kind": "c"}):
+        assert WAIT not in kernel_source(build(other), other)
+
+
+def _decode_config(target) -> dict:
+    """The default decode attention config on a GPU target (packed, keys bounded by the mask); none on the CPU."""
+    configs = decode_configs(target, 1, 4, keys_masked=True)
+    return configs[0] if configs else {}
+
+
+def _edge_types(raw_graph: int) -> list[int]:
+    """The dependency type of every edge of a CUDA graph (0 default, 1 programmatic), by the driver's
+    cuGraphGetEdges_v2."""
+
+    class EdgeData(ctypes.Structure):
+        _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                    ("reserved", ctypes.c_ubyte * 5)]
+
+    get = ctypes.CDLL("libcuda.so.1").cuGraphGetEdges_v2
+    n = ctypes.c_size_t(0)
+    assert get(ctypes.c_void_p(raw_graph), None, None, None, ctypes.byref(n)) == 0
+    froms, tos, data = (ctypes.c_void_p * n.value)(), (ctypes.c_void_p * n.value)(), (EdgeData * n.value)()
+    assert get(ctypes.c_void_p(raw_graph), froms, tos, data, ctypes.byref(n)) == 0
+    return [d.type for d in data[:n.value]]
+
+
+@pytest.mark.gpu
+def test_a_gemv_behind_a_slow_reduction_reads_its_finished_output():
+    """A row sum of 2048 x 32768 (about 40 us, its last rows written last) feeds a gemv that launches while it runs.
+    Each of 20 calls, eager and replayed in a CUDA graph, sees new data: the gemv's output is the product of the
+    sums the reduction finished with (a read before the wait would see the previous call's), and the captured
+    graph's edge between them is programmatic."""
+    target = default_target()
+    assert uses_pdl(target), target
+    rows, cols, N = 2048, 32768, 2048
+    red = compile_kernel(row_reduction((rows, cols), "sum", x_dtype="float16", out_dtype="float16", target=target),
+                         target, out_idx=[-1])
+    gv = compile_kernel(gemv.gemv(1, N, rows, target=target), target, out_idx=[-1])
+    gen = torch.Generator(device="cuda").manual_seed(16)
+    W = (torch.randn(N, rows, device="cuda", generator=gen) * 0.05).half()
+    X = torch.empty(rows, cols, device="cuda", dtype=torch.float16)
+
+    def step():
+        a = red(X)
+        return a, gv(a.view(1, rows), W)
+
+    def check(a, c, i):
+        want_a = X.float().sum(-1)
+        torch.testing.assert_close(a.float(), want_a, rtol=1e-2, atol=5e-2)
+        want = a.float().view(1, rows) @ W.float().T
+        torch.testing.assert_close(c.float(), want, rtol=1e-2, atol=1e-1, msg=lambda m: f"call {i}: {m}")
+
+    for i in range(20):
+        X.copy_(torch.randn(rows, cols, device="cuda", generator=gen).half() * 0.01 + (i % 5 - 2) * 0.002)
+        check(*step(), i)
+    for _ in range(2):  # warm, on a side stream as runtime.graphs does
+        step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        a, c = step()
+    assert 1 in _edge_types(graph.raw_cuda_graph())  # the gemv's launch kept its programmatic edge
+    for i in range(20):
+        X.copy_(torch.randn(rows, cols, device="cuda", generator=gen).half() * 0.01 - (i % 3) * 0.003)
+        graph.replay()
+        check(a, c, i)
