@@ -55,6 +55,7 @@ class Dialect:
     metal: bool = False
     trap: str = "__trap"  # the device function that aborts the kernel as an assert does (HIP: __builtin_trap)
     pdl: bool = False  # programmatic dependent launch (CUDA sm_90+, see the note above)
+    prefetch: bool = False  # with it, a gemv's weight prefetched into L2 before the wait (off: target "pdl": "wait")
 
     def kernel(self, *grid, threads: int = 128):
         """The launch frame: a grid of tile programs (with ``threads`` on GPUs)."""
@@ -76,7 +77,7 @@ class Dialect:
     def prefetch_l2(self, element):
         """With PDL, an L2 prefetch of the 128-byte line holding ``element`` (a buffer element, e.g. ``B[n, k]``),
         issued before ``wait_inputs``: only for memory no kernel of the step writes (a weight)."""
-        if self.pdl:
+        if self.pdl and self.prefetch:
             T.import_source(_PREFETCH_SRC)
             T.evaluate(T.call_extern("void", "tf_prefetch_l2", T.address_of(element)))
 
@@ -147,7 +148,8 @@ def uses_pdl(target: dict | str) -> bool:
 def dialect(target: dict | str) -> Dialect:
     kind = target_kind(target)
     return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal", trap="__builtin_trap" if kind == "hip" else "__trap",
-                   pdl=uses_pdl(target))
+                   pdl=uses_pdl(target), prefetch=uses_pdl(target) and not (isinstance(target, dict)
+                                                                             and target.get("pdl") == "wait"))
 
 
 def check_dtype(dtype: str, target: dict | str, what: str) -> None:

@@ -244,7 +244,7 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
             tx = 0 if d.cpu else T.get_thread_binding(0)
             lane, warp = tx % lanes, tx // lanes
             bufs = (A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp)
-            if d.pdl:  # the weights first: no kernel of a step writes them (see common.Dialect.prefetch_l2)
+            if d.prefetch:  # the weights first: no kernel of a step writes them (see common.Dialect.prefetch_l2)
                 for s, ws in enumerate(sets):
                     if one:
                         prefetch_rows(Ns[0], Bs[0], bx, lane, warp)
