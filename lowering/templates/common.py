@@ -13,13 +13,15 @@ GEMM-family template copies it to threadgroup memory (``simdgroup_store``) befor
 store. Nothing in these branches runs for ``cuda`` or ``c``.
 
 Note: on CUDA sm_90+ the decode-step templates (gemv, elementwise, row reduction, attention) launch as programmatic
-dependents (PDL): a kernel may start while the kernel before it in the stream still runs, and waits for it
-(``griddepcontrol.wait``, ``Dialect.wait_inputs``) before it reads anything that kernel could have written; it then
-lets the next kernel start. What runs before the wait only touches memory no kernel of a step writes, and only as
-an L2 prefetch (``Dialect.prefetch_l2``), which is a hint and never a stale value: a decode step's gemv streams
-its weight into L2 while the norm or attention before it runs. TileLang 0.1.15 marks such a function, and its
-runtime launches it with ``cudaLaunchAttributeProgrammaticStreamSerialization`` (kept by CUDA-graph capture).
-A target ``{"pdl": False}`` (``Options.pdl``, ``TILEFUSE_PDL=0``) builds the kernels without it.
+dependents (PDL): TileLang 0.1.15 marks a function that calls ``T.pdl_sync``/``T.pdl_trigger`` and its runtime
+launches it with ``cudaLaunchAttributeProgrammaticStreamSerialization`` (CUDA-graph capture keeps it as a
+programmatic edge, ``tests/test_pdl.py``). Such a kernel's programs are placed while the kernel before it in the
+stream finishes; each waits for it (``griddepcontrol.wait``, ``Dialect.wait_inputs``: no global memory is read or
+written before it) and then lets the next kernel launch. A decode step of HF LLaMA 8 layers d2048
+on the H200 (its CUDA graph replayed alone) took 0.4197 -> 0.4065 ms at cache 512 and 0.4615 -> 0.4379 ms at 4096
+(bench/results/2026-12-02-h200-session15). Prefetching a gemv's weight into L2 before the wait made the same step
+slower (0.4759 and 0.4993 ms) and was dropped. A target ``{"pdl": False}`` (``Options.pdl``, ``TILEFUSE_PDL=0``)
+builds plain launches.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ class Dialect:
     metal: bool = False
     trap: str = "__trap"  # the device function that aborts the kernel as an assert does (HIP: __builtin_trap)
     pdl: bool = False  # programmatic dependent launch (CUDA sm_90+, see the note above)
-    prefetch: bool = False  # with it, a gemv's weight prefetched into L2 before the wait (off: target "pdl": "wait")
 
     def kernel(self, *grid, threads: int = 128):
         """The launch frame: a grid of tile programs (with ``threads`` on GPUs)."""
@@ -73,13 +74,6 @@ class Dialect:
 
             T.evaluate(pdl_sync())
             T.evaluate(pdl_trigger())
-
-    def prefetch_l2(self, element):
-        """With PDL, an L2 prefetch of the 128-byte line holding ``element`` (a buffer element, e.g. ``B[n, k]``),
-        issued before ``wait_inputs``: only for memory no kernel of the step writes (a weight)."""
-        if self.pdl and self.prefetch:
-            T.import_source(_PREFETCH_SRC)
-            T.evaluate(T.call_extern("void", "tf_prefetch_l2", T.address_of(element)))
 
     def shared(self, shape, dtype):
         return T.alloc_local(shape, dtype) if self.cpu else T.alloc_shared(shape, dtype)
@@ -130,11 +124,6 @@ def _serial_reduce(op: str, rows: int, cols: int, clear: bool):
     return reduce_rows
 
 
-# The L2 prefetch's device function, defined once however many kernels of a module import it.
-_PREFETCH_SRC = ("#ifndef TF_PREFETCH_L2\n#define TF_PREFETCH_L2\n__device__ __forceinline__ void tf_prefetch_l2("
-                 "const void* p) { asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"(p)); }\n#endif\n")
-
-
 def uses_pdl(target: dict | str) -> bool:
     """Whether kernels for ``target`` launch as programmatic dependents: CUDA sm_90 or later, unless the target
     says ``"pdl": False``."""
@@ -148,8 +137,7 @@ def uses_pdl(target: dict | str) -> bool:
 def dialect(target: dict | str) -> Dialect:
     kind = target_kind(target)
     return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal", trap="__builtin_trap" if kind == "hip" else "__trap",
-                   pdl=uses_pdl(target), prefetch=uses_pdl(target) and not (isinstance(target, dict)
-                                                                             and target.get("pdl") == "wait"))
+                   pdl=uses_pdl(target))
 
 
 def check_dtype(dtype: str, target: dict | str, what: str) -> None:

@@ -141,8 +141,7 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
     if not d.cpu and (threads % 32 or block_N % warps):
         raise ValueError(f"gemv: block_N={block_N} rows do not split over {threads} threads' warps")
     R = block_N // warps  # rows of a warp
-    esize = {"float32": 4}.get(B_dtype, 2)
-    vec = 16 // esize  # elements of a 16-byte load
+    vec = 16 // {"float32": 4}.get(B_dtype, 2)  # elements of a 16-byte load
     vec = vec if K % vec == 0 else 1  # a row that is not whole vectors (nor 16-byte aligned) reads elements
     step = lanes * vec
     full = K // step  # steps every lane reads whole
@@ -184,17 +183,6 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
             return acc[m, r]
         return epilogue_at(epilogue, acc[m, r], extras, shapes, [m, n], accum_dtype,
                            {p: f[m, r] for p, f in fed.items()})
-
-    line = 128 // esize  # elements of a 128-byte line
-    lines = (K + line - 1) // line  # lines of a weight row
-
-    @T.macro
-    def prefetch_rows(N, B, bx, lane, warp):
-        """With PDL, this warp's weight rows into L2 (a line a lane at a time) while the kernel before still runs."""
-        for r in T.unroll(R):
-            for j in T.unroll((lines + lanes - 1) // lanes):
-                if lines % lanes == 0 or j * lanes + lane < lines:  # a Python test, else a TIR one
-                    d.prefetch_l2(B[row(N, bx, warp, r), (j * lanes + lane) * line])
 
     @T.macro
     def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed):
@@ -244,14 +232,7 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
             tx = 0 if d.cpu else T.get_thread_binding(0)
             lane, warp = tx % lanes, tx // lanes
             bufs = (A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp)
-            if d.prefetch:  # the weights first: no kernel of a step writes them (see common.Dialect.prefetch_l2)
-                for s, ws in enumerate(sets):
-                    if one:
-                        prefetch_rows(Ns[0], Bs[0], bx, lane, warp)
-                    elif T.And(bx >= first[s], bx < first[s] + blocks[s]):
-                        for i in ws:
-                            prefetch_rows(Ns[i], Bs[i], bx - first[s], lane, warp)
-            d.wait_inputs()
+            d.wait_inputs()  # PDL (see common.py): nothing read before the kernel before is done
             for s, ws in enumerate(sets):
                 if one:
                     weight(ws[0], bx, bufs)
