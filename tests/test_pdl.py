@@ -15,7 +15,7 @@ from tilefuse.lowering.compile import compile_kernel, kernel_source
 from tilefuse.lowering.expr import Arg, Call
 from tilefuse.lowering.templates import gemv
 from tilefuse.lowering.templates.attention import decode_configs, flash_attention
-from tilefuse.lowering.templates.common import uses_pdl
+from tilefuse.lowering.templates.common import PDL_MAX_ELEMENTS, uses_pdl
 from tilefuse.lowering.templates.elementwise import elementwise
 from tilefuse.lowering.templates.reduction import row_reduction
 
@@ -76,6 +76,20 @@ def test_other_decode_kernels_wait_before_anything(build):
         assert WAIT not in kernel_source(build(other), other)
 
 
+@pytest.mark.parametrize("build", [
+    lambda t: elementwise([(2048, 1024)], ["float16"], [Call("silu", (Arg(0),))], ["float16"], target=t),
+    lambda t: row_reduction((2048, 1024), "rms_norm", x_dtype="float16", has_weight=True, target=t),
+    lambda t: flash_attention(1, 8, 1024, 1024, 64, is_causal=True, dtype="float16", target=t),
+], ids=["elementwise_2M", "rms_norm_2M", "prefill_attention"])
+def test_kernels_larger_than_a_decode_steps_launch_plainly(build):
+    """Past PDL_MAX_ELEMENTS (a prefill's or a training step's activations), and an attention that is not a decode
+    step's, the source is what it was without PDL: no wait, its parameters ``__restrict__``."""
+    src = kernel_source(build(SM90), SM90)
+    assert WAIT not in src and TRIGGER not in src
+    assert src == kernel_source(build({**SM90, "pdl": False}), {**SM90, "pdl": False})
+    assert 2048 * 1024 > PDL_MAX_ELEMENTS
+
+
 def _decode_config(target) -> dict:
     """The default decode attention config on a GPU target (packed, keys bounded by the mask); none on the CPU."""
     configs = decode_configs(target, 1, 4, keys_masked=True)
@@ -98,36 +112,58 @@ def _edge_types(raw_graph: int) -> list[int]:
     return [d.type for d in data[:n.value]]
 
 
+def _producer(kind: str, target: dict, gen):
+    """(the slow kernel a gemv reads, its input X, its weight, its reference, K: the length of its output row).
+    ``reduction``: a row sum of 2048 x 32768 (about 40 us, its last rows written last), a plain launch (past
+    PDL_MAX_ELEMENTS). ``gemv``: a 32768 x 2048 gemv (about 30 us), itself a PDL kernel that lets its dependent launch
+    as soon as it starts."""
+    if kind == "reduction":
+        K, cols = 2048, 32768
+        red = compile_kernel(row_reduction((K, cols), "sum", x_dtype="float16", out_dtype="float16", target=target),
+                             target, out_idx=[-1])
+        X = torch.empty(K, cols, device="cuda", dtype=torch.float16)
+        return (lambda: red(X).view(1, K)), X, (lambda: X.float().sum(-1).view(1, K)), K
+    K, D = 32768, 2048
+    first = compile_kernel(gemv.gemv(1, K, D, target=target), target, out_idx=[-1])
+    W1 = (torch.randn(K, D, device="cuda", generator=gen) * 0.05).half()
+    X = torch.empty(1, D, device="cuda", dtype=torch.float16)
+    return (lambda: first(X, W1)), X, (lambda: X.float() @ W1.float().T), K
+
+
 @pytest.mark.gpu
-def test_a_gemv_behind_a_slow_reduction_reads_its_finished_output():
-    """A row sum of 2048 x 32768 (about 40 us, its last rows written last) feeds a gemv that launches while it runs.
-    Each of 20 calls, eager and replayed in a CUDA graph, sees new data: the gemv's output is the product of the
-    sums the reduction finished with (a read before the wait would see the previous call's), and the captured
-    graph's edge between them is programmatic."""
+@pytest.mark.parametrize("kind", ["reduction", "gemv"])
+def test_a_gemv_behind_a_slow_kernel_reads_its_finished_output(kind):
+    """A slow kernel (``_producer``) feeds a gemv launched as its programmatic dependent. Each of 20 calls, eager and
+    replayed in a CUDA graph, sees new data: the gemv's output is the product of the row the producer finished with
+    (a read before the wait would see the previous call's), and the captured graph's edge between them is
+    programmatic. (The reduction form ran on the H200 at f7c3ee4, when the reduction was a PDL kernel too; the gemv
+    form is new since and has not run there yet.)"""
     target = default_target()
     assert uses_pdl(target), target
-    rows, cols, N = 2048, 32768, 2048
-    red = compile_kernel(row_reduction((rows, cols), "sum", x_dtype="float16", out_dtype="float16", target=target),
-                         target, out_idx=[-1])
-    gv = compile_kernel(gemv.gemv(1, N, rows, target=target), target, out_idx=[-1])
     gen = torch.Generator(device="cuda").manual_seed(16)
-    W = (torch.randn(N, rows, device="cuda", generator=gen) * 0.05).half()
-    X = torch.empty(rows, cols, device="cuda", dtype=torch.float16)
+    produce, X, reference, K = _producer(kind, target, gen)
+    N = 2048
+    gv = compile_kernel(gemv.gemv(1, N, K, target=target), target, out_idx=[-1])
+    W = (torch.randn(N, K, device="cuda", generator=gen) * 0.05 / (K / 2048) ** 0.5).half()
 
     def step():
-        a = red(X)
-        return a, gv(a.view(1, rows), W)
+        a = produce()
+        return a, gv(a, W)
 
     def check(a, c, i):
-        want_a = X.float().sum(-1)
-        torch.testing.assert_close(a.float(), want_a, rtol=1e-2, atol=5e-2)
-        want = a.float().view(1, rows) @ W.float().T
+        torch.testing.assert_close(a.float(), reference(), rtol=1e-2, atol=5e-2)
+        want = a.float() @ W.float().T
         torch.testing.assert_close(c.float(), want, rtol=1e-2, atol=1e-1, msg=lambda m: f"call {i}: {m}")
 
+    scale = 0.01 if kind == "reduction" else 1.0  # the producer's row about 2 in size, and new each call
+
+    def fill(i):
+        X.copy_(torch.randn(X.shape, device="cuda", generator=gen).half() * scale + (i % 5 - 2) * 0.2 * scale)
+
     for i in range(20):
-        X.copy_(torch.randn(rows, cols, device="cuda", generator=gen).half() * 0.01 + (i % 5 - 2) * 0.002)
+        fill(i)
         check(*step(), i)
-    for _ in range(2):  # warm, on a side stream as runtime.graphs does
+    for _ in range(2):  # warm
         step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph(keep_graph=True)
@@ -135,6 +171,6 @@ def test_a_gemv_behind_a_slow_reduction_reads_its_finished_output():
         a, c = step()
     assert 1 in _edge_types(graph.raw_cuda_graph())  # the gemv's launch kept its programmatic edge
     for i in range(20):
-        X.copy_(torch.randn(rows, cols, device="cuda", generator=gen).half() * 0.01 - (i % 3) * 0.003)
+        fill(i + 1)
         graph.replay()
         check(a, c, i)

@@ -276,7 +276,7 @@ def flash_attention(
         """O = the parts' outputs weighed by exp2(their LSE - the largest): one program per (query, head, batch),
         a thread per feature; 0 where no part saw a key, NaN where a part is NaN."""
         with d.kernel(Sq, Hq, B, threads=max(32, D)) as (q, h, b):
-            d.wait_inputs()
+            d.wait_inputs(pack)  # PDL for a decode step's (packed) attention, and its parts' combine
             top = d.fragment((D,), accum_dtype)
             acc = d.fragment((D,), accum_dtype)
             wsum = d.fragment((D,), accum_dtype)
@@ -311,7 +311,7 @@ def flash_attention(
             LSE = param("LSE", (split_max, B, Hq, Sq), accum_dtype)
         O = param("O", o_shape, out_dtype)
         with d.kernel(T.ceildiv(rows, block_M), Hkv if pack else Hq, B * splits, threads=threads) as (bx, by, bzs):
-            d.wait_inputs()
+            d.wait_inputs(pack)  # PDL for a decode step's (packed) attention, and its parts' combine
             Q_s = d.shared((block_M, D), dtype)
             K_s = d.shared((block_N, D), dtype)
             V_s = d.shared((block_N, D), dtype)

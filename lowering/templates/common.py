@@ -66,10 +66,13 @@ class Dialect:
             return TC.Kernel(*grid)
         return T.Kernel(*grid, threads=threads)
 
-    def wait_inputs(self):
+    def wait_inputs(self, launch_bound: bool = True):
         """Where a kernel may first read what earlier kernels wrote: with PDL, wait for the kernel before it and let
-        the next one launch; nothing elsewhere. Call it before any load of an input or store of an output."""
-        if self.pdl:
+        the next one launch; nothing elsewhere. Call it before any load of an input or store of an output.
+        ``launch_bound``: whether the kernel is small enough for its launch to matter (``PDL_MAX_ELEMENTS``, a decode
+        step's); a larger one launches plainly, its source as before PDL (TileLang drops ``__restrict__`` from the
+        parameters of a PDL kernel, and a large kernel's loads may need it)."""
+        if self.pdl and launch_bound:
             from tilelang.cuda.language import pdl_sync, pdl_trigger
 
             T.evaluate(pdl_sync())
@@ -122,6 +125,11 @@ def _serial_reduce(op: str, rows: int, cols: int, clear: bool):
             dst[r] = acc
 
     return reduce_rows
+
+
+# The most elements an elementwise or row-reduction kernel touches and still launches as a programmatic dependent: a
+# decode step's (batch 64 x an MLP's 5632 features is 360K), not a prefill's or a training step's.
+PDL_MAX_ELEMENTS = 1 << 20
 
 
 def uses_pdl(target: dict | str) -> bool:

@@ -26,6 +26,7 @@ import torch
 
 from tilefuse.lowering.expr import Acc, Arg, Env, Expr, Load, emit, evaluate, walk
 from tilefuse.lowering.templates.common import (
+    PDL_MAX_ELEMENTS,
     broadcast_index,
     broadcast_shapes,
     check_dtype,
@@ -185,7 +186,7 @@ def elementwise(
         flats = [view(b, (numel(s),)) if f else None for b, s, f in zip(ins, in_shapes, flat_in)]
         flat_outs = [view(b, (n,)) for b, n in zip(outs, [n for n, sc in zip(sizes, scatters) if sc is None])]
         with d.kernel(T.ceildiv(total, block), threads=threads) as bx:
-            d.wait_inputs()
+            d.wait_inputs(total <= PDL_MAX_ELEMENTS)
             if simt:
                 tx = T.get_thread_binding()
                 for j in T.serial(steps):

@@ -41,6 +41,7 @@ import torch
 
 from tilefuse.lowering.expr import Acc, Env, Expr, emit, evaluate
 from tilefuse.lowering.templates.common import (
+    PDL_MAX_ELEMENTS,
     arg_loader,
     check_dtype,
     dialect,
@@ -242,7 +243,7 @@ def row_reduction(
         Out_nd = param("Out", out_shape, storage_dtype(out_dtype))
         Pre_nd = param("Pre", shape, storage_dtype(pre_dtype)) if write_pre else None
         with d.kernel(T.ceildiv(rows, block_rows), threads=threads) as bx:
-            d.wait_inputs()
+            d.wait_inputs(rows * cols <= PDL_MAX_ELEMENTS)
             # 2-D views of the N-D tensors, in a dict (see common.view).
             io = {"X": view(X_nd, (rows, cols)), "Out": view(Out_nd, (rows, cols) if normalizing else (rows,))}
             if write_pre:
