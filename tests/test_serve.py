@@ -7,13 +7,14 @@ command in a subprocess and stops it with SIGTERM. Every loop here is bounded in
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import gzip
 import http.client
 import json
 import os
+import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -350,28 +351,39 @@ def test_batch_mode_follows_dim0():
 
 
 def test_cli_serve_subprocess_stops_on_sigterm(zoo):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "tilefuse.cli", "serve", zoo[0]["mlp"], "--port", str(port), "--target", "c",
+    """``tilefuse serve --port 0`` listens on a port the system picks and names it (uvicorn's start line): no port is
+    found free here and bound later, when another process could have taken it. It answers, then stops on SIGTERM."""
+    cmd = [sys.executable, "-m", "tilefuse.cli", "serve", zoo[0]["mlp"], "--port", "0", "--target", "c",
            "--threads", "1", "--name", "m"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
+    reader.start()
+    seen = []
     try:
-        c, deadline = httpclient.InferenceServerClient(f"127.0.0.1:{port}"), time.monotonic() + 300  # a hang bound
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "tilefuse serve did not start"
-            try:
-                if c.is_server_ready():
-                    break
-            except Exception:  # noqa: BLE001 - not listening yet
-                time.sleep(0.2)
+        deadline, port = time.monotonic() + 300, None  # a hang bound
+        while port is None:
+            assert proc.poll() is None and time.monotonic() < deadline, f"tilefuse serve did not start: {seen}"
+            with contextlib.suppress(queue.Empty):
+                seen.append(lines.get(timeout=0.2))
+                m = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", seen[-1])
+                port = int(m.group(1)) if m else None
+        assert port > 0, seen
+        c = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        while not c.is_server_ready():
+            assert time.monotonic() < deadline, "tilefuse serve is listening but not ready"
+            time.sleep(0.2)
         x = torch.randn(2, 64)
         y = _infer(c, "m", {"x": x.numpy()}).as_numpy("y")
         torch.testing.assert_close(torch.from_numpy(y), zoo[1]["mlp"](x)[0])
     finally:
         proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=30)[0]
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
+    while not lines.empty():
+        seen.append(lines.get())
+    out = "".join(seen)
     assert proc.returncode in (0, -signal.SIGTERM), out  # uvicorn re-raises SIGTERM once it has shut down
     assert "Application shutdown complete" in out
 

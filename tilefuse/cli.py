@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="serve a .tfz artifact or an .onnx file over KServe v2 REST (HTTP)")
     s.add_argument("model", help="path to a .tfz artifact or an .onnx file")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="0: a free port the system picks, named in the start line")
     s.add_argument("--name", help="model name in URLs (default: the file name without extension)")
     s.add_argument("--max-batch-size", type=int, default=8, help="rows per model run (1 turns batching off)")
     s.add_argument("--max-delay-ms", type=float, default=5.0, help="how long a batch may wait to fill")
