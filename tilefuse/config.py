@@ -65,10 +65,15 @@ DEVICE_FACTS = {"sm_90": DeviceFacts(132, 227 * 1024, 50 * 2**20), "sm_80": Devi
                 "sm_86": DeviceFacts(84, 99 * 1024, 6 * 2**20), "sm_89": DeviceFacts(128, 99 * 1024, 72 * 2**20)}
 
 
+def cuda_arch(target: dict | str) -> str:
+    """A CUDA target's arch: ``"sm_90a"`` for ``{"kind": "cuda", "arch": "sm_90a"}``, ``"cuda:sm_80"`` or ``"cuda"``
+    (the default arch)."""
+    return target.get("arch", "sm_90a") if isinstance(target, dict) else str(target).partition(":")[2] or "sm_90a"
+
+
 def arch_family(target: dict | str) -> str:
     """``"sm_90"`` for ``{"kind": "cuda", "arch": "sm_90a"}`` (the default CUDA arch), and so on."""
-    arch = target.get("arch", "sm_90a") if isinstance(target, dict) else str(target).partition(":")[2] or "sm_90a"
-    return arch.rstrip("a")[:5]
+    return cuda_arch(target).rstrip("a")[:5]
 
 
 def device_facts(target: dict | str) -> DeviceFacts:

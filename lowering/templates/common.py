@@ -12,16 +12,16 @@ accumulator becomes an array of opaque ``simdgroup_float8x8`` matrices, whose el
 GEMM-family template copies it to threadgroup memory (``simdgroup_store``) before any elementwise epilogue or
 store. Nothing in these branches runs for ``cuda`` or ``c``.
 
-Note: on CUDA sm_90+ the decode-step templates (gemv, elementwise, row reduction, attention) launch as programmatic
-dependents (PDL): TileLang 0.1.15 marks a function that calls ``T.pdl_sync``/``T.pdl_trigger`` and its runtime
-launches it with ``cudaLaunchAttributeProgrammaticStreamSerialization`` (CUDA-graph capture keeps it as a
-programmatic edge, ``tests/test_pdl.py``). Such a kernel's programs are placed while the kernel before it in the
-stream finishes; each waits for it (``griddepcontrol.wait``, ``Dialect.wait_inputs``: no global memory is read or
-written before it) and then lets the next kernel launch. A decode step of HF LLaMA 8 layers d2048
-on the H200 (its CUDA graph replayed alone) took 0.4197 -> 0.4065 ms at cache 512 and 0.4615 -> 0.4379 ms at 4096
-(bench/results/2026-12-02-h200-session15). Prefetching a gemv's weight into L2 before the wait made the same step
-slower (0.4759 and 0.4993 ms) and was dropped. A target ``{"pdl": False}`` (``Options.pdl``, ``TILEFUSE_PDL=0``)
-builds plain launches.
+Note: on CUDA sm_90+ a decode step's kernels launch as programmatic dependents (PDL): every gemv, packed attention
+and its combine, and elementwise and row-reduction kernels of at most ``PDL_MAX_ELEMENTS``. TileLang 0.1.15 marks a
+function that calls ``T.pdl_sync``/``T.pdl_trigger``, and its runtime launches it with
+``cudaLaunchAttributeProgrammaticStreamSerialization`` (CUDA-graph capture keeps it as a programmatic edge,
+``tests/test_pdl.py``). Such a kernel's programs are placed while the kernel before it in the stream finishes; each
+waits for it (``griddepcontrol.wait``, ``Dialect.wait_inputs``: no global memory is read or written before it) and
+then lets the next kernel launch. An HF LLaMA decode step (8 layers, d2048) on the H200, its CUDA graph replayed
+alone, took 0.4197 -> 0.4065 ms at cache 512 and 0.4615 -> 0.4379 ms at 4096 (bench/results/2026-12-02-h200-session15).
+Prefetching a gemv's weight into L2 before the wait made the same step slower (0.4759 and 0.4993 ms) and was dropped.
+A target ``{"pdl": False}`` (``Options.pdl``, ``TILEFUSE_PDL=0``) builds plain launches.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import tilelang.language as T
 from tvm.tirx.script.builder import ir as _tir_builder
 
-from tilefuse.config import CPU_KINDS
+from tilefuse.config import CPU_KINDS, cuda_arch
 
 Shape = tuple[int, ...]
 
@@ -137,8 +137,7 @@ def uses_pdl(target: dict | str) -> bool:
     says ``"pdl": False``."""
     if target_kind(target) != "cuda" or (isinstance(target, dict) and not target.get("pdl", True)):
         return False
-    arch = target.get("arch", "sm_90a") if isinstance(target, dict) else str(target).partition(":")[2] or "sm_90a"
-    digits = "".join(c for c in arch.removeprefix("sm_") if c.isdigit())
+    digits = "".join(c for c in cuda_arch(target).removeprefix("sm_") if c.isdigit())
     return bool(digits) and int(digits) >= 90
 
 
