@@ -152,7 +152,8 @@ def run_one(model, ref_model, mode: str, batch: int, cache_len: int, args, targe
             "prefill_s": prefill_s, "compiles": len(runners) if mode.startswith("tilefuse") else None,
             "tilefuse_failures": list(backend.failures) if backend is not None else None,
             "tilefuse_fallback_ops": sorted(backend.fallback_ops()) if backend is not None else None,
-            "graph_replay_ms": replay_ms, "profile": prof, "plan": _plan_summary(runners) if mode.startswith("tilefuse") else None}
+            "graph_replay_ms": replay_ms, "profile": prof,
+            "plan": _plan_summary(runners) if mode.startswith("tilefuse") else None}
 
 
 def graph_replay_ms(runners, replays: int = 200) -> float | None:

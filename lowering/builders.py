@@ -119,11 +119,11 @@ def cpu_form(n: Node, args: tuple[Expr, ...], dtype: str) -> Expr | None:
     """The expression a CPU target computes for ``n`` where torch's CPU kernel departs from the op's definition (which
     the GPU targets follow, as torch's CUDA kernels do), else None.
 
-    gelu (erf form) of float32: torch's kernel for contiguous tensors of several elements gives NaN at +-inf and computes
-    ``x * (1 + erf(x / sqrt 2))`` before halving (an ``x`` past 2^127 overflows); its scalar path on AVX2 and CUDA give
-    the limit at +inf. float16/bfloat16 depend on the machine (``half_gelu_nan_at_inf``): AVX512 widens them into that
-    kernel, AVX2 gives the limit. pytorch/pytorch#185770 (fix open in #192318). ``+ x * 0`` is NaN exactly at +-inf
-    and NaN and +-0 elsewhere, which keeps every other result's bits, -0.0 included."""
+    gelu (erf form) of float32: torch's kernel for contiguous tensors of several elements gives NaN at +-inf and
+    computes ``x * (1 + erf(x / sqrt 2))`` before halving (an ``x`` past 2^127 overflows); its scalar path on AVX2 and
+    CUDA give the limit at +inf. float16/bfloat16 depend on the machine (``half_gelu_nan_at_inf``): AVX512 widens
+    them into that kernel, AVX2 gives the limit. pytorch/pytorch#185770 (fix open in #192318). ``+ x * 0`` is NaN
+    exactly at +-inf and NaN and +-0 elsewhere, which keeps every other result's bits, -0.0 included."""
     if n.op == "gelu" and n.attr.get("approximate", "none") == "none" and (
             dtype == "float32" or dtype in ("float16", "bfloat16") and half_gelu_nan_at_inf(dtype)):
         (x,) = args

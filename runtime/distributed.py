@@ -5,8 +5,9 @@ rank, each from the same graph; the plans agree except where a measurement decid
 between a region's kernel, its ops through torch and its split (``pipeline.decide``), tuned tile configs
 (``pipeline.configs_step``), and the whole-graph choice between the plan and dynamo's graph, whose timing calls
 run the collectives (``backend._WholeGraphChoice``: whether to time, and the way). Timing noise may answer
-differently on each rank; replicated values would then be computed by different code on different ranks (results that must be equal differ in their last bits, and the
-replicas drift apart). So where torch.distributed runs several processes and the plan carries collectives,
+differently on each rank; replicated values would then be computed by different code on different ranks (results
+that must be equal differ in their last bits, and the replicas drift apart). So where torch.distributed runs
+several processes and the plan carries collectives,
 ``from_rank0`` hands every rank rank 0's answer (``torch.distributed.broadcast_object_list`` on the default
 group), as AOTAutograd does for its own decisions. A plan without collectives keeps each rank's own answer: such a
 graph may be compiled and run by one rank alone (an evaluation on rank 0), where a broadcast would wait for
@@ -31,12 +32,12 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def has_collectives(plan: FusionPlan) -> bool:
-    """Whether ``plan`` exchanges tensors with other ranks (a ``collective`` region)."""
-    return any(r.kind == "collective" for r in plan.regions)
+def has_collectives(plan: FusionPlan | None) -> bool:
+    """Whether ``plan`` exchanges tensors with other ranks (a ``collective`` region); None (no plan) does not."""
+    return plan is not None and any(r.kind == "collective" for r in plan.regions)
 
 
-def from_rank0(value: T, plan: FusionPlan, broadcast: Broadcast | None = None) -> T:
+def from_rank0(value: T, plan: FusionPlan | None, broadcast: Broadcast | None = None) -> T:
     """``value`` as rank 0 has it, where the ranks must agree: ``plan`` carries collectives and several processes run
     (``broadcast`` given, or torch.distributed initialized with a world size over 1); else ``value`` itself.
     ``value`` must pickle (``broadcast_object_list``, the default ``broadcast``, sends it as bytes)."""

@@ -136,6 +136,7 @@ def test_from_rank0_broadcasts_only_where_the_plan_has_collectives():
 
     assert from_rank0("mine", with_collectives, rank1) == "rank 0's" and sent == ["mine"]
     assert from_rank0("mine", without, rank1) == "mine" and sent == ["mine"]
+    assert not has_collectives(None) and from_rank0("mine", None, rank1) == "mine" and sent == ["mine"]  # no plan
     assert from_rank0("mine", with_collectives) == "mine"  # torch.distributed not initialized here: one process
 
 

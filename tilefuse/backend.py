@@ -255,7 +255,7 @@ class _WholeGraphChoice:
         # a plan with collectives: every rank times (its calls exchange tensors) or none does, as rank 0's database
         # says, and runs rank 0's way (ranks with databases of their own would otherwise make different numbers of
         # calls, and wait in collectives that never come)
-        stored = from_rank0(stored, plan) if plan is not None else stored
+        stored = from_rank0(stored, plan)
         if stored is not None and stored.get("runs") in ways:
             way, ms = stored["runs"], {w: stored.get(f"{w}_ms", float("nan")) for w in ways}
         else:
@@ -267,7 +267,7 @@ class _WholeGraphChoice:
                     times[w].append(time.perf_counter() - t0)
             ms = {w: sorted(t)[len(t) // 2] * 1e3 for w, t in times.items()}
             way = "tilefuse" if ms["tilefuse"] < WHOLE_GRAPH_MARGIN * ms["torch"] else "torch"
-            way = from_rank0(way, plan) if plan is not None else way
+            way = from_rank0(way, plan)
             if key is not None:
                 try:
                     db.put(key, self.target, {"runs": way, "tilefuse_ms": ms["tilefuse"], "torch_ms": ms["torch"]},
