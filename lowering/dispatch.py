@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tilefuse.ir import Graph, Node
+from tilefuse.lowering.attention_builder import build_attention
 from tilefuse.lowering.builders import (
     Builder,
     KernelSpec,
-    build_attention,
     build_elementwise,
     build_gemm,
     build_reduction,
