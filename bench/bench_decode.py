@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl")
+MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl", "tilefuse-nofold")
 
 
 def model_config(device: str):
@@ -77,11 +77,12 @@ def compiled_forward(model, mode: str, target: dict, runners: list):
             return fn(*args, **kw)
         return step, None
     if mode.startswith("tilefuse"):  # apart: each linear its own kernel (Options.group_linears off); nopdl: plain
-        from tilefuse.backend import make_backend  # launches (Options.pdl off)
-        from tilefuse.config import Options
+        from tilefuse.backend import make_backend  # launches (Options.pdl off); nofold: the norms their own kernels
+        from tilefuse.config import Options  # (Options.fold_norms off)
 
         backend = make_backend(Options(target=target, quiet=True, observer=runners.append,
-                                       group_linears=mode != "tilefuse-apart", pdl=mode != "tilefuse-nopdl"))
+                                       group_linears=mode != "tilefuse-apart", pdl=mode != "tilefuse-nopdl",
+                                       fold_norms=mode != "tilefuse-nofold"))
         return torch.compile(forward, backend=backend), backend
     raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 

@@ -256,13 +256,18 @@ def build_elementwise(b: Builder, target: dict) -> KernelSpec:
                       tuple((a, None) for a in b.args), mapping, tuple(b.pre), aliases=aliases)
 
 
-def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]) -> tuple[str, bool, list[Node]]:
-    """Follow a GEMM operand back through the region: (outside value, transposed?, prologue nodes)."""
-    trans, prologue = False, []
+def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]) -> tuple[str, bool, list[Node], Node | None]:
+    """Follow a GEMM operand back through the region: (outside value, transposed?, prologue nodes, the RMSNorm it
+    is the output of or None: ``planner.norm_fold``'s, whose input is then the outside value)."""
+    trans, prologue, norm = False, [], None
     while value in b.produced:
         n = env_nodes[value]
         rank = len(b.types[n.inputs[0]].shape)
-        if n.op == "transpose":
+        if n.op == "rms_norm" and norm is None and not prologue and not trans:
+            norm = n
+            require(n.attr.get("axis", -1) % rank == rank - 1, "an RMSNorm before the GEMM over other than the last dim")
+            require(n.inputs[0] not in b.produced, "the RMSNorm's input is computed in the GEMM's region")
+        elif n.op == "transpose":
             require(sorted(d % rank for d in (n.attr["dim0"], n.attr["dim1"])) == [rank - 2, rank - 1],
                      "a transpose of other than the last two dims")
             trans = not trans
@@ -277,7 +282,7 @@ def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]) -> tuple[
         else:
             raise NotLowerable(f"{n.op} before the GEMM")
         value = n.inputs[0]
-    return value, trans, prologue
+    return value, trans, prologue, norm
 
 
 def epilogue_exprs(b: Builder, anchor: Node, bias: str | None, after: list[Node], what: str) -> tuple[list[Expr], list]:
@@ -296,11 +301,11 @@ def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) ->
     ``as_gemv`` ``gemv``'s on any target (a ``gemv_group``'s parts), refused where its rows or layout do not fit."""
     by_out = {v.name: n for n in b.members for v in n.outputs}
     pos = b.members.index(anchor)
-    require(all(n.op in PASS_VIEWS or n.op in ("cast", "scale", "transpose", "permute")
-                 for n in b.members[:pos]), "the GEMM prologue holds more than casts, scales and layouts")
-    a_val, trans_a, pro_a = _trace_operand(b, anchor.inputs[0], by_out)
-    b_val, trans_b, pro_b = _trace_operand(b, anchor.inputs[1], by_out)
-    require(not pro_b, "a prologue on the weight operand")
+    require(all(n.op in PASS_VIEWS or n.op in ("cast", "scale", "transpose", "permute", "rms_norm")
+                 for n in b.members[:pos]), "the GEMM prologue holds more than casts, scales, layouts and a norm")
+    a_val, trans_a, pro_a, norm = _trace_operand(b, anchor.inputs[0], by_out)
+    b_val, trans_b, pro_b, norm_b = _trace_operand(b, anchor.inputs[1], by_out)
+    require(not pro_b and norm_b is None, "a prologue on the weight operand")
     at, bt = b.types[a_val].shape, b.types[b_val].shape
     if anchor.op == "linear":
         require(len(bt) == 2 and not trans_b, "linear weight is not a plain (N, K) matrix")
@@ -339,11 +344,26 @@ def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) ->
         require(gemv_shape(M, layout),
                 f"a gemv group's linear of {M} rows (at most {gemv.GEMV_ROWS}, unbatched)")
     if as_gemv or decode_rows(target, M, layout):  # a decode step's few rows: the weight streamed by warps (templates/gemv.py)
-        return gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
-                         template="gemv", prologue=pro)
+        spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
+                         template="gemv", prologue=pro, **_norm_params(b, norm, K))
+        return spec if norm is None or len(norm.inputs) < 2 or not norm.inputs[1] else dataclasses.replace(
+            spec, inputs=(spec.inputs[0], (norm.inputs[1], None), *spec.inputs[1:]))  # G after A (gemv's order)
+    require(norm is None, "an RMSNorm before a GEMM of more rows than a gemv's (only the gemv reads it in its pass)")
     spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
                      **layout, prologue=pro)
     return dataclasses.replace(spec, packed=packed) if packed else spec
+
+
+def _norm_params(b: Builder, norm: Node | None, K: int) -> dict:
+    """The gemv's parameters of an RMSNorm of A (``planner.norm_fold``): its eps and its weight's dtype (None: no
+    weight), the weight a (K,) vector from outside the region."""
+    if norm is None:
+        return {}
+    w = norm.inputs[1] if len(norm.inputs) > 1 and norm.inputs[1] else None
+    if w is not None:
+        require(w in b.available and tuple(b.types[w].shape) == (K,) and w not in b.args,
+                 "the RMSNorm's weight is not an outside (K,) vector read only by the norm")
+    return {"norm_eps": float(norm.attr.get("eps", 1e-6)), "norm_weight": b.types[w].dtype if w else None}
 
 
 # Targets whose decode-step linears are gemv kernels (AMD: compiled there, not yet run). The CPU's one-lane programs

@@ -13,7 +13,7 @@ from tilefuse.planner.plan import Region
 
 def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     """A ``gemv_group`` region (``planner.grouping``: linears of one decode-step input): each linear's part built as a
-    ``gemv`` spec, then one ``gemv_group`` spec of them; they must agree on A, its prologue, rows, depth and dtypes. A
+    ``gemv`` spec, then one ``gemv_group`` spec of them; they must agree on A, its prologue or norm, rows, depth and dtypes. A
     part that reads another's output (a gated MLP's up reading ``silu(gate)``) reads it in registers (the template's
     joined weights): as its epilogue's extra itself, of the same rows and width; that output is stored only where the
     group's outputs name it. Only where a decode step's linear is a gemv (``builders.GEMV_TARGETS``)."""
@@ -23,8 +23,10 @@ def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     parts = gemv_group_parts(b.region, b.graph)
     specs = [build_gemm(Builder(part, b.graph, nodes, b.types, target), nodes[part.anchor], target, as_gemv=True)
              for part in parts]
-    kws = [s.factory_kwargs() for s in specs]
-    same = ("M", "K", "A_dtype", "B_dtype", "out_dtype", "prologue")
+    kws = [{"norm_eps": None, "norm_weight": None} | s.factory_kwargs() for s in specs]
+    same = ("M", "K", "A_dtype", "B_dtype", "out_dtype", "prologue", "norm_eps", "norm_weight")
+    w = 2 if kws[0]["norm_weight"] else 1  # B's place among a part's inputs (after A and a norm's weight G)
+    require(all(s.inputs[1:w] == specs[0].inputs[1:w] for s in specs), "the group's linears differ in their norm")
     base = [(reshaped_from(b.graph, s.inputs[0][0], producer), s.inputs[0][1]) for s in specs]  # A: one tensor's data
     require(all(x == base[0] and x[1] is not None for x in base) and
             all(kw[k] == kws[0][k] for kw in kws for k in same), "the group's linears differ in A, rows or dtypes")
@@ -33,7 +35,7 @@ def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     extras, extra_dtypes, extras_of = [], [], []
     for i, (part, s, kw) in enumerate(zip(parts, specs, kws)):
         own = []
-        for (v, shape), dt in zip(s.inputs[2:], kw["extra_dtypes"]):
+        for (v, shape), dt in zip(s.inputs[w + 1:], kw["extra_dtypes"]):
             k = made.get(v)
             if k is None:
                 own.append(len(extras))
@@ -44,12 +46,12 @@ def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
                         len(specs[k].outputs) == 1, f"{v}: a part's output read by another not element for element")
                 own.append(-1 - k)
         fed = {v for v in part.inputs if v in made}
-        require(fed <= {v for v, _ in s.inputs[2:]}, f"{sorted(fed)}: another part's output read other than by the "
+        require(fed <= {v for v, _ in s.inputs[w + 1:]}, f"{sorted(fed)}: another part's output read other than by the "
                 "epilogue itself")
         extras_of.append(tuple(own))
     stored = tuple(any(v in b.region.outputs for _, v, _ in s.outputs) for s in specs)
     require(all(stored[k] or len(s.outputs) == 1 for k, s in enumerate(specs)), "a part with several outputs")
-    params = {k: kws[0][k] for k in same} | {
+    params = {k: kws[0][k] for k in same if k in specs[0].factory_kwargs()} | {
         "Ns": tuple(kw["N"] for kw in kws), "epilogues": tuple(kw["epilogue"] for kw in kws),
         "extra_shapes": tuple(tuple(shape) for _, shape in extras), "extra_dtypes": tuple(extra_dtypes),
         "extras_of": tuple(extras_of)} | ({"stored": stored} if not all(stored) else {})
@@ -57,7 +59,7 @@ def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     outputs = tuple((i, v, shape) for i, s in enumerate(kept) for _, v, shape in s.outputs)
     pre = tuple(dict.fromkeys(p for s in specs for p in s.pre))
     return KernelSpec("gemv_group", tuple(params.items()), tuple(range(-len(kept), 0)),
-                      (specs[0].inputs[0], *(s.inputs[1] for s in specs), *extras), outputs, pre)
+                      (*specs[0].inputs[:w], *(s.inputs[w] for s in specs), *extras), outputs, pre)
 
 
 def gemv_group_parts(region: Region, graph: Graph) -> list[Region]:
@@ -98,7 +100,7 @@ def gemv_group_parts(region: Region, graph: Graph) -> list[Region]:
         members = sorted(members_of[a], key=order.__getitem__)
         made = made_by[a]
         inputs = tuple(dict.fromkeys(i for m in members for i in nodes[m].inputs if i and i not in made))
-        fed = {v for b in anchors if b != a for v in read_by[b] & made}
+        fed = {v for b in anchors if b != a for v in (read_by[b] - made_by[b]) & made}  # (a shared prologue: not)
         outputs = tuple(dict.fromkeys([o for o in region.outputs if o in made] + sorted(fed)))
         parts.append(Region(f"{region.name}.{len(parts)}", "gemm", tuple(members),
                             tuple(nodes[m].op for m in members), inputs, outputs, a))

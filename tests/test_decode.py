@@ -375,8 +375,13 @@ def test_every_kernel_of_a_decode_step_compiles_for_sm90a(monkeypatch):
         planned = plan_step(program.graph, Options(target=sm90, quiet=True))
         plan, kernels = lower_step(planned, {}, sm90)
         assert planned.specs and set(kernels) == set(planned.specs), set(planned.specs) - set(kernels)
+        planned_prefill = planned_prefill if program is decode else plan
     regions = plan.regions  # the decode step's
     layers = eager.config.num_hidden_layers
     assert sum(r.kind == "gemv_group" for r in regions) == 2 * layers
     stores = [r for r in regions if "index_copy" in r.ops]
     assert len(stores) == layers and all(r.ops.count("index_copy") == 2 and r.backend == "tilelang" for r in stores)
+    # the norms: the prefill's kernels of their own; the decode step's folded into its linears (planner.norm_fold)
+    norms = [[r for r in p.regions if r.kind == "reduction"] for p in (planned_prefill, plan)]
+    assert len(norms[0]) == 2 * layers + 1 and norms[1] == []
+    assert sum("rms_norm" in r.ops for r in regions if r.kind in ("gemm", "gemv_group")) == 2 * layers + 1

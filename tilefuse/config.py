@@ -125,6 +125,10 @@ class Options:
     # reading silu(gate) in registers): tilefuse/planner/grouping.py. 0 keeps each linear its own kernel (the A/B
     # of bench_decode.py's tilefuse-apart mode).
     group_linears: bool = _read("GROUP_LINEARS", "1", _on)
+    # A decode step's RMSNorm as the prologue of the gemv kernels that read it, its residual add the epilogue of the
+    # linear before (tilefuse/planner/norm_fold.py): no norm launches. 0 keeps the norm kernels (bench_decode.py's
+    # tilefuse-nofold mode).
+    fold_norms: bool = _read("FOLD_NORMS", "1", _on)
     # On CUDA sm_90+, the decode-step kernels (gemv, elementwise, row reductions, attention) launch as programmatic
     # dependents, placed while the kernel before them finishes (lowering/templates/common.py: an HF LLaMA decode
     # step's GPU time 3-5% less on the H200). 0 builds plain launches: the target then carries "pdl": False.

@@ -8,6 +8,12 @@ projections read at 0.7 TB/s). Here each warp owns ``block_N // warps`` weight r
 elements for every row of A, and combine their partial sums by shuffles; the epilogue and the store follow in the
 warp. Programs are small (``block_N`` rows), so even a 512-row weight spreads over the SMs.
 
+A normalized input (``norm_eps``: a decode step's RMSNorm before its linears, ``planner.norm_fold``): every warp reads
+the whole row of A anyway, so in the same pass it sums the row's squares and multiplies A by the norm's weight ``G``;
+after the shuffles its sums are scaled by ``rsqrt(mean of squares + eps)``. ``C = (rmsnorm(A) * G) @ B^T`` then costs
+no kernel of its own, nor a trip of the normalized row through memory (the product differs from the norm's output
+rounded to ``A_dtype`` then multiplied by that rounding: fp16's 1e-3, within its tolerance).
+
 Tails: rows past N read row N - 1 and are never stored; K need not divide the step (the last part of a row is
 read one vector at a time, guarded). On CPU targets (the numerics tests) a program is one lane.
 """
@@ -19,7 +25,7 @@ from collections.abc import Sequence
 import tilelang.language as T
 
 from tilefuse.lowering.expr import Acc, Env, Expr, emit
-from tilefuse.lowering.templates.common import broadcast_shapes, dialect, param
+from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype, dialect, param
 from tilefuse.lowering.templates.gemm import epilogue_at, operand_types
 
 # A decode step's rows at most. Each weight element is multiplied by every row of A in registers; on the H200
@@ -43,19 +49,23 @@ def gemv(
     epilogue: Expr | None = None,
     extra_shapes: Sequence[Sequence[int]] = (),
     extra_dtypes: Sequence[str] = (),
+    norm_eps: float | None = None,
+    norm_weight: str | None = None,
     block_N: int = 8,
     threads: int = 128,
     unroll: int = UNROLL,
     target: dict | str = "cuda",
 ):
-    """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B^T)``; parameters ``A (M, K), B (N, K), extra_0.., C (M,
-    N)``. ``prologue``/``epilogue`` as ``gemm``'s (the product runs in ``B_dtype``'s values, summed in fp32).
+    """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B^T)``; parameters ``A (M, K), [G (K,)], B (N, K), extra_0..,
+    C (M, N)``. With ``norm_eps`` A is RMS-normalized over K first (times the norm's weight ``G`` of dtype
+    ``norm_weight``, where given; then no ``prologue``). ``prologue``/``epilogue`` as ``gemm``'s (the product runs in ``B_dtype``'s values, summed in fp32).
     Tunables: ``block_N`` weight rows a program, over ``threads // 32`` warps (CPU targets: one lane); ``unroll``
     steps along K whose loads a lane issues before it multiplies (a 2048-deep row of float16 is 8 steps: 8 is one
     round trip to memory, 4 two)."""
     return gemv_group(M, (N,), K, A_dtype=A_dtype, B_dtype=B_dtype, out_dtype=out_dtype, accum_dtype=accum_dtype,
                       prologue=prologue, epilogues=(epilogue,), extra_shapes=extra_shapes, extra_dtypes=extra_dtypes,
-                      extras_of=(tuple(range(len(extra_shapes))),), block_N=block_N, threads=threads, unroll=unroll,
+                      extras_of=(tuple(range(len(extra_shapes))),), norm_eps=norm_eps, norm_weight=norm_weight,
+                      block_N=block_N, threads=threads, unroll=unroll,
                       target=target)  # (a group of one names its parameters B and C)
 
 
@@ -74,14 +84,16 @@ def gemv_group(
     extra_dtypes: Sequence[str] = (),
     extras_of: Sequence[Sequence[int]] = (),
     stored: Sequence[bool] = (),
+    norm_eps: float | None = None,
+    norm_weight: str | None = None,
     block_N: int = 8,
     threads: int = 128,
     unroll: int = UNROLL,
     target: dict | str = "cuda",
 ):
     """Several linears of the same rows in one launch (a decode step's q, k and v projections of one normalized
-    input): ``C_i = epilogue_i(prologue(A) @ B_i^T)``; parameters ``A (M, K), B_0 (N_0, K).., extra_0.., C_i (M,
-    N_i)`` for each ``stored`` weight (default all). Epilogue ``i`` reads the extras ``extras_of[i]`` (their positions
+    input): ``C_i = epilogue_i(prologue(A) @ B_i^T)``; parameters ``A (M, K), [G (K,)], B_0 (N_0, K).., extra_0..,
+    C_i (M, N_i)`` for each ``stored`` weight (default all); ``norm_eps``, ``norm_weight`` as ``gemv``'s. Epilogue ``i`` reads the extras ``extras_of[i]`` (their positions
     among ``extra_shapes``), each broadcasting to ``(M, N_i)``; a position ``-1 - k`` there is weight ``k``'s own
     output instead (``k < i``, ``N_k == N_i``: a gated MLP's up projection reading ``silu(gate)``), which never
     goes through memory: weights so joined are computed by the same programs, one after the other. A program
@@ -104,8 +116,13 @@ def gemv_group(
             if not (0 <= k < i and Ns[k] == N):
                 raise ValueError(f"gemv_group: weight {i} reads weight {k}'s output: it must be an earlier weight of "
                                  f"the same rows ({N})")
+    if norm_eps is not None and prologue is not None:
+        raise ValueError("gemv: a prologue and a norm of A (the norm reads A as it is)")
+    if norm_weight is not None:
+        check_dtype(norm_weight, target, "gemv")
+    norm = None if norm_eps is None else (float(norm_eps), norm_weight)
     return _gemv(tuple(Ns), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, list(extra_shapes),
-                 list(extra_dtypes), extras_of, block_N, threads, unroll, target, stored)
+                 list(extra_dtypes), extras_of, block_N, threads, unroll, target, stored, norm)
 
 
 def joined_sets(extras_of: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -128,8 +145,9 @@ def joined_sets(extras_of: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, extra_shapes, extra_dtypes,
-          extras_of, block_N, threads, unroll, target, stored=None):
-    """The kernel of ``gemv`` (one weight, its parameters named ``B`` and ``C``) and ``gemv_group`` (``B_i``, ``C_i``)."""
+          extras_of, block_N, threads, unroll, target, stored=None, norm=None):
+    """The kernel of ``gemv`` (one weight, its parameters named ``B`` and ``C``) and ``gemv_group`` (``B_i``, ``C_i``);
+    ``norm``: (eps, the norm weight's dtype or None) where A is RMS-normalized."""
     stored = stored or (True,) * len(Ns)
     if not 1 <= M <= GEMV_ROWS:
         raise ValueError(f"gemv: {M} rows; at most {GEMV_ROWS} (a GEMM takes more)")
@@ -149,6 +167,7 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
     blocks = [(Ns[ws[0]] + block_N - 1) // block_N for ws in sets]
     first = [sum(blocks[:i]) for i in range(len(sets))]  # each set's first program
     one = len(Ns) == 1
+    g_dtype = A_dtype if norm is None or norm[1] is None else norm[1]  # (the norm weight's; a plain Python value)
     kept = {k for own in extras_of for k in (-1 - j for j in own if j < 0)}  # weights whose output another reads
 
     def a_elem(a):
@@ -163,18 +182,34 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
         return T.min(n, N - 1) if N % block_N else n
 
     @T.macro
-    def step_at(N, A, B, acc, a_r, b_r, bx, warp, base):
-        """One step along K at ``base`` (this lane's first element): its vectors of A and of its rows, multiplied."""
+    def step_at(N, A, B, acc, a_r, b_r, bx, warp, base, nb):
+        """One step along K at ``base`` (this lane's first element): its vectors of A and of its rows, multiplied;
+        ``nb``: the norm's buffers (G, its vector, A's sums of squares, A times G) and eps, or None."""
         for m in T.unroll(M):
             for e in T.vectorized(vec):
                 a_r[m, e] = A[m, base + e]
         for r in T.unroll(R):
             for e in T.vectorized(vec):
                 b_r[r, e] = B[row(N, bx, warp, r), base + e]
-        for m in T.unroll(M):
-            for r in T.unroll(R):
+        if nb is None:
+            for m in T.unroll(M):
+                for r in T.unroll(R):
+                    for e in T.unroll(vec):
+                        acc[m, r] += a_elem(a_r[m, e]) * T.Cast(accum_dtype, b_r[r, e])
+        else:
+            G, g_r, ss, ag, _ = nb
+            if G is not None:
+                for e in T.vectorized(vec):
+                    g_r[e] = G[base + e]
+            for m in T.unroll(M):
                 for e in T.unroll(vec):
-                    acc[m, r] += a_elem(a_r[m, e]) * T.Cast(accum_dtype, b_r[r, e])
+                    ss[m] += T.Cast(accum_dtype, a_r[m, e]) * T.Cast(accum_dtype, a_r[m, e])
+                    ag[m, e] = T.Cast(accum_dtype, a_r[m, e]) * (
+                        T.Cast(accum_dtype, g_r[e]) if G is not None else T.Cast(accum_dtype, 1))
+            for m in T.unroll(M):
+                for r in T.unroll(R):
+                    for e in T.unroll(vec):
+                        acc[m, r] += ag[m, e] * T.Cast(accum_dtype, b_r[r, e])
 
     def finish(epilogue, acc, extras, shapes, fed, m, r, n):
         """Output element (m, n) of a weight from its sum ``acc[m, r]``: through its epilogue, whose extras are read
@@ -185,23 +220,30 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                            {p: f[m, r] for p, f in fed.items()})
 
     @T.macro
-    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed):
+    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed, nb):
         """This program's ``block_N`` rows of weight ``B`` (``bx``: its program among that weight's) into ``C`` (None:
         not stored) and ``keep`` (None: no other weight reads them); ``fed``: epilogue argument -> the kept output
-        (M, R) of the weight it reads."""
+        (M, R) of the weight it reads; ``nb`` as ``step_at``'s."""
         T.clear(acc)
+        if nb is not None:
+            T.clear(nb[2])
         for t in T.serial(full // unroll):
             for u in T.unroll(unroll):
-                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec)
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec, nb)
         for u in T.unroll(full % unroll):
-            step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // unroll * unroll + u) * lanes + lane) * vec)
+            step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // unroll * unroll + u) * lanes + lane) * vec, nb)
         if K % step:  # noqa: SIM102 -- a Python test, then a TIR one: the row's last part, a vector a lane
             if (full * lanes + lane) * vec < K:
-                step_at(N, A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec)
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec, nb)
         for off in T.unroll(lanes.bit_length() - 1):
             for m in T.unroll(M):
                 for r in T.unroll(R):
                     acc[m, r] = acc[m, r] + T.shfl_xor(acc[m, r], 1 << off)
+                if nb is not None:
+                    nb[2][m] = nb[2][m] + T.shfl_xor(nb[2][m], 1 << off)
+        if nb is not None:  # the norm: every lane holds its row's sum of squares
+            for m, r in T.grid(M, R):
+                acc[m, r] = acc[m, r] * T.rsqrt(nb[2][m] / T.Cast(accum_dtype, K) + T.Cast(accum_dtype, nb[4]))
         for m, r in T.grid(M, R):
             n = bx * block_N + warp * R + r
             if keep is not None:  # every lane holds the sums after the shuffles: each keeps them all
@@ -212,15 +254,16 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
 
     def weight(i, bx, bufs):
         """Weight ``i``'s rows of program ``bx`` (among its set's programs), its epilogue's extras or kept outputs."""
-        A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp = bufs
+        A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp, nb = bufs
         own = extras_of[i]
         rows_of(Ns[i], A, Bs[i], Cs[i], epilogues[i], [extras[j] if j >= 0 else None for j in own],
                 [extra_shapes[j] if j >= 0 else None for j in own], acc, a_r, b_r, bx, lane, warp, keeps.get(i),
-                {p: keeps[-1 - j] for p, j in enumerate(own) if j < 0})
+                {p: keeps[-1 - j] for p, j in enumerate(own) if j < 0}, nb)
 
     @T.prim_func
     def gemv_kernel():
         A = param("A", (M, K), A_dtype)
+        G = param("G", (K,), norm[1]) if norm is not None and norm[1] is not None else None
         Bs = [param("B" if one else f"B{i}", (N, K), B_dtype) for i, N in enumerate(Ns)]
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
         Cs = [param("C" if one else f"C{i}", (M, N), out_dtype) if stored[i] else None for i, N in enumerate(Ns)]
@@ -229,9 +272,11 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
             a_r = T.alloc_local((M, vec), A_dtype)
             b_r = T.alloc_local((R, vec), B_dtype)
             keeps = {k: T.alloc_local((M, R), out_dtype) for k in sorted(kept)}
+            nb = None if norm is None else (G, T.alloc_local((vec,), g_dtype), T.alloc_local((M,), accum_dtype),
+                                            T.alloc_local((M, vec), accum_dtype), norm[0])
             tx = 0 if d.cpu else T.get_thread_binding(0)
             lane, warp = tx % lanes, tx // lanes
-            bufs = (A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp)
+            bufs = (A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp, nb)
             d.wait_inputs()  # PDL (see common.py): nothing read before the kernel before is done
             for s, ws in enumerate(sets):
                 if one:
