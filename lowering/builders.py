@@ -265,7 +265,7 @@ def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]) -> tuple[
         rank = len(b.types[n.inputs[0]].shape)
         if n.op == "rms_norm" and norm is None and not prologue and not trans:
             norm = n
-            require(n.attr.get("axis", -1) % rank == rank - 1, "an RMSNorm before the GEMM over other than the last dim")
+            require(n.attr.get("axis", -1) % rank == rank - 1, "an RMSNorm before the GEMM, not over the last dim")
             require(n.inputs[0] not in b.produced, "the RMSNorm's input is computed in the GEMM's region")
         elif n.op == "transpose":
             require(sorted(d % rank for d in (n.attr["dim0"], n.attr["dim1"])) == [rank - 2, rank - 1],

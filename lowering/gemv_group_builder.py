@@ -13,10 +13,10 @@ from tilefuse.planner.plan import Region
 
 def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     """A ``gemv_group`` region (``planner.grouping``: linears of one decode-step input): each linear's part built as a
-    ``gemv`` spec, then one ``gemv_group`` spec of them; they must agree on A, its prologue or norm, rows, depth and dtypes. A
-    part that reads another's output (a gated MLP's up reading ``silu(gate)``) reads it in registers (the template's
-    joined weights): as its epilogue's extra itself, of the same rows and width; that output is stored only where the
-    group's outputs name it. Only where a decode step's linear is a gemv (``builders.GEMV_TARGETS``)."""
+    ``gemv`` spec, then one ``gemv_group`` spec of them; they must agree on A, its prologue or norm, rows, depth and
+    dtypes. A part that reads another's output (a gated MLP's up reading ``silu(gate)``) reads it in registers (the
+    template's joined weights): as its epilogue's extra itself, of the same rows and width; that output is stored only
+    where the group's outputs name it. Only where a decode step's linear is a gemv (``builders.GEMV_TARGETS``)."""
     require(target.get("kind") in builders.GEMV_TARGETS, f"no gemv on {target.get('kind')} targets: the linears apart")
     nodes = {n.name: n for n in b.graph.nodes}
     producer = {v.name: n for n in b.graph.nodes for v in n.outputs}
@@ -65,8 +65,8 @@ def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
 def gemv_group_parts(region: Region, graph: Graph) -> list[Region]:
     """A ``gemv_group`` region's linears as GEMM regions: each linear (in order) with the nodes that read what it makes
     (its epilogue; a node that reads what several make, the up projection's ``silu(gate) * up``, is the last one's) and
-    the views before it that feed it (its operand's layout), their inputs and outputs as the group's graph gives them
-    (a part's outputs: the group's, and what another part reads)."""
+    the views (and a folded norm) before it that feed it (its operand's layout), their inputs and outputs as the group's
+    graph gives them (a part's outputs: the group's, and what another part reads)."""
     order = {n.name: k for k, n in enumerate(graph.nodes)}
     nodes = {n.name: n for n in graph.nodes if n.name in set(region.nodes)}
     producer = {v.name: n.name for n in nodes.values() for v in n.outputs}
@@ -100,7 +100,8 @@ def gemv_group_parts(region: Region, graph: Graph) -> list[Region]:
         members = sorted(members_of[a], key=order.__getitem__)
         made = made_by[a]
         inputs = tuple(dict.fromkeys(i for m in members for i in nodes[m].inputs if i and i not in made))
-        fed = {v for b in anchors if b != a for v in (read_by[b] - made_by[b]) & made}  # (a shared prologue: not)
+        # what another part reads of this one's (a value both make, a norm's output they each read, is not fed)
+        fed = {v for b in anchors if b != a for v in (read_by[b] - made_by[b]) & made}
         outputs = tuple(dict.fromkeys([o for o in region.outputs if o in made] + sorted(fed)))
         parts.append(Region(f"{region.name}.{len(parts)}", "gemm", tuple(members),
                             tuple(nodes[m].op for m in members), inputs, outputs, a))

@@ -58,10 +58,10 @@ def gemv(
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B^T)``; parameters ``A (M, K), [G (K,)], B (N, K), extra_0..,
     C (M, N)``. With ``norm_eps`` A is RMS-normalized over K first (times the norm's weight ``G`` of dtype
-    ``norm_weight``, where given; then no ``prologue``). ``prologue``/``epilogue`` as ``gemm``'s (the product runs in ``B_dtype``'s values, summed in fp32).
-    Tunables: ``block_N`` weight rows a program, over ``threads // 32`` warps (CPU targets: one lane); ``unroll``
-    steps along K whose loads a lane issues before it multiplies (a 2048-deep row of float16 is 8 steps: 8 is one
-    round trip to memory, 4 two)."""
+    ``norm_weight``, where given; then no ``prologue``). ``prologue``/``epilogue`` as ``gemm``'s (the product runs in
+    ``B_dtype``'s values, summed in fp32). Tunables: ``block_N`` weight rows a program, over ``threads // 32`` warps
+    (CPU targets: one lane); ``unroll`` steps along K whose loads a lane issues before it multiplies (a 2048-deep row of
+    float16 is 8 steps: 8 is one round trip to memory, 4 two)."""
     return gemv_group(M, (N,), K, A_dtype=A_dtype, B_dtype=B_dtype, out_dtype=out_dtype, accum_dtype=accum_dtype,
                       prologue=prologue, epilogues=(epilogue,), extra_shapes=extra_shapes, extra_dtypes=extra_dtypes,
                       extras_of=(tuple(range(len(extra_shapes))),), norm_eps=norm_eps, norm_weight=norm_weight,
@@ -91,14 +91,15 @@ def gemv_group(
     unroll: int = UNROLL,
     target: dict | str = "cuda",
 ):
-    """Several linears of the same rows in one launch (a decode step's q, k and v projections of one normalized
-    input): ``C_i = epilogue_i(prologue(A) @ B_i^T)``; parameters ``A (M, K), [G (K,)], B_0 (N_0, K).., extra_0..,
-    C_i (M, N_i)`` for each ``stored`` weight (default all); ``norm_eps``, ``norm_weight`` as ``gemv``'s. Epilogue ``i`` reads the extras ``extras_of[i]`` (their positions
-    among ``extra_shapes``), each broadcasting to ``(M, N_i)``; a position ``-1 - k`` there is weight ``k``'s own
-    output instead (``k < i``, ``N_k == N_i``: a gated MLP's up projection reading ``silu(gate)``), which never
-    goes through memory: weights so joined are computed by the same programs, one after the other. A program
-    computes ``block_N`` rows of one weight (or of each weight of a joined set); the programs follow one another, so
-    every weight streams as it would alone, and the launch (and the GPU's ramp up and tail) is shared."""
+    """Several linears of the same rows in one launch (a decode step's q, k and v projections of one normalized input):
+    ``C_i = epilogue_i(prologue(A) @ B_i^T)``; parameters ``A (M, K), [G (K,)], B_0 (N_0, K).., extra_0.., C_i (M,
+    N_i)`` for each ``stored`` weight (default all); ``norm_eps``, ``norm_weight`` as ``gemv``'s. Epilogue ``i`` reads
+    the extras ``extras_of[i]`` (their positions among ``extra_shapes``), each broadcasting to ``(M, N_i)``; a position
+    ``-1 - k`` there is weight ``k``'s own output instead (``k < i``, ``N_k == N_i``: a gated MLP's up projection
+    reading ``silu(gate)``), which never goes through memory: weights so joined are computed by the same programs, one
+    after the other. A program computes ``block_N`` rows of one weight (or of each weight of a joined set); the programs
+    follow one another, so every weight streams as it would alone, and the launch (and the GPU's ramp up and tail) is
+    shared."""
     g = len(Ns)
     epilogues, extras_of = tuple(epilogues) or (None,) * g, tuple(tuple(e) for e in extras_of) or ((),) * g
     stored = tuple(stored) or (True,) * g
