@@ -208,7 +208,8 @@ def test_decode_attention_with_bound_and_split_compiles_to_gfx942(toolchain):
 
 def test_decode_linear_layers_compile_to_gfx942_as_gemv(toolchain):
     """A decode step's linear layer planned for an AMD GPU is a ``gemv`` spec (not a 64-row GEMM tile of padding), and
-    every gemv config compiles to a gfx942 code object (the shuffles span 32 lanes, half a wavefront)."""
+    every gemv config compiles to a gfx942 code object (the shuffles span 32 lanes, half a wavefront), a norm of the
+    input among them."""
     from tilefuse.config import Options
     from tilefuse.ir import TensorType
     from tilefuse.lowering.dispatch import build
@@ -231,6 +232,10 @@ def test_decode_linear_layers_compile_to_gfx942_as_gemv(toolchain):
         f = gemv.gemv_group(1, (2048, 512, 512), 2048, target=GFX942, **cfg)  # q/k/v in one launch
         src, shared = lower_source(f, GFX942)
         check_code_object(vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared), f"{cfg} group")
+        f = gemv.gemv_group(1, (2048, 512, 512), 2048, norm_eps=1e-5, norm_weight="float16", target=GFX942,
+                            **cfg)  # the same, its input RMS-normalized in the pass (planner.norm_fold)
+        src, shared = lower_source(f, GFX942)
+        check_code_object(vendor_hip.compile_hip(src, "gfx942", toolchain, dynamic_lds=shared), f"{cfg} norm")
         f = gemv.gemv_group(1, (5632, 5632), 2048, epilogues=[Call("silu", (Acc(),)), Call("mul", (Arg(0), Acc()))],
                             extras_of=[(), (-1,)], stored=(False, True), target=GFX942, **cfg)  # gate and up joined
         src, shared = lower_source(f, GFX942)
