@@ -51,7 +51,8 @@ def _fold(graph, nodes, order, regions, k, why_not) -> list[Region] | None:
         return None
     norm = nodes[r.anchor]
     x = norm.inputs[0]
-    if norm.attr.get("axis", -1) % len(norm.outputs[0].type.shape) != len(norm.outputs[0].type.shape) - 1:
+    rank = len(norm.outputs[0].type.shape)
+    if rank == 0 or norm.attr.get("axis", -1) % rank != rank - 1:
         return None
     before = [m for m in r.nodes if order[m] < order[norm.name]]
     after = [m for m in r.nodes if order[m] > order[norm.name]]
