@@ -344,26 +344,27 @@ def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) ->
         require(gemv_shape(M, layout),
                 f"a gemv group's linear of {M} rows (at most {gemv.GEMV_ROWS}, unbatched)")
     if as_gemv or decode_rows(target, M, layout):  # a decode step's few rows: the weight streamed by warps (templates/gemv.py)
+        norm_kw, g = _norm_params(b, norm, K)
         spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
-                         template="gemv", prologue=pro, **_norm_params(b, norm, K))
-        return spec if norm is None or len(norm.inputs) < 2 or not norm.inputs[1] else dataclasses.replace(
-            spec, inputs=(spec.inputs[0], (norm.inputs[1], None), *spec.inputs[1:]))  # G after A (gemv's order)
+                         template="gemv", prologue=pro, **norm_kw)
+        return spec if g is None else dataclasses.replace(spec, inputs=(spec.inputs[0], (g, None), *spec.inputs[1:]))
     require(norm is None, "an RMSNorm before a GEMM of more rows than a gemv's (only the gemv reads it in its pass)")
     spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
                      **layout, prologue=pro)
     return dataclasses.replace(spec, packed=packed) if packed else spec
 
 
-def _norm_params(b: Builder, norm: Node | None, K: int) -> dict:
-    """The gemv's parameters of an RMSNorm of A (``planner.norm_fold``): its eps and its weight's dtype (None: no
-    weight), the weight a (K,) vector from outside the region."""
+def _norm_params(b: Builder, norm: Node | None, K: int) -> tuple[dict, str | None]:
+    """The gemv's parameters of an RMSNorm of A (``planner.norm_fold``: its eps and its weight's dtype, None where it
+    has no weight) and that weight, an outside (K,) vector the kernel reads after A (its ``G``); ({}, None) without
+    a norm."""
     if norm is None:
-        return {}
+        return {}, None
     w = norm.inputs[1] if len(norm.inputs) > 1 and norm.inputs[1] else None
     if w is not None:
         require(w in b.available and tuple(b.types[w].shape) == (K,) and w not in b.args,
                  "the RMSNorm's weight is not an outside (K,) vector read only by the norm")
-    return {"norm_eps": float(norm.attr.get("eps", 1e-6)), "norm_weight": b.types[w].dtype if w else None}
+    return {"norm_eps": float(norm.attr.get("eps", 1e-6)), "norm_weight": b.types[w].dtype if w else None}, w
 
 
 # Targets whose decode-step linears are gemv kernels (AMD: compiled there, not yet run). The CPU's one-lane programs

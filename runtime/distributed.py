@@ -1,17 +1,16 @@
 """Several processes, one plan: a decision that depends on a measurement is taken on rank 0 and used by every rank.
 
-Note: a model split over several devices (tensor or sequence parallel under torch.compile) is compiled by every
-rank, each from the same graph; the plans agree except where a measurement decides: the first call's choice
-between a region's kernel, its ops through torch and its split (``pipeline.decide``), tuned tile configs
-(``pipeline.configs_step``), and the whole-graph choice between the plan and dynamo's graph, whose timing calls
-run the collectives (``backend._WholeGraphChoice``: whether to time, and the way). Timing noise may answer
-differently on each rank; replicated values would then be computed by different code on different ranks (results
-that must be equal differ in their last bits, and the replicas drift apart). So where torch.distributed runs
-several processes and the plan carries collectives,
-``from_rank0`` hands every rank rank 0's answer (``torch.distributed.broadcast_object_list`` on the default
-group), as AOTAutograd does for its own decisions. A plan without collectives keeps each rank's own answer: such a
-graph may be compiled and run by one rank alone (an evaluation on rank 0), where a broadcast would wait for
-ranks that never come; and nothing its ranks exchange depends on it.
+Note: a model split over several devices (tensor or sequence parallel under torch.compile) is compiled by every rank,
+each from the same graph; the plans agree except where a measurement decides: the first call's choice between a region's
+kernel, its ops through torch and its split (``pipeline.decide``), tuned tile configs (``pipeline.configs_step``), and
+the whole-graph choice between the plan and dynamo's graph, whose timing calls run the collectives
+(``backend._WholeGraphChoice``: whether to time, and the way). Timing noise may answer differently on each rank;
+replicated values would then be computed by different code on different ranks (results that must be equal differ in
+their last bits, and the replicas drift apart). So where torch.distributed runs several processes and the plan carries
+collectives, ``from_rank0`` hands every rank rank 0's answer (``torch.distributed.broadcast_object_list`` on the default
+group), as AOTAutograd does for its own decisions. A plan without collectives keeps each rank's own answer: such a graph
+may be compiled and run by one rank alone (an evaluation on rank 0), where a broadcast would wait for ranks that never
+come; and nothing its ranks exchange depends on it.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ read one vector at a time, guarded). On CPU targets (the numerics tests) a progr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import tilelang.language as T
 
@@ -126,6 +127,17 @@ def gemv_group(
                  list(extra_dtypes), extras_of, block_N, threads, unroll, target, stored, norm)
 
 
+class _Norm(NamedTuple):
+    """A program's buffers for the norm of A: the norm's weight ``G`` (None: none), a lane's vector of it, each row's
+    sum of squares, the rows' vectors times G (fp32), and eps."""
+
+    G: Any
+    g_r: Any
+    ss: Any
+    ag: Any
+    eps: float
+
+
 def joined_sets(extras_of: Sequence[Sequence[int]]) -> list[list[int]]:
     """The weights computed by the same programs (one reads another's output, ``gemv_group``), each set in order,
     the sets in the order of their first weights."""
@@ -185,7 +197,7 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
     @T.macro
     def step_at(N, A, B, acc, a_r, b_r, bx, warp, base, nb):
         """One step along K at ``base`` (this lane's first element): its vectors of A and of its rows, multiplied;
-        ``nb``: the norm's buffers (G, its vector, A's sums of squares, A times G) and eps, or None."""
+        ``nb``: the norm's buffers (``_Norm``), or None."""
         for m in T.unroll(M):
             for e in T.vectorized(vec):
                 a_r[m, e] = A[m, base + e]
@@ -198,19 +210,18 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                     for e in T.unroll(vec):
                         acc[m, r] += a_elem(a_r[m, e]) * T.Cast(accum_dtype, b_r[r, e])
         else:
-            G, g_r, ss, ag, _ = nb
-            if G is not None:
+            if nb.G is not None:
                 for e in T.vectorized(vec):
-                    g_r[e] = G[base + e]
+                    nb.g_r[e] = nb.G[base + e]
             for m in T.unroll(M):
                 for e in T.unroll(vec):
-                    ss[m] += T.Cast(accum_dtype, a_r[m, e]) * T.Cast(accum_dtype, a_r[m, e])
-                    ag[m, e] = T.Cast(accum_dtype, a_r[m, e]) * (
-                        T.Cast(accum_dtype, g_r[e]) if G is not None else T.Cast(accum_dtype, 1))
+                    nb.ss[m] += T.Cast(accum_dtype, a_r[m, e]) * T.Cast(accum_dtype, a_r[m, e])
+                    nb.ag[m, e] = T.Cast(accum_dtype, a_r[m, e]) * (
+                        T.Cast(accum_dtype, nb.g_r[e]) if nb.G is not None else T.Cast(accum_dtype, 1))
             for m in T.unroll(M):
                 for r in T.unroll(R):
                     for e in T.unroll(vec):
-                        acc[m, r] += ag[m, e] * T.Cast(accum_dtype, b_r[r, e])
+                        acc[m, r] += nb.ag[m, e] * T.Cast(accum_dtype, b_r[r, e])
 
     def finish(epilogue, acc, extras, shapes, fed, m, r, n):
         """Output element (m, n) of a weight from its sum ``acc[m, r]``: through its epilogue, whose extras are read
@@ -227,7 +238,7 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
         (M, R) of the weight it reads; ``nb`` as ``step_at``'s."""
         T.clear(acc)
         if nb is not None:
-            T.clear(nb[2])
+            T.clear(nb.ss)
         for t in T.serial(full // unroll):
             for u in T.unroll(unroll):
                 step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec, nb)
@@ -241,10 +252,10 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                 for r in T.unroll(R):
                     acc[m, r] = acc[m, r] + T.shfl_xor(acc[m, r], 1 << off)
                 if nb is not None:
-                    nb[2][m] = nb[2][m] + T.shfl_xor(nb[2][m], 1 << off)
+                    nb.ss[m] = nb.ss[m] + T.shfl_xor(nb.ss[m], 1 << off)
         if nb is not None:  # the norm: every lane holds its row's sum of squares
             for m, r in T.grid(M, R):
-                acc[m, r] = acc[m, r] * T.rsqrt(nb[2][m] / T.Cast(accum_dtype, K) + T.Cast(accum_dtype, nb[4]))
+                acc[m, r] = acc[m, r] * T.rsqrt(nb.ss[m] / T.Cast(accum_dtype, K) + T.Cast(accum_dtype, nb.eps))
         for m, r in T.grid(M, R):
             n = bx * block_N + warp * R + r
             if keep is not None:  # every lane holds the sums after the shuffles: each keeps them all
@@ -273,8 +284,12 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
             a_r = T.alloc_local((M, vec), A_dtype)
             b_r = T.alloc_local((R, vec), B_dtype)
             keeps = {k: T.alloc_local((M, R), out_dtype) for k in sorted(kept)}
-            nb = None if norm is None else (G, T.alloc_local((vec,), g_dtype), T.alloc_local((M,), accum_dtype),
-                                            T.alloc_local((M, vec), accum_dtype), norm[0])
+            nb = None
+            if norm is not None:  # (named, so the source names them)
+                g_r = T.alloc_local((vec,), g_dtype)
+                ss = T.alloc_local((M,), accum_dtype)
+                ag = T.alloc_local((M, vec), accum_dtype)
+                nb = _Norm(G, g_r, ss, ag, norm[0])
             tx = 0 if d.cpu else T.get_thread_binding(0)
             lane, warp = tx % lanes, tx // lanes
             bufs = (A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp, nb)

@@ -17,12 +17,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from tilefuse.ir import Graph
 from tilefuse.planner.grouping import RESHAPES
 from tilefuse.planner.plan import Region
 
 LINEAR_KINDS = ("gemm", "gemv_group")
+
+
+class _GraphFacts(NamedTuple):
+    """What ``_fold`` reads of the graph, made once a pass."""
+
+    graph: Graph
+    nodes: dict  # name -> node
+    order: dict  # node name -> its position
+    users: dict  # value -> the nodes that read it (``Graph.users``)
+    outside: set  # graph inputs and constants
+    outputs: set
 
 
 def fold_norms(graph: Graph, regions: Sequence[Region], target: dict | None,
@@ -32,11 +44,11 @@ def fold_norms(graph: Graph, regions: Sequence[Region], target: dict | None,
     regions = list(regions)
     if why_not is None or not target:
         return regions
-    nodes = {n.name: n for n in graph.nodes}
-    order = {n.name: k for k, n in enumerate(graph.nodes)}
+    g = _GraphFacts(graph, {n.name: n for n in graph.nodes}, {n.name: k for k, n in enumerate(graph.nodes)},
+                    graph.users(), {v.name for v in graph.inputs} | set(graph.constants), set(graph.outputs))
     k = 0
     while k < len(regions):
-        folded = _fold(graph, nodes, order, regions, k, why_not)
+        folded = _fold(g, regions, k, why_not)
         if folded is None:
             k += 1
             continue
@@ -44,8 +56,9 @@ def fold_norms(graph: Graph, regions: Sequence[Region], target: dict | None,
     return regions
 
 
-def _fold(graph, nodes, order, regions, k, why_not) -> list[Region] | None:
+def _fold(g: _GraphFacts, regions, k, why_not) -> list[Region] | None:
     """``regions`` with region ``k``'s norm folded, or None where it is not a foldable norm or does not lower."""
+    nodes, order = g.nodes, g.order
     r = regions[k]
     if r.kind != "reduction" or r.anchor is None or nodes[r.anchor].op != "rms_norm":
         return None
@@ -62,7 +75,7 @@ def _fold(graph, nodes, order, regions, k, why_not) -> list[Region] | None:
     if add is not None and (add.op != "add" or add.outputs[0].name != x):
         return None
     normed = {norm.outputs[0].name} | {v.name for m in after for v in nodes[m].outputs}
-    if normed & set(graph.outputs):
+    if normed & g.outputs:
         return None
     readers = {j for j, q in enumerate(regions) if j != k and normed & set(q.inputs)}
     if not readers or any(regions[j].kind not in LINEAR_KINDS for j in readers):
@@ -76,7 +89,7 @@ def _fold(graph, nodes, order, regions, k, why_not) -> list[Region] | None:
         inputs = tuple(dict.fromkeys([*(i for i in norm.inputs if i), *(i for i in q.inputs if i not in normed)]))
         new[j] = dataclasses.replace(q, nodes=members, ops=tuple(nodes[m].op for m in members), inputs=inputs)
     if add is not None:
-        p = _residual_producer(graph, nodes, order, regions, k, add)
+        p = _residual_producer(g, regions, k, add)
         if p is None:
             return None
         q = regions[p]
@@ -85,7 +98,7 @@ def _fold(graph, nodes, order, regions, k, why_not) -> list[Region] | None:
         inputs = tuple(dict.fromkeys([*q.inputs, *(i for i in add.inputs if i not in made)]))
         new[p] = dataclasses.replace(q, nodes=members, ops=tuple(nodes[m].op for m in members), inputs=inputs,
                                      outputs=(x,))
-    if any(why_not(q, graph) is not None for q in new.values()):
+    if any(why_not(q, g.graph) is not None for q in new.values()):
         return None
     return [new.get(j, q) for j, q in enumerate(regions) if j != k]
 
@@ -101,22 +114,16 @@ def _views_to(nodes, producer, after, wanted) -> set[str]:
     return out
 
 
-def _residual_producer(graph, nodes, order, regions, k, add) -> int | None:
+def _residual_producer(g: _GraphFacts, regions, k, add) -> int | None:
     """The GEMM region before region ``k`` that makes one of ``add``'s operands (read by nothing but the add), whose
     other operand exists before it: it can take the add as its epilogue. None where there is none."""
     made_at = {v: j for j, q in enumerate(regions) for v in q.outputs}
-    outside = {v.name for v in graph.inputs} | set(graph.constants)
-    readers: dict[str, int] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            readers[i] = readers.get(i, 0) + 1
-    for a, other in ((0, 1), (1, 0)):
-        v, w = add.inputs[a], add.inputs[other]
+    for v, w in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
         p = made_at.get(v)
         if p is None or p >= k or regions[p].kind != "gemm" or regions[p].outputs != (v,):
             continue
-        if readers.get(v) != 1 or v in graph.outputs:
+        if [u.name for u in g.users.get(v, ())] != [add.name] or v in g.outputs:
             continue
-        if w in outside or made_at.get(w, k) < p:
+        if w in g.outside or made_at.get(w, k) < p:
             return p
     return None
