@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from tilefuse import ops
 from tilefuse.ir import torch_dtype
 from tilefuse.planner.attention_mask import MaskParts, analyse
 from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod, Scalar
@@ -520,6 +521,32 @@ def _softmax_exp_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     return [em.add1("softmax", [caps["x"]], dim=caps["mx"].attr["dims"][0] % rank)]
 
 
+# ---- a product over one element ------------------------------------------------------------
+
+_OUTER = Op("matmul", ("a", "b"), name="root")
+
+
+def _outer_check(caps: dict, ctx: Context) -> str | None:
+    """``a @ b`` whose contracted dim is 1 (``a (.., M, 1)``, ``b (.., 1, N)``): each output element is one product,
+    which ``a * b`` (broadcast) computes with the same rounding. HF LLaMA's rotary frequencies
+    (``inv_freq[:, None] @ position[None, :]``, float32) are one: as a GEMM it runs through torch and splits the
+    elementwise chain around it."""
+    ta, tb = ctx.type(caps["a"]), ctx.type(caps["b"])
+    if ta.shape is None or tb.shape is None or len(ta.shape) < 2 or len(tb.shape) < 2:
+        return "an operand is 1-d or of unknown rank"
+    if ta.shape[-1] != 1 or tb.shape[-2] != 1:
+        return "the contracted dim is not 1"
+    if ta.dtype != tb.dtype or not torch_dtype(ta.dtype).is_floating_point:
+        return "not two operands of one float dtype"
+    try:
+        mul = ops.infer_types("mul", [ta, tb], {})[0]
+    except Exception as e:  # noqa: BLE001 -- a batch broadcast mul does not take: leave the matmul
+        return f"the broadcast product does not type: {e}"
+    if mul != ctx.type(caps["root"].outputs[0].name):
+        return "the broadcast product's type is not the matmul's"
+    return None
+
+
 # ---- the table, highest priority first ------------------------------------------------------
 
 PATTERNS: list[Pattern] = [
@@ -544,4 +571,6 @@ PATTERNS: list[Pattern] = [
     Pattern("act.gelu_erf", _GELU_ERF, _gelu_rewrite("none"), _gelu_erf_check, "0.5x(1+erf(x/sqrt2)) -> gelu"),
     Pattern("act.silu", _SILU, lambda caps, ctx, em: [em.add1("silu", [caps["x"]])], doc="x * sigmoid(x) -> silu"),
     Pattern("rotary.rotate_half", _ROTARY, _rotary_rewrite, _rotary_check, "x*cos + rotate_half(x)*sin -> rotary"),
+    Pattern("matmul.outer", _OUTER, lambda caps, ctx, em: [em.add1("mul", [caps["a"], caps["b"]])], _outer_check,
+            "a @ b over a contracted dim of 1 -> a * b (broadcast): elementwise, fused with its neighbours"),
 ]
