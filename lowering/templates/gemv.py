@@ -35,6 +35,9 @@ from tilefuse.lowering.templates.gemm import epilogue_at, operand_types
 GEMV_ROWS = 4
 # Loads of a lane in flight: its rows' vectors for this many steps along K (the default; ``unroll`` is a tunable).
 UNROLL = 4
+# Steps along K of a program's weight rows loaded before the PDL wait, while the kernel before still runs (the default;
+# ``preload`` is a tunable; without PDL none).
+PRELOAD = 4
 
 
 def gemv(
@@ -55,6 +58,7 @@ def gemv(
     block_N: int = 8,
     threads: int = 128,
     unroll: int = UNROLL,
+    preload: int = PRELOAD,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B^T)``; parameters ``A (M, K), [G (K,)], B (N, K), extra_0..,
@@ -66,7 +70,7 @@ def gemv(
     return gemv_group(M, (N,), K, A_dtype=A_dtype, B_dtype=B_dtype, out_dtype=out_dtype, accum_dtype=accum_dtype,
                       prologue=prologue, epilogues=(epilogue,), extra_shapes=extra_shapes, extra_dtypes=extra_dtypes,
                       extras_of=(tuple(range(len(extra_shapes))),), norm_eps=norm_eps, norm_weight=norm_weight,
-                      block_N=block_N, threads=threads, unroll=unroll,
+                      block_N=block_N, threads=threads, unroll=unroll, preload=preload,
                       target=target)  # (a group of one names its parameters B and C)
 
 
@@ -90,6 +94,7 @@ def gemv_group(
     block_N: int = 8,
     threads: int = 128,
     unroll: int = UNROLL,
+    preload: int = PRELOAD,
     target: dict | str = "cuda",
 ):
     """Several linears of the same rows in one launch (a decode step's q, k and v projections of one normalized input):
@@ -124,7 +129,7 @@ def gemv_group(
         check_dtype(norm_weight, target, "gemv")
     norm = None if norm_eps is None else (float(norm_eps), norm_weight)
     return _gemv(tuple(Ns), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, list(extra_shapes),
-                 list(extra_dtypes), extras_of, block_N, threads, unroll, target, stored, norm)
+                 list(extra_dtypes), extras_of, block_N, threads, unroll, preload, target, stored, norm)
 
 
 class _Norm(NamedTuple):
@@ -158,14 +163,14 @@ def joined_sets(extras_of: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, extra_shapes, extra_dtypes,
-          extras_of, block_N, threads, unroll, target, stored=None, norm=None):
+          extras_of, block_N, threads, unroll, preload, target, stored=None, norm=None):
     """The kernel of ``gemv`` (one weight, its parameters named ``B`` and ``C``) and ``gemv_group`` (``B_i``, ``C_i``);
     ``norm``: (eps, the norm weight's dtype or None) where A is RMS-normalized."""
     stored = stored or (True,) * len(Ns)
     if not 1 <= M <= GEMV_ROWS:
         raise ValueError(f"gemv: {M} rows; at most {GEMV_ROWS} (a GEMM takes more)")
-    if unroll < 1:
-        raise ValueError(f"gemv: unroll={unroll}; at least 1")
+    if unroll < 1 or preload < 0:
+        raise ValueError(f"gemv: unroll={unroll}, preload={preload}; at least 1 and 0")
     d = dialect(target)
     lanes = 1 if d.cpu else 32
     warps = 1 if d.cpu else threads // 32
@@ -176,6 +181,8 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
     vec = vec if K % vec == 0 else 1  # a row that is not whole vectors (nor 16-byte aligned) reads elements
     step = lanes * vec
     full = K // step  # steps every lane reads whole
+    # steps of each program's first weight loaded before the PDL wait (none without PDL; then the source is as before)
+    P = min(preload if d.preload is None else d.preload, full) if d.pdl else 0
     sets = joined_sets(extras_of)
     blocks = [(Ns[ws[0]] + block_N - 1) // block_N for ws in sets]
     first = [sum(blocks[:i]) for i in range(len(sets))]  # each set's first program
@@ -195,15 +202,21 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
         return T.min(n, N - 1) if N % block_N else n
 
     @T.macro
-    def step_at(N, A, B, acc, a_r, b_r, bx, warp, base, nb):
+    def step_at(N, A, B, acc, a_r, b_r, bx, warp, base, nb, pre=None, pu=0):
         """One step along K at ``base`` (this lane's first element): its vectors of A and of its rows, multiplied;
-        ``nb``: the norm's buffers (``_Norm``), or None."""
+        ``nb``: the norm's buffers (``_Norm``), or None; ``pre``: the rows' vectors were loaded before the wait, as
+        step ``pu`` of ``pre`` (``preload``)."""
         for m in T.unroll(M):
             for e in T.vectorized(vec):
                 a_r[m, e] = A[m, base + e]
-        for r in T.unroll(R):
-            for e in T.vectorized(vec):
-                b_r[r, e] = B[row(N, bx, warp, r), base + e]
+        if pre is None:
+            for r in T.unroll(R):
+                for e in T.vectorized(vec):
+                    b_r[r, e] = B[row(N, bx, warp, r), base + e]
+        else:
+            for r in T.unroll(R):
+                for e in T.vectorized(vec):
+                    b_r[r, e] = pre[pu, r, e]
         if nb is None:
             for m in T.unroll(M):
                 for r in T.unroll(R):
@@ -232,18 +245,38 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                            {p: f[m, r] for p, f in fed.items()})
 
     @T.macro
-    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed, nb):
+    def load_first(N, B, pre, bx, lane, warp):
+        """The first ``P`` steps of this warp's rows of ``B`` into ``pre``: issued before the wait (a weight is
+        read-only in a step), they are in flight while the kernel before finishes."""
+        for u in T.unroll(P):
+            for r in T.unroll(R):
+                for e in T.vectorized(vec):
+                    pre[u, r, e] = B[row(N, bx, warp, r), (u * lanes + lane) * vec + e]
+
+    @T.macro
+    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed, nb, pre):
         """This program's ``block_N`` rows of weight ``B`` (``bx``: its program among that weight's) into ``C`` (None:
         not stored) and ``keep`` (None: no other weight reads them); ``fed``: epilogue argument -> the kept output
-        (M, R) of the weight it reads; ``nb`` as ``step_at``'s."""
+        (M, R) of the weight it reads; ``nb`` as ``step_at``'s; ``pre``: the first ``P`` steps of the rows, loaded
+        (``load_first``), or None."""
         T.clear(acc)
         if nb is not None:
             T.clear(nb.ss)
-        for t in T.serial(full // unroll):
-            for u in T.unroll(unroll):
-                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec, nb)
-        for u in T.unroll(full % unroll):
-            step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // unroll * unroll + u) * lanes + lane) * vec, nb)
+        if pre is None:
+            for t in T.serial(full // unroll):
+                for u in T.unroll(unroll):
+                    step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec, nb)
+            for u in T.unroll(full % unroll):
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // unroll * unroll + u) * lanes + lane) * vec, nb)
+        else:
+            for u in T.unroll(P):
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, (u * lanes + lane) * vec, nb, pre, u)
+            for t in T.serial((full - P) // unroll):
+                for u in T.unroll(unroll):
+                    step_at(N, A, B, acc, a_r, b_r, bx, warp, ((P + t * unroll + u) * lanes + lane) * vec, nb)
+            for u in T.unroll((full - P) % unroll):
+                step_at(N, A, B, acc, a_r, b_r, bx, warp,
+                        ((P + (full - P) // unroll * unroll + u) * lanes + lane) * vec, nb)
         if K % step:  # noqa: SIM102 -- a Python test, then a TIR one: the row's last part, a vector a lane
             if (full * lanes + lane) * vec < K:
                 step_at(N, A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec, nb)
@@ -264,13 +297,14 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                 if T.And(lane == (m * R + r) % lanes, n < N):
                     C[m, n] = T.Cast(out_dtype, finish(epilogue, acc, extras, shapes, fed, m, r, n))
 
-    def weight(i, bx, bufs):
-        """Weight ``i``'s rows of program ``bx`` (among its set's programs), its epilogue's extras or kept outputs."""
+    def weight(i, bx, bufs, pre):
+        """Weight ``i``'s rows of program ``bx`` (among its set's programs), its epilogue's extras or kept outputs;
+        ``pre``: its first steps, loaded before the wait (the first weight of a set), or None."""
         A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp, nb = bufs
         own = extras_of[i]
         rows_of(Ns[i], A, Bs[i], Cs[i], epilogues[i], [extras[j] if j >= 0 else None for j in own],
                 [extra_shapes[j] if j >= 0 else None for j in own], acc, a_r, b_r, bx, lane, warp, keeps.get(i),
-                {p: keeps[-1 - j] for p, j in enumerate(own) if j < 0}, nb)
+                {p: keeps[-1 - j] for p, j in enumerate(own) if j < 0}, nb, pre)
 
     @T.prim_func
     def gemv_kernel():
@@ -293,13 +327,20 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
             tx = 0 if d.cpu else T.get_thread_binding(0)
             lane, warp = tx % lanes, tx // lanes
             bufs = (A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp, nb)
-            d.wait_inputs()  # PDL (see common.py): nothing read before the kernel before is done
+            pre = T.alloc_local((P, R, vec), B_dtype) if P else None
+            if P:  # the weights' first steps, before the wait (the kernel before writes no weight)
+                for s, ws in enumerate(sets):
+                    if one:
+                        load_first(Ns[ws[0]], Bs[ws[0]], pre, bx, lane, warp)
+                    elif T.And(bx >= first[s], bx < first[s] + blocks[s]):
+                        load_first(Ns[ws[0]], Bs[ws[0]], pre, bx - first[s], lane, warp)
+            d.wait_inputs()  # PDL (see common.py): nothing the kernel before writes is read before it is done
             for s, ws in enumerate(sets):
                 if one:
-                    weight(ws[0], bx, bufs)
+                    weight(ws[0], bx, bufs, pre)
                 elif T.And(bx >= first[s], bx < first[s] + blocks[s]):
                     for i in ws:
-                        weight(i, bx - first[s], bufs)
+                        weight(i, bx - first[s], bufs, pre if i == ws[0] else None)
 
     return gemv_kernel
 
