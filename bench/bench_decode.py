@@ -37,8 +37,7 @@ from pathlib import Path
 
 import torch
 
-MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl", "tilefuse-nofold",
-         "tilefuse-load0", "tilefuse-load8")
+MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl", "tilefuse-nofold")
 
 
 def model_config(device: str):
@@ -81,8 +80,6 @@ def compiled_forward(model, mode: str, target: dict, runners: list):
         from tilefuse.backend import make_backend  # launches (Options.pdl off); nofold: the norms their own kernels
         from tilefuse.config import Options  # (Options.fold_norms off)
 
-        if mode in ("tilefuse-load0", "tilefuse-load8"):  # EXPERIMENT: the gemv's weight steps loaded before the wait
-            target = {**target, "gemv_preload": int(mode[-1])}
         backend = make_backend(Options(target=target, quiet=True, observer=runners.append,
                                        group_linears=mode != "tilefuse-apart", pdl=mode != "tilefuse-nopdl",
                                        fold_norms=mode != "tilefuse-nofold"))

@@ -35,9 +35,6 @@ from tilefuse.lowering.templates.gemm import epilogue_at, operand_types
 GEMV_ROWS = 4
 # Loads of a lane in flight: its rows' vectors for this many steps along K (the default; ``unroll`` is a tunable).
 UNROLL = 4
-# Steps along K of a program's weight rows loaded before the PDL wait, while the kernel before still runs (the default;
-# ``preload`` is a tunable; without PDL none).
-PRELOAD = 4
 
 
 def gemv(
@@ -58,7 +55,6 @@ def gemv(
     block_N: int = 8,
     threads: int = 128,
     unroll: int = UNROLL,
-    preload: int = PRELOAD,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B^T)``; parameters ``A (M, K), [G (K,)], B (N, K), extra_0..,
@@ -70,7 +66,7 @@ def gemv(
     return gemv_group(M, (N,), K, A_dtype=A_dtype, B_dtype=B_dtype, out_dtype=out_dtype, accum_dtype=accum_dtype,
                       prologue=prologue, epilogues=(epilogue,), extra_shapes=extra_shapes, extra_dtypes=extra_dtypes,
                       extras_of=(tuple(range(len(extra_shapes))),), norm_eps=norm_eps, norm_weight=norm_weight,
-                      block_N=block_N, threads=threads, unroll=unroll, preload=preload,
+                      block_N=block_N, threads=threads, unroll=unroll,
                       target=target)  # (a group of one names its parameters B and C)
 
 
@@ -94,7 +90,6 @@ def gemv_group(
     block_N: int = 8,
     threads: int = 128,
     unroll: int = UNROLL,
-    preload: int = PRELOAD,
     target: dict | str = "cuda",
 ):
     """Several linears of the same rows in one launch (a decode step's q, k and v projections of one normalized input):
@@ -129,7 +124,7 @@ def gemv_group(
         check_dtype(norm_weight, target, "gemv")
     norm = None if norm_eps is None else (float(norm_eps), norm_weight)
     return _gemv(tuple(Ns), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, list(extra_shapes),
-                 list(extra_dtypes), extras_of, block_N, threads, unroll, preload, target, stored, norm)
+                 list(extra_dtypes), extras_of, block_N, threads, unroll, target, stored, norm)
 
 
 class _Norm(NamedTuple):
@@ -163,14 +158,14 @@ def joined_sets(extras_of: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, extra_shapes, extra_dtypes,
-          extras_of, block_N, threads, unroll, preload, target, stored=None, norm=None):
+          extras_of, block_N, threads, unroll, target, stored=None, norm=None):
     """The kernel of ``gemv`` (one weight, its parameters named ``B`` and ``C``) and ``gemv_group`` (``B_i``, ``C_i``);
     ``norm``: (eps, the norm weight's dtype or None) where A is RMS-normalized."""
     stored = stored or (True,) * len(Ns)
     if not 1 <= M <= GEMV_ROWS:
         raise ValueError(f"gemv: {M} rows; at most {GEMV_ROWS} (a GEMM takes more)")
-    if unroll < 1 or preload < 0:
-        raise ValueError(f"gemv: unroll={unroll}, preload={preload}; at least 1 and 0")
+    if unroll < 1:
+        raise ValueError(f"gemv: unroll={unroll}; at least 1")
     d = dialect(target)
     lanes = 1 if d.cpu else 32
     warps = 1 if d.cpu else threads // 32
@@ -181,8 +176,6 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
     vec = vec if K % vec == 0 else 1  # a row that is not whole vectors (nor 16-byte aligned) reads elements
     step = lanes * vec
     full = K // step  # steps every lane reads whole
-    # steps of each program's first weight loaded before the PDL wait (none without PDL; then the source is as before)
-    P = min(preload if d.preload is None else d.preload, full) if d.pdl else 0
     sets = joined_sets(extras_of)
     blocks = [(Ns[ws[0]] + block_N - 1) // block_N for ws in sets]
     first = [sum(blocks[:i]) for i in range(len(sets))]  # each set's first program
@@ -202,21 +195,15 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
         return T.min(n, N - 1) if N % block_N else n
 
     @T.macro
-    def step_at(N, A, B, acc, a_r, b_r, bx, warp, base, nb, pre=None, pu=0):
+    def step_at(N, A, B, acc, a_r, b_r, bx, warp, base, nb):
         """One step along K at ``base`` (this lane's first element): its vectors of A and of its rows, multiplied;
-        ``nb``: the norm's buffers (``_Norm``), or None; ``pre``: the rows' vectors were loaded before the wait, as
-        step ``pu`` of ``pre`` (``preload``)."""
+        ``nb``: the norm's buffers (``_Norm``), or None."""
         for m in T.unroll(M):
             for e in T.vectorized(vec):
                 a_r[m, e] = A[m, base + e]
-        if pre is None:
-            for r in T.unroll(R):
-                for e in T.vectorized(vec):
-                    b_r[r, e] = B[row(N, bx, warp, r), base + e]
-        else:
-            for r in T.unroll(R):
-                for e in T.vectorized(vec):
-                    b_r[r, e] = pre[pu, r, e]
+        for r in T.unroll(R):
+            for e in T.vectorized(vec):
+                b_r[r, e] = B[row(N, bx, warp, r), base + e]
         if nb is None:
             for m in T.unroll(M):
                 for r in T.unroll(R):
@@ -245,38 +232,18 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                            {p: f[m, r] for p, f in fed.items()})
 
     @T.macro
-    def load_first(N, B, pre, bx, lane, warp):
-        """The first ``P`` steps of this warp's rows of ``B`` into ``pre``: issued before the wait (a weight is
-        read-only in a step), they are in flight while the kernel before finishes."""
-        for u in T.unroll(P):
-            for r in T.unroll(R):
-                for e in T.vectorized(vec):
-                    pre[u, r, e] = B[row(N, bx, warp, r), (u * lanes + lane) * vec + e]
-
-    @T.macro
-    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed, nb, pre):
+    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed, nb):
         """This program's ``block_N`` rows of weight ``B`` (``bx``: its program among that weight's) into ``C`` (None:
         not stored) and ``keep`` (None: no other weight reads them); ``fed``: epilogue argument -> the kept output
-        (M, R) of the weight it reads; ``nb`` as ``step_at``'s; ``pre``: the first ``P`` steps of the rows, loaded
-        (``load_first``), or None."""
+        (M, R) of the weight it reads; ``nb`` as ``step_at``'s."""
         T.clear(acc)
         if nb is not None:
             T.clear(nb.ss)
-        if pre is None:
-            for t in T.serial(full // unroll):
-                for u in T.unroll(unroll):
-                    step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec, nb)
-            for u in T.unroll(full % unroll):
-                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // unroll * unroll + u) * lanes + lane) * vec, nb)
-        else:
-            for u in T.unroll(P):
-                step_at(N, A, B, acc, a_r, b_r, bx, warp, (u * lanes + lane) * vec, nb, pre, u)
-            for t in T.serial((full - P) // unroll):
-                for u in T.unroll(unroll):
-                    step_at(N, A, B, acc, a_r, b_r, bx, warp, ((P + t * unroll + u) * lanes + lane) * vec, nb)
-            for u in T.unroll((full - P) % unroll):
-                step_at(N, A, B, acc, a_r, b_r, bx, warp,
-                        ((P + (full - P) // unroll * unroll + u) * lanes + lane) * vec, nb)
+        for t in T.serial(full // unroll):
+            for u in T.unroll(unroll):
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec, nb)
+        for u in T.unroll(full % unroll):
+            step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // unroll * unroll + u) * lanes + lane) * vec, nb)
         if K % step:  # noqa: SIM102 -- a Python test, then a TIR one: the row's last part, a vector a lane
             if (full * lanes + lane) * vec < K:
                 step_at(N, A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec, nb)
@@ -297,14 +264,13 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                 if T.And(lane == (m * R + r) % lanes, n < N):
                     C[m, n] = T.Cast(out_dtype, finish(epilogue, acc, extras, shapes, fed, m, r, n))
 
-    def weight(i, bx, bufs, pre):
-        """Weight ``i``'s rows of program ``bx`` (among its set's programs), its epilogue's extras or kept outputs;
-        ``pre``: its first steps, loaded before the wait (the first weight of a set), or None."""
+    def weight(i, bx, bufs):
+        """Weight ``i``'s rows of program ``bx`` (among its set's programs), its epilogue's extras or kept outputs."""
         A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp, nb = bufs
         own = extras_of[i]
         rows_of(Ns[i], A, Bs[i], Cs[i], epilogues[i], [extras[j] if j >= 0 else None for j in own],
                 [extra_shapes[j] if j >= 0 else None for j in own], acc, a_r, b_r, bx, lane, warp, keeps.get(i),
-                {p: keeps[-1 - j] for p, j in enumerate(own) if j < 0}, nb, pre)
+                {p: keeps[-1 - j] for p, j in enumerate(own) if j < 0}, nb)
 
     @T.prim_func
     def gemv_kernel():
@@ -327,20 +293,13 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
             tx = 0 if d.cpu else T.get_thread_binding(0)
             lane, warp = tx % lanes, tx // lanes
             bufs = (A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp, nb)
-            pre = T.alloc_local((P, R, vec), B_dtype) if P else None
-            if P:  # the weights' first steps, before the wait (the kernel before writes no weight)
-                for s, ws in enumerate(sets):
-                    if one:
-                        load_first(Ns[ws[0]], Bs[ws[0]], pre, bx, lane, warp)
-                    elif T.And(bx >= first[s], bx < first[s] + blocks[s]):
-                        load_first(Ns[ws[0]], Bs[ws[0]], pre, bx - first[s], lane, warp)
-            d.wait_inputs()  # PDL (see common.py): nothing the kernel before writes is read before it is done
+            d.wait_inputs()  # PDL (see common.py): nothing read before the kernel before is done
             for s, ws in enumerate(sets):
                 if one:
-                    weight(ws[0], bx, bufs, pre)
+                    weight(ws[0], bx, bufs)
                 elif T.And(bx >= first[s], bx < first[s] + blocks[s]):
                     for i in ws:
-                        weight(i, bx - first[s], bufs, pre if i == ws[0] else None)
+                        weight(i, bx - first[s], bufs)
 
     return gemv_kernel
 
