@@ -37,8 +37,7 @@ from pathlib import Path
 
 import torch
 
-MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl", "tilefuse-nofold",
-         "tilefuse-u8", "tilefuse-u11")
+MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl", "tilefuse-nofold")
 
 
 def model_config(device: str):
@@ -81,8 +80,6 @@ def compiled_forward(model, mode: str, target: dict, runners: list):
         from tilefuse.backend import make_backend  # launches (Options.pdl off); nofold: the norms their own kernels
         from tilefuse.config import Options  # (Options.fold_norms off)
 
-        if mode in ("tilefuse-u8", "tilefuse-u11"):  # EXPERIMENT: every gemv's unroll
-            target = {**target, "gemv_unroll": int(mode.rsplit("u", 1)[1])}
         backend = make_backend(Options(target=target, quiet=True, observer=runners.append,
                                        group_linears=mode != "tilefuse-apart", pdl=mode != "tilefuse-nopdl",
                                        fold_norms=mode != "tilefuse-nofold"))

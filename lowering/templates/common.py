@@ -57,7 +57,6 @@ class Dialect:
     metal: bool = False
     trap: str = "__trap"  # the device function that aborts the kernel as an assert does (HIP: __builtin_trap)
     pdl: bool = False  # programmatic dependent launch (CUDA sm_90+, see the note above)
-    gemv_unroll: int | None = None  # EXPERIMENT: every gemv's unroll whatever its config (target "gemv_unroll")
 
     def kernel(self, *grid, threads: int = 128):
         """The launch frame: a grid of tile programs (with ``threads`` on GPUs)."""
@@ -145,7 +144,7 @@ def uses_pdl(target: dict | str) -> bool:
 def dialect(target: dict | str) -> Dialect:
     kind = target_kind(target)
     return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal", trap="__builtin_trap" if kind == "hip" else "__trap",
-                   pdl=uses_pdl(target), gemv_unroll=target.get("gemv_unroll") if isinstance(target, dict) else None)
+                   pdl=uses_pdl(target))
 
 
 def check_dtype(dtype: str, target: dict | str, what: str) -> None:

@@ -167,7 +167,6 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
     if unroll < 1:
         raise ValueError(f"gemv: unroll={unroll}; at least 1")
     d = dialect(target)
-    unroll = d.gemv_unroll or unroll  # EXPERIMENT
     lanes = 1 if d.cpu else 32
     warps = 1 if d.cpu else threads // 32
     if not d.cpu and (threads % 32 or block_N % warps):
