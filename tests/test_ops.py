@@ -74,6 +74,18 @@ def test_unknown_op_and_bad_shapes_are_named():
         ops.infer_types("matmul", [TensorType((2, 3), F32), TensorType((4, 5), F32)], {}, node="mm")
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_a_norm_of_a_0d_tensor_is_refused_by_name(op):
+    """torch refuses a norm of a 0-d input (an empty normalized shape); ours says so too, where the graph is typed,
+    instead of dividing by its rank (ZeroDivisionError); the reference itself refuses the same."""
+    with pytest.raises(ops.InferenceError, match=f"{op}: the input is 0-d"):
+        ops.infer_types(op, [TensorType((), F32)], {"eps": 1e-6}, node="n")
+    with pytest.raises(ValueError, match="0-d"):
+        ops.get(op).ref(torch.tensor(2.0))
+    with pytest.raises(RuntimeError, match="at least 1-dimensional"):
+        F.rms_norm(torch.tensor(2.0), ()) if op == "rms_norm" else F.layer_norm(torch.tensor(2.0), ())
+
+
 def test_symbolic_dims_survive():
     t = ops.infer_types("reshape", [TensorType(("b", "s", 8), F32)], {"shape": (-1, 8)})
     assert t == [TensorType(("s*b", 8), F32)] or t == [TensorType(("b*s", 8), F32)]

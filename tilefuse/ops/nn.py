@@ -161,6 +161,7 @@ def layer_norm(x, weight=None, bias=None, axis: int = -1, eps: float = 1e-5):
     gives NaN or 0 there by its lane order), so a region run through torch says what its kernel says. Ordinary
     inputs cost one ``aminmax`` more; on GPUs the reference stays torch's (a data-dependent branch would stop CUDA
     graph capture)."""
+    _normalized_dims("layer_norm", x)
     axis = axis % x.dim()
     y = F.layer_norm(x, x.shape[axis:], weight, bias, eps)
     if x.is_meta or x.device.type != "cpu" or x.numel() == 0 or not x.dtype.is_floating_point:
@@ -179,9 +180,17 @@ def layer_norm(x, weight=None, bias=None, axis: int = -1, eps: float = 1e-5):
     return torch.where(m2 < FLOAT32_MAX, y, torch.tensor(float("nan"), dtype=y.dtype))
 
 
+def _normalized_dims(op: str, x) -> None:
+    """torch's refusal of a 0-d input to a norm (its normalized shape would be empty), as a clear error."""
+    if x.dim() == 0:
+        raise ValueError(f"{op}: the input is 0-d; a norm needs at least one dimension to normalize over (torch: "
+                         "'Expected normalized_shape to be at least 1-dimensional')")
+
+
 @register("rms_norm", R, traits=("norm",))
 def rms_norm(x, weight=None, axis: int = -1, eps: float = 1e-6):
     """x / sqrt(mean(x^2) + eps) * weight over dims ``axis..end``, computed in fp32."""
+    _normalized_dims("rms_norm", x)
     axis = axis % x.dim()
     dims = tuple(range(axis, x.dim()))
     xf = x.float()
