@@ -76,9 +76,11 @@ def compiled_forward(model, mode: str, target: dict, runners: list):
             torch.compiler.cudagraph_mark_step_begin()
             return fn(*args, **kw)
         return step, None
-    if mode.startswith("tilefuse"):  # apart: each linear its own kernel (Options.group_linears off); nopdl: plain
-        from tilefuse.backend import make_backend  # launches (Options.pdl off); nofold: the norms their own kernels
-        from tilefuse.config import Options  # (Options.fold_norms off)
+    if mode.startswith("tilefuse"):
+        # apart: each linear its own kernel (Options.group_linears off); nopdl: plain launches (Options.pdl off);
+        # nofold: the norms their own kernels (Options.fold_norms off)
+        from tilefuse.backend import make_backend
+        from tilefuse.config import Options
 
         backend = make_backend(Options(target=target, quiet=True, observer=runners.append,
                                        group_linears=mode != "tilefuse-apart", pdl=mode != "tilefuse-nopdl",
