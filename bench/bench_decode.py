@@ -192,7 +192,9 @@ def profile_steps(step, tok, step_s: float, steps: int = 8) -> dict:
 
     out = {**profile_calls(one, steps, top=20), "wall_ms": step_s * 1e3}
     busy = out["busy_ms"]
-    print(f"    profile: GPU busy {busy:.3f} of {step_s * 1e3:.3f} ms a step; "
+    overlap = (f" (the kernels' own times sum to {out['kernel_sum_ms']:.3f}: PDL kernels wait while the one before "
+               "runs)") if out["overlap_ms"] > 0.001 else ""
+    print(f"    profile: GPU busy {busy:.3f} of {step_s * 1e3:.3f} ms a step{overlap}; "
           + ", ".join(f"{c} {ms:.3f}" for c, ms in out["by_category_ms"].items()), flush=True)
     for k in out["top"][:14]:
         print(f"      {k['ms']:.4f} ms x{k['count']:.0f} {k['kernel'][:100]}", flush=True)
