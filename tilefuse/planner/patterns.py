@@ -2,7 +2,8 @@
 
 Each entry is data: a tree of ``Op`` with named captures, a check that says why a match is refused,
 and a rewrite. Families: ``attention.*`` (decomposed and grouped-query attention), ``norm.*`` (RMS
-norm written out with pow/mean/rsqrt), ``act.*`` (GELU written out), ``rotary.*`` (rotate-half).
+norm written out with pow/mean/rsqrt), ``act.*`` (GELU written out), ``rotary.*`` (rotate-half),
+``matmul.outer`` (a product over a contracted dim of 1).
 Region-level patterns (residual add + norm, SwiGLU/GeGLU) live in ``GROUPS`` at the bottom.
 """
 
@@ -528,7 +529,8 @@ _OUTER = Op("matmul", ("a", "b"), name="root")
 
 def _outer_check(caps: dict, ctx: Context) -> str | None:
     """``a @ b`` whose contracted dim is 1 (``a (.., M, 1)``, ``b (.., 1, N)``): each output element is one product,
-    which ``a * b`` (broadcast) computes with the same rounding. HF LLaMA's rotary frequencies
+    which ``a * b`` (broadcast) computes with the same rounding (but where the user lets float32 matmuls run as TF32:
+    the product is then the exact one, not the TF32 one). HF LLaMA's rotary frequencies
     (``inv_freq[:, None] @ position[None, :]``, float32) are one: as a GEMM it runs through torch and splits the
     elementwise chain around it."""
     ta, tb = ctx.type(caps["a"]), ctx.type(caps["b"])
@@ -540,7 +542,7 @@ def _outer_check(caps: dict, ctx: Context) -> str | None:
         return "not two operands of one float dtype"
     try:
         mul = ops.infer_types("mul", [ta, tb], {})[0]
-    except Exception as e:  # noqa: BLE001 -- a batch broadcast mul does not take: leave the matmul
+    except ops.InferenceError as e:  # batch dims a mul does not broadcast: leave the matmul
         return f"the broadcast product does not type: {e}"
     if mul != ctx.type(caps["root"].outputs[0].name):
         return "the broadcast product's type is not the matmul's"
