@@ -65,3 +65,39 @@ def test_mixed_dtypes_and_vectors_are_left():
     v = b.input("v", TensorType((1,), "float32"))
     g = b.build([b.add1("matmul", [a, v])])  # (4, 1) @ (1,): a matrix-vector product, 1-d result
     assert "matmul" in ops_of(plan(g, C))
+
+
+def test_hf_llama_rotary_as_transformers_5_17_spells_it(monkeypatch):
+    """HF LLaMA's rotary module as transformers 5.17 (the H200's) writes it, ``inv_freq @ position`` in float32: a
+    decode step on ``c`` gives eager's logits, and its plan for the H200 has no GEMM region left to torch (on the H200
+    that product was a torch sgemm between two kernels, bench/results/2026-12-02-h200-session17)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    from tilefuse.backend import make_backend
+    from tilefuse.config import Options
+    from tilefuse.pipeline import plan_step
+
+    def forward_5_17(self, x, position_ids):
+        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
+        pos = position_ids[:, None, :].float()
+        freqs = (inv.float() @ pos.float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+    monkeypatch.setattr(modeling_llama.LlamaRotaryEmbedding, "forward", forward_5_17)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    eager = transformers.LlamaForCausalLM(cfg).eval()
+    backend = make_backend(Options(target=C, quiet=True))
+    compiled = torch.compile(eager.forward, backend=backend)
+    ids = torch.randint(1, 256, (1, 6))
+    with torch.no_grad():
+        want, got = eager(ids).logits, compiled(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert backend.failures == []
+    planned = plan_step(backend.programs[-1].graph, Options(target=SM90, quiet=True))
+    assert any(r.startswith("matmul.outer") for r in planned.plan.rewrites)
+    assert not [r.name for r in planned.plan.regions if r.kind == "gemm" and r.backend == "torch"]
