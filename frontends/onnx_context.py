@@ -202,4 +202,16 @@ def const_input(ctx: Ctx, n: OnnxNode, i: int):
 
 
 def axis_of(ctx: Ctx, name: str, axis: int) -> int:
-    return axis % ctx.rank(name) if axis < 0 else axis
+    """A node's ``axis`` of value ``name``, a negative one counted from the end. ONNX takes ``[-r, r - 1]`` (``r`` for
+    Flatten): a negative axis past ``-r`` is refused by name, as a 0-d input's is (no dim to count from), where a
+    modulo would pick another dim or divide by zero."""
+    return axis if axis >= 0 else dim_in(axis, ctx.rank(name), repr(name))
+
+
+def dim_in(axis: int, rank: int, what: str) -> int:
+    """``axis`` of a ``rank``-d value (``what`` names it in the error), counted from the end where negative; one
+    outside ``[-rank, rank - 1]`` is refused, where a modulo would pick another dim (or divide by zero at rank 0)."""
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for {what} of rank {rank}"
+                         + (" (a 0-d value has no axis)" if rank == 0 else f" (ONNX: -{rank} to {rank - 1})"))
+    return axis % rank

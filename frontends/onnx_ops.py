@@ -24,6 +24,7 @@ from tilefuse.frontends.onnx_context import (
     Unsupported,
     axis_of,
     const_input,
+    dim_in,
     ints,
     runtime,
 )
@@ -224,7 +225,7 @@ def unsqueeze(ctx: Ctx, n: OnnxNode) -> list[str]:
         return ctx.add("unsqueeze_dynamic", [x, ctx.inp(n, 1)])
     axes = ints(ctx, n, 1, "axes")
     rank = ctx.rank(x) + len(axes)
-    return ctx.add("unsqueeze", [x], dims=tuple(sorted(a % rank for a in axes)))
+    return ctx.add("unsqueeze", [x], dims=tuple(sorted(dim_in(a, rank, 'the output') for a in axes)))
 
 
 def concat(ctx: Ctx, n: OnnxNode) -> list[str]:
@@ -480,7 +481,7 @@ def pad(ctx: Ctx, n: OnnxNode) -> list[str]:
         pads = ints(ctx, n, 1)
         v = const_input(ctx, n, 2)
         value = v.reshape(-1)[0].item() if v is not None and v.numel() else 0
-    axes = [a % rank for a in (ints(ctx, n, 3) or range(rank))]
+    axes = [dim_in(a, rank, repr(x)) for a in (ints(ctx, n, 3) or range(rank))]
     per = {a: (pads[i], pads[len(axes) + i]) for i, a in enumerate(axes)}
     torch_pads = [p for a in reversed(range(rank)) for p in per.get(a, (0, 0))]
     while torch_pads[-2:] == [0, 0] and len(torch_pads) > 2:

@@ -360,3 +360,29 @@ def test_backend_api(rng):
     ints = rng.integers(-5, 5, (4,)).astype(np.int64)
     (i,) = onnx_backend.run_node(helper.make_node("Neg", ["a"], ["b"]), [ints])
     assert i.dtype == np.int64 and np.array_equal(i, -ints)
+
+
+@pytest.mark.parametrize("op, shape, axis, why", [
+    ("Softmax", [2, 3], -3, r"axis -3 is out of range for 'x' of rank 2 \(ONNX: -2 to 1\)"),
+    ("LayerNormalization", [], -1, r"axis -1 is out of range for 'x' of rank 0 \(a 0-d value has no axis\)"),
+    ("Unsqueeze", [2, 3], 3, r"axis 3 is out of range for the output of rank 3 \(ONNX: -3 to 2\)"),
+    ("Pad", [2, 3], -3, r"axis -3 is out of range for 'x' of rank 2 \(ONNX: -2 to 1\)"),
+])
+def test_an_axis_out_of_range_is_refused_by_name(tmp_path, op, shape, axis, why):
+    """An axis past the rank was taken modulo the rank: Softmax(axis=-3) of a 2-d input ran over dim 1, Unsqueeze and
+    Pad picked another dim, silent wrong answers where onnxruntime refuses the model; a 0-d LayerNormalization divided
+    by zero. Each is now refused, naming the node, the axis and the range."""
+    inputs, inits, attrs = ["x"], [], {"axis": axis}
+    if op == "LayerNormalization":
+        inputs, inits = ["x", "s"], [init("s", np.float32(1.0))]
+    elif op == "Unsqueeze":  # (its axes an input, into the output's rank)
+        inputs, inits, attrs = ["x", "axes"], [init("axes", np.array([axis], np.int64))], {}
+    elif op == "Pad":
+        inputs, attrs = ["x", "pads", "", "axes"], {}
+        inits = [init("pads", np.array([1, 1], np.int64)), init("axes", np.array([axis], np.int64))]
+    out = [vi("y", T.FLOAT, len(shape) + (op == "Unsqueeze"))]
+    m = model([helper.make_node(op, inputs, ["y"], name="n", **attrs)], [vi("x", T.FLOAT, shape)], out, inits)
+    path = tmp_path / "axis.onnx"
+    path.write_bytes(m.SerializeToString())
+    with pytest.raises(OnnxImportError, match=f"axis.onnx: node 'n' \\(op '{op}'.*{why}"):
+        import_onnx(path)
