@@ -202,10 +202,9 @@ def const_input(ctx: Ctx, n: OnnxNode, i: int):
 
 
 def axis_of(ctx: Ctx, name: str, axis: int) -> int:
-    """A node's ``axis`` of value ``name``, a negative one counted from the end. ONNX takes ``[-r, r - 1]`` (``r`` for
-    Flatten): a negative axis past ``-r`` is refused by name, as a 0-d input's is (no dim to count from), where a
-    modulo would pick another dim or divide by zero."""
-    return axis if axis >= 0 else dim_in(axis, ctx.rank(name), repr(name))
+    """A node's ``axis`` of value ``name``, a negative one counted from the end; ONNX takes ``[-r, r - 1]`` (``dim_in``
+    refuses the rest)."""
+    return dim_in(axis, ctx.rank(name), repr(name))
 
 
 def dim_in(axis: int, rank: int, what: str) -> int:

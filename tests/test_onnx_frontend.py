@@ -367,6 +367,8 @@ def test_backend_api(rng):
     ("LayerNormalization", [], -1, r"axis -1 is out of range for 'x' of rank 0 \(a 0-d value has no axis\)"),
     ("Unsqueeze", [2, 3], 3, r"axis 3 is out of range for the output of rank 3 \(ONNX: -3 to 2\)"),
     ("Pad", [2, 3], -3, r"axis -3 is out of range for 'x' of rank 2 \(ONNX: -2 to 1\)"),
+    ("Gather", [2, 3], 2, r"axis 2 is out of range for 'x' of rank 2 \(ONNX: -2 to 1\)"),
+    ("Flatten", [2, 3], 3, r"axis 3 is out of range for 'x' of rank 2 \(ONNX Flatten: -2 to 2\)"),
 ])
 def test_an_axis_out_of_range_is_refused_by_name(tmp_path, op, shape, axis, why):
     """An axis past the rank was taken modulo the rank: Softmax(axis=-3) of a 2-d input ran over dim 1, Unsqueeze and
@@ -377,6 +379,8 @@ def test_an_axis_out_of_range_is_refused_by_name(tmp_path, op, shape, axis, why)
         inputs, inits = ["x", "s"], [init("s", np.float32(1.0))]
     elif op == "Unsqueeze":  # (its axes an input, into the output's rank)
         inputs, inits, attrs = ["x", "axes"], [init("axes", np.array([axis], np.int64))], {}
+    elif op == "Gather":
+        inputs, inits = ["x", "i"], [init("i", np.array([0], np.int64))]
     elif op == "Pad":
         inputs, attrs = ["x", "pads", "", "axes"], {}
         inits = [init("pads", np.array([1, 1], np.int64)), init("axes", np.array([axis], np.int64))]
