@@ -207,10 +207,12 @@ def axis_of(ctx: Ctx, name: str, axis: int) -> int:
     return dim_in(axis, ctx.rank(name), repr(name))
 
 
-def dim_in(axis: int, rank: int, what: str) -> int:
+def dim_in(axis: int, rank: int, what: str, upto_rank: bool = False) -> int:
     """``axis`` of a ``rank``-d value (``what`` names it in the error), counted from the end where negative; one
-    outside ``[-rank, rank - 1]`` is refused, where a modulo would pick another dim (or divide by zero at rank 0)."""
-    if not -rank <= axis < rank:
+    outside ``[-rank, rank - 1]`` (``[-rank, rank]`` with ``upto_rank``: Flatten's) is refused, where a modulo would
+    pick another dim (or divide by zero at rank 0)."""
+    last = rank if upto_rank else rank - 1
+    if not -rank <= axis <= last:
         raise ValueError(f"axis {axis} is out of range for {what} of rank {rank}"
-                         + (" (a 0-d value has no axis)" if rank == 0 else f" (ONNX: -{rank} to {rank - 1})"))
-    return axis % rank
+                         + (" (a 0-d value has no axis)" if last < 0 else f" (ONNX: -{rank} to {last})"))
+    return axis + rank if axis < 0 else axis

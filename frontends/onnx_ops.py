@@ -195,10 +195,7 @@ def reshape(ctx: Ctx, n: OnnxNode) -> list[str]:
 
 def flatten(ctx: Ctx, n: OnnxNode) -> list[str]:
     x = ctx.inp(n, 0)
-    axis, r = n.attr("axis", 1), ctx.rank(x)
-    if not -r <= axis <= r:  # (Flatten's axis may be the rank itself: one row of everything)
-        raise ValueError(f"axis {axis} is out of range for {x!r} of rank {r} (ONNX Flatten: -{r} to {r})")
-    axis = axis + r if axis < 0 else axis
+    axis = dim_in(n.attr("axis", 1), ctx.rank(x), repr(x), upto_rank=True)  # (the rank itself: one row of all)
     t = ctx.type(x)
     if t.is_static:
         return ctx.add("reshape", [x], shape=(math.prod(t.shape[:axis]), math.prod(t.shape[axis:])))
