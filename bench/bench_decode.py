@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl", "tilefuse-nofold")
+MODES = ("eager", "inductor", "inductor-ro", "tilefuse", "tilefuse-apart", "tilefuse-nopdl", "tilefuse-nofold",
+         "tilefuse-norotary")
 
 
 def model_config(device: str):
@@ -78,13 +79,15 @@ def compiled_forward(model, mode: str, target: dict, runners: list):
         return step, None
     if mode.startswith("tilefuse"):
         # apart: each linear its own kernel (Options.group_linears off); nopdl: plain launches (Options.pdl off);
-        # nofold: the norms their own kernels (Options.fold_norms off)
+        # nofold: the norms their own kernels (Options.fold_norms off); norotary: the rotary and cache stores their
+        # own kernel (Options.fold_rotary off)
         from tilefuse.backend import make_backend
         from tilefuse.config import Options
 
         backend = make_backend(Options(target=target, quiet=True, observer=runners.append,
                                        group_linears=mode != "tilefuse-apart", pdl=mode != "tilefuse-nopdl",
-                                       fold_norms=mode != "tilefuse-nofold"))
+                                       fold_norms=mode != "tilefuse-nofold",
+                                       fold_rotary=mode != "tilefuse-norotary"))
         return torch.compile(forward, backend=backend), backend
     raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 

@@ -4,10 +4,12 @@ spec of them."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tilefuse.ir import Graph, Node
 from tilefuse.lowering import builders
 from tilefuse.lowering.builders import Builder, KernelSpec, build_gemm, require
-from tilefuse.planner.grouping import reshaped_from
+from tilefuse.planner.grouping import RESHAPES, reshaped_from
 from tilefuse.planner.plan import Region
 
 
@@ -20,7 +22,7 @@ def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     require(target.get("kind") in builders.GEMV_TARGETS, f"no gemv on {target.get('kind')} targets: the linears apart")
     nodes = {n.name: n for n in b.graph.nodes}
     producer = {v.name: n for n in b.graph.nodes for v in n.outputs}
-    parts = gemv_group_parts(b.region, b.graph)
+    parts, tails = zip(*(_split_tail(part, nodes, b) for part in gemv_group_parts(b.region, b.graph)))
     specs = [build_gemm(Builder(part, b.graph, nodes, b.types, target), nodes[part.anchor], target, as_gemv=True)
              for part in parts]
     kws = [{"norm_eps": None, "norm_weight": None} | s.factory_kwargs() for s in specs]
@@ -49,17 +51,135 @@ def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
         require(fed <= {v for v, _ in s.inputs[w + 1:]}, f"{sorted(fed)}: another part's output read other than by the "
                 "epilogue itself")
         extras_of.append(tuple(own))
-    stored = tuple(any(v in b.region.outputs for _, v, _ in s.outputs) for s in specs)
+    stored = tuple(t.out is not None if t else any(v in b.region.outputs for _, v, _ in s.outputs)
+                   for s, t in zip(specs, tails))
     require(all(stored[k] or len(s.outputs) == 1 for k, s in enumerate(specs)), "a part with several outputs")
     params = {k: kws[0][k] for k in same if k in specs[0].factory_kwargs()} | {
-        "Ns": tuple(kw["N"] for kw in kws), "epilogues": tuple(kw["epilogue"] for kw in kws),
-        "extra_shapes": tuple(tuple(shape) for _, shape in extras), "extra_dtypes": tuple(extra_dtypes),
-        "extras_of": tuple(extras_of)} | ({"stored": stored} if not all(stored) else {})
-    kept = [s for s, keep in zip(specs, stored) if keep]
-    outputs = tuple((i, v, shape) for i, s in enumerate(kept) for _, v, shape in s.outputs)
-    pre = tuple(dict.fromkeys(p for s in specs for p in s.pre))
-    return KernelSpec("gemv_group", tuple(params.items()), tuple(range(-len(kept), 0)),
-                      (*specs[0].inputs[:w], *(s.inputs[w] for s in specs), *extras), outputs, pre)
+        "Ns": tuple(kw["N"] for kw in kws), "epilogues": tuple(kw["epilogue"] for kw in kws)}
+    params |= _tail_params(tails, kws, M, extras, extra_dtypes, b)
+    params |= {"extra_shapes": tuple(tuple(b.types[v].shape if shape is None else shape) for v, shape in extras), "extra_dtypes": tuple(extra_dtypes),
+               "extras_of": tuple(extras_of)} | ({"stored": stored} if not all(stored) else {})
+    outputs = []
+    for i, (s, t) in enumerate((s, t) for s, t, keep in zip(specs, tails, stored) if keep):
+        outputs += [(i, t.out, tuple(b.types[t.out].shape))] if t else [(i, v, shape) for _, v, shape in s.outputs]
+    pre = tuple(dict.fromkeys([*(p for s in specs for p in s.pre), *(p for t in tails if t for p in t.pre)]))
+    inputs = (*specs[0].inputs[:w], *(s.inputs[w] for s in specs), *extras)
+    aliases = tuple((t.stored, inputs.index((t.cache, None))) for t in tails if t and t.stored)
+    return KernelSpec("gemv_group", tuple(params.items()), tuple(range(-sum(stored), 0)), inputs, tuple(outputs), pre,
+                      aliases=aliases)
+
+
+class _Tail(NamedTuple):
+    """What a part does with its linear's rows after the views (``planner.rotary_fold``): rotate them by
+    ``rotary_embedding`` (``cos``/``sin``, None: not) and store them into ``cache`` at ``index`` (None: into its
+    own output ``out``)."""
+
+    D: int
+    cos: str | None
+    sin: str | None
+    cache: str | None
+    index: str | None
+    out: str | None  # the rotated rows, a region output (where not stored into a cache)
+    stored: str | None  # the cache's update (``index_copy``'s value), a region output
+    pre: tuple[str, ...]  # views of the tables and index torch runs before the kernel
+
+
+TAIL_OPS = ("transpose", "rotary_embedding", "index_copy")
+
+
+def _split_tail(part: Region, nodes: dict, b: Builder) -> tuple[Region, _Tail | None]:
+    """A part as its linear (the region ``build_gemm`` takes) and what follows its views: ``transpose(1, 2)`` of the
+    rows viewed ``(B, 1, heads, D)``, then ``rotary_embedding``, ``index_copy`` into a cache along its dim 2, or both
+    (a decode step's q, k and v). None where the part has none of them."""
+    tail = [m for m in part.nodes if nodes[m].op in TAIL_OPS]
+    if not tail:
+        return part, None
+    made = {v.name: m for m in part.nodes for v in nodes[m].outputs}
+    ts = [m for m in tail if nodes[m].op == "transpose"]
+    require(len(ts) == 1, f"{part.name}: one transpose of the rows before the rotary or store")
+    t = nodes[ts[0]]
+    x = t.inputs[0]
+    xs = tuple(b.types[x].shape)
+    require(len(xs) == 4 and xs[1] == 1 and sorted((t.attr.get("dim0"), t.attr.get("dim1"))) in ([1, 2], [-3, -2]),
+            f"{part.name}: rows viewed (B, 1, heads, D) and transposed (1, 2) wanted, got {xs} {dict(t.attr)}")
+    value, cos = t.outputs[0].name, None
+    sin = cache = index = stored = None
+    seen = {t.name}
+    for op in ("rotary_embedding", "index_copy"):
+        users = [m for m in tail if value in nodes[m].inputs and m not in seen]
+        if not users:
+            break
+        require(len(users) == 1 and nodes[users[0]].op in TAIL_OPS[TAIL_OPS.index(op):],
+                f"{part.name}: {value} read by {users}")
+        n = nodes[users[0]]
+        if n.op != op:  # (no rotary: the rows stored as they are)
+            continue
+        seen.add(n.name)
+        if op == "rotary_embedding":
+            require(n.inputs[0] == value and not n.attr.get("interleaved", False), f"{part.name}: an interleaved "
+                    "rotary or one that rotates a table")
+            cos, sin = n.inputs[1], n.inputs[2]
+        else:
+            require(n.inputs[2] == value and n.attr.get("dim", 0) % 4 == 2, f"{part.name}: a store along dim 2 wanted")
+            cache, index, stored = n.inputs[0], n.inputs[1], n.outputs[0].name
+        value = n.outputs[0].name
+    require(seen == set(tail), f"{part.name}: {sorted(set(tail) - seen)} after the rotary or store")
+    require(stored is not None or value in part.outputs, f"{part.name}: the rotated rows are not an output")
+    after = {v.name for m in tail for v in nodes[m].outputs} - {value}
+    require(not after & set(part.outputs), f"{part.name}: a value between the rows and their store is read after")
+    down = set(tail)
+    todo = [i for m in tail for i in nodes[m].inputs if i in made and made[i] not in down and i != x]
+    views = set()
+    while todo:  # the tables' and index's views made in the part (torch runs them first)
+        m = made[todo.pop()]
+        if m not in views and m not in down:
+            require(nodes[m].op in RESHAPES, f"{part.name}: {m} ({nodes[m].op}) feeds the rotary or store")
+            views.add(m)
+            todo += [i for i in nodes[m].inputs if i in made]
+    core = [m for m in part.nodes if m not in down and m not in views]
+    core_made = {v.name for m in core for v in nodes[m].outputs}
+    require(x in core_made, f"{part.name}: the rows come from outside")
+    require(not set(part.outputs) & core_made, f"{part.name}: the rows are read before their rotary or store")
+    core_inputs = tuple(dict.fromkeys(i for m in core for i in nodes[m].inputs if i and i not in core_made))
+    region = Region(part.name, "gemm", tuple(core), tuple(nodes[m].op for m in core), core_inputs, (x,), part.anchor)
+    pre = tuple(m for m in part.nodes if m in views)
+    return region, _Tail(xs[3], cos, sin, cache, index, None if stored else value, stored, pre)
+
+
+def _tail_params(tails, kws, M: int, extras: list, extra_dtypes: list, b: Builder) -> dict:
+    """``gemv_group``'s ``head_dim``, ``rotary_of`` and ``scatter_of`` for the parts' tails, their tables, caches and
+    index added to ``extras`` (one extra a value)."""
+    if not any(tails):
+        return {}
+    Ds = {t.D for t in tails if t}
+    require(len(Ds) == 1, f"heads of several sizes {sorted(Ds)}")
+    (D,) = Ds
+
+    def extra(v: str, shape: tuple | None) -> int:
+        for j, (u, s) in enumerate(extras):
+            if u == v and s == shape:
+                return j
+        extras.append((v, shape))
+        extra_dtypes.append(b.types[v].dtype)
+        return len(extras) - 1
+
+    rotary, scatter = [], []
+    for t, kw in zip(tails, kws):
+        rot = sc = None
+        if t and t.cos is not None:
+            tables = []
+            for v in (t.cos, t.sin):
+                shape = (1,) * (4 - len(b.types[v].shape)) + tuple(b.types[v].shape)
+                require(shape[1:] == (1, 1, D) and shape[0] in (1, M), f"a rotary table {shape}: (1 or {M}, 1, 1, "
+                        f"{D}) wanted")
+                tables.append(extra(v, (shape[0], D)))
+            rot = tuple(tables)
+        if t and t.cache is not None:
+            require(tuple(b.types[t.index].shape) == (1,), f"a cache store at {b.types[t.index].shape} positions")
+            sc = (extra(t.cache, None), extra(t.index, (1,)))
+        rotary.append(rot)
+        scatter.append(sc)
+    return {"head_dim": D, "rotary_of": tuple(rotary), "scatter_of": tuple(scatter)}
 
 
 def gemv_group_parts(region: Region, graph: Graph) -> list[Region]:

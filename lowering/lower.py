@@ -64,6 +64,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
         return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
                      **_decode_shape(kw))
+    if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
+        return module.get_configs(target, kw.get("B_dtype"), paired=True)
     # gemm/conv seeds depend on the operand dtype
     arg = {"gemm": kw.get("B_dtype"), "gemv": kw.get("B_dtype"), "gemv_group": kw.get("B_dtype"),
            "conv2d": kw.get("in_dtype")}.get(spec.template)

@@ -36,6 +36,9 @@ class RegionKernel:
         # In-place stores (an elementwise kernel's ``scatters``): (dest, dim, index input) each
         self.scatters = tuple((sc[0], sc[1], sc[2].arg) for sc in kw.get("scatters") or () if sc is not None) \
             if spec.template == "elementwise" else ()
+        if spec.template == "gemv_group" and kw.get("scatter_of"):  # (cache, index) among the extras, at the end
+            base = len(spec.inputs) - len(kw["extra_shapes"])
+            self.scatters = tuple((base + c, 2, base + i) for c, i in (sc for sc in kw["scatter_of"] if sc))
 
     def __call__(self, args):
         env = dict(zip(self.region.inputs, args))

@@ -129,6 +129,9 @@ class Options:
     # linear before (tilefuse/planner/norm_fold.py): no norm launches. 0 keeps the norm kernels (bench_decode.py's
     # tilefuse-nofold mode).
     fold_norms: bool = _read("FOLD_NORMS", "1", _on)
+    # A decode step's rotary embedding of q and k and its KV-cache stores inside the q/k/v gemv_group
+    # (tilefuse/planner/rotary_fold.py): no store kernel per layer. 0 keeps them (bench_decode.py's tilefuse-norotary).
+    fold_rotary: bool = _read("FOLD_ROTARY", "1", _on)
     # On CUDA sm_90+, the decode-step kernels (gemv, elementwise, row reductions, attention) launch as programmatic
     # dependents, placed while the kernel before them finishes (lowering/templates/common.py: an HF LLaMA decode
     # step's GPU time 3-5% less on the H200). 0 builds plain launches: the target then carries "pdl": False.

@@ -81,14 +81,14 @@ def plan_step(graph: Graph, options: Options) -> Planned:
     specs: dict[str, KernelSpec] = {}
     p = plan_regions(graph, options.target, fuse=options.fuse, sparsity=options.sparsity,
                      layout=options.channels_last, why_not=_lowerable(options.target, specs),
-                     group=options.group_linears, fold=options.fold_norms)
+                     group=options.group_linears, fold=options.fold_norms, rotary=options.fold_rotary)
     return Planned(p, {r.name: specs[r.name] for r in p.regions if r.backend == "tilelang" and r.name in specs})
 
 
 def plan(graph: Graph, target: dict | None = None, **kw) -> FusionPlan:
     """The plan of ``graph`` for ``target`` with each region's backend decided (what ``explain`` shows):
     ``planner.plan`` with the lowering's answer to which regions a template takes. ``kw``: the planner's
-    ``cost``, ``fuse``, ``sparsity``, ``layout``, ``group``, ``fold``."""
+    ``cost``, ``fuse``, ``sparsity``, ``layout``, ``group``, ``fold``, ``rotary``."""
     if target is None:
         return plan_regions(graph, None, **kw)
     return plan_regions(graph, target, why_not=_lowerable(target, {}), **kw)

@@ -87,6 +87,9 @@ def gemv_group(
     stored: Sequence[bool] = (),
     norm_eps: float | None = None,
     norm_weight: str | None = None,
+    head_dim: int = 0,
+    rotary_of: Sequence[tuple[int, int] | None] = (),
+    scatter_of: Sequence[tuple[int, int] | None] = (),
     block_N: int = 8,
     threads: int = 128,
     unroll: int = UNROLL,
@@ -100,7 +103,15 @@ def gemv_group(
     reading ``silu(gate)``), which never goes through memory: weights so joined are computed by the same programs, one
     after the other. A program computes ``block_N`` rows of one weight (or of each weight of a joined set); the programs
     follow one another, so every weight streams as it would alone, and the launch (and the GPU's ramp up and tail) is
-    shared."""
+    shared.
+
+    A decode step's rotary embedding and cache store (one token a row, ``planner.rotary_fold``): ``rotary_of[i] = (cos,
+    sin)`` (extras ``(1 or M, head_dim)``) rotates weight ``i``'s output by heads of ``head_dim`` as
+    ``rotary_embedding`` does (the halves of a head paired), from the output rounded to ``out_dtype``: a warp's rows are
+    pairs ``n``, ``n + head_dim / 2``, so each row's partner is in its registers. ``scatter_of[i] = (cache, index)``
+    stores weight ``i``'s (rotated) output into the extra ``cache (M, N // head_dim, L, head_dim)`` at position
+    ``index[0]`` (an integer extra of one element; outside ``[0, L)`` the GPU traps, as torch's device-side assert), in
+    place of a ``C_i`` of its own (not ``stored``)."""
     g = len(Ns)
     epilogues, extras_of = tuple(epilogues) or (None,) * g, tuple(tuple(e) for e in extras_of) or ((),) * g
     stored = tuple(stored) or (True,) * g
@@ -123,8 +134,68 @@ def gemv_group(
     if norm_weight is not None:
         check_dtype(norm_weight, target, "gemv")
     norm = None if norm_eps is None else (float(norm_eps), norm_weight)
+    rope = _rope_of(Ns, M, head_dim, rotary_of, scatter_of, extras_of, stored, extra_shapes, extra_dtypes, out_dtype,
+                    block_N, threads, target)
     return _gemv(tuple(Ns), M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, list(extra_shapes),
-                 list(extra_dtypes), extras_of, block_N, threads, unroll, target, stored, norm)
+                 list(extra_dtypes), extras_of, block_N, threads, unroll, target, stored, norm, rope)
+
+
+class _Rope(NamedTuple):
+    """Weight rows in rotary pairs and stores into a cache (``gemv_group``'s ``rotary_of``/``scatter_of``)."""
+
+    D: int  # the head dim
+    rotary: tuple  # per weight: (cos, sin) extra positions, or None
+    scatter: tuple  # per weight: (cache, index) extra positions, or None
+
+
+def _rope_of(Ns, M, D, rotary_of, scatter_of, extras_of, stored, extra_shapes, extra_dtypes, out_dtype, block_N,
+             threads, target) -> _Rope | None:
+    """``gemv_group``'s rotary and cache-store arguments checked, or None where there are none."""
+    g = len(Ns)
+    rotary, scatter = tuple(rotary_of) or (None,) * g, tuple(scatter_of) or (None,) * g
+    if len(rotary) != g or len(scatter) != g:
+        raise ValueError(f"gemv_group: {g} weights, {len(rotary)} rotary and {len(scatter)} scatter entries")
+    if not any(rotary) and not any(scatter):
+        return None
+    warps = 1 if dialect(target).cpu else threads // 32
+    joined = {i for ws in joined_sets(extras_of) if len(ws) > 1 for i in ws}
+    n_extra = len(extra_shapes)
+    for i, N in enumerate(Ns):
+        if rotary[i] is None and scatter[i] is None:
+            continue
+        if D < 2 or D % 2 or N % D:
+            raise ValueError(f"gemv_group: weight {i}'s {N} rows are not heads of head_dim={D} (even)")
+        if i in joined:
+            raise ValueError(f"gemv_group: weight {i} is joined with another: no rotary or cache store")
+        if any(not 0 <= j < n_extra for j in (rotary[i] or ()) + (scatter[i] or ())):
+            raise ValueError(f"gemv_group: weight {i}'s rotary/scatter extras {rotary[i]}, {scatter[i]} are not "
+                             f"among its {n_extra} extras")
+        if rotary[i] is not None:
+            if block_N % (2 * warps) or N % block_N:
+                raise ValueError(f"gemv_group: rotary weight {i}: block_N={block_N} must be whole pairs a warp and "
+                                 f"divide its {N} rows")
+            for j in rotary[i]:
+                if tuple(extra_shapes[j]) not in ((1, D), (M, D)):
+                    raise ValueError(f"gemv_group: rotary table {tuple(extra_shapes[j])} for weight {i}: (1 or {M}, "
+                                     f"{D}) wanted")
+        if scatter[i] is not None:
+            cache, index = (tuple(extra_shapes[j]) for j in scatter[i])
+            if stored[i] or len(cache) != 4 or cache[0] != M or cache[1] * cache[3] != N or cache[3] != D or \
+                    index != (1,) or extra_dtypes[scatter[i][0]] != out_dtype or \
+                    "int" not in extra_dtypes[scatter[i][1]]:
+                raise ValueError(f"gemv_group: weight {i} stored into a cache {cache} ({extra_dtypes[scatter[i][0]]}) "
+                                 f"at index {index}: a ({M}, {N // D}, L, {D}) {out_dtype} cache, one integer index, "
+                                 "and no output of its own wanted")
+    return _Rope(D, rotary, scatter)
+
+
+class _RopeBufs(NamedTuple):
+    """A weight's rotary tables (None: not rotated) and the cache and index it is stored into (None: its ``C``)."""
+
+    cos: Any
+    sin: Any
+    cache: Any
+    index: Any
 
 
 class _Norm(NamedTuple):
@@ -158,9 +229,9 @@ def joined_sets(extras_of: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogues, extra_shapes, extra_dtypes,
-          extras_of, block_N, threads, unroll, target, stored=None, norm=None):
+          extras_of, block_N, threads, unroll, target, stored=None, norm=None, rope=None):
     """The kernel of ``gemv`` (one weight, its parameters named ``B`` and ``C``) and ``gemv_group`` (``B_i``, ``C_i``);
-    ``norm``: (eps, the norm weight's dtype or None) where A is RMS-normalized."""
+    ``norm``: (eps, the norm weight's dtype or None) where A is RMS-normalized; ``rope``: a ``_Rope`` or None."""
     stored = stored or (True,) * len(Ns)
     if not 1 <= M <= GEMV_ROWS:
         raise ValueError(f"gemv: {M} rows; at most {GEMV_ROWS} (a GEMM takes more)")
@@ -189,13 +260,22 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
             return T.Cast(accum_dtype, a)
         return T.Cast(accum_dtype, T.Cast(B_dtype, emit(prologue or Acc(), Env(acc=a))))
 
-    def row(N, bx, warp, r):
+    def row_n(bx, warp, r, paired):
+        """The weight row of this warp's row ``r``: the warp's ``R`` consecutive rows, or (``paired``: a rotary
+        weight's) ``R / 2`` pairs, row ``r`` and ``r + R / 2`` a head's ``n`` and ``n + D / 2``."""
+        if not paired:
+            return bx * block_N + warp * R + r
+        half, pairs = rope.D // 2, R // 2
+        p = (bx * warps + warp) * pairs + r % pairs
+        return p // half * rope.D + p % half + r // pairs * half
+
+    def row(N, bx, warp, r, paired):
         """Weight row ``r`` of this warp (rows past N read row N - 1)."""
-        n = bx * block_N + warp * R + r
+        n = row_n(bx, warp, r, paired)
         return T.min(n, N - 1) if N % block_N else n
 
     @T.macro
-    def step_at(N, A, B, acc, a_r, b_r, bx, warp, base, nb):
+    def step_at(N, A, B, acc, a_r, b_r, bx, warp, base, nb, paired):
         """One step along K at ``base`` (this lane's first element): its vectors of A and of its rows, multiplied;
         ``nb``: the norm's buffers (``_Norm``), or None."""
         for m in T.unroll(M):
@@ -203,7 +283,7 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
                 a_r[m, e] = A[m, base + e]
         for r in T.unroll(R):
             for e in T.vectorized(vec):
-                b_r[r, e] = B[row(N, bx, warp, r), base + e]
+                b_r[r, e] = B[row(N, bx, warp, r, paired), base + e]
         if nb is None:
             for m in T.unroll(M):
                 for r in T.unroll(R):
@@ -231,22 +311,48 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
         return epilogue_at(epilogue, acc[m, r], extras, shapes, [m, n], accum_dtype,
                            {p: f[m, r] for p, f in fed.items()})
 
+    def rotated(epilogue, acc, extras, shapes, m, r, n, rp):
+        """Output element (m, n) rotated (``rotary_embedding``): it and its pair partner (the warp's row ``r +- R / 2``)
+        rounded to ``out_dtype``, times the row's cos and sin (``rp``: the ``_Rope`` buffers of the weight)."""
+        pairs, c = R // 2, n % rope.D
+        other = T.if_then_else(r < pairs, r + pairs, r - pairs)
+        n_other = T.if_then_else(r < pairs, n + rope.D // 2, n - rope.D // 2)
+        x = T.Cast(accum_dtype, T.Cast(out_dtype, finish(epilogue, acc, extras, shapes, {}, m, r, n)))
+        y = T.Cast(accum_dtype, T.Cast(out_dtype, finish(epilogue, acc, extras, shapes, {}, m, other, n_other)))
+        cos, sin = (T.Cast(accum_dtype, t[m if int(t.shape[0]) == M and M > 1 else 0, c]) for t in (rp.cos, rp.sin))
+        return x * cos + T.if_then_else(r < pairs, -y, y) * sin
+
+    def store(C, v, m, n, rp):
+        """Output element (m, n) into ``C``, or (``rp`` with a cache) into the cache at the index's position: nothing
+        outside the cache (the GPU traps there, the c target's caller checks first: ``runtime.kernels``)."""
+        if rp is None or rp.cache is None:
+            T.buffer_store(C, v, [m, n])
+            return
+        at = rp.index[0]
+        inside = T.And(at >= T.Cast(at.dtype, 0), at < T.Cast(at.dtype, int(rp.cache.shape[2])))
+        with T.If(inside), T.Then():
+            T.buffer_store(rp.cache, v, [m, n // rope.D, T.Cast("int32", at), n % rope.D])
+        if not d.cpu:
+            with T.If(T.Not(inside)), T.Then():
+                T.evaluate(T.call_extern("int32", d.trap))
+
     @T.macro
-    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed, nb):
+    def rows_of(N, A, B, C, epilogue, extras, shapes, acc, a_r, b_r, bx, lane, warp, keep, fed, nb, rp):
         """This program's ``block_N`` rows of weight ``B`` (``bx``: its program among that weight's) into ``C`` (None:
         not stored) and ``keep`` (None: no other weight reads them); ``fed``: epilogue argument -> the kept output
-        (M, R) of the weight it reads; ``nb`` as ``step_at``'s."""
+        (M, R) of the weight it reads; ``nb`` as ``step_at``'s; ``rp``: the weight's ``_RopeBufs`` (None: none)."""
+        paired = rp is not None and rp.cos is not None
         T.clear(acc)
         if nb is not None:
             T.clear(nb.ss)
         for t in T.serial(full // unroll):
             for u in T.unroll(unroll):
-                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec, nb)
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, ((t * unroll + u) * lanes + lane) * vec, nb, paired)
         for u in T.unroll(full % unroll):
-            step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // unroll * unroll + u) * lanes + lane) * vec, nb)
+            step_at(N, A, B, acc, a_r, b_r, bx, warp, ((full // unroll * unroll + u) * lanes + lane) * vec, nb, paired)
         if K % step:  # noqa: SIM102 -- a Python test, then a TIR one: the row's last part, a vector a lane
             if (full * lanes + lane) * vec < K:
-                step_at(N, A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec, nb)
+                step_at(N, A, B, acc, a_r, b_r, bx, warp, (full * lanes + lane) * vec, nb, paired)
         for off in T.unroll(lanes.bit_length() - 1):
             for m in T.unroll(M):
                 for r in T.unroll(R):
@@ -257,20 +363,26 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
             for m, r in T.grid(M, R):
                 acc[m, r] = acc[m, r] * T.rsqrt(nb.ss[m] / T.Cast(accum_dtype, K) + T.Cast(accum_dtype, nb.eps))
         for m, r in T.grid(M, R):
-            n = bx * block_N + warp * R + r
+            n = row_n(bx, warp, r, paired)
             if keep is not None:  # every lane holds the sums after the shuffles: each keeps them all
                 keep[m, r] = T.Cast(out_dtype, finish(epilogue, acc, extras, shapes, fed, m, r, n))
-            if C is not None:  # noqa: SIM102 -- a Python test, then a TIR one
+            if C is not None or rp is not None:  # noqa: SIM102 -- a Python test, then a TIR one
                 if T.And(lane == (m * R + r) % lanes, n < N):
-                    C[m, n] = T.Cast(out_dtype, finish(epilogue, acc, extras, shapes, fed, m, r, n))
+                    store(C, T.Cast(out_dtype, rotated(epilogue, acc, extras, shapes, m, r, n, rp) if paired else
+                                    finish(epilogue, acc, extras, shapes, fed, m, r, n)), m, n, rp)
 
     def weight(i, bx, bufs):
         """Weight ``i``'s rows of program ``bx`` (among its set's programs), its epilogue's extras or kept outputs."""
         A, Bs, extras, Cs, acc, a_r, b_r, keeps, lane, warp, nb = bufs
         own = extras_of[i]
+        rp = None
+        if rope is not None and (rope.rotary[i] is not None or rope.scatter[i] is not None):
+            cos, sin = (extras[j] for j in rope.rotary[i]) if rope.rotary[i] is not None else (None, None)
+            cache, index = (extras[j] for j in rope.scatter[i]) if rope.scatter[i] is not None else (None, None)
+            rp = _RopeBufs(cos, sin, cache, index)
         rows_of(Ns[i], A, Bs[i], Cs[i], epilogues[i], [extras[j] if j >= 0 else None for j in own],
                 [extra_shapes[j] if j >= 0 else None for j in own], acc, a_r, b_r, bx, lane, warp, keeps.get(i),
-                {p: keeps[-1 - j] for p, j in enumerate(own) if j < 0}, nb)
+                {p: keeps[-1 - j] for p, j in enumerate(own) if j < 0}, nb, rp)
 
     @T.prim_func
     def gemv_kernel():
@@ -304,7 +416,7 @@ def _gemv(Ns, M, K, A_dtype, B_dtype, out_dtype, accum_dtype, prologue, epilogue
     return gemv_kernel
 
 
-def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
+def get_configs(target: dict | str, dtype: str = "float16", paired: bool = False) -> list[dict]:
     """Programs of 4-32 weight rows on 4 or 8 warps (one lane on CPU targets), the default pick first: one row a warp
     read every weight fastest or within 6% on the H200 at one row of A (bench_gemv.py,
     bench/results/2026-12-02-h200-session11: 1.04-2.25x cuBLAS on HF LLaMA's and LLaMA-3-8B's projections). The
@@ -312,8 +424,10 @@ def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
     two: the small weights' kernels, 2.6-4.2 us, are mostly that latency) are candidates, not yet measured."""
     if dialect(target).cpu:
         return [{"block_N": 8, "threads": 1}]
-    return [{"block_N": n, "threads": t} for n, t in ((4, 128), (8, 128), (16, 128), (16, 256), (32, 256))] + \
+    configs = [{"block_N": n, "threads": t} for n, t in ((4, 128), (8, 128), (16, 128), (16, 256), (32, 256))] + \
         [{"block_N": n, "threads": 128, "unroll": 8} for n in (4, 8, 16)]
+    # ``paired``: a group that rotates (``rotary_of``) wants whole pairs of rows a warp
+    return [c for c in configs if c["block_N"] // (c["threads"] // 32) % 2 == 0] if paired else configs
 
 
 def config_label(config: dict) -> str:

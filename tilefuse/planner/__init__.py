@@ -14,13 +14,14 @@ from tilefuse.planner.norm_fold import fold_norms
 from tilefuse.planner.partition import partition, region_name
 from tilefuse.planner.pattern import RewriteLog
 from tilefuse.planner.plan import FusionPlan, Region, compute_nodes
+from tilefuse.planner.rotary_fold import fold_rotary
 from tilefuse.planner.sparsity import SparsityReport, sparsify
 
 
 def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None, fuse: bool = True,
          sparsity: str | None = None, layout: bool | None = None,
          why_not: Callable[[Region, Graph], str | None] | None = None, group: bool = True,
-         fold: bool = True) -> FusionPlan:
+         fold: bool = True, rotary: bool = True) -> FusionPlan:
     """Plan ``graph``: canonicalize it, apply ``sparsity`` (``"2:4"`` prunes linear weights; 2:4 weights take
     the sparse GEMM where the target has one, see ``planner.sparsity``), group its nodes into regions, say
     how each region runs. With ``layout`` (None: on) convolutional networks run channels last (``planner.layout``;
@@ -28,7 +29,8 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
     ``why_not(region, graph)``: None where a template takes the region for ``target``, else the reason it runs
     through torch (``tilefuse.pipeline`` asks ``lowering.dispatch``); without it every region runs through torch. With
     ``group`` a decode step's linears of one input become one region where the lowering takes it (``planner.grouping``);
-    with ``fold`` a decode step's RMSNorm becomes its linears' prologue (``planner.norm_fold``)."""
+    with ``fold`` a decode step's RMSNorm becomes its linears' prologue (``planner.norm_fold``); with ``rotary`` its
+    rotary embedding and cache stores join its q/k/v group (``planner.rotary_fold``)."""
     log = RewriteLog()
     canon = canonicalize(graph, log) if fuse else graph
     if fuse and layout is not False:
@@ -41,6 +43,8 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
         regions = group_gemvs(canon, regions, target, why_not)
     if fuse and fold:
         regions = fold_norms(canon, regions, target, why_not)
+    if fuse and group and rotary:
+        regions = fold_rotary(canon, regions, target, why_not)
     regions, notes = _mark_sparse(regions, canon, sparse)
     backends = [_backend(r, canon, target, why_not) for r in regions]
     regions = [dataclasses.replace(r, backend=b) for r, (b, _) in zip(regions, backends)]
