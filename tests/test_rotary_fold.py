@@ -124,7 +124,7 @@ def test_refusals_name_the_problem():
                         **kw)
     with pytest.raises(ValueError, match="whole pairs"):  # one row a warp has no partner
         gemv.gemv_group(1, (32, 32), 64, rotary_of=[(0, 1), None], scatter_of=[None, (2, 3)], stored=(True, False),
-                        block_N=4, threads=128, **{**kw})
+                        block_N=4, threads=128, **kw)
     with pytest.raises(ValueError, match="among its"):
         gemv.gemv_group(1, (32, 32), 64, rotary_of=[(0, 9), None], stored=(True, True), **kw)
 
@@ -160,9 +160,9 @@ def test_folded_decode_steps_match_eager_on_c(monkeypatch, fold, bias):
     c target: every layer but the first (whose store kernel also computes the step's cos and sin) rotates and stores
     inside its q/k/v group, the caches are the caller's, written in place, and the logits of every step are eager's
     (fp32, 1e-4); with ``fold_rotary`` off the stores stay kernels of their own and give the same logits."""
-    import dataclasses
 
     from decode_steps import teacher_forced
+
     from tilefuse.backend import make_backend
     from tilefuse.config import Options
     from tilefuse.lowering import builders
@@ -195,17 +195,16 @@ def test_folded_decode_steps_match_eager_on_c(monkeypatch, fold, bias):
 def test_a_cache_read_between_the_group_and_its_store_keeps_the_store_apart():
     """The fold moves the cache stores up to the group: where a region between them reads a cache (its old rows),
     the store stays where it was."""
+    from types import SimpleNamespace as NS
+
     from tilefuse.planner.plan import Region
     from tilefuse.planner.rotary_fold import fold_rotary
 
-    class _G:
-        inputs, constants, outputs = [type("V", (), {"name": v}) for v in ("x", "i", "cache")], {}, ()
-
-        class _N:
-            def __init__(self, name, op, inputs):
-                self.name, self.op, self.inputs = name, op, inputs
-        nodes = [_N("q", "linear", ("x",)), _N("peek", "cast", ("cache",)), _N("t", "transpose", ("q",)),
-                 _N("ic", "index_copy", ("cache", "i", "t"))]
+    def node(name, op, inputs):
+        return NS(name=name, op=op, inputs=inputs)
+    graph = NS(inputs=[NS(name=v) for v in ("x", "i", "cache")], constants={}, outputs=(),
+               nodes=[node("q", "linear", ("x",)), node("peek", "cast", ("cache",)), node("t", "transpose", ("q",)),
+                      node("ic", "index_copy", ("cache", "i", "t"))])
     group = Region("g", "gemv_group", ("q",), ("linear",), ("x",), ("q",))
     peek = Region("p", "elementwise", ("peek",), ("cast",), ("cache",), ("peek",))
     store = Region("s", "elementwise", ("t", "ic"), ("transpose", "index_copy"), ("q", "cache", "i"), ("ic",))
@@ -213,9 +212,8 @@ def test_a_cache_read_between_the_group_and_its_store_keeps_the_store_apart():
 
     def why_not(r, g):
         asked.append(r.name)
-        return None
     regions = [group, peek, store]
-    assert fold_rotary(_G, regions, SM90, why_not) == regions and asked == []
-    folded = fold_rotary(_G, [group, store, peek], SM90, why_not)
+    assert fold_rotary(graph, regions, SM90, why_not) == regions and asked == []
+    folded = fold_rotary(graph, [group, store, peek], SM90, why_not)
     assert [r.name for r in folded] == ["g", "p"] and folded[0].ops == ("linear", "transpose", "index_copy")
     assert folded[0].outputs == ("ic",) and set(folded[0].inputs) == {"x", "cache", "i"}
