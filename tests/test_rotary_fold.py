@@ -153,13 +153,14 @@ def _tiny_llama(layers=3, bias=False):
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-@pytest.mark.parametrize("fold", [True, False], ids=["folded", "apart"])
-@pytest.mark.parametrize("bias", [False, True], ids=["llama", "qkv_bias"])
-def test_folded_decode_steps_match_eager_on_c(monkeypatch, fold, bias):
+@pytest.mark.parametrize("fold, bias, batch", [(True, False, 1), (False, False, 1), (True, True, 1), (True, False, 3)],
+                         ids=["folded", "apart", "qkv_bias", "batch3"])
+def test_folded_decode_steps_match_eager_on_c(monkeypatch, fold, bias, batch):
     """HF LLaMA (and its q/k/v-bias form, as Qwen2 has) decoding over a static cache with the gemv kernels run on the
     c target: every layer but the first (whose store kernel also computes the step's cos and sin) rotates and stores
     inside its q/k/v group, the caches are the caller's, written in place, and the logits of every step are eager's
-    (fp32, 1e-4); with ``fold_rotary`` off the stores stay kernels of their own and give the same logits."""
+    (fp32, 1e-4), at one sequence and at three (cos and sin a row each); with ``fold_rotary`` off the stores stay
+    kernels of their own and give the same logits."""
 
     from decode_steps import teacher_forced
 
@@ -176,7 +177,7 @@ def test_folded_decode_steps_match_eager_on_c(monkeypatch, fold, bias):
     runners = []
     backend = make_backend(Options(target=C, quiet=True, measure=False, fold_rotary=fold, observer=runners.append))
     compiled.forward = torch.compile(compiled.forward, backend=backend)
-    caches = teacher_forced(eager, compiled, torch.randint(1, 256, (1, 5)), 6, 1e-4, max_cache_len=32)
+    caches = teacher_forced(eager, compiled, torch.randint(1, 256, (batch, 5)), 6, 1e-4, max_cache_len=32)
     assert backend.failures == []
     layers = eager.config.num_hidden_layers
     decode = runners[-1]
