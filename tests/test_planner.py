@@ -160,34 +160,37 @@ def test_unfused_plan_is_one_region_per_node(fuse):
     assert p.kernels == (1 if fuse else 2)
 
 
-def test_small_input_only_elementwise_regions_run_as_one_kernel_per_shape(rng):
-    """A decode step's per-layer cache counters (``c + 1``, 0-d) and positions (``arange + c``, one element) depend on
-    nothing computed: they merge into one region per output shape, at most the elementwise template's 8 outputs
-    each. A large one, and one that reads a computed value, stay as they were. The merged kernels (``c`` target) give
-    the reference's values, int64 and float alike."""
+def test_small_input_only_elementwise_regions_run_as_one_kernel(rng):
+    """A decode step's per-layer counters, positions and masks (HF LLaMA's static cache: one-element kernels each)
+    read graph inputs only, or what such a region made: they merge into one region whatever their shapes, at most
+    ``HORIZONTAL_MAX_OUTPUTS`` outputs a kernel. A large one, and one that reads a computed value, stay as they
+    were. The merged kernels (``c`` target) give the reference's values, int64 and float alike."""
     from tilefuse.config import Options
     from tilefuse.pipeline import build_runner
-    from tilefuse.planner.legality import MAX_OUTPUTS
+    from tilefuse.planner.partition import HORIZONTAL_MAX_NUMEL, HORIZONTAL_MAX_OUTPUTS
 
     b = GraphBuilder("counters")
     outs = []
-    for k in range(10):
+    for k in range(20):
         c = b.input(f"c{k}", TensorType((), "int64"))
         outs.append(b.add1("add", [c, b.constant(f"one{k}", torch.tensor(1))]))
         outs.append(b.add1("add", [b.constant(f"ar{k}", torch.arange(1)), c]))
     f = b.input("f", TensorType((3,), F32))
-    outs.append(b.add1("mul", [f, scalar(b, 2.0)]))  # float, another shape: a region of its own
-    big = b.input("big", TensorType((4096,), F32))
+    scaled = b.add1("mul", [f, scalar(b, 2.0)])  # float, another shape: merged too
+    outs += [scaled, b.add1("exp", [b.add1("concat", [scaled, scaled], dim=0)])]  # reads what a merged one made
+    big = b.input("big", TensorType((HORIZONTAL_MAX_NUMEL + 1,), F32))
     outs.append(b.add1("add", [big, big]))  # too large to merge
     outs.append(b.add1("exp", [b.add1("matmul", [big, big])]))  # reads a computed value: not input-only
     g = b.build(outs)
     p = plan(g)
-    shapes = [tuple(g.values()[r.outputs[0]].type.shape) for r in p.regions if r.kind == "elementwise"]
-    assert shapes.count(()) == 2 and shapes.count((1,)) == 2  # 10 counters and 10 positions: 8 + 2 each
-    assert all(len(r.outputs) <= MAX_OUTPUTS["elementwise"] for r in p.regions)
-    assert shapes.count((3,)) == 1 and shapes.count((4096,)) == 1
-    args = [torch.randint(-5, 1000, (), generator=rng) for _ in range(10)] + [
-        torch.tensor([1.5, float("nan"), -float("inf")]), torch.randn(4096, generator=rng)]
+    merged = [r for r in p.regions if r.kind == "elementwise" and len(r.outputs) > 1]
+    assert sorted(len(r.outputs) for r in merged) == [42 - HORIZONTAL_MAX_OUTPUTS, HORIZONTAL_MAX_OUTPUTS]
+    shapes = {tuple(g.values()[o].type.shape) for r in merged for o in r.outputs}
+    assert shapes == {(), (1,), (3,), (6,)}
+    assert sum(r.kind == "elementwise" for r in p.regions) == 3  # the two merged and the large add
+    assert [r.ops for r in p.regions if r.kind == "gemm"] == [("matmul", "exp")]  # (the exp: the GEMM's epilogue)
+    args = [torch.randint(-5, 1000, (), generator=rng) for _ in range(20)] + [
+        torch.tensor([1.5, float("nan"), -float("inf")]), torch.randn(HORIZONTAL_MAX_NUMEL + 1, generator=rng)]
     runner = build_runner(g, Options(target={"kind": "c"}, quiet=True, measure=False))
     assert all(r.name in runner.kernels for r in runner.plan.regions if r.kind == "elementwise")  # kernels, not torch
     got, want = runner(*args), Executor(g)(*args)

@@ -262,44 +262,47 @@ def _merge_views(f: Facts, regions, region_of) -> None:
             r.members.clear()
 
 
-# Elementwise regions that read only graph inputs and constants, with at most this many elements, run as one kernel
-# per output shape (horizontal fusion): a decode step's per-layer positions and cache counters (HF LLaMA, 8 layers:
-# 16 one-element kernels a step) cost a launch each, not their arithmetic.
-HORIZONTAL_MAX_NUMEL = 1024
+# Elementwise regions that read only graph inputs and constants, with at most this many elements each, run as one
+# kernel (horizontal fusion), whatever their shapes (the elementwise template gives each output its own shape), up to
+# HORIZONTAL_MAX_OUTPUTS outputs a kernel: a decode step's per-layer positions, cache counters and masks (HF LLaMA, 8
+# layers: 16 one-element kernels a step, session 12; then three kernels of 8 outputs and the position's cast, one a
+# shape, session 18) cost a launch and a dependent step each, not their arithmetic.
+HORIZONTAL_MAX_NUMEL = 16384
+HORIZONTAL_MAX_OUTPUTS = 32
 
 
 def _merge_input_only(f: Facts, regions, region_of) -> None:
-    """Merge the small elementwise regions that depend on no other region, by output shape, up to the elementwise
-    template's ``MAX_OUTPUTS``: nothing orders them, so no merge can create a cycle."""
-    groups: dict[tuple, list[int]] = {}
+    """Merge the small elementwise regions that depend on no other region (or only on such regions before them, whose
+    values the merged kernel computes again where it reads them), up to ``HORIZONTAL_MAX_OUTPUTS`` outputs a kernel:
+    they depend on nothing but each other, in order, so no merge can create a cycle."""
+    group: list[int] = []
     for rid, r in enumerate(regions):
         if r.kind != "elementwise" or not r.members or r.domain is None or r.domain.numel is None \
                 or r.domain.numel > HORIZONTAL_MAX_NUMEL:
             continue
         nodes = [f.nodes[m] for m in r.members]
-        if any(f.kind(n) not in ops.FUSIBLE_POINTWISE for n in nodes):
+        if any(f.kind(n) not in ops.FUSIBLE_POINTWISE and f.kind(n) != OpKind.INJECTIVE and n.op not in VIEW_OPS
+               for n in nodes):
             continue
-        if any(i and f.producers.get(i) is not None and region_of.get(f.producers[i].name) != rid
-               for n in nodes for i in n.inputs):
+        if any(i and f.producers.get(i) is not None and region_of.get(f.producers[i].name) not in (rid, *group)
+               for n in nodes for i in n.inputs):  # (what an earlier merged region makes: computed again here)
             continue
         outs = escaping(f, set(r.members))
-        if {f.types[o].shape for o in outs} != {r.domain.shape}:
+        if any(f.types[o].numel is None or f.types[o].numel > HORIZONTAL_MAX_NUMEL for o in outs):
             continue
-        groups.setdefault(r.domain.shape, []).append(rid)
-    cap = MAX_OUTPUTS["elementwise"]
-    for group in groups.values():
-        into, count = None, 0
-        for rid in group:
-            r = regions[rid]
-            n_out = len(escaping(f, set(r.members)))
-            if into is None or count + n_out > cap:
-                into, count = rid, n_out
-                continue
-            for m in r.members:
-                region_of[m] = into
-            regions[into].members.extend(r.members)
-            r.members.clear()
-            count += n_out
+        group.append(rid)
+    into, count = None, 0
+    for rid in group:
+        r = regions[rid]
+        n_out = len(escaping(f, set(r.members)))
+        if into is None or count + n_out > HORIZONTAL_MAX_OUTPUTS:
+            into, count = rid, n_out
+            continue
+        for m in r.members:
+            region_of[m] = into
+        regions[into].members.extend(r.members)
+        r.members.clear()
+        count += n_out
 
 
 def _finish(f: Facts, regions: list[_Open], cost: CostModel) -> list[Region]:
