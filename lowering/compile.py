@@ -10,12 +10,16 @@ kind (the cache key does not include the host ISA). CUDA targets need an explici
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import tilelang
+import tilelang.language.eager.ast as tl_eager_ast
+import tilelang.language.eager.builder as tl_eager_builder
 
 from tilefuse.config import setting
 from tilefuse.lowering import cpu_parallel
@@ -40,6 +44,29 @@ SOURCE_ONLY_KINDS = frozenset({"hip", "metal", "ascend", "webgpu"})
 # False keeps TileLang's serial, scalar code.
 C_PARALLEL_GRID = True
 cpu_parallel.install()
+
+# TileLang turns Python functions into IR by rewriting their source's AST (``tilelang.language.eager.ast.mutate``), and
+# its lowering does so while it runs (the GEMM ops define T.prim_func/T.macro functions in ``lower``), in our compile
+# threads. CPython 3.11 keeps the AST converters' recursion depth in interpreter-wide state (cpython gh-106905): two
+# threads parsing at once failed CI with "AST constructor recursion depth mismatch (before=105, after=101)", a kernel
+# then run through torch. The rewrite holds the GIL throughout, so taking turns there costs no parallelism.
+_AST_TURN = threading.RLock()
+
+
+def _one_at_a_time(mutate: Callable) -> Callable:
+    if getattr(mutate, "_tilefuse_serial", False):
+        return mutate
+
+    @functools.wraps(mutate)
+    def serial(*args, **kwargs):
+        with _AST_TURN:
+            return mutate(*args, **kwargs)
+    serial._tilefuse_serial = True
+    return serial
+
+
+for _module in (tl_eager_ast, tl_eager_builder):
+    _module.mutate = _one_at_a_time(_module.mutate)
 
 
 def tilelang_target(target: dict | str) -> dict | str:
