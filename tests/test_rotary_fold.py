@@ -157,8 +157,9 @@ def _tiny_llama(layers=3, bias=False):
                          ids=["folded", "apart", "qkv_bias", "batch3"])
 def test_folded_decode_steps_match_eager_on_c(monkeypatch, fold, bias, batch):
     """HF LLaMA (and its q/k/v-bias form, as Qwen2 has) decoding over a static cache with the gemv kernels run on the
-    c target: every layer but the first (whose store kernel also computes the step's cos and sin) rotates and stores
-    inside its q/k/v group, the caches are the caller's, written in place, and the logits of every step are eager's
+    c target: every layer rotates and stores inside its q/k/v group (the first layer's store kernel also computed the
+    step's cos and sin: they move into the step's first elementwise kernel), the caches are the caller's, written in
+    place, and the logits of every step are eager's
     (fp32, 1e-4), at one sequence and at three (cos and sin a row each); with ``fold_rotary`` off the stores stay
     kernels of their own and give the same logits."""
 
@@ -183,11 +184,13 @@ def test_folded_decode_steps_match_eager_on_c(monkeypatch, fold, bias, batch):
     decode = runners[-1]
     groups = [r for r in decode.plan.regions if r.kind == "gemv_group" and "index_copy" in r.ops]
     stores = [r for r in decode.plan.regions if r.kind == "elementwise" and "index_copy" in r.ops]
-    assert (len(groups), len(stores)) == ((layers - 1, 1) if fold else (0, layers))
+    assert (len(groups), len(stores)) == ((layers, 0) if fold else (0, layers))
     assert all(r.backend == "tilelang" and r.ops.count("rotary_embedding") == 2 for r in groups + stores)
     if fold:
         spec = decode.kernels[groups[0].name].spec
         assert dict(spec.params)["rotary_of"][2] is None and len(spec.aliases) == 2
+        first = decode.plan.regions[0]  # the step's input-only kernel, now with the cos and sin
+        assert first.kind == "elementwise" and {"cos", "sin"} <= set(first.ops) and first.backend == "tilelang"
     for (k0, v0), (k1, v1) in zip(*(((lay.keys, lay.values) for lay in c.layers) for c in caches)):
         torch.testing.assert_close(k1, k0, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(v1, v0, rtol=1e-4, atol=1e-4)
@@ -202,7 +205,7 @@ def test_a_cache_read_between_the_group_and_its_store_keeps_the_store_apart():
     from tilefuse.planner.rotary_fold import fold_rotary
 
     def node(name, op, inputs):
-        return NS(name=name, op=op, inputs=inputs)
+        return NS(name=name, op=op, inputs=inputs, outputs=[NS(name=name)])
     graph = NS(inputs=[NS(name=v) for v in ("x", "i", "cache")], constants={}, outputs=(),
                nodes=[node("q", "linear", ("x",)), node("peek", "cast", ("cache",)), node("t", "transpose", ("q",)),
                       node("ic", "index_copy", ("cache", "i", "t"))])

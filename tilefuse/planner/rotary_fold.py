@@ -8,8 +8,10 @@ output element in registers; with a rotary weight's rows paired (``n`` and ``n +
 halves the rotation mixes, so the group rotates and stores itself (``lowering/templates/gemv.py``). Legality here (an
 elementwise region of only ``transpose``/reshapes, ``rotary_embedding`` and ``index_copy``, whose every other input
 exists where the group runs, that reads the group's outputs and nothing else reads them, and whose caches no region
-in between reads); whether the merged group lowers (one token a row, heads of one size, the layouts) is the lowering's
-answer (``why_not``), asked before any region is replaced: a store that does not lower stays its own kernel.
+in between reads). What else that region computes (the first layer's also makes the step's cos and sin) moves into
+the elementwise region before the group that makes what it reads, where there is one. Whether the merged regions lower
+(one token a row, heads of one size, the layouts) is the lowering's answer (``why_not``), asked before any region is
+replaced: a store that does not lower stays its own kernel.
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ def fold_rotary(graph: Graph, regions: Sequence[Region], target: dict | None,
 
 
 def _fold(graph, nodes, order, outside, regions, k, why_not) -> list[Region] | None:
-    """``regions`` with region ``k`` merged into its group, or None where it is not a foldable store or does not
-    lower."""
+    """``regions`` with region ``k``'s rotary and stores merged into its group (and what else it computes, the
+    step's cos and sin in the first layer's, into the elementwise region before the group that makes what that reads),
+    or None where it is not a foldable store or does not lower."""
     r = regions[k]
-    if r.kind != "elementwise" or not set(r.ops) <= FOLDED_OPS or "index_copy" not in r.ops:
+    if r.kind != "elementwise" or "index_copy" not in r.ops:
         return None
     made_at = {v: j for j, q in enumerate(regions) for v in q.outputs}
     groups = {made_at[i] for i in r.inputs if i in made_at and regions[made_at[i]].kind == "gemv_group"}
@@ -57,19 +60,72 @@ def _fold(graph, nodes, order, outside, regions, k, why_not) -> list[Region] | N
     (g,) = groups
     group = regions[g]
     fed = {i for i in r.inputs if made_at.get(i) == g}
-    # the rest exists where the group runs; what the group gives the store, nothing else reads
-    if any(i not in fed and i not in outside and made_at.get(i, len(regions)) >= g for i in r.inputs):
+    tail, rest = _downstream(r, nodes, fed)
+    tail_ops = {nodes[m].op for m in tail}
+    if not tail_ops <= FOLDED_OPS or "index_copy" not in tail_ops:
+        return None
+    rest_made = _made(nodes, rest)
+    p = _rest_home(nodes, outside, regions, made_at, rest, rest_made, g)
+    if rest and p is None:
+        return None
+    tail_made = _made(nodes, tail)
+    tail_in = list(dict.fromkeys(i for m in tail for i in nodes[m].inputs if i and i not in tail_made))
+    # what the tail reads exists where the group runs; what the group gives it, nothing else reads
+    if any(i not in fed and i not in outside and i not in rest_made and made_at.get(i, len(regions)) >= g
+           for i in tail_in):
         return None
     if fed & set(graph.outputs) or any(fed & set(q.inputs) for j, q in enumerate(regions) if j not in (g, k)):
         return None
-    caches = {nodes[m].inputs[0] for m in r.nodes if nodes[m].op == "index_copy"}
+    caches = {nodes[m].inputs[0] for m in tail if nodes[m].op == "index_copy"}
     if any(caches & set(q.inputs) for q in regions[g + 1:k]):  # (the stores move before these regions)
         return None
-    members = tuple(sorted({*group.nodes, *r.nodes}, key=order.__getitem__))
-    inputs = tuple(dict.fromkeys([*group.inputs, *(i for i in r.inputs if i not in fed)]))
-    outputs = tuple(dict.fromkeys([*(o for o in group.outputs if o not in fed), *r.outputs]))
-    merged = dataclasses.replace(group, nodes=members, ops=tuple(nodes[m].op for m in members), inputs=inputs,
-                                 outputs=outputs, est_bytes=group.est_bytes + r.est_bytes)
-    if why_not(merged, graph) is not None:
+    new = {g: _with(group, nodes, order, group.nodes + tuple(tail),
+                    [*group.inputs, *(i for i in tail_in if i not in fed)],
+                    [*(o for o in group.outputs if o not in fed), *(o for o in r.outputs if o in tail_made)],
+                    group.est_bytes + r.est_bytes)}
+    if rest:
+        home = regions[p]
+        members = set(home.nodes) | set(rest)
+        wanted = set(graph.outputs) | {i for n in graph.nodes if n.name not in members for i in n.inputs}
+        made = _made(nodes, members)
+        producer = {v.name: m for m in members for v in nodes[m].outputs}
+        new[p] = _with(home, nodes, order, home.nodes + tuple(rest),
+                       [*home.inputs, *(i for m in rest for i in nodes[m].inputs if i and i not in made)],
+                       sorted(made & wanted, key=lambda v: order[producer[v]]), home.est_bytes)
+    if any(why_not(q, graph) is not None for q in new.values()):
         return None
-    return [merged if j == g else q for j, q in enumerate(regions) if j != k]
+    return [new.get(j, q) for j, q in enumerate(regions) if j != k]
+
+
+def _downstream(r: Region, nodes, fed: set) -> tuple[list[str], list[str]]:
+    """``r``'s nodes that read (through each other) the ``fed`` values, and the rest, each in order."""
+    tail, rest, reached = [], [], set(fed)
+    for m in r.nodes:
+        if any(i in reached for i in nodes[m].inputs):
+            tail.append(m)
+            reached |= {v.name for v in nodes[m].outputs}
+        else:
+            rest.append(m)
+    return tail, rest
+
+
+def _made(nodes, members) -> set[str]:
+    return {v.name for m in members for v in nodes[m].outputs}
+
+
+def _rest_home(nodes, outside, regions, made_at, rest, rest_made, g) -> int | None:
+    """The elementwise region before the group ``g`` that makes everything ``rest`` reads (from outside it, or
+    graph inputs and constants): where ``rest`` can run instead. None where there is none."""
+    reads = {i for m in rest for i in nodes[m].inputs if i and i not in rest_made}
+    homes = {made_at[i] for i in reads if i in made_at}
+    if len(homes) != 1 or any(i not in outside and i not in made_at for i in reads):
+        return None
+    (p,) = homes
+    return p if p < g and regions[p].kind == "elementwise" else None
+
+
+def _with(region: Region, nodes, order, members, inputs, outputs, est_bytes) -> Region:
+    members = tuple(sorted(set(members), key=order.__getitem__))
+    return dataclasses.replace(region, nodes=members, ops=tuple(nodes[m].op for m in members),
+                               inputs=tuple(dict.fromkeys(inputs)), outputs=tuple(dict.fromkeys(outputs)),
+                               est_bytes=est_bytes)
