@@ -6,10 +6,11 @@ q and k and stored k and v into the static cache: a launch and a dependent step 
 H200, 2026-12-02: 13-14 elementwise kernels a step, 3.2 us each). At one token a row the group's warps hold each
 output element in registers; with a rotary weight's rows paired (``n`` and ``n + D/2`` in one warp) they hold both
 halves the rotation mixes, so the group rotates and stores itself (``lowering/templates/gemv.py``). Legality here (an
-elementwise region of only ``transpose``/reshapes, ``rotary_embedding`` and ``index_copy``, whose every other input
-exists where the group runs, that reads the group's outputs and nothing else reads them, and whose caches no region
-in between reads). What else that region computes (the first layer's also makes the step's cos and sin) moves into
-the elementwise region before the group that makes what it reads, where there is one. Whether the merged regions lower
+elementwise region whose nodes that read the group's outputs, and their readers, are only ``transpose``/reshapes,
+``rotary_embedding`` and ``index_copy``; whose other inputs exist where the group runs; whose group outputs nothing
+else reads; and whose caches no region in between reads). What else that region computes (the first layer's also
+makes the step's cos and sin) moves into the elementwise region before the group that makes what it reads, where
+there is one. Whether the merged regions lower
 (one token a row, heads of one size, the layouts) is the lowering's answer (``why_not``), asked before any region is
 replaced: a store that does not lower stays its own kernel.
 """
