@@ -57,8 +57,9 @@ def build_gemv_group(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     params = {k: kws[0][k] for k in same if k in specs[0].factory_kwargs()} | {
         "Ns": tuple(kw["N"] for kw in kws), "epilogues": tuple(kw["epilogue"] for kw in kws)}
     params |= _tail_params(tails, kws, M, extras, extra_dtypes, b)
-    params |= {"extra_shapes": tuple(tuple(b.types[v].shape if shape is None else shape) for v, shape in extras), "extra_dtypes": tuple(extra_dtypes),
-               "extras_of": tuple(extras_of)} | ({"stored": stored} if not all(stored) else {})
+    shapes = tuple(tuple(b.types[v].shape if shape is None else shape) for v, shape in extras)  # (a cache: as it is)
+    params |= {"extra_shapes": shapes, "extra_dtypes": tuple(extra_dtypes), "extras_of": tuple(extras_of)} | (
+        {"stored": stored} if not all(stored) else {})
     outputs = []
     for i, (s, t) in enumerate((s, t) for s, t, keep in zip(specs, tails, stored) if keep):
         outputs += [(i, t.out, tuple(b.types[t.out].shape))] if t else [(i, v, shape) for _, v, shape in s.outputs]
