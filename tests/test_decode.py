@@ -356,7 +356,7 @@ def test_grouped_linears_of_a_decode_step_match_eager(make, monkeypatch):
 def test_every_kernel_of_a_decode_step_compiles_for_sm90a(monkeypatch):
     """The H200's plans of a float16 LLaMA's prefill and decode step, every kernel through nvcc for sm_90a (no GPU
     needed): the decode step's q/k/v and gate/up groups (the up reading silu(gate) in registers) and its cache stores
-    (a layer's q rotary and k and v stores, one kernel) among them."""
+    (a layer's q and k rotary and k and v stores, inside its q/k/v group: ``planner.rotary_fold``) among them."""
     from tilefuse.pipeline import lower_step
 
     torch._dynamo.reset()
@@ -381,6 +381,7 @@ def test_every_kernel_of_a_decode_step_compiles_for_sm90a(monkeypatch):
     assert sum(r.kind == "gemv_group" for r in regions) == 2 * layers
     stores = [r for r in regions if "index_copy" in r.ops]
     assert len(stores) == layers and all(r.ops.count("index_copy") == 2 and r.backend == "tilelang" for r in stores)
+    assert all(r.kind == "gemv_group" and r.ops.count("rotary_embedding") == 2 for r in stores)
     # the norms: the prefill's kernels of their own; the decode step's folded into its linears (planner.norm_fold)
     norms = [[r for r in p.regions if r.kind == "reduction"] for p in (planned_prefill, plan)]
     assert len(norms[0]) == 2 * layers + 1 and norms[1] == []
