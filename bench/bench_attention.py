@@ -36,6 +36,25 @@ ISSUE = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True)]
 LLM = [(b, 32, 8, s, 128, c) for b, s in ((16, 1024), (4, 4096), (2, 8192)) for c in (True, False)]
 # The zoo's attention at benchmark size (head dim 64): GPT-2 b8x1024 causal, BERT b32x512, ViT b64 (197 tokens)
 ZOO = [(8, 12, 12, 1024, 64, True), (32, 12, 12, 512, 64, False), (64, 12, 12, 197, 64, False)]
+# The issue's sweep at head dim 64 and 128 (S 512-8192, causal and not, GQA), a point per sequence length
+SWEEP = [(32, 16, 16, 512, 64, c) for c in (False, True)] + [(8, 16, 16, 2048, 64, c) for c in (False, True)] + \
+    [(2, 32, 8, 8192, 64, c) for c in (False, True)] + [(16, 32, 8, 1024, 128, c) for c in (False, True)] + \
+    [(4, 32, 8, 4096, 128, c) for c in (False, True)]
+
+
+def variants(D: int) -> list[dict]:
+    """Schedule variants beside plain configs: ``fold_scale=False`` is the kernel before the scale rode in exp2's
+    multiply-add (and before unmasked tiles skipped the score pass); ``stage_out`` stores O through shared memory;
+    ``overlap`` is the manual pipeline order (cp.async, no warp specialization)."""
+    tiles = [(128, 128, 2, 256), (128, 64, 2, 256), (64, 128, 2, 128), (128, 128, 3, 256), (192, 128, 2, 384),
+             (128, 176, 2, 256), (64, 64, 2, 128)]
+    out = [{"block_M": m, "block_N": n, "num_stages": st, "threads": t} for m, n, st, t in tiles]
+    base = out[0]
+    out += [{**base, "fold_scale": False}, {**base, "stage_out": True}, {**out[2], "stage_out": True},
+            {**out[4], "stage_out": True}, {**base, "overlap": True}]
+    return out
+
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -87,15 +106,15 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph"):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "all"])
-    p.add_argument("--configs", default="all", choices=["all", "seeds"])
+    p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "all"])
+    p.add_argument("--configs", default="all", choices=["all", "seeds", "variants"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timing", default="graph", choices=["graph", "events"])
     p.add_argument("--json")
     a = p.parse_args(argv)
     major, minor = torch.cuda.get_device_capability()
     target = {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
-    shapes = {"issue": ISSUE, "llm": LLM, "zoo": ZOO, "all": ISSUE + ZOO + LLM}[a.shapes]
+    shapes = {"issue": ISSUE, "llm": LLM, "zoo": ZOO, "sweep": ZOO + SWEEP, "all": ISSUE + ZOO + LLM}[a.shapes]
     import tilelang
 
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
@@ -104,14 +123,21 @@ def main(argv=None) -> int:
     print("| B | Hq/Hkv | S | D | causal | best config | tilefuse ms | TFLOP/s | cuDNN ms | x cuDNN | flash ms | x flash |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for B, Hq, Hkv, S, D, causal in shapes:
-        configs = attention.get_configs(target, D) if a.configs == "seeds" else attention.config_space(target, D)
+        if a.configs == "seeds":
+            configs = attention.get_configs(target, D)
+        else:
+            configs = variants(D) if a.configs == "variants" else attention.config_space(target, D)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing)
         result["rows"].append(row)
         ok = [e for e in row["tilefuse"] if "ms" in e]
         best = min(ok, key=lambda e: e["ms"]) if ok else None
+        cudnn = row["sdpa"].get("cudnn")
         for e in row["tilefuse"]:
             if "error" in e:
                 print(f"  config {e['config']}: {e['error']}", flush=True)
+            elif a.configs == "variants":
+                print(f"  config {e['config']}: {e['ms']:.4f} ms, x cuDNN {cudnn / e['ms'] if cudnn else float('nan'):.3f}",
+                      flush=True)
 
         def cell(ms, best=best):
             return (f"{ms:.3f}", f"{ms / best['ms']:.2f}") if ms and best else ("-", "-")

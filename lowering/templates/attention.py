@@ -113,6 +113,9 @@ def flash_attention(
     num_stages: int = 1,
     threads: int = 128,
     pack: bool = False,
+    overlap: bool = False,
+    stage_out: bool = False,
+    fold_scale: bool = True,
     bound_keys: bool = False,
     splits: int = 1,
     split_max: int | None = None,
@@ -156,6 +159,9 @@ def flash_attention(
     groups = Hq // Hkv
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     scale_log2 = scale * LOG2E
+    # no mask: the scores stay raw (a positive scale keeps their order), and the scale rides in the exponent's
+    # multiply-add, exp2(s * c - max * c): one instruction a score less than scaling them first
+    fold = bool(fold_scale) and mask_shape is None and scale > 0
     q_layout, k_layout, v_layout, o_layout = (None if lay is None else TokenRows(*lay)
                                               for lay in (q_layout, k_layout, v_layout, o_layout))
     q_shape, k_shape = _operand("q", q_layout, B, Hq, Sq, D), _operand("k", k_layout, B, Hkv, Skv, D)
@@ -171,6 +177,11 @@ def flash_attention(
     if bound_keys and d.metal:
         raise NotImplementedError("flash_attention: bound_keys has no Metal form")
     bound = bool(bound_keys)
+    stage_out = bool(stage_out) and not (d.cpu or d.metal or pack or int(splits) > 1)
+    if overlap and (d.cpu or d.metal or pack or bound or int(splits) > 1 or window is not None or num_stages < 1):
+        raise ValueError("flash_attention: overlap is a GPU schedule of plain tiles: no pack, bound_keys, splits, window "
+                         f"or CPU/Metal target, and num_stages >= 1 (pack={pack}, bound_keys={bound_keys}, "
+                         f"splits={splits}, window={window}, num_stages={num_stages})")
     rows = groups * Sq if pack else Sq  # a program's rows run over these
     split = int(splits) > 1
     if split and (not pack or split_max is None or int(splits) > int(split_max)):
@@ -202,7 +213,7 @@ def flash_attention(
     def score(acc, mask, bz, h, m, n):
         """One scaled, masked score in the log2 domain (query ``m`` of head ``h``); -inf where the key is past the end
         or causal-hidden."""
-        s = acc * scale_log2
+        s = acc if fold else acc * scale_log2
         if mask is not None:
             # keys past Skv only in a tail tile (clamped there); else a bounded or split loop's keys stay inside, which
             # the simplifier cannot see through their runtime bounds (a clamp kept there costs the vector loads)
@@ -367,10 +378,14 @@ def flash_attention(
             T.fill(on["O"], 0)
             T.fill(l_sum, 0)
             T.fill(m_cur, neg_inf)
-            for kk in d.pipelined(n_tiles - k_lo, num_stages):
-                k = kk + k_lo
+            passes = not fold or tail_n or is_causal  # whether the scores need a pass before the softmax
+            edge_only = fold and passes and not pack and window is None
+            # ``overlap``: tile k's QK^T, then tile k-1's rescale and PV (issued, not awaited) beside tile k's softmax
+            for kk in (T.Pipelined(n_tiles, **_overlap_schedule(passes)) if overlap else d.pipelined(n_tiles - k_lo, num_stages)):
+                k = kk if overlap else kk + k_lo
                 T.copy(_tile(K, k_layout, bz, hk, k * block_N, D), K_s)
-                T.copy(_tile(V, v_layout, bz, hk, k * block_N, D), V_s)
+                if not overlap:
+                    T.copy(_tile(V, v_layout, bz, hk, k * block_N, D), V_s)
                 if d.cpu:  # k outside a vectorized j, as gemm.py does on CPU (the same sums, in k order)
                     T.clear(S_f)
                     for c, j in T.grid(D, block_N):
@@ -383,26 +398,37 @@ def flash_attention(
                     T.sync_threads()  # TileLang does not sync around a simdgroup_store (see gemm.py)
                     T.copy(S_f, S_s)
                     T.sync_threads()
-                for i, j in d.tile_loop(block_M, block_N):
-                    if pack:
-                        r = T.min(m0 + i, rows - 1)
-                        on["S"][i, j] = score(on["S"][i, j], mask, bz, head_of(hk, r), r % Sq, k * block_N + j)
-                    else:
-                        on["S"][i, j] = score(on["S"][i, j], mask, bz, by, m0 + i, k * block_N + j)
+                if edge_only:  # no mask: only a tile that holds keys past Skv or the diagonal needs the test
+                    if T.Or((k + 1) * block_N > Skv, (k + 1) * block_N > m0 + 1) if is_causal else (k + 1) * block_N > Skv:
+                        for i, j in d.tile_loop(block_M, block_N):
+                            on["S"][i, j] = score(on["S"][i, j], mask, bz, by, m0 + i, k * block_N + j)
+                elif passes:
+                    for i, j in d.tile_loop(block_M, block_N):
+                        if pack:
+                            r = T.min(m0 + i, rows - 1)
+                            on["S"][i, j] = score(on["S"][i, j], mask, bz, head_of(hk, r), r % Sq, k * block_N + j)
+                        else:
+                            on["S"][i, j] = score(on["S"][i, j], mask, bz, by, m0 + i, k * block_N + j)
                 T.copy(m_cur, m_prev)
                 d.reduce("max", on["S"], m_cur, clear=False)
                 for i in d.tile_loop(block_M):
                     # A row with no visible score yet keeps max -inf; 0 stands in so no exponent is NaN.
                     m_use[i] = T.if_then_else(m_cur[i] == neg_inf, T.Cast(accum_dtype, 0), m_cur[i])
-                    r_scale[i] = T.exp2(m_prev[i] - m_use[i])
+                    r_scale[i] = T.exp2(m_prev[i] * scale_log2 - m_use[i] * scale_log2 if fold else m_prev[i] - m_use[i])
                 for i, j in d.tile_loop(block_M, block_N):
-                    on["S"][i, j] = T.exp2(on["S"][i, j] - m_use[i])
+                    on["S"][i, j] = T.exp2(on["S"][i, j] * scale_log2 - m_use[i] * scale_log2 if fold
+                                           else on["S"][i, j] - m_use[i])
                 d.reduce("sum", on["S"], r_sum)
                 for i in d.tile_loop(block_M):
                     l_sum[i] = l_sum[i] * r_scale[i] + r_sum[i]
-                for i, j in d.tile_loop(block_M, D):
-                    on["O"][i, j] = on["O"][i, j] * r_scale[i]
+                if not overlap:
+                    for i, j in d.tile_loop(block_M, D):
+                        on["O"][i, j] = on["O"][i, j] * r_scale[i]
                 T.copy(on["S"], P_c)
+                if overlap:  # (after the cast: the schedule takes the rescale and the PV a stage later)
+                    for i, j in d.tile_loop(block_M, D):
+                        on["O"][i, j] = on["O"][i, j] * r_scale[i]
+                    T.copy(_tile(V, v_layout, bz, hk, k * block_N, D), V_s)
                 if d.cpu:
                     for i, j, c in T.grid(block_M, block_N, D):
                         O_f[i, c] += T.Cast(accum_dtype, P_c[i, j]) * T.Cast(accum_dtype, V_s[j, c])
@@ -424,7 +450,7 @@ def flash_attention(
                 for i in d.tile_loop(block_M):
                     if m0 + i < rows:
                         LSE[bzs % splits, bz, head_of(hk, m0 + i), (m0 + i) % Sq] = T.if_then_else(
-                            l_sum[i] == 0, neg_inf, m_use[i] + T.log2(l_sum[i]))
+                            l_sum[i] == 0, neg_inf, (m_use[i] * scale_log2 if fold else m_use[i]) + T.log2(l_sum[i]))
             elif pack:
                 for i, c in d.tile_loop(block_M, D):
                     if m0 + i < rows:
@@ -433,12 +459,27 @@ def flash_attention(
                             O[bz, head_of(hk, r), r % Sq, c] = T.Cast(out_dtype, on["O"][i, c])
                         else:
                             O[bz, r % Sq, o_layout[1] + head_of(hk, r) * D + c] = T.Cast(out_dtype, on["O"][i, c])
+            elif stage_out:  # through shared memory: whole 16-byte rows (TMA) rather than 4-byte pieces
+                O_sh = d.shared((block_M, D), out_dtype)
+                T.copy(on["O"], O_sh)
+                T.copy(O_sh, _tile(O, o_layout, bz, by, m0, D))
             else:
                 T.copy(on["O"], _tile(O, o_layout, bz, by, m0, D))
         if split:
             combine(O_part, LSE, O)
 
     return flash_attention_kernel
+
+
+def _overlap_schedule(passes: bool) -> dict:
+    """``T.Pipelined``'s order and stage, a statement each, for the ``overlap`` loop body: K's copy, QK^T, the softmax
+    (the score pass if ``passes``, then 7 statements through P's cast), O's rescale, V's copy, PV. Iteration k issues
+    QK^T of tile k, rescales O and issues PV for tile k-1, then runs tile k's softmax while that PV is in flight (the
+    copies, -1, are the producer's)."""
+    soft = 7 + (1 if passes else 0)
+    order = [0, 2] + [5 + i for i in range(soft)] + [3, 1, 4]
+    stage = [0, 1] + [1] * soft + [2, 0, 2]
+    return {"order": order, "stage": stage}
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
