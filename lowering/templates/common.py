@@ -88,10 +88,8 @@ class Dialect:
         """A loop nest over a tile (threads share it on GPUs; serial on CPU)."""
         return T.grid(*extents) if self.cpu else T.Parallel(*extents)
 
-    def pipelined(self, n, num_stages: int, **schedule):
-        """``T.Pipelined`` (``schedule``: its order, stage and group) on GPUs; a serial loop on CPUs or without
-        stages."""
-        return T.serial(n) if self.cpu or num_stages <= 0 else T.Pipelined(n, num_stages=num_stages, **schedule)
+    def pipelined(self, n, num_stages: int):
+        return T.serial(n) if self.cpu or num_stages <= 0 else T.Pipelined(n, num_stages=num_stages)
 
     def reducible(self, shape, dtype):
         """A tile a row reduction reads or writes: a fragment, or threadgroup memory on Metal (where the reduction
