@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tilefuse.config import default_target
-from tilefuse.lowering.compile import compile_kernel, compile_many
+from tilefuse.lowering.compile import compile_kernel, compile_many, kernel_source
 from tilefuse.lowering.templates import attention
 
 C = {"kind": "c"}
@@ -288,6 +288,56 @@ def test_flash_attention_compiles_for_sm90a():
     for name, k in zip(names, compile_many(items, SM90, return_exceptions=True)):
         assert not isinstance(k, BaseException), f"{name}: {k}"
         assert ("wgmma" if name[0] != "packed" or name[1] == 64 else "mma") in k.get_kernel_source(), name
+
+
+@pytest.mark.parametrize("name", ["plain_d16", "causal_tail_37", "causal_sq_lt_skv", "scale_d64", "sliding_window"])
+def test_scores_scaled_first_match_sdpa(name, rng):
+    # the older form (fold_scale=False: scores scaled before the softmax, every tile tested) stays exact for A/B runs
+    B, Hq, Hkv, Sq, Skv, D, kw = CASES[name]
+    check(rng, C, B, Hq, Hkv, Sq, Skv, D, fold_scale=False, **kw, **attention.cpu_config(Sq, Skv))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_negative_scale_keeps_scores_scaled_first(is_causal, rng):
+    # the fold takes the row's largest raw score, which a negative scale would turn into the smallest. (The reference
+    # is written out: torch's math SDPA scales q and k by sqrt(scale), NaN for a negative one.)
+    f = attention.flash_attention(1, 2, 19, 23, 16, is_causal=is_causal, scale=-0.25, dtype="float32", target=C,
+                                  **attention.cpu_config(19, 23))
+    q, k, v, _ = inputs(rng, 1, 2, 2, 19, 23, 16)
+    s = (q @ k.transpose(-1, -2)) * -0.25
+    if is_causal:
+        s = s.masked_fill(torch.ones(19, 23, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(compile_kernel(f, C, [-1])(q, k, v), s.softmax(-1) @ v, rtol=1e-5, atol=1e-5)
+
+
+def test_output_staged_through_shared_memory_only_for_whole_row_tiles():
+    cfg = attention.get_configs(SM90, 64)[0]
+    src = {}
+    for name, Sq, kw in (("whole", 384, {}), ("tail", 333, {}), ("off", 384, {"stage_out": False}),
+                         ("rows", 384, {"o_layout": attention.TokenRows(8 * 64, 0)})):
+        f = attention.flash_attention(2, 8, Sq, Sq, 64, Hkv=2, is_causal=True, dtype="float16", target=SM90,
+                                      **{**cfg, **kw})
+        src[name] = compile_kernel(f, SM90, [-1]).get_kernel_source()
+    assert "tma_store" in src["whole"] and "tma_store" in src["rows"]
+    assert "tma_store" not in src["tail"] and "tma_store" not in src["off"]
+    gfx942 = {"kind": "hip", "mcpu": "gfx942"}
+    hip = attention.flash_attention(2, 8, 384, 384, 64, dtype="float16", target=gfx942,
+                                    **attention.get_configs(SM90, 64)[0])
+    assert "tma_store" not in kernel_source(hip, gfx942)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_whole_row_tiles_gpu_match_sdpa(dtype, D, is_causal, rng):
+    # rows a multiple of every seed's block_M: the output goes out through shared memory (stage_out), in both layouts
+    target = default_target()
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-2, "atol": 1e-2}
+    for cfg in attention.get_configs(target, D):
+        check(rng, target, 2, 4, 2, 384, 384, D, is_causal=is_causal, dtype=dtype, device="cuda", tol=tol, **cfg)
+    check_layout(rng, target, "qkv", 2, 4, 4, 384, 384, D, is_causal=is_causal, dtype=dtype, device="cuda", tol=tol,
+                 **attention.get_configs(target, D)[0])
 
 
 @pytest.mark.gpu

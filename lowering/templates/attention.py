@@ -145,8 +145,8 @@ def flash_attention(
     Without a mask (and with a positive scale) the scores stay raw and the scale rides in the exponent's multiply-add,
     and only a tile that holds keys past ``Skv`` or the causal diagonal takes the visibility test (a uniform branch);
     ``fold_scale=False`` keeps the older form (scores scaled first, every tile tested) for A/B runs. ``stage_out``: a
-    GPU program of plain rows (not packed or split) stores O through shared memory in whole rows (TMA) rather than
-    from the fragment in 4-byte pieces. H200, fp16, D 64 and 128, S 197-8192 (bench_attention.py --configs variants,
+    CUDA program of plain rows (not packed or split, ``Sq`` a multiple of ``block_M``) stores O through shared memory
+    in whole rows (TMA) rather than from the fragment in 4-byte pieces. H200, fp16, D 64 and 128, S 197-8192 (bench_attention.py --configs variants,
     2026-12-03): the fold 3-20% faster at every point, the staged store 0-8%.
     """
     Hkv = Hkv or Hq
@@ -182,8 +182,10 @@ def flash_attention(
     if bound_keys and d.metal:
         raise NotImplementedError("flash_attention: bound_keys has no Metal form")
     bound = bool(bound_keys)
-    # (measured on CUDA only: other GPU targets keep the fragment's store)
-    stage_out = bool(stage_out) and target_kind(target) == "cuda" and not (pack or int(splits) > 1)
+    # (measured on CUDA only: other GPU targets keep the fragment's store; whole row tiles only: a tail of rows with a
+    # window made TileLang 0.1.15 place a barrier inside a guard of 173 threads, a lowering error)
+    stage_out = (bool(stage_out) and target_kind(target) == "cuda" and not (pack or int(splits) > 1)
+                 and Sq % block_M == 0)
     rows = groups * Sq if pack else Sq  # a program's rows run over these
     split = int(splits) > 1
     if split and (not pack or split_max is None or int(splits) > int(split_max)):
