@@ -53,10 +53,9 @@ LOG2E = 1.4426950408889634
 # (-65504 in fp16), older models with -10000 (tilefuse.planner.attention_mask.NEG_FILL is the same bound).
 HIDDEN_GAP = 1e4
 SCAN_RUN = 8  # keys a lane reads a step of the bound's scan of the mask
-# steps of the scan whose loads a lane issues together (unrolled, their runs held in registers): a mask of up to
-# 32 x 8 x 16 = 4096 keys is one trip to memory a pass, where a step at a time made 16. H200, one call L2 flushed
-# (bench_decode_attention.py, 2026-12-02): batch 1 x 4096 filled 300, 0.0159 -> 0.0130 ms unsplit, 0.0169 -> 0.0147
-# in 16 parts; batch 64, 0.0566 -> 0.0464. Inside a decode step (the mask warm in L2) it did not move.
+# scan steps a lane issues together (unrolled, runs in registers): 32 x 8 x 16 = 4096 keys one trip a pass, not 16.
+# H200, L2 flushed (bench_decode_attention.py, 2026-12-02): batch 1 x 4096 filled 300, 0.0159 -> 0.0130 ms unsplit,
+# 0.0169 -> 0.0147 in 16 parts; batch 64, 0.0566 -> 0.0464. Inside a decode step (the mask warm in L2): no change.
 SCAN_UNROLL = 16
 
 
@@ -126,28 +125,24 @@ def flash_attention(
 ):
     """A ``T.prim_func`` for scaled dot-product attention; parameters ``Q, K, V[, Mask], O``.
 
-    ``Q`` is ``(B, Hq, Sq, D)``, ``K``/``V`` are ``(B, Hkv, Skv, D)`` with ``Hq % Hkv == 0``, ``O`` is
-    ``(B, Hq, Sq, D)`` in ``out_dtype`` (default ``dtype``); an operand with a ``TokenRows`` layout
-    (``q_layout``...) is a ``(B, S, width)`` buffer instead. ``scale`` defaults to ``1/sqrt(D)``.
-    ``mask_shape`` (rank <= 4, broadcastable to ``(B, Hq, Sq, Skv)``) adds an additive mask of
-    ``mask_dtype`` to the scaled scores. Tunables are TileLang's: ``block_M`` (query rows per program),
-    ``block_N`` (keys per step), ``num_stages``, ``threads``; CPU targets ignore the last two. ``pack``: a program
-    owns one kv head and its rows are the (query head of its group, query) pairs, so a decode step's few queries
-    fill the tile and each K/V tile is read once for the whole group (``decode_configs``). ``bound_keys`` (with a
-    mask): a first pass over the mask finds the first and last key some row of the program keeps, and the K/V loop
-    runs over those tiles only (a decode step over a static cache reads its filled part, see ``HIDDEN_GAP``).
-    ``split_max`` (a spec argument) adds the parameters ``O_part (split_max, B, Hq, Sq, D)`` and ``LSE (split_max, B, Hq,
-    Sq)`` (fp32) before ``O``, which ``splits > 1`` (packed rows only) uses: each program takes one of ``splits`` equal
-    parts of the key tiles it would walk and writes its normalized output and log-sum-exp there, and a second kernel
-    combines the parts (a decode step of one sequence over a long cache: ``Hkv`` programs alone would leave the GPU
-    idle).
-    GPUs take fp16/bf16 (the MMAs); fp32 runs only on CPU targets (``T.gemm`` on GPUs would be TF32).
-    Without a mask (and with a positive scale) the scores stay raw and the scale rides in the exponent's multiply-add,
-    and only a tile that holds keys past ``Skv`` or the causal diagonal takes the visibility test (a uniform branch);
-    ``fold_scale=False`` keeps the older form (scores scaled first, every tile tested) for A/B runs. ``stage_out``: a
-    CUDA program of plain rows (not packed or split, ``Sq`` a multiple of ``block_M``) stores O through shared memory
-    in whole rows (TMA) rather than from the fragment in 4-byte pieces. H200, fp16, D 64 and 128, S 197-8192 (bench_attention.py --configs variants,
-    2026-12-03): the fold 3-20% faster at every point, the staged store 0-8%.
+    ``Q`` is ``(B, Hq, Sq, D)``, ``K``/``V`` are ``(B, Hkv, Skv, D)`` with ``Hq % Hkv == 0``, ``O`` is ``(B, Hq, Sq,
+    D)`` in ``out_dtype`` (default ``dtype``); an operand with a ``TokenRows`` layout (``q_layout``...) is a ``(B, S,
+    width)`` buffer instead. ``scale`` defaults to ``1/sqrt(D)``. ``mask_shape`` (rank <= 4, broadcastable to ``(B,
+    Hq, Sq, Skv)``) adds an additive mask of ``mask_dtype`` to the scaled scores. Tunables are TileLang's: ``block_M``
+    (query rows per program), ``block_N`` (keys per step), ``num_stages``, ``threads``; CPU targets ignore the last
+    two. ``pack``: a program owns one kv head and its rows are the (query head of its group, query) pairs, so a decode
+    step's few queries fill the tile and each K/V tile is read once for the whole group (``decode_configs``).
+    ``bound_keys`` (with a mask): a first pass over the mask finds the first and last key some row of the program
+    keeps, and the K/V loop runs over those tiles only (a decode step over a static cache reads its filled part, see
+    ``HIDDEN_GAP``). ``split_max`` (a spec argument) adds the parameters ``O_part (split_max, B, Hq, Sq, D)`` and
+    ``LSE (split_max, B, Hq, Sq)`` (fp32) before ``O``, which ``splits > 1`` (packed rows only) uses: each program
+    takes one of ``splits`` equal parts of the key tiles it would walk and writes its normalized output and
+    log-sum-exp there, and a second kernel combines the parts (a decode step of one sequence over a long cache:
+    ``Hkv`` programs alone would leave the GPU idle).
+    GPUs take fp16/bf16 (the MMAs); fp32 runs only on CPU targets (``T.gemm`` on GPUs would be TF32). No mask and a
+    positive scale: scores stay raw, the scale rides in exp2's multiply-add, and only tiles with keys past ``Skv`` or
+    on the causal diagonal take the visibility test (``fold_scale=False``: the older form, for A/B runs).
+    ``stage_out``: CUDA programs of whole row tiles (a row tail hit TileLang barrier errors) store O via shared memory.
     """
     Hkv = Hkv or Hq
     out_dtype = out_dtype or dtype
@@ -164,8 +159,6 @@ def flash_attention(
     groups = Hq // Hkv
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     scale_log2 = scale * LOG2E
-    # no mask: the scores stay raw (a positive scale keeps their order), and the scale rides in the exponent's
-    # multiply-add, exp2(s * c - max * c): one instruction a score less than scaling them first
     fold = bool(fold_scale) and mask_shape is None and scale > 0
     q_layout, k_layout, v_layout, o_layout = (None if lay is None else TokenRows(*lay)
                                               for lay in (q_layout, k_layout, v_layout, o_layout))
@@ -182,8 +175,6 @@ def flash_attention(
     if bound_keys and d.metal:
         raise NotImplementedError("flash_attention: bound_keys has no Metal form")
     bound = bool(bound_keys)
-    # (measured on CUDA only: other GPU targets keep the fragment's store; whole row tiles only: a tail of rows with a
-    # window made TileLang 0.1.15 place a barrier inside a guard of 173 threads, a lowering error)
     stage_out = (bool(stage_out) and target_kind(target) == "cuda" and not (pack or int(splits) > 1)
                  and Sq % block_M == 0)
     rows = groups * Sq if pack else Sq  # a program's rows run over these
@@ -213,6 +204,12 @@ def flash_attention(
             return n < Skv
         seen = T.And(n <= m, n > m - window) if window is not None else n <= m
         return T.And(n < Skv, seen) if tail_n else seen
+
+    def tested(k, m0):  # the score pass: always unfolded; folded (a uniform branch), tiles past Skv or the diagonal
+        if not fold or pack or window is not None:
+            return True
+        past = (k + 1) * block_N > Skv
+        return T.Or(past, (k + 1) * block_N > m0 + 1) if is_causal else (past if tail_n else False)
 
     def score(acc, mask, bz, h, m, n):
         """One scaled, masked score in the log2 domain (query ``m`` of head ``h``); -inf where the key is past the end
@@ -382,8 +379,6 @@ def flash_attention(
             T.fill(on["O"], 0)
             T.fill(l_sum, 0)
             T.fill(m_cur, neg_inf)
-            passes = not fold or tail_n or is_causal  # whether the scores need a pass before the softmax
-            edge_only = fold and passes and not pack and window is None
             for kk in d.pipelined(n_tiles - k_lo, num_stages):
                 k = kk + k_lo
                 T.copy(_tile(K, k_layout, bz, hk, k * block_N, D), K_s)
@@ -400,11 +395,7 @@ def flash_attention(
                     T.sync_threads()  # TileLang does not sync around a simdgroup_store (see gemm.py)
                     T.copy(S_f, S_s)
                     T.sync_threads()
-                if edge_only:  # no mask: only a tile that holds keys past Skv or the diagonal needs the test
-                    if T.Or((k + 1) * block_N > Skv, (k + 1) * block_N > m0 + 1) if is_causal else (k + 1) * block_N > Skv:
-                        for i, j in d.tile_loop(block_M, block_N):
-                            on["S"][i, j] = score(on["S"][i, j], mask, bz, by, m0 + i, k * block_N + j)
-                elif passes:
+                if tested(k, m0):
                     for i, j in d.tile_loop(block_M, block_N):
                         if pack:
                             r = T.min(m0 + i, rows - 1)
@@ -496,9 +487,7 @@ def get_configs(target: dict | str, D: int = 128) -> list[dict]:
         return [_config(16, 32, 1, 128) if D <= 64 else _config(16, 16, 1, 128)]
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     if arch.startswith("sm_90"):
-        # TileLang's Hopper example shapes: 128 query rows, 128 keys, 2 stages, 256 threads. At D 64 (H200, 2026-12-03)
-        # 192 rows over three warp groups led non-causal rows of 2048-8192 (0.93-0.98x cuDNN) and 3 stages short causal
-        # ones; 128/128/2 stayed within 10% of the best at every point, so it is the default pick.
+        # TileLang's Hopper example shapes; at D 64 (2026-12-03) 128/128/2 was within 10% of the best everywhere
         seeds = [(128, 128, 2, 256), (128, 64, 2, 256), (64, 64, 1, 128)] if D <= 128 else [(64, 64, 1, 128)]
         if D <= 64:
             seeds[1:1] = [(192, 128, 2, 384), (128, 128, 3, 256)]
@@ -570,10 +559,9 @@ def decode_parts(target: dict | str, Sq: int, groups: int, B: int, Hkv: int, Skv
 
 # Splitting the keys: at most this many parts (a spec's O_part/LSE are sized for its own), only for caches of at least
 # SPLIT_MIN_TILES key tiles and programs that fill at most 1/SPLIT_FEW of the SMs. A split adds the combining kernel
-# (1.2-1.6 us) and each part scans the mask. H200, 32/8 heads, D 64, 4096 keys (bench_decode_attention.py, kernel time
-# per call): one sequence all filled 0.036 ms unsplit, 0.018 in 16 parts; 300 filled 0.010 bounded, 0.013 in 16
-# parts; 8 sequences in 2 parts lost (0.060 -> 0.100 all filled), measured before the parts' score loop got its
-# vector loads back, so not split.
+# (1.2-1.6 us) and each part scans the mask. H200, 32/8 heads, D 64, 4096 keys (bench_decode_attention.py, per call):
+# one sequence all filled 0.036 ms unsplit, 0.018 in 16 parts; 300 filled 0.010 bounded, 0.013 in 16 parts; 8
+# sequences in 2 parts lost (0.060 -> 0.100 all filled, before the parts' score loop got its vector loads back).
 SPLIT_MAX, SPLIT_MIN_TILES, SPLIT_FEW = 16, 16, 8
 
 
@@ -594,9 +582,7 @@ def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups
     Measured on the H200 (B4 H32 S4096 D128 fp16, bench/results): 128x128 and 128x176 key tiles with
     2 stages and 256 threads lead (491-496 TFLOP/s non-causal); 128 threads on 128-row tiles halve
     it. A FlashAttention-3 style manual schedule (``T.Pipelined`` order/stage) was tried and dropped:
-    TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower. Tried again at D 64 on
-    2026-12-03 (order and stage a statement each, as 0.1.15 takes them): the generated code still waits for each
-    wgmma right after issuing it, so no softmax overlaps a product, and it ran 5-25% slower than the plain pipeline."""
+    TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower (at D 64 too, 2026-12-03)."""
     seeds = get_configs(target, D) + (decode_configs(target, Sq, groups, keys_masked, B, Hkv, Skv)
                                       if Sq is not None else [])
     arch = target.get("arch", "") if isinstance(target, dict) else ""
