@@ -212,8 +212,8 @@ def flash_attention(
         return T.Or(past, (k + 1) * block_N > m0 + 1) if is_causal else (past if tail_n else False)
 
     def score(acc, mask, bz, h, m, n):
-        """One scaled, masked score in the log2 domain (query ``m`` of head ``h``); -inf where the key is past the end
-        or causal-hidden."""
+        """One masked score, scaled to the log2 domain unless ``fold`` (query ``m`` of head ``h``); -inf where the key is
+        past the end or causal-hidden."""
         s = acc if fold else acc * scale_log2
         if mask is not None:
             # keys past Skv only in a tail tile (clamped there); else a bounded or split loop's keys stay inside, which
