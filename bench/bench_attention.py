@@ -44,13 +44,13 @@ SWEEP = [(32, 16, 16, 512, 64, c) for c in (False, True)] + [(8, 16, 16, 2048, 6
 
 def variants(D: int) -> list[dict]:
     """Schedule variants beside plain configs: ``fold_scale=False`` is the kernel before the scale rode in exp2's
-    multiply-add (and before unmasked tiles skipped the score pass); ``stage_out=False`` stores O from the fragment."""
-    tiles = [(128, 128, 2, 256), (128, 64, 2, 256), (64, 128, 2, 128), (128, 128, 3, 256), (192, 128, 2, 384),
-             (128, 176, 2, 256), (64, 64, 2, 128)]
+    multiply-add (and before unmasked tiles skipped the score pass); ``stage_out=False`` stores O from the fragment;
+    ``ws`` the hand-written warp-specialized, persistent schedule (``attention_ws``)."""
+    tiles = [(128, 128, 2, 256), (192, 128, 2, 384)] if D <= 64 else [(128, 128, 2, 256), (128, 64, 2, 256)]
     out = [{"block_M": m, "block_N": n, "num_stages": st, "threads": t} for m, n, st, t in tiles]
-    base = out[0]
-    out += [{**base, "fold_scale": False}, {**base, "stage_out": False}, {**out[4], "stage_out": False}]
-    return out
+    ws = [(192, 128, 2, 384), (128, 128, 2, 256), (192, 128, 3, 384), (128, 128, 3, 256), (192, 64, 2, 384),
+          (128, 64, 3, 256)] if D <= 64 else [(128, 128, 2, 256), (128, 64, 2, 256), (128, 64, 3, 256)]
+    return out + [{"block_M": m, "block_N": n, "num_stages": st, "threads": t, "ws": True} for m, n, st, t in ws]
 
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
@@ -141,6 +141,7 @@ def main(argv=None) -> int:
             return (f"{ms:.3f}", f"{ms / best['ms']:.2f}") if ms and best else ("-", "-")
         cu, fl = cell(row["sdpa"].get("cudnn")), cell(row["sdpa"].get("flash"))
         bc = "/".join(str(best["config"][k]) for k in ("block_M", "block_N", "num_stages", "threads")) if best else "-"
+        bc += "/ws" if best and best["config"].get("ws") else ""
         print(f"| {B} | {Hq}/{Hkv} | {S} | {D} | {causal} | {bc} | {best['ms'] if best else float('nan'):.3f} | "
               f"{best['tflops'] if best else float('nan'):.0f} | {cu[0]} | {cu[1]} | {fl[0]} | {fl[1]} |", flush=True)
     if a.json:

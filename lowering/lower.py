@@ -20,6 +20,7 @@ from tilefuse.lowering.compile import compile_many
 from tilefuse.lowering.templates import (
     ascend,
     attention,
+    attention_ws,
     conv,
     elementwise,
     gemm,
@@ -63,7 +64,7 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     space = getattr(module, "config_space", module.get_configs)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
         return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
-                     **_decode_shape(kw))
+                     ws=attention_ws.eligible(target, **kw), **_decode_shape(kw))
     if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
         return module.get_configs(target, kw.get("B_dtype"), paired=True)
     # gemm/conv seeds depend on the operand dtype

@@ -1,0 +1,206 @@
+"""Flash-attention forward on Hopper with a hand-written producer/consumer pipeline (``flash_attention(ws=True)``).
+
+Note: the kernel is persistent: ``min(SMs, tiles)`` programs walk the (row tile, head, batch) tiles, causal ones
+heaviest first. Each program has one producer warp group and ``threads // 128`` consumer warp groups. The producer
+issues TMA loads of Q (one buffer) and of K and V (``num_stages`` buffers each) and waits on "empty" mbarriers before
+reusing a buffer; the consumers wait on "full" ones. The consumers overlap the two products inside their warp groups
+(FlashAttention-3's intra-warpgroup overlap): key tile ``k``'s ``Q K^T`` and tile ``k - 1``'s ``P V`` are issued
+together with ``T.wgmma_gemm``, the softmax of tile ``k`` runs as soon as its scores are done (``T.wait_wgmma(1)``),
+while ``P V`` still runs, and only the rescale of O waits for it. TileLang's automatic warp specialization cannot
+express this: it refuses a deferred WGMMA wait (see ``attention.config_space``).
+
+What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands, no mask, a positive scale (it rides in exp2's
+multiply-add, as ``flash_attention``'s fold does), no sliding window, packed rows or split keys, and a head dim that
+is a multiple of 16 up to 128. Tails: TMA loads zero-fill rows past ``Sq``/``Skv``; scores past ``Skv`` and above the
+causal diagonal (top-left aligned, as torch) are ``-inf``, tested only in the tiles that hold such keys; the output
+goes through shared memory with a TMA store for whole row tiles, else from the fragment with a guarded store.
+H200 (bench/results/2026-12-03-h200-session20): see ``WS_SEEDS``.
+"""
+
+from __future__ import annotations
+
+import tilelang.language as T
+
+from tilefuse.config import device_facts
+from tilefuse.lowering.templates.common import param, target_kind
+
+LOG2E = 1.4426950408889634
+PRODUCER_REGS, CONSUMER_REGS = 24, {2: 240, 3: 160}  # setmaxnreg per warp group: 24 + consumers' within 64K
+
+# (block_M, block_N, num_stages, consumer threads) by head dim, the default pick first
+WS_SEEDS = {64: [(192, 128, 2, 384), (128, 128, 2, 256), (192, 128, 3, 384)], 128: [(128, 128, 2, 256)]}
+
+
+def eligible(target: dict | str, *, D: int, dtype: str = "float16", mask_shape=None, scale: float | None = None,
+             window: int | None = None, pack: bool = False, splits: int = 1, bound_keys: bool = False,
+             **_: object) -> bool:
+    """Whether ``flash_attention_ws`` builds this attention (legality only; which schedule wins is measured)."""
+    arch = target.get("arch", "") if isinstance(target, dict) else ""
+    return (target_kind(target) == "cuda" and arch.startswith("sm_90") and dtype in ("float16", "bfloat16")
+            and mask_shape is None and (scale is None or scale > 0) and window is None and not pack
+            and int(splits) <= 1 and not bound_keys and D % 16 == 0 and 16 <= D <= 128)
+
+
+def seeds(D: int) -> list[tuple[int, int, int, int]]:
+    """The warp-specialized tiles for head dim ``D`` (the default pick first)."""
+    return WS_SEEDS[64] if D <= 64 else WS_SEEDS[128]
+
+
+def _region(buf, layout, b, h, s, rows: int, D: int):
+    """The ``rows`` x ``D`` tile of head ``h`` from token ``s`` on, as a buffer region (a TMA box)."""
+    if layout is None:
+        return buf[b, h, s:s + rows, :]
+    col = layout[1] + h * D
+    return buf[b, s:s + rows, col:col + D]
+
+
+def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, is_causal: bool, scale: float,
+                       dtype: str, out_dtype: str, block_M: int, block_N: int, num_stages: int, threads: int,
+                       target: dict | str, shapes: tuple, layouts: tuple):
+    """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
+    and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
+    order)."""
+    consumers = threads // 128
+    if threads % 128 or consumers not in CONSUMER_REGS or block_M != 64 * consumers:
+        raise ValueError(f"flash_attention(ws=True): {threads} consumer threads with {block_M}-row tiles; the "
+                         f"consumer warp groups own 64 rows each, 2 or 3 of them")
+    q_lay, k_lay, v_lay, o_lay = layouts
+    groups = Hq // Hkv
+    accum = "float32"
+    c = scale * LOG2E  # exp2(s*c - max*c) = exp(scale*s - scale*max): the scale in the multiply-add
+    neg_inf = -T.infinity(accum)
+    nbx = -(-Sq // block_M)
+    tiles = nbx * Hq * B
+    grid = min(device_facts(target).sms, tiles)
+    rounds = -(-tiles // grid)
+    tail_n = Skv % block_N != 0
+    stage_out = Sq % block_M == 0  # a row tail: the bulk store would write past the rows (guarded copy instead)
+
+    def where(tile):
+        """(row tile, query head, batch) of ``tile``: row tiles fastest (a head's K/V shared in L2), heaviest first
+        when causal."""
+        i = tile % nbx
+        return (nbx - 1 - i if is_causal else i), (tile // nbx) % Hq, tile // (nbx * Hq)
+
+    def key_tiles(m0):
+        return T.ceildiv(T.min(Skv, m0 + block_M), block_N) if is_causal else T.ceildiv(Skv, block_N)
+
+    def tested(k, m0):  # whether tile k holds keys past Skv or above some row's diagonal (a uniform branch)
+        past = (k + 1) * block_N > Skv
+        if is_causal:
+            return T.Or(past, (k + 1) * block_N > m0 + 1) if tail_n else (k + 1) * block_N > m0 + 1
+        return past
+
+    def visible(m, n):
+        if not is_causal:
+            return n < Skv
+        return T.And(n < Skv, n <= m) if tail_n else n <= m
+
+    @T.prim_func
+    def flash_attention_ws_kernel():
+        Q = param("Q", shapes[0], dtype)
+        K = param("K", shapes[1], dtype)
+        V = param("V", shapes[2], dtype)
+        O = param("O", shapes[3], out_dtype)
+        with T.Kernel(grid, threads=threads + 128) as pid:
+            Q_s = T.alloc_shared((block_M, D), dtype)
+            K_s = T.alloc_shared((num_stages, block_N, D), dtype)
+            V_s = T.alloc_shared((num_stages, block_N, D), dtype)
+            O_sh = T.alloc_shared((block_M, D), out_dtype) if stage_out else None
+            S_f = T.alloc_fragment((block_M, block_N), accum)
+            P_c = T.alloc_fragment((block_M, block_N), dtype)
+            O_f = T.alloc_fragment((block_M, D), accum)
+            m_prev = T.alloc_fragment((block_M,), accum)
+            m_cur = T.alloc_fragment((block_M,), accum)
+            r_scale = T.alloc_fragment((block_M,), accum)
+            r_sum = T.alloc_fragment((block_M,), accum)
+            l_sum = T.alloc_fragment((block_M,), accum)
+            q_full = T.alloc_barrier(128)
+            q_empty = T.alloc_barrier(threads)
+            k_full = T.alloc_barrier([128] * num_stages)
+            v_full = T.alloc_barrier([128] * num_stages)
+            k_empty = T.alloc_barrier([threads] * num_stages)
+            v_empty = T.alloc_barrier([threads] * num_stages)
+            it = T.alloc_var("int32", init=0)  # key tiles this warp group walked in earlier tiles (the stage ring)
+            if T.get_thread_binding() >= threads:  # the producer
+                T.dec_max_nreg(PRODUCER_REGS)
+                for t in T.serial(rounds):
+                    if pid + t * grid < tiles:
+                        bx, by, bz = where(pid + t * grid)
+                        m0 = bx * block_M
+                        n = key_tiles(m0)
+                        T.mbarrier_wait_parity(q_empty, (t % 2) ^ 1)
+                        T.tma_copy(_region(Q, q_lay, bz, by, m0, block_M, D), Q_s, barrier=q_full)
+                        T.barrier_arrive(q_full)
+                        for k in T.serial(n):
+                            s = (it + k) % num_stages
+                            ph = ((it + k) // num_stages) % 2
+                            T.mbarrier_wait_parity(k_empty[s], ph ^ 1)
+                            T.tma_copy(_region(K, k_lay, bz, by // groups, k * block_N, block_N, D), K_s[s, :, :],
+                                       barrier=k_full[s])
+                            T.barrier_arrive(k_full[s])
+                            T.mbarrier_wait_parity(v_empty[s], ph ^ 1)
+                            T.tma_copy(_region(V, v_lay, bz, by // groups, k * block_N, block_N, D), V_s[s, :, :],
+                                       barrier=v_full[s])
+                            T.barrier_arrive(v_full[s])
+                        it = it + n
+            else:  # the consumers: 64 rows per warp group
+                T.inc_max_nreg(CONSUMER_REGS[consumers])
+                T.clear(P_c)  # (written before its first read, at k = 1; TileLang's check cannot see that)
+                for t in T.serial(rounds):
+                    if pid + t * grid < tiles:
+                        bx, by, bz = where(pid + t * grid)
+                        m0 = bx * block_M
+                        n = key_tiles(m0)
+                        T.fill(O_f, 0)
+                        T.fill(l_sum, 0)
+                        T.fill(m_cur, neg_inf)
+                        T.mbarrier_wait_parity(q_full, t % 2)
+                        for k in T.serial(n):
+                            s = (it + k) % num_stages
+                            sp = (it + k + num_stages - 1) % num_stages  # tile k - 1's stage
+                            T.mbarrier_wait_parity(k_full[s], ((it + k) // num_stages) % 2)
+                            T.wgmma_gemm(Q_s, K_s[s, :, :], S_f, transpose_B=True, clear_accum=True,
+                                         policy=T.GemmWarpPolicy.FullRow)
+                            if k > 0:  # tile k - 1's P V runs beside this tile's scores and softmax
+                                T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
+                                T.wgmma_gemm(P_c, V_s[sp, :, :], O_f, policy=T.GemmWarpPolicy.FullRow)
+                                T.wait_wgmma(1)
+                            else:
+                                T.wait_wgmma(0)
+                            T.barrier_arrive(k_empty[s])
+                            if tested(k, m0):
+                                for i, j in T.Parallel(block_M, block_N):
+                                    S_f[i, j] = T.if_then_else(visible(m0 + i, k * block_N + j), S_f[i, j], neg_inf)
+                            # every row sees key 0 in tile 0, so the running max is finite from then on
+                            T.copy(m_cur, m_prev)
+                            T.reduce_max(S_f, m_cur, dim=1, clear=False)
+                            for i in T.Parallel(block_M):
+                                r_scale[i] = T.exp2(m_prev[i] * c - m_cur[i] * c)
+                            for i, j in T.Parallel(block_M, block_N):
+                                S_f[i, j] = T.exp2(S_f[i, j] * c - m_cur[i] * c)
+                            T.reduce_sum(S_f, r_sum, dim=1)
+                            if k > 0:
+                                T.wait_wgmma(0)
+                                T.barrier_arrive(v_empty[sp])
+                            for i in T.Parallel(block_M):
+                                l_sum[i] = l_sum[i] * r_scale[i] + r_sum[i]
+                            for i, j in T.Parallel(block_M, D):
+                                O_f[i, j] = O_f[i, j] * r_scale[i]
+                            T.copy(S_f, P_c)
+                        T.barrier_arrive(q_empty)  # every Q K^T of this tile is done
+                        sl = (it + n - 1) % num_stages
+                        T.mbarrier_wait_parity(v_full[sl], ((it + n - 1) // num_stages) % 2)
+                        T.wgmma_gemm(P_c, V_s[sl, :, :], O_f, policy=T.GemmWarpPolicy.FullRow)
+                        T.wait_wgmma(0)
+                        T.barrier_arrive(v_empty[sl])
+                        it = it + n
+                        for i, j in T.Parallel(block_M, D):
+                            O_f[i, j] = O_f[i, j] / l_sum[i]
+                        if stage_out:
+                            T.copy(O_f, O_sh)
+                            T.copy(O_sh, _region(O, o_lay, bz, by, m0, block_M, D))
+                        else:
+                            T.copy(O_f, _region(O, o_lay, bz, by, m0, block_M, D))
+
+    return flash_attention_ws_kernel

@@ -1,0 +1,168 @@
+"""The warp-specialized, persistent flash-attention schedule (``flash_attention(ws=True)``, ``attention_ws``): where
+it applies, that the configs offer it only there, that it lowers for sm_90a with its overlap and without a barrier
+between producer and consumers, and (GPU) its numerics against SDPA over tails, GQA, layouts, many tiles per program
+and NaN inputs."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tilefuse.config import default_target
+from tilefuse.lowering import lower
+from tilefuse.lowering.builders import KernelSpec
+from tilefuse.lowering.compile import compile_kernel, compile_many, kernel_source
+from tilefuse.lowering.templates import attention, attention_ws
+
+SM90 = {"kind": "cuda", "arch": "sm_90a"}
+SM80 = {"kind": "cuda", "arch": "sm_80"}
+C = {"kind": "c"}
+
+
+@pytest.mark.parametrize("target,kw,ok", [
+    (SM90, {}, True),
+    (SM90, {"dtype": "bfloat16"}, True),
+    (SM90, {"D": 128}, True),
+    (SM90, {"scale": 0.1}, True),
+    (SM90, {"mask_shape": (1, 1, 1, 64)}, False),
+    (SM90, {"scale": -0.1}, False),
+    (SM90, {"window": 8}, False),
+    (SM90, {"pack": True}, False),
+    (SM90, {"splits": 4}, False),
+    (SM90, {"bound_keys": True}, False),
+    (SM90, {"D": 256}, False),
+    (SM90, {"D": 72}, False),
+    (SM90, {"dtype": "float32"}, False),
+    (SM80, {}, False),
+    (C, {}, False),
+    ({"kind": "hip", "mcpu": "gfx942"}, {}, False),
+])
+def test_eligible(target, kw, ok):
+    assert attention_ws.eligible(target, **{"D": 64, **kw}) is ok
+
+
+def test_flash_attention_ws_refuses_what_it_cannot_build():
+    with pytest.raises(ValueError, match="ws=True needs"):
+        attention.flash_attention(1, 2, 64, 64, 64, mask_shape=(1, 1, 1, 64), dtype="float16", target=SM90,
+                                  block_M=128, block_N=128, num_stages=2, threads=256, ws=True)
+    with pytest.raises(ValueError, match="ws=True needs"):
+        attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM80, ws=True)
+    with pytest.raises(ValueError, match="64 rows each"):
+        attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, block_M=128, block_N=128,
+                                  num_stages=2, threads=384, ws=True)
+
+
+def _spec(**kw) -> KernelSpec:
+    params = {"B": 2, "Hq": 4, "Sq": 256, "Skv": 256, "D": 64, "dtype": "float16", **kw}
+    return KernelSpec("flash_attention", tuple(sorted(params.items())), (-1,), (), ())
+
+
+def test_configs_offer_ws_only_where_it_applies():
+    ws = [c for c in attention.get_configs(SM90, 64, ws=True) if c.get("ws")]
+    assert ws and attention.get_configs(SM90, 64, ws=True)[0] == ws[0]  # the default pick
+    assert not any(c.get("ws") for c in attention.get_configs(SM90, 64))
+    assert [c for c in attention.get_configs(SM90, 128, ws=True) if c.get("ws")]
+    assert lower.default_config(_spec(), SM90).get("ws")
+    assert lower.default_config(_spec(is_causal=True, Hkv=2), SM90).get("ws")
+    for kw in ({"mask_shape": (2, 1, 1, 256)}, {"scale": -1.0}, {"is_causal": True, "window": 16}):
+        assert not any(c.get("ws") for c in lower.config_space(_spec(**kw), SM90)), kw
+    for target in (SM80, C):
+        assert not any(c.get("ws") for c in lower.config_space(_spec(), target))
+
+
+# (B, Hq, Hkv, Sq, Skv, D, kwargs): tails in rows and keys, GQA, causal with Sq != Skv, fused-QKV token rows, and
+# more tiles than SMs (each program walks several, the stage ring carried across them)
+CASES = {
+    "tails_gqa_causal": (2, 8, 2, 333, 333, 64, {"is_causal": True}),
+    "whole_tiles": (2, 4, 2, 384, 384, 64, {}),
+    "sq_lt_skv": (1, 4, 4, 100, 257, 64, {}),
+    "causal_sq_gt_skv": (1, 4, 1, 300, 100, 64, {"is_causal": True}),
+    "d128_causal_tail": (2, 4, 2, 200, 200, 128, {"is_causal": True}),
+    "many_tiles_causal": (4, 16, 4, 1024, 1024, 64, {"is_causal": True}),
+    "many_tiles_d128": (4, 16, 16, 768, 768, 128, {"scale": 0.05}),
+    "vit_tokens": (4, 12, 12, 197, 197, 64, {}),
+}
+
+
+def _qkv_rows(Hq, Hkv, D) -> dict:
+    q, kv = Hq * D, Hkv * D
+    w = q + 2 * kv
+    return {"q_layout": attention.TokenRows(w, 0), "k_layout": attention.TokenRows(w, q),
+            "v_layout": attention.TokenRows(w, q + kv), "o_layout": attention.TokenRows(q, 0)}
+
+
+def _ws_configs(D):
+    return [c for c in attention.get_configs(SM90, D, ws=True) if c.get("ws")]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_ws_lowers_for_sm90a_with_the_overlap():
+    funcs = []
+    for name, (B, Hq, Hkv, Sq, Skv, D, kw) in CASES.items():
+        for cfg in _ws_configs(D):
+            funcs.append((name if Skv > cfg["block_N"] else f"{name} (one key tile)", attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, dtype="float16", target=SM90,
+                                                          **kw, **cfg)))
+    funcs.append(("qkv", attention.flash_attention(2, 8, 384, 384, 64, Hkv=2, is_causal=True, dtype="bfloat16",
+                                                   target=SM90, **_qkv_rows(8, 2, 64), **_ws_configs(64)[0])))
+    kernels = compile_many([(f, [-1]) for _, f in funcs], SM90, return_exceptions=True)
+    for (name, _), k in zip(funcs, kernels):
+        assert not isinstance(k, BaseException), f"{name}: {k}"
+        src = k.get_kernel_source()
+        assert "tma_load" in src and "warpgroup_reg_alloc" in src, name
+        # the overlap: a tile's scores waited for while the previous tile's P V still runs (no key tile before the
+        # first: a single tile has none)
+        assert ("wait_wgmma<1>" in src) != name.endswith("(one key tile)"), name
+        # one block-wide barrier, after the mbarriers' init: one between the warp groups' branches would hang
+        assert src.count("__syncthreads()") == 1, name
+
+
+def test_ws_stages_the_output_only_for_whole_row_tiles():
+    cfg = _ws_configs(64)[1]  # 128 rows
+    whole = kernel_source(attention.flash_attention(2, 4, 384, 384, 64, dtype="float16", target=SM90, **cfg), SM90)
+    tail = kernel_source(attention.flash_attention(2, 4, 333, 333, 64, dtype="float16", target=SM90, **cfg), SM90)
+    assert "tma_store" in whole and "tma_store" not in tail
+
+
+def _check(rng, B, Hq, Hkv, Sq, Skv, D, dtype, cfg, *, is_causal=False, scale=None, layout=False, nan=False):
+    dt = str(dtype).split(".")[1]
+    lay = _qkv_rows(Hq, Hkv, D) if layout else {}
+    f = attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, is_causal=is_causal, scale=scale, dtype=dt,
+                                  target=SM90, **lay, **cfg)
+    kernel = compile_kernel(f, default_target(), [-1])
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-2, "atol": 1e-2}
+    for _ in range(2):  # fresh inputs each call
+        def r(*s):
+            return torch.randn(s, generator=rng).to(dtype).cuda()
+        q, k, v = r(B, Hq, Sq, D), r(B, Hkv, Skv, D), r(B, Hkv, Skv, D)
+        if nan:  # a NaN query row (that row NaN) and a NaN key (its whole head NaN), as SDPA gives
+            q[0, 0, Sq // 2, 3] = float("nan")
+            k[-1, -1, Skv - 1, 0] = float("nan")
+        want = attention.reference(q, k, v, is_causal=is_causal, scale=scale)
+        if layout:
+            qkv = torch.cat([t.transpose(1, 2).reshape(B, -1, t.shape[1] * D) for t in (q, k, v)], dim=-1)
+            got = kernel(qkv, qkv, qkv).view(B, Sq, Hq, D).transpose(1, 2)
+        else:
+            got = kernel(q, k, v)
+        torch.testing.assert_close(got, want, equal_nan=nan, **tol)
+        if nan:
+            assert got[0, 0, Sq // 2].isnan().all() and got[-1, -1].isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ws_gpu_matches_sdpa(name, dtype, rng):
+    B, Hq, Hkv, Sq, Skv, D, kw = CASES[name]
+    for cfg in _ws_configs(D):
+        _check(rng, B, Hq, Hkv, Sq, Skv, D, dtype, cfg, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_ws_gpu_fused_qkv_rows_and_nan(D, rng):
+    cfg = _ws_configs(D)[0]
+    _check(rng, 2, 8, 2, 384, 384, D, torch.float16, cfg, is_causal=True, layout=True)
+    _check(rng, 2, 4, 4, 300, 300, D, torch.float16, cfg, nan=True)
+    _check(rng, 2, 4, 4, 300, 300, D, torch.float16, cfg, is_causal=True, nan=True)
