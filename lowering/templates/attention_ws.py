@@ -96,6 +96,28 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             return n < Skv
         return T.And(n < Skv, n <= m) if tail_n else n <= m
 
+    @T.macro
+    def scores(Q_s, K_s, S_f, k_full, s, parity):
+        """Issue ``S = Q K^T`` for the key tile in stage ``s`` once the producer filled it (no wait)."""
+        T.mbarrier_wait_parity(k_full[s], parity)
+        T.wgmma_gemm(Q_s, K_s[s, :, :], S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+
+    @T.macro
+    def online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, k, m0):
+        """Key tile ``k``'s scores to probabilities: hidden keys -inf (tiles past ``Skv`` or on the diagonal only),
+        the running max, the old sums' rescale ``r_scale`` and this tile's row sums ``r_sum``."""
+        if tested(k, m0):
+            for i, j in T.Parallel(block_M, block_N):
+                S_f[i, j] = T.if_then_else(visible(m0 + i, k * block_N + j), S_f[i, j], neg_inf)
+        # every row sees key 0 in tile 0, so the running max is finite from then on
+        T.copy(m_cur, m_prev)
+        T.reduce_max(S_f, m_cur, dim=1, clear=False)
+        for i in T.Parallel(block_M):
+            r_scale[i] = T.exp2(m_prev[i] * c - m_cur[i] * c)
+        for i, j in T.Parallel(block_M, block_N):
+            S_f[i, j] = T.exp2(S_f[i, j] * c - m_cur[i] * c)
+        T.reduce_sum(S_f, r_sum, dim=1)
+
     @T.prim_func
     def flash_attention_ws_kernel():
         Q = param("Q", shapes[0], dtype)
@@ -146,43 +168,33 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         it = it + n
             else:  # the consumers: 64 rows per warp group
                 T.inc_max_nreg(CONSUMER_REGS[consumers])
-                T.clear(P_c)  # (written before its first read, at k = 1; TileLang's check cannot see that)
                 for t in T.serial(rounds):
                     if pid + t * grid < tiles:
                         bx, by, bz = where(pid + t * grid)
                         m0 = bx * block_M
                         n = key_tiles(m0)
                         T.fill(O_f, 0)
-                        T.fill(l_sum, 0)
                         T.fill(m_cur, neg_inf)
                         T.mbarrier_wait_parity(q_full, t % 2)
-                        for k in T.serial(n):
+                        # key tile 0 alone (peeled: a branch on k around the waits made ptxas serialize the WGMMAs)
+                        scores(Q_s, K_s, S_f, k_full, it % num_stages, (it // num_stages) % 2)
+                        T.wait_wgmma(0)
+                        T.barrier_arrive(k_empty[it % num_stages])
+                        online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, 0, m0)
+                        T.copy(r_sum, l_sum)
+                        T.copy(S_f, P_c)
+                        for k in T.serial(1, n):
                             s = (it + k) % num_stages
-                            sp = (it + k + num_stages - 1) % num_stages  # tile k - 1's stage
-                            T.mbarrier_wait_parity(k_full[s], ((it + k) // num_stages) % 2)
-                            T.wgmma_gemm(Q_s, K_s[s, :, :], S_f, transpose_B=True, clear_accum=True,
-                                         policy=T.GemmWarpPolicy.FullRow)
-                            if k > 0:  # tile k - 1's P V runs beside this tile's scores and softmax
-                                T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
-                                T.wgmma_gemm(P_c, V_s[sp, :, :], O_f, policy=T.GemmWarpPolicy.FullRow)
-                                T.wait_wgmma(1)
-                            else:
-                                T.wait_wgmma(0)
+                            sp = (it + k - 1) % num_stages  # tile k - 1's stage
+                            scores(Q_s, K_s, S_f, k_full, s, ((it + k) // num_stages) % 2)
+                            # tile k - 1's P V runs beside this tile's scores and softmax
+                            T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
+                            T.wgmma_gemm(P_c, V_s[sp, :, :], O_f, policy=T.GemmWarpPolicy.FullRow)
+                            T.wait_wgmma(1)
                             T.barrier_arrive(k_empty[s])
-                            if tested(k, m0):
-                                for i, j in T.Parallel(block_M, block_N):
-                                    S_f[i, j] = T.if_then_else(visible(m0 + i, k * block_N + j), S_f[i, j], neg_inf)
-                            # every row sees key 0 in tile 0, so the running max is finite from then on
-                            T.copy(m_cur, m_prev)
-                            T.reduce_max(S_f, m_cur, dim=1, clear=False)
-                            for i in T.Parallel(block_M):
-                                r_scale[i] = T.exp2(m_prev[i] * c - m_cur[i] * c)
-                            for i, j in T.Parallel(block_M, block_N):
-                                S_f[i, j] = T.exp2(S_f[i, j] * c - m_cur[i] * c)
-                            T.reduce_sum(S_f, r_sum, dim=1)
-                            if k > 0:
-                                T.wait_wgmma(0)
-                                T.barrier_arrive(v_empty[sp])
+                            online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, k, m0)
+                            T.wait_wgmma(0)
+                            T.barrier_arrive(v_empty[sp])
                             for i in T.Parallel(block_M):
                                 l_sum[i] = l_sum[i] * r_scale[i] + r_sum[i]
                             for i, j in T.Parallel(block_M, D):
