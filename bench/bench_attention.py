@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import cuda_time_ms
 
 from tilefuse.lowering.compile import compile_many
-from tilefuse.lowering.templates import attention
+from tilefuse.lowering.templates import attention, attention_ws
 from tilefuse.lowering.timing import device_time
 
 # (B, Hq, Hkv, S, D, causal)
@@ -43,13 +43,11 @@ SWEEP = [(32, 16, 16, 512, 64, c) for c in (False, True)] + [(8, 16, 16, 2048, 6
 
 
 def variants(D: int) -> list[dict]:
-    """Schedule variants beside plain configs: ``fold_scale=False`` is the kernel before the scale rode in exp2's
-    multiply-add (and before unmasked tiles skipped the score pass); ``stage_out=False`` stores O from the fragment;
-    ``ws`` the hand-written warp-specialized, persistent schedule (``attention_ws``)."""
-    tiles = [(128, 128, 2, 256), (192, 128, 2, 384)] if D <= 64 else [(128, 128, 2, 256), (128, 64, 2, 256)]
+    """The TileLang-scheduled template's leading tiles beside the hand-written warp-specialized, persistent schedule's
+    seeds (``ws``, ``attention_ws``). (Session 19's variants, ``fold_scale``/``stage_out`` off, are in its results.)"""
+    tiles = [(128, 128, 2, 256), (192, 128, 2, 384)] if D <= 64 else [(128, 128, 2, 256)]
     out = [{"block_M": m, "block_N": n, "num_stages": st, "threads": t} for m, n, st, t in tiles]
-    ws = [(192, 128, 2, 384), (128, 128, 2, 256), (192, 128, 3, 384), (128, 128, 3, 256), (192, 64, 2, 384),
-          (128, 64, 3, 256)] if D <= 64 else [(128, 128, 2, 256), (128, 64, 2, 256), (128, 64, 3, 256)]
+    ws = attention_ws.seeds(D)  # (a wider ws sweep, 2026-12-03: 3 stages, 64-key tiles, all slower)
     return out + [{"block_M": m, "block_N": n, "num_stages": st, "threads": t, "ws": True} for m, n, st, t in ws]
 
 
@@ -121,10 +119,11 @@ def main(argv=None) -> int:
     print("| B | Hq/Hkv | S | D | causal | best config | tilefuse ms | TFLOP/s | cuDNN ms | x cuDNN | flash ms | x flash |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for B, Hq, Hkv, S, D, causal in shapes:
+        ws = attention_ws.eligible(target, D=D)  # (no mask, fp16: the hand-written schedule applies)
         if a.configs == "seeds":
-            configs = attention.get_configs(target, D)
+            configs = attention.get_configs(target, D, ws)
         else:
-            configs = variants(D) if a.configs == "variants" else attention.config_space(target, D)
+            configs = variants(D) if a.configs == "variants" else attention.config_space(target, D, ws=ws)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing)
         result["rows"].append(row)
         ok = [e for e in row["tilefuse"] if "ms" in e]
