@@ -36,6 +36,9 @@ C = {"kind": "c"}
     (SM90, {"D": 256}, False),
     (SM90, {"D": 72}, False),
     (SM90, {"dtype": "float32"}, False),
+    (SM90, {"q_layout": (3 * 64 * 3, 0), "k_layout": (3 * 64 * 3, 192), "v_layout": (3 * 64 * 3, 384)}, True),
+    (SM90, {"q_layout": (3 * 64 + 4, 2)}, False),  # rows of 4-byte multiples: no TMA descriptor
+    (SM90, {"k_layout": (3 * 64 + 8, 4)}, False),
     (SM80, {}, False),
     (C, {}, False),
     ({"kind": "hip", "mcpu": "gfx942"}, {}, False),
@@ -67,7 +70,8 @@ def test_configs_offer_ws_only_where_it_applies():
     assert [c for c in attention.get_configs(SM90, 128, ws=True) if c.get("ws")]
     assert lower.default_config(_spec(), SM90).get("ws")
     assert lower.default_config(_spec(is_causal=True, Hkv=2), SM90).get("ws")
-    for kw in ({"mask_shape": (2, 1, 1, 256)}, {"scale": -1.0}, {"is_causal": True, "window": 16}):
+    odd_rows = {"q_layout": attention.TokenRows(4 * 64 + 4, 2)}
+    for kw in ({"mask_shape": (2, 1, 1, 256)}, {"scale": -1.0}, {"is_causal": True, "window": 16}, odd_rows):
         assert not any(c.get("ws") for c in lower.config_space(_spec(**kw), SM90)), kw
     for target in (SM80, C):
         assert not any(c.get("ws") for c in lower.config_space(_spec(), target))
