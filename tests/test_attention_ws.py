@@ -53,6 +53,8 @@ def test_flash_attention_ws_refuses_what_it_cannot_build():
                                   block_M=128, block_N=128, num_stages=2, threads=256, ws=True)
     with pytest.raises(ValueError, match="ws=True needs"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM80, ws=True)
+    with pytest.raises(ValueError, match="nothing to compute"):
+        attention.flash_attention(0, 2, 64, 64, 64, dtype="float16", target=SM90, **_ws_configs(64)[0])
     with pytest.raises(ValueError, match="64 rows each"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, block_M=128, block_N=128,
                                   num_stages=2, threads=384, ws=True)
