@@ -118,7 +118,8 @@ def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups
     Measured on the H200 (B4 H32 S4096 D128 fp16, bench/results): 128x128 and 128x176 key tiles with
     2 stages and 256 threads lead (491-496 TFLOP/s non-causal); 128 threads on 128-row tiles halve
     it. A FlashAttention-3 style manual schedule (``T.Pipelined`` order/stage) was tried and dropped:
-    TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower (at D 64 too, 2026-12-03)."""
+    TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower (at D 64 too, 2026-12-03). The
+    overlap it aimed at is ``attention_ws``'s hand-written schedule (``ws``: its seeds first, where it applies)."""
     seeds = get_configs(target, D, ws) + (decode_configs(target, Sq, groups, keys_masked, B, Hkv, Skv)
                                       if Sq is not None else [])
     arch = target.get("arch", "") if isinstance(target, dict) else ""

@@ -7,7 +7,7 @@ reusing a buffer; the consumers wait on "full" ones. The consumers overlap the t
 (FlashAttention-3's intra-warpgroup overlap): key tile ``k``'s ``Q K^T`` and tile ``k - 1``'s ``P V`` are issued
 together with ``T.wgmma_gemm``, the softmax of tile ``k`` runs as soon as its scores are done (``T.wait_wgmma(1)``),
 while ``P V`` still runs, and only the rescale of O waits for it. TileLang's automatic warp specialization cannot
-express this: it refuses a deferred WGMMA wait (see ``attention.config_space``).
+express this: it refuses a deferred WGMMA wait (see ``attention_configs.config_space``).
 
 What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands, no mask, a positive scale (it rides in exp2's
 multiply-add, as ``flash_attention``'s fold does), no sliding window, packed rows or split keys, and a head dim that
