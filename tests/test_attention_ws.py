@@ -39,6 +39,8 @@ C = {"kind": "c"}
     (SM90, {"q_layout": (3 * 64 * 3, 0), "k_layout": (3 * 64 * 3, 192), "v_layout": (3 * 64 * 3, 384)}, True),
     (SM90, {"q_layout": (3 * 64 + 4, 2)}, False),  # rows of 4-byte multiples: no TMA descriptor
     (SM90, {"k_layout": (3 * 64 + 8, 4)}, False),
+    (SM90, {"out_dtype": "float16"}, True),
+    (SM90, {"out_dtype": "float32"}, False),
     (SM80, {}, False),
     (C, {}, False),
     ({"kind": "hip", "mcpu": "gfx942"}, {}, False),

@@ -190,10 +190,10 @@ def flash_attention(
     if ws:
         if not attention_ws.eligible(target, D=D, dtype=dtype, mask_shape=mask_shape, scale=scale, window=window,
                                      pack=pack, splits=splits, bound_keys=bound_keys, q_layout=q_layout,
-                                     k_layout=k_layout, v_layout=v_layout):
+                                     k_layout=k_layout, v_layout=v_layout, out_dtype=out_dtype):
             raise ValueError("flash_attention: ws=True needs a CUDA sm_90 target, fp16/bf16, no mask, a positive scale, "
-                             "no window, packed rows or split keys, a head dim of 16-128 in steps of 16 and token "
-                             "rows in 16-byte units")
+                             "no window, packed rows or split keys, a head dim of 16-128 in steps of 16, token "
+                             "rows in 16-byte units and the output in the operands' dtype")
         return attention_ws.flash_attention_ws(
             B, Hq, Sq, Skv, D, Hkv=Hkv, is_causal=is_causal, scale=scale, dtype=dtype, out_dtype=out_dtype,
             block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads, target=target,

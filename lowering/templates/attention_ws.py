@@ -36,16 +36,18 @@ WS_SEEDS = {64: [(128, 128, 2, 256), (192, 128, 2, 384)], 128: [(128, 128, 2, 25
 
 def eligible(target: dict | str, *, D: int, dtype: str = "float16", mask_shape=None, scale: float | None = None,
              window: int | None = None, pack: bool = False, splits: int = 1, bound_keys: bool = False,
-             q_layout=None, k_layout=None, v_layout=None, **_: object) -> bool:
+             q_layout=None, k_layout=None, v_layout=None, out_dtype: str | None = None, **_: object) -> bool:
     """Whether ``flash_attention_ws`` builds this attention (legality only; which schedule wins is measured). Q, K and
     V are TMA loads: a token-row operand's row width and column offset must be whole 16-byte units (TileLang refuses
-    the descriptor otherwise; the template then copies without TMA)."""
+    the descriptor otherwise; the template then copies without TMA). The output is in the operands' dtype (the one
+    measured and tested)."""
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     rows_ok = all(lay is None or (int(lay[0]) % 8 == 0 and int(lay[1]) % 8 == 0)
                   for lay in (q_layout, k_layout, v_layout))
     return (target_kind(target) == "cuda" and arch.startswith("sm_90") and dtype in ("float16", "bfloat16")
             and mask_shape is None and (scale is None or scale > 0) and window is None and not pack
-            and int(splits) <= 1 and not bound_keys and D % 16 == 0 and 16 <= D <= 128 and rows_ok)
+            and int(splits) <= 1 and not bound_keys and D % 16 == 0 and 16 <= D <= 128 and rows_ok
+            and out_dtype in (None, dtype))
 
 
 def seeds(D: int) -> list[tuple[int, int, int, int]]:
