@@ -47,6 +47,7 @@ from tilefuse.lowering.templates.attention_configs import (  # noqa: F401 -- the
     get_configs,
     per_key_mask,
 )
+from tilefuse.lowering.templates.attention_ws import LOG2E
 from tilefuse.lowering.templates.common import (
     broadcast_index,
     broadcast_shapes,
@@ -56,7 +57,6 @@ from tilefuse.lowering.templates.common import (
     target_kind,
 )
 
-LOG2E = 1.4426950408889634
 # ``bound_keys``: a key whose mask is at least this far below its row's largest mask value is skipped. Its softmax
 # weight, relative to the row's key with the largest mask, is below exp(-HIDDEN_GAP + their score difference): 0 in
 # fp32 unless two scaled scores of a row differ by more than ~9,900. Hugging Face fills hidden keys with finfo.min
@@ -221,18 +221,10 @@ def flash_attention(
     tail_n = Skv % block_N != 0
     neg_inf = -T.infinity(accum_dtype)
 
-    def visible(m, n):
-        """Whether query ``m`` sees key ``n`` (inside ``Skv``; on or below the diagonal when causal)."""
-        if not is_causal:
-            return n < Skv
-        seen = T.And(n <= m, n > m - window) if window is not None else n <= m
-        return T.And(n < Skv, seen) if tail_n else seen
-
     def tested(k, m0):  # the score pass: always unfolded; folded (a uniform branch), tiles past Skv or the diagonal
         if not fold or pack or window is not None:
             return True
-        past = (k + 1) * block_N > Skv
-        return T.Or(past, (k + 1) * block_N > m0 + 1) if is_causal else (past if tail_n else False)
+        return attention_ws.edge_tile(k, m0, block_N, Skv, is_causal)
 
     def score(acc, mask, bz, h, m, n):
         """One masked score, scaled to the log2 domain unless ``fold`` (query ``m`` of head ``h``); -inf where the key is
@@ -245,7 +237,7 @@ def flash_attention(
             s = s + T.Cast(accum_dtype, mask[mi]) * LOG2E
         if not (tail_n or is_causal):
             return s
-        return T.if_then_else(visible(m, n), s, neg_inf)
+        return T.if_then_else(attention_ws.visible(m, n, Skv, is_causal, tail_n, window), s, neg_inf)
 
     def run_key(run, at, base, e):
         """Key ``base + e`` of a scan step's run (held at ``run[at]``): its mask value (log2 domain), -inf past

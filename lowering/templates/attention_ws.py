@@ -50,6 +50,27 @@ def eligible(target: dict | str, *, D: int, dtype: str = "float16", mask_shape=N
             and out_dtype in (None, dtype))
 
 
+def visible(m, n, Skv: int, is_causal: bool, tail_n: bool, window: int | None = None):
+    """Whether query ``m`` sees key ``n``: inside ``Skv`` (tested only where a tile holds keys past it, ``tail_n``); on
+    or below the diagonal when causal (top-left aligned, as torch), within ``window`` keys of it given one. Both
+    schedules' score tests."""
+    if not is_causal:
+        return n < Skv
+    seen = T.And(n <= m, n > m - window) if window is not None else n <= m
+    return T.And(n < Skv, seen) if tail_n else seen
+
+
+def edge_tile(k, m0, block_N: int, Skv: int, is_causal: bool):
+    """Whether key tile ``k`` of the program whose rows start at ``m0`` holds a key some row cannot see (past ``Skv``,
+    or above a row's diagonal when causal): the only tiles given the visibility test, behind a uniform branch."""
+    past = (k + 1) * block_N > Skv
+    tail_n = Skv % block_N != 0
+    if is_causal:
+        diagonal = (k + 1) * block_N > m0 + 1
+        return T.Or(past, diagonal) if tail_n else diagonal
+    return past if tail_n else False
+
+
 def seeds(D: int) -> list[tuple[int, int, int, int]]:
     """The warp-specialized tiles for head dim ``D`` (the default pick first)."""
     return WS_SEEDS[64] if D <= 64 else WS_SEEDS[128]
@@ -96,17 +117,6 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     def key_tiles(m0):
         return T.ceildiv(T.min(Skv, m0 + block_M), block_N) if is_causal else T.ceildiv(Skv, block_N)
 
-    def tested(k, m0):  # whether tile k holds keys past Skv or above some row's diagonal (a uniform branch)
-        past = (k + 1) * block_N > Skv
-        if is_causal:
-            return T.Or(past, (k + 1) * block_N > m0 + 1) if tail_n else (k + 1) * block_N > m0 + 1
-        return past
-
-    def visible(m, n):
-        if not is_causal:
-            return n < Skv
-        return T.And(n < Skv, n <= m) if tail_n else n <= m
-
     @T.macro
     def scores(Q_s, K_s, S_f, k_full, s, parity):
         """Issue ``S = Q K^T`` for the key tile in stage ``s`` once the producer filled it (no wait)."""
@@ -117,9 +127,10 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     def online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, k, m0):
         """Key tile ``k``'s scores to probabilities: hidden keys -inf (tiles past ``Skv`` or on the diagonal only),
         the running max, the old sums' rescale ``r_scale`` and this tile's row sums ``r_sum``."""
-        if tested(k, m0):
+        if edge_tile(k, m0, block_N, Skv, is_causal):
             for i, j in T.Parallel(block_M, block_N):
-                S_f[i, j] = T.if_then_else(visible(m0 + i, k * block_N + j), S_f[i, j], neg_inf)
+                S_f[i, j] = T.if_then_else(visible(m0 + i, k * block_N + j, Skv, is_causal, tail_n), S_f[i, j],
+                                                neg_inf)
         # every row sees key 0 in tile 0, so the running max is finite from then on
         T.copy(m_cur, m_prev)
         T.reduce_max(S_f, m_cur, dim=1, clear=False)

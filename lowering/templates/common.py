@@ -89,6 +89,7 @@ class Dialect:
         return T.grid(*extents) if self.cpu else T.Parallel(*extents)
 
     def pipelined(self, n, num_stages: int):
+        """``T.Pipelined`` on GPUs (TileLang's automatic warp specialization); a serial loop on CPUs or without stages."""
         return T.serial(n) if self.cpu or num_stages <= 0 else T.Pipelined(n, num_stages=num_stages)
 
     def reducible(self, shape, dtype):
