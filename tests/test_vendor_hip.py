@@ -158,7 +158,11 @@ def test_compile_hip_emit_dir_and_artifact(toolchain, tmp_path, capsys):
     got = model(*xs)
     assert len(got) == len(ref)
     for a, b in zip(got, ref):
-        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)  # fp16 outputs, two summation orders
+        # fp16 outputs in two summation orders. The weights are graph inputs drawn from N(0, 1), so outputs reach
+        # ~500 (an fp16 step of 0.25-0.5) and an element that cancels to ~0 can differ by that step: the absolute
+        # tolerance scales with the output, as in test_sparse. Which regions run kernels is measured (CPU timing),
+        # so a fixed atol=1e-2 failed in ~1 of 5 draws whenever the kernels won (CI, 2026-12-03).
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2 * float(b.abs().max()))
 
 
 def test_without_the_toolchain_source_is_written_and_the_script_named(tmp_path, monkeypatch, capsys):
