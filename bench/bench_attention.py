@@ -44,11 +44,13 @@ SWEEP = [(32, 16, 16, 512, 64, c) for c in (False, True)] + [(8, 16, 16, 2048, 6
 
 def variants(D: int) -> list[dict]:
     """The TileLang-scheduled template's leading tiles beside the hand-written warp-specialized, persistent schedule's
-    seeds (``ws``, ``attention_ws``). (Session 19's variants, ``fold_scale``/``stage_out`` off, are in its results.)"""
+    seeds (``ws``, ``attention_ws``), each also with its consumer warp groups taking turns (``pingpong``). (Session
+    19's variants, ``fold_scale``/``stage_out`` off, are in its results.)"""
     tiles = [(128, 128, 2, 256), (192, 128, 2, 384)] if D <= 64 else [(128, 128, 2, 256)]
     out = [{"block_M": m, "block_N": n, "num_stages": st, "threads": t} for m, n, st, t in tiles]
     ws = attention_ws.seeds(D)  # (a wider ws sweep, 2026-12-03: 3 stages, 64-key tiles, all slower)
-    return out + [{"block_M": m, "block_N": n, "num_stages": st, "threads": t, "ws": True} for m, n, st, t in ws]
+    return out + [{"block_M": m, "block_N": n, "num_stages": st, "threads": t, "ws": True, **pp}
+                  for m, n, st, t in ws for pp in ({}, {"pingpong": True})]
 
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
@@ -143,6 +145,7 @@ def main(argv=None) -> int:
         cu, fl = cell(row["sdpa"].get("cudnn")), cell(row["sdpa"].get("flash"))
         bc = "/".join(str(best["config"][k]) for k in ("block_M", "block_N", "num_stages", "threads")) if best else "-"
         bc += "/ws" if best and best["config"].get("ws") else ""
+        bc += "/pingpong" if best and best["config"].get("pingpong") else ""
         print(f"| {B} | {Hq}/{Hkv} | {S} | {D} | {causal} | {bc} | {best['ms'] if best else float('nan'):.3f} | "
               f"{best['tflops'] if best else float('nan'):.0f} | {cu[0]} | {cu[1]} | {fl[0]} | {fl[1]} |", flush=True)
     if a.json:

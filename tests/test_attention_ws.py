@@ -102,8 +102,9 @@ def _qkv_rows(Hq, Hkv, D) -> dict:
             "v_layout": attention.TokenRows(w, q + kv), "o_layout": attention.TokenRows(q, 0)}
 
 
-def _ws_configs(D):
-    return [c for c in attention.get_configs(SM90, D, ws=True) if c.get("ws")]
+def _ws_configs(D, pingpong=False):
+    return [{**c, **({"pingpong": True} if pingpong else {})}
+            for c in attention.get_configs(SM90, D, ws=True) if c.get("ws")]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -128,15 +129,16 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
-def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, tmp_path):
+def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, pingpong, tmp_path):
     """ptxas keeps the two products' WGMMAs asynchronous: it serializes them (warnings C7513/C7514, "wgmma.mma_async
     instructions are serialized") when it cannot prove the registers a WGMMA reads or writes untouched until its wait,
     as a branch on the key tile around the waits once made it do (18% slower at 8192 tokens)."""
     import tilelang.contrib.nvcc as tl_nvcc
 
     f = attention.flash_attention(2, 8, 1024, 1024, D, is_causal=is_causal, dtype="float16", target=SM90,
-                                  **_ws_configs(D)[cfg])
+                                  **_ws_configs(D, pingpong)[cfg])
     src = tmp_path / "k.cu"
     src.write_text(kernel_source(f, SM90))
     cmd = [tl_nvcc.get_nvcc_compiler(), "-std=c++17", "-O3", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
@@ -147,6 +149,28 @@ def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, tmp_path):
     log = done.stdout + done.stderr
     assert "Used" in log and "registers" in log  # (ptxas reported on the kernel)
     assert "serialized" not in log and "C7513" not in log and "C7514" not in log, log[-3000:]
+    assert "0 bytes spill stores" in log, log[-3000:]
+
+
+@pytest.mark.parametrize("cfg", [0, 1])
+def test_pingpong_takes_turns_through_named_barriers(cfg):
+    """``pingpong``: each consumer warp group waits for its turn (``bar.sync`` on barrier 12 + its index, with the
+    previous group's 128 arrivals) before issuing its products and passes the turn on after (``bar.arrive``), the
+    last group opening the first turn; the products are issued in the same places. Without it, no turn barrier."""
+    def source(pp):
+        return kernel_source(attention.flash_attention(2, 8, 1024, 1024, 64, is_causal=True, dtype="float16",
+                                                       target=SM90, **_ws_configs(64, pp)[cfg]), SM90)
+    plain, pp = source(False), source(True)
+    groups = _ws_configs(64)[cfg]["threads"] // 128
+    turn = "tl::__sync_thread_partial(((((int)threadIdx.x) >> 7) + 12), 256);"
+    passes = "(((((int)threadIdx.x) >> 7) + 1) & 1) + 12" if groups == 2 else "(((((int)threadIdx.x) >> 7) + 1) % 3) + 12"
+    assert turn not in plain and "__named_barrier_arrive" not in plain
+    # three issue points per key-tile walk: the first tile, the loop, the last P V
+    assert pp.count(turn) == 3 and pp.count(f"tl::__named_barrier_arrive(({passes}), 256);") == 3
+    assert f"if ((((int)threadIdx.x) >> 7) == {groups - 1}) {{\n      tl::__named_barrier_arrive(12, 256);" in pp
+    assert pp.count("wgmma_ss") == plain.count("wgmma_ss") and pp.count("wgmma_rs") == plain.count("wgmma_rs")
+    with pytest.raises(ValueError, match="pingpong=True is a schedule of ws=True"):
+        attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, pingpong=True)
 
 
 def test_ws_stages_the_output_only_for_whole_row_tiles():
@@ -156,12 +180,17 @@ def test_ws_stages_the_output_only_for_whole_row_tiles():
     assert "tma_store" in whole and "tma_store" not in tail
 
 
-def _check(rng, B, Hq, Hkv, Sq, Skv, D, dtype, cfg, *, is_causal=False, scale=None, layout=False, nan=False):
-    dt = str(dtype).split(".")[1]
+def _func(B, Hq, Hkv, Sq, Skv, D, dtype, cfg, *, is_causal=False, scale=None, layout=False, **_):
     lay = _qkv_rows(Hq, Hkv, D) if layout else {}
-    f = attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, is_causal=is_causal, scale=scale, dtype=dt,
-                                  target=SM90, **lay, **cfg)
-    kernel = compile_kernel(f, default_target(), [-1])
+    return attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, is_causal=is_causal, scale=scale,
+                                     dtype=str(dtype).split(".")[1], target=SM90, **lay, **cfg)
+
+
+def _check(rng, B, Hq, Hkv, Sq, Skv, D, dtype, cfg, *, is_causal=False, scale=None, layout=False, nan=False,
+           kernel=None):
+    if kernel is None:
+        f = _func(B, Hq, Hkv, Sq, Skv, D, dtype, cfg, is_causal=is_causal, scale=scale, layout=layout)
+        kernel = compile_kernel(f, default_target(), [-1])
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-2, "atol": 1e-2}
     for _ in range(2):  # fresh inputs each call
         def r(*s):
@@ -197,3 +226,23 @@ def test_ws_gpu_fused_qkv_rows_and_nan(D, rng):
     _check(rng, 2, 8, 2, 384, 384, D, torch.float16, cfg, is_causal=True, layout=True)
     _check(rng, 2, 4, 4, 300, 300, D, torch.float16, cfg, nan=True)
     _check(rng, 2, 4, 4, 300, 300, D, torch.float16, cfg, is_causal=True, nan=True)
+
+
+@pytest.mark.gpu
+def test_pingpong_gpu_matches_sdpa(rng):
+    """The ping-pong schedule over every case (fp16, each ws seed; bf16 and the fused-QKV rows and NaN inputs on the
+    first), all compiled in parallel first. A turn that never comes would hang here: run it under a timeout."""
+    runs = []
+    for name, (B, Hq, Hkv, Sq, Skv, D, kw) in sorted(CASES.items()):
+        for i, cfg in enumerate(_ws_configs(D, pingpong=True)):
+            runs.append(((B, Hq, Hkv, Sq, Skv, D, torch.float16, cfg), kw))
+            if i == 0:
+                runs.append(((B, Hq, Hkv, Sq, Skv, D, torch.bfloat16, cfg), kw))
+    for D in (64, 128):
+        cfg = _ws_configs(D, pingpong=True)[0]
+        runs.append(((2, 8, 2, 384, 384, D, torch.float16, cfg), {"is_causal": True, "layout": True}))
+        runs.append(((2, 4, 4, 300, 300, D, torch.float16, cfg), {"is_causal": True, "nan": True}))
+    kernels = compile_many([(_func(*a, **kw), [-1]) for a, kw in runs], default_target(), return_exceptions=True)
+    for (a, kw), k in zip(runs, kernels):
+        assert not isinstance(k, BaseException), f"{a[:6]} {kw}: {k}"
+        _check(rng, *a, **kw, kernel=k)

@@ -125,6 +125,7 @@ def flash_attention(
     stage_out: bool = True,
     fold_scale: bool = True,
     ws: bool = False,
+    pingpong: bool = False,
     bound_keys: bool = False,
     splits: int = 1,
     split_max: int | None = None,
@@ -154,7 +155,8 @@ def flash_attention(
     positive scale: scores stay raw, the scale rides in exp2's multiply-add, and only tiles with keys past ``Skv`` or
     on the causal diagonal take the visibility test (``fold_scale=False``: the older form, for A/B runs).
     ``stage_out``: CUDA programs of whole row tiles (a row tail hit TileLang barrier errors) store O via shared memory.
-    ``ws``: the hand-written warp-specialized, persistent schedule (``attention_ws``; an error where it does not apply).
+    ``ws``: the hand-written warp-specialized, persistent schedule (``attention_ws``; an error where it does not apply),
+    with ``pingpong`` its consumer warp groups taking turns at the tensor cores.
     """
     Hkv = Hkv or Hq
     out_dtype = out_dtype or dtype
@@ -187,6 +189,8 @@ def flash_attention(
     if bound_keys and d.metal:
         raise NotImplementedError("flash_attention: bound_keys has no Metal form")
     bound = bool(bound_keys)
+    if pingpong and not ws:
+        raise ValueError("flash_attention: pingpong=True is a schedule of ws=True")
     if ws:
         if not attention_ws.eligible(target, D=D, dtype=dtype, mask_shape=mask_shape, scale=scale, window=window,
                                      pack=pack, splits=splits, bound_keys=bound_keys, q_layout=q_layout,
@@ -197,7 +201,8 @@ def flash_attention(
         return attention_ws.flash_attention_ws(
             B, Hq, Sq, Skv, D, Hkv=Hkv, is_causal=is_causal, scale=scale, dtype=dtype, out_dtype=out_dtype,
             block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads, target=target,
-            shapes=(q_shape, k_shape, v_shape, o_shape), layouts=(q_layout, k_layout, v_layout, o_layout))
+            shapes=(q_shape, k_shape, v_shape, o_shape), layouts=(q_layout, k_layout, v_layout, o_layout),
+            pingpong=bool(pingpong))
     stage_out = (bool(stage_out) and target_kind(target) == "cuda" and not (pack or int(splits) > 1)
                  and Sq % block_M == 0)
     rows = groups * Sq if pack else Sq  # a program's rows run over these

@@ -26,6 +26,7 @@ from tilefuse.lowering.templates.common import param, target_kind
 
 LOG2E = 1.4426950408889634
 PRODUCER_REGS, CONSUMER_REGS = 24, {2: 240, 3: 160}  # setmaxnreg per warp group: 24 + consumers' within 64K
+TURN_BARRIER = 12  # ping-pong: consumer warp group w waits on named barrier 12 + w (TileLang numbers its own from 3)
 
 # (block_M, block_N, num_stages, consumer threads) by head dim, the default pick first. H200, fp16, 2026-12-03
 # (bench/results/2026-12-03-h200-session20): 128 x 128 with 2 stages led at 9 of 13 points of the sweep (512-8192
@@ -86,10 +87,13 @@ def _region(buf, layout, b, h, s, rows: int, D: int):
 
 def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, is_causal: bool, scale: float,
                        dtype: str, out_dtype: str, block_M: int, block_N: int, num_stages: int, threads: int,
-                       target: dict | str, shapes: tuple, layouts: tuple):
+                       target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
-    order)."""
+    order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
+    schedule): a group issues its products only after the previous group issued its own, through named barriers, so
+    one group's softmax runs under another's WGMMAs instead of all groups waiting on the tensor cores together. Not
+    measured yet: no seed or config space offers it (``bench_attention.py``'s variants do)."""
     consumers = threads // 128
     if threads % 128 or consumers not in CONSUMER_REGS or block_M != 64 * consumers:
         raise ValueError(f"flash_attention(ws=True): {threads} consumer threads with {block_M}-row tiles; the "
@@ -118,10 +122,21 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
         return T.ceildiv(T.min(Skv, m0 + block_M), block_N) if is_causal else T.ceildiv(Skv, block_N)
 
     @T.macro
-    def scores(Q_s, K_s, S_f, k_full, s, parity):
-        """Issue ``S = Q K^T`` for the key tile in stage ``s`` once the producer filled it (no wait)."""
-        T.mbarrier_wait_parity(k_full[s], parity)
+    def scores(Q_s, K_s, S_f, s):
+        """Issue ``S = Q K^T`` for the key tile in stage ``s`` (no wait)."""
         T.wgmma_gemm(Q_s, K_s[s, :, :], S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+
+    @T.macro
+    def my_turn(wg):
+        """Ping-pong: wait until the previous consumer warp group issued its products (its ``pass_turn``)."""
+        if pingpong:
+            T.sync_threads(TURN_BARRIER + wg, 256)
+
+    @T.macro
+    def pass_turn(wg):
+        """Ping-pong: this group's products are issued; the next group may issue its own."""
+        if pingpong:
+            T.named_barrier_arrive(TURN_BARRIER + (wg + 1) % consumers, 256)
 
     @T.macro
     def online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, k, m0):
@@ -190,6 +205,10 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         it = it + n
             else:  # the consumers: 64 rows per warp group
                 T.inc_max_nreg(CONSUMER_REGS[consumers])
+                wg = T.get_thread_binding() // 128
+                if pingpong:  # noqa: SIM102 -- (Python decides this one) the first turn is the first group's: the last one opens it
+                    if wg == consumers - 1:
+                        T.named_barrier_arrive(TURN_BARRIER, 256)
                 for t in T.serial(rounds):
                     if pid + t * grid < tiles:
                         bx, by, bz = where(pid + t * grid)
@@ -199,7 +218,10 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         T.fill(m_cur, neg_inf)
                         T.mbarrier_wait_parity(q_full, t % 2)
                         # key tile 0 alone (peeled: a branch on k around the waits made ptxas serialize the WGMMAs)
-                        scores(Q_s, K_s, S_f, k_full, it % num_stages, (it // num_stages) % 2)
+                        T.mbarrier_wait_parity(k_full[it % num_stages], (it // num_stages) % 2)
+                        my_turn(wg)
+                        scores(Q_s, K_s, S_f, it % num_stages)
+                        pass_turn(wg)
                         T.wait_wgmma(0)
                         T.barrier_arrive(k_empty[it % num_stages])
                         online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, 0, m0)
@@ -208,10 +230,16 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         for k in T.serial(1, n):
                             s = (it + k) % num_stages
                             sp = (it + k - 1) % num_stages  # tile k - 1's stage
-                            scores(Q_s, K_s, S_f, k_full, s, ((it + k) // num_stages) % 2)
+                            T.mbarrier_wait_parity(k_full[s], ((it + k) // num_stages) % 2)
+                            if pingpong:  # both operands in before the turn
+                                T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
+                            my_turn(wg)
+                            scores(Q_s, K_s, S_f, s)
                             # tile k - 1's P V runs beside this tile's scores and softmax
-                            T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
+                            if not pingpong:
+                                T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
                             T.wgmma_gemm(P_c, V_s[sp, :, :], O_f, policy=T.GemmWarpPolicy.FullRow)
+                            pass_turn(wg)
                             T.wait_wgmma(1)
                             T.barrier_arrive(k_empty[s])
                             online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, k, m0)
@@ -225,7 +253,9 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         T.barrier_arrive(q_empty)  # every Q K^T of this tile is done
                         sl = (it + n - 1) % num_stages
                         T.mbarrier_wait_parity(v_full[sl], ((it + n - 1) // num_stages) % 2)
+                        my_turn(wg)
                         T.wgmma_gemm(P_c, V_s[sl, :, :], O_f, policy=T.GemmWarpPolicy.FullRow)
+                        pass_turn(wg)
                         T.wait_wgmma(0)
                         T.barrier_arrive(v_empty[sl])
                         it = it + n
