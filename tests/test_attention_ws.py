@@ -102,8 +102,8 @@ def _qkv_rows(Hq, Hkv, D) -> dict:
             "v_layout": attention.TokenRows(w, q + kv), "o_layout": attention.TokenRows(q, 0)}
 
 
-def _ws_configs(D, pingpong=False):
-    return [{**c, **({"pingpong": True} if pingpong else {})}
+def _ws_configs(D, pingpong=False, pair_rows=False):
+    return [{**c, **({"pingpong": True} if pingpong else {}), **({"pair_rows": True} if pair_rows else {})}
             for c in attention.get_configs(SM90, D, ws=True) if c.get("ws")]
 
 
@@ -129,16 +129,16 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.parametrize("variant", [{}, {"pingpong": True}, {"pair_rows": True}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
-def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, pingpong, tmp_path):
+def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_path):
     """ptxas keeps the two products' WGMMAs asynchronous: it serializes them (warnings C7513/C7514, "wgmma.mma_async
     instructions are serialized") when it cannot prove the registers a WGMMA reads or writes untouched until its wait,
     as a branch on the key tile around the waits once made it do (18% slower at 8192 tokens)."""
     import tilelang.contrib.nvcc as tl_nvcc
 
     f = attention.flash_attention(2, 8, 1024, 1024, D, is_causal=is_causal, dtype="float16", target=SM90,
-                                  **_ws_configs(D, pingpong)[cfg])
+                                  **_ws_configs(D, **variant)[cfg])
     src = tmp_path / "k.cu"
     src.write_text(kernel_source(f, SM90))
     cmd = [tl_nvcc.get_nvcc_compiler(), "-std=c++17", "-O3", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
@@ -169,8 +169,51 @@ def test_pingpong_takes_turns_through_named_barriers(cfg):
     assert pp.count(turn) == 3 and pp.count(f"tl::__named_barrier_arrive(({passes}), 256);") == 3
     assert f"if ((((int)threadIdx.x) >> 7) == {groups - 1}) {{\n      tl::__named_barrier_arrive(12, 256);" in pp
     assert pp.count("wgmma_ss") == plain.count("wgmma_ss") and pp.count("wgmma_rs") == plain.count("wgmma_rs")
-    with pytest.raises(ValueError, match="pingpong=True is a schedule of ws=True"):
+    with pytest.raises(ValueError, match="pingpong=True and pair_rows=True are schedules of ws=True"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, pingpong=True)
+
+
+def _work(order: attention_ws.TileOrder, block_M=128, block_N=128, Sq=None):
+    """Every program's key tiles walked, from ``order.at`` evaluated on ints; checks each tile is computed once."""
+    Sq = Sq or order.nbx * block_M
+    seen, load = [], []
+    for pid in range(order.grid):
+        load.append(0)
+        for t in range(order.steps):
+            live, bx, h, b = order.at(pid, t, select=lambda c, a, z: a if c else z, both=lambda a, z: a and z)
+            if live:
+                seen.append((bx, h, b))
+                m0 = bx * block_M
+                load[-1] += -(-min(Sq, m0 + block_M) // block_N) if order.is_causal else -(-Sq // block_N)
+    every = [(i, h, b) for b in range(order.B) for h in range(order.Hq) for i in range(order.nbx)]
+    assert sorted(seen) == sorted(every), order
+    return max(load) / (sum(load) / len(load))
+
+
+@pytest.mark.parametrize("nbx,Hq,B,sms", [(4, 16, 32, 132), (8, 12, 8, 132), (5, 3, 2, 132), (5, 7, 3, 4), (1, 4, 2, 132),
+                                          (2, 1, 1, 132), (16, 16, 8, 132), (64, 32, 2, 132), (3, 5, 7, 8), (3, 4, 2, 8),
+                                          (7, 1, 1, 132)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_tile_order_computes_every_tile_once_and_pairs_balance_causal_work(nbx, Hq, B, sms, is_causal):
+    plain = attention_ws.TileOrder.make(nbx, Hq, B, is_causal, sms, pair=False)
+    paired = attention_ws.TileOrder.make(nbx, Hq, B, is_causal, sms, pair=True)
+    assert paired.pair == (is_causal and nbx > 1) and plain.grid <= sms and paired.grid <= sms
+    before, after = _work(plain), _work(paired)
+    if paired.pair and (nbx % 2 == 0 or Hq * B % 2 == 0):  # equal pairs: only the last round's count differs
+        rounds = paired.steps // 2
+        assert after <= rounds / (paired.slots / paired.grid) + 1e-9, (before, after)
+    if (nbx, Hq, B, is_causal) == (4, 16, 32, True):  # 512 tokens, BERT-large-like heads: 1.65x -> 1.03x
+        assert round(before, 2) == 1.65 and after < 1.04
+
+
+def test_pair_rows_counts_q_loads_and_leaves_other_kernels_alone():
+    def source(S, causal, **kw):
+        return kernel_source(attention.flash_attention(2, 8, S, S, 64, is_causal=causal, dtype="float16",
+                                                       target=SM90, **_ws_configs(64, **kw)[0]), SM90)
+    paired = source(640, True, pair_rows=True)  # 5 row tiles: the middle one has no second step
+    assert "qn = (qn + 1);" in paired and "q_full[0].wait((qn & 1));" in paired
+    assert "qn" not in source(640, True)
+    assert source(640, False, pair_rows=True) == source(640, False)  # (no causal work to balance)
 
 
 def test_ws_stages_the_output_only_for_whole_row_tiles():
@@ -228,18 +271,28 @@ def test_ws_gpu_fused_qkv_rows_and_nan(D, rng):
     _check(rng, 2, 4, 4, 300, 300, D, torch.float16, cfg, is_causal=True, nan=True)
 
 
+VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True},
+            "both": {"pingpong": True, "pair_rows": True}}
+
+
 @pytest.mark.gpu
-def test_pingpong_gpu_matches_sdpa(rng):
-    """The ping-pong schedule over every case (fp16, each ws seed; bf16 and the fused-QKV rows and NaN inputs on the
-    first), all compiled in parallel first. A turn that never comes would hang here: run it under a timeout."""
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_schedule_variants_gpu_match_sdpa(variant, rng):
+    """The ping-pong schedule and the paired row tiles over every case (fp16, each ws seed; bf16 and the fused-QKV
+    rows and NaN inputs on the first; pair_rows on the causal cases, more rounds than one in some), all compiled in
+    parallel first. A turn or a Q buffer that never comes would hang here: run it under a timeout."""
     runs = []
     for name, (B, Hq, Hkv, Sq, Skv, D, kw) in sorted(CASES.items()):
-        for i, cfg in enumerate(_ws_configs(D, pingpong=True)):
+        if variant != "pingpong" and not kw.get("is_causal"):
+            continue
+        for i, cfg in enumerate(_ws_configs(D, **VARIANTS[variant])):
             runs.append(((B, Hq, Hkv, Sq, Skv, D, torch.float16, cfg), kw))
             if i == 0:
                 runs.append(((B, Hq, Hkv, Sq, Skv, D, torch.bfloat16, cfg), kw))
+    runs.append(((8, 16, 16, 640, 640, 64, torch.float16, _ws_configs(64, **VARIANTS[variant])[0]),
+                 {"is_causal": True}))  # 5 row tiles (a middle one), 640 tiles over 132 programs
     for D in (64, 128):
-        cfg = _ws_configs(D, pingpong=True)[0]
+        cfg = _ws_configs(D, **VARIANTS[variant])[0]
         runs.append(((2, 8, 2, 384, 384, D, torch.float16, cfg), {"is_causal": True, "layout": True}))
         runs.append(((2, 4, 4, 300, 300, D, torch.float16, cfg), {"is_causal": True, "nan": True}))
     kernels = compile_many([(_func(*a, **kw), [-1]) for a, kw in runs], default_target(), return_exceptions=True)

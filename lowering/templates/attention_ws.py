@@ -19,6 +19,8 @@ Measured: see ``WS_SEEDS``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import tilelang.language as T
 
 from tilefuse.config import device_facts
@@ -72,6 +74,65 @@ def edge_tile(k, m0, block_N: int, Skv: int, is_causal: bool):
     return past if tail_n else False
 
 
+class TileOrder(NamedTuple):
+    """Which (row tile, query head, batch) tile a persistent program computes at each of its ``steps``.
+
+    Row tiles run fastest, so that the programs of one round share a head's K/V in L2. Causal row tiles differ in
+    work (row tile ``i`` walks about ``i + 1`` key tiles), and with ``grid`` a multiple of the row tile count each
+    program met the same row tile in every round: at 512 tokens in 128-row tiles, a quarter of the programs walked 4
+    key tiles a round and another quarter 1, so the kernel took 1.65x the balanced time (1.38x for GPT-2's 1024
+    tokens, by this model). ``pair``: a program's steps come in pairs, the heaviest row tile left with the lightest, so
+    that every pair walks the same number of key tiles. The pairs are drawn from ``group`` heads' row tiles ranked by
+    work: one head's for an even row tile count (``nbx - 1 - q`` with ``q``), two heads' for an odd one (whose middle
+    tiles then pair with each other). A missing second head (an odd head count) skips its steps.
+    """
+
+    nbx: int
+    Hq: int
+    B: int
+    is_causal: bool
+    pair: bool
+    grid: int
+
+    @classmethod
+    def make(cls, nbx: int, Hq: int, B: int, is_causal: bool, sms: int, pair: bool) -> TileOrder:
+        order = cls(nbx, Hq, B, is_causal, bool(pair) and is_causal and nbx > 1, 1)
+        return order._replace(grid=min(sms, order.slots))
+
+    @property
+    def group(self) -> int:
+        return 2 if self.nbx % 2 else 1
+
+    @property
+    def slots(self) -> int:
+        """The pairs (with ``pair``), else the tiles."""
+        heads = self.Hq * self.B
+        return -(-heads // self.group) * (self.group * self.nbx // 2) if self.pair else self.nbx * heads
+
+    @property
+    def steps(self) -> int:
+        return -(-self.slots // self.grid) * (2 if self.pair else 1)
+
+    def at(self, pid, t, select=T.if_then_else, both=T.And):
+        """(live, row tile, query head, batch) of program ``pid``'s step ``t``: TIR expressions, or ints given Python's
+        ``select``/``both`` (the tests enumerate it)."""
+        nbx = self.nbx
+        if not self.pair:
+            tile = pid + t * self.grid
+            i = tile % nbx
+            return tile < self.slots, (nbx - 1 - i if self.is_causal else i), (tile // nbx) % self.Hq, tile // (nbx * self.Hq)
+        g = self.group
+        pairs = g * nbx // 2
+        slot = pid + (t // 2) * self.grid
+        q = slot % pairs
+        rank = select(t % 2 == 0, q, g * nbx - 1 - q)  # by work, heaviest first
+        hb = (slot // pairs) * g + rank % g
+        live = slot < self.slots
+        if g > 1 and (self.Hq * self.B) % g:
+            live = both(live, hb < self.Hq * self.B)
+        return live, nbx - 1 - rank // g, hb % self.Hq, hb // self.Hq
+
+
 def seeds(D: int) -> list[tuple[int, int, int, int]]:
     """The warp-specialized tiles for head dim ``D`` (the default pick first)."""
     return WS_SEEDS[64] if D <= 64 else WS_SEEDS[128]
@@ -87,13 +148,15 @@ def _region(buf, layout, b, h, s, rows: int, D: int):
 
 def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, is_causal: bool, scale: float,
                        dtype: str, out_dtype: str, block_M: int, block_N: int, num_stages: int, threads: int,
-                       target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False):
+                       target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False,
+                       pair_rows: bool = False):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
     schedule): a group issues its products only after the previous group issued its own, through named barriers, so
     one group's softmax runs under another's WGMMAs instead of all groups waiting on the tensor cores together. Not
-    measured yet: no seed or config space offers it (``bench_attention.py``'s variants do)."""
+    measured yet: no seed or config space offers it (``bench_attention.py``'s variants do). ``pair_rows`` (causal):
+    each program takes a head's row tiles in heavy/light pairs (``TileOrder``); not measured yet either."""
     consumers = threads // 128
     if threads % 128 or consumers not in CONSUMER_REGS or block_M != 64 * consumers:
         raise ValueError(f"flash_attention(ws=True): {threads} consumer threads with {block_M}-row tiles; the "
@@ -107,16 +170,10 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     tiles = nbx * Hq * B
     if tiles == 0 or Skv == 0:  # (the planner hands empty outputs to torch before a template sees them)
         raise ValueError(f"flash_attention(ws=True): nothing to compute for B={B}, Hq={Hq}, Sq={Sq}, Skv={Skv}")
-    grid = min(device_facts(target).sms, tiles)
-    rounds = -(-tiles // grid)
+    order = TileOrder.make(nbx, Hq, B, is_causal, device_facts(target).sms, pair_rows)
+    grid = order.grid
     tail_n = Skv % block_N != 0
     stage_out = Sq % block_M == 0  # a row tail: the bulk store would write past the rows (guarded copy instead)
-
-    def where(tile):
-        """(row tile, query head, batch) of ``tile``: row tiles fastest (a head's K/V shared in L2), heaviest first
-        when causal."""
-        i = tile % nbx
-        return (nbx - 1 - i if is_causal else i), (tile // nbx) % Hq, tile // (nbx * Hq)
 
     def key_tiles(m0):
         return T.ceildiv(T.min(Skv, m0 + block_M), block_N) if is_causal else T.ceildiv(Skv, block_N)
@@ -181,14 +238,16 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             k_empty = T.alloc_barrier([threads] * num_stages)
             v_empty = T.alloc_barrier([threads] * num_stages)
             it = T.alloc_var("int32", init=0)  # key tiles this warp group walked in earlier tiles (the stage ring)
+            # Q buffers filled so far (the Q barriers' phase): the step count, unless paired steps skip some
+            qn = T.alloc_var("int32", init=0) if order.pair else None
             if T.get_thread_binding() >= threads:  # the producer
                 T.dec_max_nreg(PRODUCER_REGS)
-                for t in T.serial(rounds):
-                    if pid + t * grid < tiles:
-                        bx, by, bz = where(pid + t * grid)
+                for t in T.serial(order.steps):
+                    if order.at(pid, t)[0]:
+                        _, bx, by, bz = order.at(pid, t)
                         m0 = bx * block_M
                         n = key_tiles(m0)
-                        T.mbarrier_wait_parity(q_empty, (t % 2) ^ 1)
+                        T.mbarrier_wait_parity(q_empty, ((qn if order.pair else t) % 2) ^ 1)
                         T.tma_copy(_region(Q, q_lay, bz, by, m0, block_M, D), Q_s, barrier=q_full)
                         T.barrier_arrive(q_full)
                         for k in T.serial(n):
@@ -203,20 +262,22 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                                        barrier=v_full[s])
                             T.barrier_arrive(v_full[s])
                         it = it + n
+                        if order.pair:
+                            qn = qn + 1
             else:  # the consumers: 64 rows per warp group
                 T.inc_max_nreg(CONSUMER_REGS[consumers])
                 wg = T.get_thread_binding() // 128
                 if pingpong:  # noqa: SIM102 -- (Python decides this one) the first turn is the first group's: the last one opens it
                     if wg == consumers - 1:
                         T.named_barrier_arrive(TURN_BARRIER, 256)
-                for t in T.serial(rounds):
-                    if pid + t * grid < tiles:
-                        bx, by, bz = where(pid + t * grid)
+                for t in T.serial(order.steps):
+                    if order.at(pid, t)[0]:
+                        _, bx, by, bz = order.at(pid, t)
                         m0 = bx * block_M
                         n = key_tiles(m0)
                         T.fill(O_f, 0)
                         T.fill(m_cur, neg_inf)
-                        T.mbarrier_wait_parity(q_full, t % 2)
+                        T.mbarrier_wait_parity(q_full, (qn if order.pair else t) % 2)
                         # key tile 0 alone (peeled: a branch on k around the waits made ptxas serialize the WGMMAs)
                         T.mbarrier_wait_parity(k_full[it % num_stages], (it // num_stages) % 2)
                         my_turn(wg)
@@ -259,6 +320,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         T.wait_wgmma(0)
                         T.barrier_arrive(v_empty[sl])
                         it = it + n
+                        if order.pair:
+                            qn = qn + 1
                         for i, j in T.Parallel(block_M, D):
                             O_f[i, j] = O_f[i, j] / l_sum[i]
                         if stage_out:
