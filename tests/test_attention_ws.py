@@ -102,9 +102,9 @@ def _qkv_rows(Hq, Hkv, D) -> dict:
             "v_layout": attention.TokenRows(w, q + kv), "o_layout": attention.TokenRows(q, 0)}
 
 
-def _ws_configs(D, pingpong=False, pair_rows=False):
-    return [{**c, **({"pingpong": True} if pingpong else {}), **({"pair_rows": True} if pair_rows else {})}
-            for c in attention.get_configs(SM90, D, ws=True) if c.get("ws")]
+def _ws_configs(D, **variant):
+    """The ws seeds, each with ``variant``'s schedule options (``pingpong``, ``pair_rows``, ``late_store``)."""
+    return [{**c, **variant} for c in attention.get_configs(SM90, D, ws=True) if c.get("ws")]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -129,7 +129,7 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("variant", [{}, {"pingpong": True}, {"pair_rows": True}])
+@pytest.mark.parametrize("variant", [{}, {"pingpong": True}, {"pair_rows": True}, {"late_store": True}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
 def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_path):
     """ptxas keeps the two products' WGMMAs asynchronous: it serializes them (warnings C7513/C7514, "wgmma.mma_async
@@ -159,8 +159,8 @@ def test_pingpong_takes_turns_through_named_barriers(cfg):
     last group opening the first turn; the products are issued in the same places. Without it, no turn barrier."""
     def source(pp):
         return kernel_source(attention.flash_attention(2, 8, 1024, 1024, 64, is_causal=True, dtype="float16",
-                                                       target=SM90, **_ws_configs(64, pp)[cfg]), SM90)
-    plain, pp = source(False), source(True)
+                                                       target=SM90, **_ws_configs(64, **pp)[cfg]), SM90)
+    plain, pp = source({}), source({"pingpong": True})
     groups = _ws_configs(64)[cfg]["threads"] // 128
     turn = "tl::__sync_thread_partial(((((int)threadIdx.x) >> 7) + 12), 256);"
     passes = "(((((int)threadIdx.x) >> 7) + 1) & 1) + 12" if groups == 2 else "(((((int)threadIdx.x) >> 7) + 1) % 3) + 12"
@@ -169,7 +169,7 @@ def test_pingpong_takes_turns_through_named_barriers(cfg):
     assert pp.count(turn) == 3 and pp.count(f"tl::__named_barrier_arrive(({passes}), 256);") == 3
     assert f"if ((((int)threadIdx.x) >> 7) == {groups - 1}) {{\n      tl::__named_barrier_arrive(12, 256);" in pp
     assert pp.count("wgmma_ss") == plain.count("wgmma_ss") and pp.count("wgmma_rs") == plain.count("wgmma_rs")
-    with pytest.raises(ValueError, match="pingpong=True and pair_rows=True are schedules of ws=True"):
+    with pytest.raises(ValueError, match="pingpong, pair_rows and late_store are schedules of ws=True"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, pingpong=True)
 
 
@@ -271,8 +271,8 @@ def test_ws_gpu_fused_qkv_rows_and_nan(D, rng):
     _check(rng, 2, 4, 4, 300, 300, D, torch.float16, cfg, is_causal=True, nan=True)
 
 
-VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True},
-            "both": {"pingpong": True, "pair_rows": True}}
+VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True}, "late_store": {"late_store": True},
+            "all": {"pingpong": True, "pair_rows": True, "late_store": True}}
 
 
 @pytest.mark.gpu
@@ -283,7 +283,7 @@ def test_schedule_variants_gpu_match_sdpa(variant, rng):
     parallel first. A turn or a Q buffer that never comes would hang here: run it under a timeout."""
     runs = []
     for name, (B, Hq, Hkv, Sq, Skv, D, kw) in sorted(CASES.items()):
-        if variant != "pingpong" and not kw.get("is_causal"):
+        if variant == "pair_rows" and not kw.get("is_causal"):
             continue
         for i, cfg in enumerate(_ws_configs(D, **VARIANTS[variant])):
             runs.append(((B, Hq, Hkv, Sq, Skv, D, torch.float16, cfg), kw))
@@ -299,3 +299,17 @@ def test_schedule_variants_gpu_match_sdpa(variant, rng):
     for (a, kw), k in zip(runs, kernels):
         assert not isinstance(k, BaseException), f"{a[:6]} {kw}: {k}"
         _check(rng, *a, **kw, kernel=k)
+
+
+def test_late_store_waits_for_the_store_before_the_next_tile_writes_o():
+    def source(S, **kw):
+        return kernel_source(attention.flash_attention(32, 16, S, S, 64, dtype="float16", target=SM90,
+                                                       **_ws_configs(64, **kw)[0]), SM90)
+    late, plain = source(512, late_store=True), source(512)
+    body = late[late.index("tl::warpgroup_reg_alloc"):]
+    wait, store = body.index("tl::tma_store_wait<0, true>();"), body.index("tl::tma_store(")
+    # in the loop: wait (then a barrier) before O_sh is written; once more after the loop, before the program ends
+    assert wait < body.index("ptx_stmatrix") < store and body.count("tl::tma_store_wait<0, true>();") == 2
+    assert body.index("tl::__sync_thread_partial", wait) < body.index("ptx_stmatrix")
+    assert plain.count("tma_store_wait") == 1 and plain.index("tma_store_arrive") < plain.index("tma_store_wait")
+    assert source(500, late_store=True) == source(500)  # a row tail: no staged store to defer

@@ -149,14 +149,17 @@ def _region(buf, layout, b, h, s, rows: int, D: int):
 def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, is_causal: bool, scale: float,
                        dtype: str, out_dtype: str, block_M: int, block_N: int, num_stages: int, threads: int,
                        target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False,
-                       pair_rows: bool = False):
+                       pair_rows: bool = False, late_store: bool = False):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
     schedule): a group issues its products only after the previous group issued its own, through named barriers, so
     one group's softmax runs under another's WGMMAs instead of all groups waiting on the tensor cores together. Not
     measured yet: no seed or config space offers it (``bench_attention.py``'s variants do). ``pair_rows`` (causal):
-    each program takes a head's row tiles in heavy/light pairs (``TileOrder``); not measured yet either."""
+    each program takes a head's row tiles in heavy/light pairs (``TileOrder``); not measured yet either.
+    ``late_store`` (whole row tiles): the thread that issued a tile's TMA store of O waits for it to have read shared
+    memory only before the next tile writes there (TileLang's ``T.copy`` waits right after issuing, holding the first
+    consumer warp group, and with it the next tile's first WGMMA, for the store's read); not measured yet."""
     consumers = threads // 128
     if threads % 128 or consumers not in CONSUMER_REGS or block_M != 64 * consumers:
         raise ValueError(f"flash_attention(ws=True): {threads} consumer threads with {block_M}-row tiles; the "
@@ -324,10 +327,16 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                             qn = qn + 1
                         for i, j in T.Parallel(block_M, D):
                             O_f[i, j] = O_f[i, j] / l_sum[i]
-                        if stage_out:
+                        if stage_out and late_store:
+                            T.tma_store_wait()  # (the issuing thread) the previous tile's store has read O_sh
+                            T.copy(O_f, O_sh)
+                            T.tma_copy(O_sh, _region(O, o_lay, bz, by, m0, block_M, D))
+                        elif stage_out:
                             T.copy(O_f, O_sh)
                             T.copy(O_sh, _region(O, o_lay, bz, by, m0, block_M, D))
                         else:
                             T.copy(O_f, _region(O, o_lay, bz, by, m0, block_M, D))
+                if stage_out and late_store:
+                    T.tma_store_wait()  # the last store has read O_sh before the program ends
 
     return flash_attention_ws_kernel
