@@ -5,6 +5,8 @@ full/empty mbarriers; two consumer warp groups keep one WGMMA in flight (``T.wgm
 store each tile through shared memory with a TMA store they wait on only before the buffer's next use, so a tile's
 epilogue runs while the producer already loads the next tile's operands.
 
+``gemm_ws_pingpong`` (session 21, not measured yet): the consumer warp groups on separate tiles, taking turns.
+
 Usage (device):  python bench/proto_gemm_ws.py [--json out.json]
 """
 
@@ -102,11 +104,114 @@ def gemm_ws(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 256, b
     return main
 
 
+
+def gemm_ws_pingpong(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 128, block_K: int = 64,
+                     stages: int = 4, group: int = 8, sms: int = 132, dtype: str = "float16"):
+    """The same GEMM with the consumer warp groups on separate tiles, taking turns (CUTLASS's "ping-pong" schedule):
+    each owns a ``block_M`` x ``block_N`` tile of its own (the CTA's even or odd tiles), and a named barrier lets a group
+    start its main loop only once the other finished issuing its own, so one group's epilogue (bias, cast, shared
+    memory, TMA store) runs under the other's WGMMAs instead of leaving the tensor cores idle. The producer fills one
+    stage ring in tile order; a tile's k-block ``k`` is number ``t * nk + k`` of the ring, so no counter is shared.
+    The turn also keeps a group from waiting on a stage's full barrier more than one phase ahead of it."""
+    accum = "float32"
+    smem = (stages * (block_M + block_N) * block_K + 2 * block_M * block_N) * 2
+    if smem > SMEM_MAX:
+        raise ValueError(f"gemm_ws_pingpong: {smem} bytes of shared memory for {block_M}x{block_N}x{block_K} with "
+                         f"{stages} stages and two output tiles; at most {SMEM_MAX}")
+    if block_M * block_N > 128 * 128:  # (a warp group's accumulator: 128 fp32 registers a thread at 128 x 128)
+        raise ValueError(f"gemm_ws_pingpong: a {block_M}x{block_N} tile per warp group; at most 128 x 128 elements")
+    tm, tn = -(-M // block_M), -(-N // block_N)
+    tiles = tm * tn
+    grid = min(sms, tiles)
+    rounds = -(-tiles // grid)
+    nk = -(-K // block_K)
+    turn = 12  # named barriers 12 and 13 (TileLang numbers its own from 3)
+
+    def where(t):
+        per = group * tn
+        g = t // per
+        first = g * group
+        rows = T.min(tm - first, group)
+        r = t % per
+        return first + r % rows, r // rows
+
+    @T.macro
+    def consumer(w, C_f, C_s, A_s, B_s, full, empty, bias, C, pid):
+        """Warp group ``w``'s tiles: main loop in its turn, then the epilogue under the other's."""
+        if w == 1:  # the first turn is group 0's
+            T.named_barrier_arrive(turn, 256)
+        for j in T.serial(-(-rounds // 2)):
+            t = 2 * j + w
+            if pid + t * grid < tiles:
+                bm, bn = where(pid + t * grid)
+                T.sync_threads(turn + w, 256)
+                g0 = t * nk
+                T.mbarrier_wait_parity(full[g0 % stages], (g0 // stages) % 2)
+                T.wgmma_gemm(A_s[g0 % stages, :, :], B_s[g0 % stages, :, :], C_f, transpose_B=True,
+                             clear_accum=True)
+                for k in T.serial(1, nk):
+                    g = t * nk + k
+                    T.mbarrier_wait_parity(full[g % stages], (g // stages) % 2)
+                    T.wgmma_gemm(A_s[g % stages, :, :], B_s[g % stages, :, :], C_f, transpose_B=True)
+                    T.wait_wgmma(1)
+                    T.barrier_arrive(empty[(g - 1) % stages])
+                T.named_barrier_arrive(turn + 1 - w, 256)  # every product of this tile is issued
+                T.wait_wgmma(0)
+                T.barrier_arrive(empty[(g0 + nk - 1) % stages])
+                T.tma_store_wait()  # this group's previous store has read C_s
+                for i, jj in T.Parallel(block_M, block_N):
+                    C_s[i, jj] = T.Cast(dtype, C_f[i, jj] + T.Cast(accum, bias[T.min(bn * block_N + jj, N - 1)]))
+                T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
+        T.tma_store_wait()
+
+    @T.prim_func
+    def main():
+        A = param("A", (M, K), dtype)
+        W = param("W", (N, K), dtype)
+        bias = param("bias", (N,), dtype)
+        C = param("C", (M, N), dtype)
+        with T.Kernel(grid, threads=384) as pid:
+            A_s = T.alloc_shared((stages, block_M, block_K), dtype)
+            B_s = T.alloc_shared((stages, block_N, block_K), dtype)
+            C_s0 = T.alloc_shared((block_M, block_N), dtype)
+            C_s1 = T.alloc_shared((block_M, block_N), dtype)
+            C_f0 = T.alloc_fragment((block_M, block_N), accum)
+            C_f1 = T.alloc_fragment((block_M, block_N), accum)
+            full = T.alloc_barrier([128] * stages)
+            empty = T.alloc_barrier([128] * stages)  # (each fill is one warp group's)
+            tx = T.get_thread_binding()
+
+            if tx < 128:
+                T.inc_max_nreg(CONSUMER_REGS)
+                consumer(0, C_f0, C_s0, A_s, B_s, full, empty, bias, C, pid)
+            elif tx < 256:
+                T.inc_max_nreg(CONSUMER_REGS)
+                consumer(1, C_f1, C_s1, A_s, B_s, full, empty, bias, C, pid)
+            else:
+                T.dec_max_nreg(PRODUCER_REGS)
+                for t in T.serial(rounds):
+                    if pid + t * grid < tiles:
+                        bm, bn = where(pid + t * grid)
+                        for k in T.serial(nk):
+                            g = t * nk + k
+                            s = g % stages
+                            T.mbarrier_wait_parity(empty[s], ((g // stages) % 2) ^ 1)
+                            T.tma_copy(A[bm * block_M:(bm + 1) * block_M, k * block_K:(k + 1) * block_K],
+                                       A_s[s, :, :], barrier=full[s])
+                            T.tma_copy(W[bn * block_N:(bn + 1) * block_N, k * block_K:(k + 1) * block_K],
+                                       B_s[s, :, :], barrier=full[s])
+                            T.barrier_arrive(full[s])
+
+    return main
+
 SHAPES = [(8192, 3072, 768), (8192, 768, 768), (8192, 2304, 768), (8192, 768, 3072), (8192, 50264, 768),
           (8192, 5632, 2048), (8192, 8192, 8192)]
 # (128 x 256 with 4 stages needs 256 KB: the first device run of this script stopped on it, 2026-12-03)
 CONFIGS = [{"block_M": 128, "block_N": n, "block_K": 64, "stages": st} for n, st in ((256, 3), (192, 4), (128, 5),
                                                                                     (128, 4))]
+# ping-pong: a tile per consumer warp group (128 fp32 accumulators a thread), two output tiles in shared memory
+PINGPONG_CONFIGS = [{"block_M": m, "block_N": n, "block_K": 64, "stages": st}
+                    for m, n, st in ((128, 128, 4), (128, 128, 5), (64, 256, 3), (64, 256, 4))]
 
 
 def main(argv=None) -> int:
@@ -129,6 +234,13 @@ def main(argv=None) -> int:
                 print(f"{(M, N, K)} ws {c}: {e}")
                 continue
             meta.append(((M, N, K), "ws " + json.dumps(c)))
+        for c in PINGPONG_CONFIGS:
+            try:
+                items.append((gemm_ws_pingpong(M, N, K, **c), [-1]))
+            except ValueError as e:
+                print(f"{(M, N, K)} ws pingpong {c}: {e}")
+                continue
+            meta.append(((M, N, K), "ws pingpong " + json.dumps(c)))
         for bm, bn, st, th in ((256, 192, 4, 384), (128, 256, 4, 256)):  # the template's measured leaders
             from tilefuse.lowering.expr import Acc, Arg
             ep = Acc() + Arg(0)

@@ -19,10 +19,12 @@ import proto_gemm_ws
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
 
 
-@pytest.mark.parametrize("proto,build,mma", [(proto_gemm_ws, proto_gemm_ws.gemm_ws, "wgmma_ss<"),
-                                             (proto_gemm_sp_ws, proto_gemm_sp_ws.gemm_sp_ws, "wgmma_sp_ss<")])
-def test_prototypes_lower_with_the_overlap(proto, build, mma):
-    for c in proto.CONFIGS:  # (1000 rows: a partial last tile)
+@pytest.mark.parametrize("configs,build,mma", [
+    (proto_gemm_ws.CONFIGS, proto_gemm_ws.gemm_ws, "wgmma_ss<"),
+    (proto_gemm_ws.PINGPONG_CONFIGS, proto_gemm_ws.gemm_ws_pingpong, "wgmma_ss<"),
+    (proto_gemm_sp_ws.CONFIGS, proto_gemm_sp_ws.gemm_sp_ws, "wgmma_sp_ss<")])
+def test_prototypes_lower_with_the_overlap(configs, build, mma):
+    for c in configs:  # (1000 rows: a partial last tile)
         src = kernel_source(build(1000, 2304, 768, **c), SM90)
         assert mma in src and "wait_wgmma<1>" in src and "tma_load" in src and "tma_store" in src, c
         assert "warpgroup_reg_alloc" in src and src.count("__syncthreads()") == 1, c
@@ -37,3 +39,18 @@ def test_prototypes_refuse_what_they_cannot_run():
         proto_gemm_sp_ws.gemm_sp_ws(4096, 4096, 4096, block_M=256, block_N=128, block_K=64, stages=1)
     with pytest.raises(ValueError, match="64 weight rows per consumer"):
         proto_gemm_sp_ws.gemm_sp_ws(4096, 4096, 4096, block_N=192)
+
+
+def test_pingpong_gemm_groups_take_turns_on_their_own_tiles():
+    src = kernel_source(proto_gemm_ws.gemm_ws_pingpong(4096, 3072, 768), SM90)
+    wg0, wg1 = src.index("if (((int)threadIdx.x) < 128)"), src.index("if (((int)threadIdx.x) < 256)")
+    first, second = src[wg0:wg1], src[wg1:src.index("warpgroup_reg_dealloc")]
+    # group 0 waits on barrier 12 and passes 13; group 1 opens 12 first, then waits on 13 and passes 12
+    assert first.count("__sync_thread_partial(12, 256)") == 1 and first.count("__named_barrier_arrive(13, 256)") == 1
+    assert second.index("__named_barrier_arrive(12, 256)") < second.index("__sync_thread_partial(13, 256)")
+    assert second.count("__named_barrier_arrive(12, 256)") == 2
+    for part, out in ((first, "C_s0"), (second, "C_s1")):  # each group its own output tile and store
+        assert part.index("__named_barrier_arrive") < part.index("tma_store(") and out in part
+        assert part.index("wait_wgmma<0>") < part.index("tma_store(")
+    with pytest.raises(ValueError, match="at most 128 x 128"):
+        proto_gemm_ws.gemm_ws_pingpong(4096, 4096, 4096, block_M=128, block_N=256, stages=2)
