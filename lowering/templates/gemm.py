@@ -20,6 +20,7 @@ import tilelang.language as T
 import torch
 
 from tilefuse.lowering.expr import Acc, Env, Expr, args_used, emit, evaluate
+from tilefuse.lowering.templates import gemm_ws
 from tilefuse.lowering.templates.common import (
     arg_loader,
     broadcast_index,
@@ -60,6 +61,8 @@ def gemm(
     panel_size: int = 10,
     stage_C: bool = False,
     allow_tf32: bool = False,
+    ws: bool = False,
+    pingpong: bool = False,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B)``; parameters ``A, B, extra_0.., C``.
@@ -76,6 +79,8 @@ def gemm(
     CPU targets ignore ``num_stages``/``threads``/swizzle/``stage_C``.
     fp32 operands on GPUs: ``T.gemm`` would run them as TF32 (10-bit mantissa, unlike torch's
     default), so unless ``allow_tf32`` the tile product is a plain fp32 FMA loop (exact, slower).
+    ``ws``: the hand-written warp-specialized, persistent schedule (``gemm_ws``; an error where it does not apply), with
+    ``pingpong`` its consumer warp groups on tiles of their own, taking turns.
     """
     B_dtype, out_dtype, extra_shapes = operand_types("gemm", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
                                                      prologue, target)
@@ -109,6 +114,21 @@ def gemm(
         m = T.min(m0 + i, M - 1) if clamp_m else m0 + i
         n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
         return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype)
+
+    if pingpong and not ws:
+        raise ValueError("gemm: pingpong=True is a schedule of ws=True")
+    if ws:
+        if not gemm_ws.eligible(target, N=N, K=K, trans_A=trans_A, trans_B=trans_B, batch_A=batch_A,
+                                batch_B=batch_B, A_dtype=A_dtype, B_dtype=B_dtype, out_dtype=out_dtype,
+                                prologue=None if load_A_direct else prologue):
+            raise ValueError("gemm: ws=True needs a CUDA sm_90 target, fp16/bf16 operands of one dtype, no prologue, "
+                             "A not transposed, no batch and rows of 16-byte multiples")
+        return gemm_ws.gemm_ws(
+            M, N, K, trans_B=trans_B, dtype=mma_dtype, out_dtype=out_dtype, extra_shapes=extra_shapes,
+            extra_dtypes=extra_dtypes, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
+            pingpong=pingpong, target=target,
+            epilogue_elem=lambda C_f, extras, i, j, m0, n0: (C_f[i, j] if epilogue is None else
+                                                             C_elem(C_f, extras, (), i, j, m0, n0)))
 
     @T.prim_func
     def gemm_kernel():

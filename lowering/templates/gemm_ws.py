@@ -1,0 +1,198 @@
+"""GEMM on Hopper with a hand-written producer/consumer pipeline (``gemm(ws=True)``), ``attention_ws``'s recipe.
+
+Note: the kernel is persistent: ``min(SMs, tiles)`` programs walk the output tiles, ``group`` row tiles walking the
+column tiles together (their B tiles shared in L2). One producer warp group issues TMA loads of A and B into
+``num_stages`` buffers behind full/empty mbarriers; two consumer warp groups keep one WGMMA in flight
+(``T.wgmma_gemm`` + ``T.wait_wgmma(1)``) and store each tile through shared memory with a TMA store that they wait on
+only before the buffer's next use, so the epilogue overlaps the producer's loads of the next tile. Two schedules:
+"cooperative" (both groups on one ``block_M`` x ``block_N`` tile, 64 rows each) and ``pingpong`` (each group on tiles
+of its own, the CTA's even or odd ones, taking turns at the tensor cores through named barriers, so that one group's
+epilogue runs under the other's WGMMAs; CUTLASS's ping-pong kernel schedule).
+
+What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands of one dtype and no prologue, A not
+transposed and no batch, and rows that TMA can address (16-byte multiples: A's and B's rows, C's). Tails: TMA loads
+zero-fill past M, N and K, the TMA store clips; the epilogue's operands are read at clamped coordinates. Not
+measured yet (session 21 had no device time): no config space offers it, ``bench/proto_gemm_ws.py`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tilelang.language as T
+
+from tilefuse.config import device_facts
+from tilefuse.lowering.expr import Expr
+from tilefuse.lowering.templates.common import param, target_kind
+
+PRODUCER_REGS, CONSUMER_REGS = 40, 232
+SMEM_MAX = 227 * 1024  # the H200's shared memory per block
+TURN_BARRIER = 12  # ping-pong: group w waits on named barrier 12 + w (TileLang numbers its own from 3)
+ITEM = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def eligible(target: dict | str, *, N: int, K: int, trans_A: bool = False, trans_B: bool = False,
+             batch_A: Sequence[int] = (), batch_B: Sequence[int] = (), A_dtype: str = "float16",
+             B_dtype: str | None = None, out_dtype: str | None = None, prologue: Expr | None = None,
+             **_: object) -> bool:
+    """Whether ``gemm_ws`` builds this GEMM (legality only; which schedule wins is measured)."""
+    arch = target.get("arch", "") if isinstance(target, dict) else ""
+    B_dtype = B_dtype or A_dtype
+    out_dtype = out_dtype or B_dtype
+    rows_ok = K * ITEM.get(A_dtype, 0) % 16 == 0 and (K if trans_B else N) * ITEM.get(B_dtype, 0) % 16 == 0 \
+        and N * ITEM.get(out_dtype, 0) % 16 == 0
+    return (target_kind(target) == "cuda" and arch.startswith("sm_90") and A_dtype in ("float16", "bfloat16")
+            and B_dtype == A_dtype and out_dtype in ITEM and prologue is None and not trans_A and not batch_A
+            and not batch_B and rows_ok)
+
+
+def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dtype: str, pingpong: bool) -> int:
+    """Operand stages and the output tile(s)."""
+    return num_stages * (block_M + block_N) * block_K * 2 + (2 if pingpong else 1) * block_M * block_N * ITEM[out_dtype]
+
+
+def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str, epilogue_elem, extra_shapes,
+            extra_dtypes, block_M: int, block_N: int, block_K: int, num_stages: int, pingpong: bool = False,
+            group: int = 8, target: dict | str):
+    """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
+    passes ``epilogue_elem(C_f, extras, i, j, m0, n0)``, the accumulator element through the epilogue (fp32)."""
+    accum = "float32"
+    if num_stages < 2:  # (a consumer frees a stage only once the next one's WGMMA is issued)
+        raise ValueError(f"gemm(ws=True): {num_stages} stage(s); the pipeline needs at least 2")
+    if smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong) > SMEM_MAX:
+        raise ValueError(f"gemm(ws=True): {smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong)} "
+                         f"bytes of shared memory for {block_M}x{block_N}x{block_K}, {num_stages} stages"
+                         f"{', two output tiles' if pingpong else ''}; at most {SMEM_MAX}")
+    if pingpong and block_M * block_N > 128 * 128:  # (a warp group's accumulator: 128 registers a thread)
+        raise ValueError(f"gemm(ws=True, pingpong=True): a {block_M}x{block_N} tile per warp group; at most 128 x 128")
+    if not pingpong and block_M != 128:
+        raise ValueError(f"gemm(ws=True): block_M={block_M}; the two consumer warp groups own 64 rows each")
+    tm, tn = -(-M // block_M), -(-N // block_N)
+    tiles = tm * tn
+    grid = min(device_facts(target).sms, tiles)
+    rounds = -(-tiles // grid)
+    nk = -(-K // block_K)
+    B_tile = (block_N, block_K) if trans_B else (block_K, block_N)
+
+    def where(t):
+        """Row and column tile of ``t``: ``group`` row tiles walk all column tiles together."""
+        per = group * tn
+        first = (t // per) * group
+        rows = T.max(T.min(tm - first, group), 1)  # (>= 1 where t is a tile; past the last, no division by 0)
+        r = t % per
+        return first + r % rows, r // rows
+
+    def b_box(B, bn, k):
+        if trans_B:
+            return B[bn * block_N:(bn + 1) * block_N, k * block_K:(k + 1) * block_K]
+        return B[k * block_K:(k + 1) * block_K, bn * block_N:(bn + 1) * block_N]
+
+    @T.macro
+    def produce(A, B, A_s, B_s, full, empty, pid):
+        """The producer: each tile's k-blocks into the stage ring, in tile order (k-block ``t * nk + k``)."""
+        T.dec_max_nreg(PRODUCER_REGS)
+        for t in T.serial(rounds):
+            if pid + t * grid < tiles:
+                bm, bn = where(pid + t * grid)
+                for k in T.serial(nk):
+                    g = t * nk + k
+                    s = g % num_stages
+                    T.mbarrier_wait_parity(empty[s], ((g // num_stages) % 2) ^ 1)
+                    T.tma_copy(A[bm * block_M:(bm + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[s, :, :],
+                               barrier=full[s])
+                    T.tma_copy(b_box(B, bn, k), B_s[s, :, :], barrier=full[s])
+                    T.barrier_arrive(full[s])
+
+    @T.macro
+    def main_loop(A_s, B_s, C_f, full, empty, t, policy):
+        """Tile ``t``'s products, one WGMMA in flight; every stage released."""
+        g0 = t * nk
+        T.mbarrier_wait_parity(full[g0 % num_stages], (g0 // num_stages) % 2)
+        T.wgmma_gemm(A_s[g0 % num_stages, :, :], B_s[g0 % num_stages, :, :], C_f, transpose_B=trans_B,
+                     clear_accum=True, policy=policy)
+        for k in T.serial(1, nk):
+            g = g0 + k
+            T.mbarrier_wait_parity(full[g % num_stages], (g // num_stages) % 2)
+            T.wgmma_gemm(A_s[g % num_stages, :, :], B_s[g % num_stages, :, :], C_f, transpose_B=trans_B,
+                         policy=policy)
+            T.wait_wgmma(1)
+            T.barrier_arrive(empty[(g - 1) % num_stages])
+
+    @T.macro
+    def epilogue(C, C_f, C_s, extras, bm, bn):
+        T.tma_store_wait()  # (the issuing thread) the previous store from C_s has read it
+        for i, j in T.Parallel(block_M, block_N):
+            C_s[i, j] = T.Cast(out_dtype, epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N))
+        T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
+
+    @T.macro
+    def take_turns(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, w):
+        """Ping-pong group ``w``: its tiles' main loops in its turns, each epilogue under the other group's."""
+        if w == 1:  # the first turn is group 0's
+            T.named_barrier_arrive(TURN_BARRIER, 256)
+        for j in T.serial(-(-rounds // 2)):
+            t = 2 * j + w
+            if pid + t * grid < tiles:
+                bm, bn = where(pid + t * grid)
+                T.sync_threads(TURN_BARRIER + w, 256)
+                main_loop(A_s, B_s, C_f, full, empty, t, T.GemmWarpPolicy.FullRow)
+                T.named_barrier_arrive(TURN_BARRIER + 1 - w, 256)  # every product of the tile is issued
+                T.wait_wgmma(0)
+                T.barrier_arrive(empty[(t * nk + nk - 1) % num_stages])
+                epilogue(C, C_f, C_s, extras, bm, bn)
+        T.tma_store_wait()
+
+    if pingpong:
+        @T.prim_func
+        def gemm_ws_kernel():
+            A = param("A", (M, K), dtype)
+            B = param("B", (N, K) if trans_B else (K, N), dtype)
+            extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
+            C = param("C", (M, N), out_dtype)
+            with T.Kernel(grid, threads=384) as pid:
+                A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
+                B_s = T.alloc_shared((num_stages, *B_tile), dtype)
+                C_s0 = T.alloc_shared((block_M, block_N), out_dtype)
+                C_s1 = T.alloc_shared((block_M, block_N), out_dtype)
+                C_f0 = T.alloc_fragment((block_M, block_N), accum)
+                C_f1 = T.alloc_fragment((block_M, block_N), accum)
+                full = T.alloc_barrier([128] * num_stages)
+                empty = T.alloc_barrier([128] * num_stages)  # (each fill is one group's)
+                tx = T.get_thread_binding()
+                if tx < 128:
+                    T.inc_max_nreg(CONSUMER_REGS)
+                    take_turns(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, 0)
+                elif tx < 256:
+                    T.inc_max_nreg(CONSUMER_REGS)
+                    take_turns(A_s, B_s, C_f1, C_s1, full, empty, C, extras, pid, 1)
+                else:
+                    produce(A, B, A_s, B_s, full, empty, pid)
+        return gemm_ws_kernel
+
+    @T.prim_func
+    def gemm_ws_kernel():
+        A = param("A", (M, K), dtype)
+        B = param("B", (N, K) if trans_B else (K, N), dtype)
+        extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
+        C = param("C", (M, N), out_dtype)
+        with T.Kernel(grid, threads=384) as pid:
+            A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
+            B_s = T.alloc_shared((num_stages, *B_tile), dtype)
+            C_s = T.alloc_shared((block_M, block_N), out_dtype)
+            C_f = T.alloc_fragment((block_M, block_N), accum)
+            full = T.alloc_barrier([128] * num_stages)
+            empty = T.alloc_barrier([256] * num_stages)
+            if T.get_thread_binding() >= 256:
+                produce(A, B, A_s, B_s, full, empty, pid)
+            else:  # the consumers, 64 rows each
+                T.inc_max_nreg(CONSUMER_REGS)
+                for t in T.serial(rounds):
+                    if pid + t * grid < tiles:
+                        bm, bn = where(pid + t * grid)
+                        main_loop(A_s, B_s, C_f, full, empty, t, T.GemmWarpPolicy.FullRow)
+                        T.wait_wgmma(0)
+                        T.barrier_arrive(empty[(t * nk + nk - 1) % num_stages])
+                        epilogue(C, C_f, C_s, extras, bm, bn)
+                T.tma_store_wait()
+
+    return gemm_ws_kernel

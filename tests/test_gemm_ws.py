@@ -1,0 +1,146 @@
+"""The warp-specialized, persistent GEMM (``gemm(ws=True)``, ``gemm_ws``): where it applies, what it refuses before
+compiling, that it lowers for sm_90a with its overlap (ptxas: no spills, no serialized WGMMAs) and, with ``pingpong``,
+its warp groups' turns; (GPU) its numerics against the float64 reference over tails, epilogues that read a bias and a
+full-size residual, a plain B, bf16, an fp32 output, one tile, several rounds per program, and NaN/Inf inputs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from tilefuse.config import default_target
+from tilefuse.lowering.compile import compile_many, kernel_source
+from tilefuse.lowering.expr import Acc, Arg, call
+from tilefuse.lowering.templates import gemm, gemm_ws
+
+SM90 = {"kind": "cuda", "arch": "sm_90a"}
+COOP = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3}
+PP = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 4, "pingpong": True}
+
+
+@pytest.mark.parametrize("target,kw,ok", [
+    (SM90, {}, True),
+    (SM90, {"trans_B": True}, True),
+    (SM90, {"A_dtype": "bfloat16"}, True),
+    (SM90, {"out_dtype": "float32"}, True),
+    (SM90, {"A_dtype": "float32"}, False),
+    (SM90, {"A_dtype": "float32", "B_dtype": "float16"}, False),  # (A cast: a prologue)
+    (SM90, {"prologue": Acc() * 2.0}, False),
+    (SM90, {"trans_A": True}, False),
+    (SM90, {"batch_A": (2,)}, False),
+    (SM90, {"K": 100}, False),  # A's rows of 200 bytes: no TMA box
+    (SM90, {"N": 100}, False),  # C's rows
+    (SM90, {"N": 102, "trans_B": True, "out_dtype": "float32"}, False),
+    (SM90, {"N": 100, "trans_B": True, "out_dtype": "float32"}, True),
+    (SM90, {"N": 104, "trans_B": True}, True),
+    ({"kind": "cuda", "arch": "sm_80"}, {}, False),
+    ({"kind": "c"}, {}, False),
+])
+def test_eligible(target, kw, ok):
+    assert gemm_ws.eligible(target, **{"N": 256, "K": 128, **kw}) is ok
+
+
+def test_gemm_ws_refuses_what_it_cannot_build():
+    with pytest.raises(ValueError, match="ws=True needs"):
+        gemm.gemm(256, 256, 128, prologue=Acc() * 2.0, target=SM90, ws=True, **COOP)
+    with pytest.raises(ValueError, match="ws=True needs"):
+        gemm.gemm(256, 256, 128, target={"kind": "cuda", "arch": "sm_80"}, ws=True, **COOP)
+    with pytest.raises(ValueError, match="pingpong=True is a schedule of ws=True"):
+        gemm.gemm(256, 256, 128, target=SM90, pingpong=True)
+    with pytest.raises(ValueError, match="shared memory"):
+        gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "num_stages": 4})
+    with pytest.raises(ValueError, match="at least 2"):
+        gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**PP, "num_stages": 1})
+    with pytest.raises(ValueError, match="at most 128 x 128"):
+        gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**PP, "block_N": 256, "num_stages": 2})
+    with pytest.raises(ValueError, match="64 rows each"):
+        gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "block_M": 64})
+
+
+# name -> (M, N, K, gemm kwargs, extras' shapes)
+CASES = {
+    "bias_gelu_tails": (1000, 3072, 776, {"trans_B": True, "epilogue": call("gelu", Acc() + Arg(0))}, [(3072,)]),
+    "bias_residual": (1000, 768, 3072, {"trans_B": True, "epilogue": Acc() + Arg(0) + Arg(1)}, [(768,), (1000, 768)]),
+    "plain_B": (2048, 1000, 512, {}, []),
+    "out_fp32": (512, 520, 512, {"trans_B": True, "out_dtype": "float32"}, []),
+    "one_tile": (100, 64, 64, {"trans_B": True}, []),
+    "rounds": (4096, 4096, 256, {"trans_B": True, "epilogue": call("relu", Acc())}, []),  # 256-512 tiles, 132 SMs
+}
+
+
+def _configs(N, out_dtype="float16"):
+    """Both schedules (and a 64 x 256 ping-pong tile where N allows), each with as many stages as fit."""
+    out = []
+    for cfg in [COOP, PP] + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256 else []):
+        while gemm_ws.smem_bytes(cfg["block_M"], cfg["block_N"], cfg["block_K"], cfg["num_stages"], out_dtype,
+                                 cfg.get("pingpong", False)) > gemm_ws.SMEM_MAX:
+            cfg = {**cfg, "num_stages": cfg["num_stages"] - 1}
+        out.append(cfg)
+    return out
+
+
+def _funcs(dtype="float16"):
+    for name, (M, N, K, kw, extras) in sorted(CASES.items()):
+        for cfg in _configs(N, kw.get("out_dtype", dtype)):
+            f = gemm.gemm(M, N, K, A_dtype=dtype, extra_shapes=extras, extra_dtypes=[dtype] * len(extras),
+                          ws=True, target=SM90, **kw, **cfg)
+            yield f"{name} {cfg}", (M, N, K, kw, extras), f
+
+
+def test_gemm_ws_lowers_with_the_overlap_and_the_turns():
+    for name, (M, N, K, kw, extras), f in _funcs():
+        src = kernel_source(f, SM90)
+        assert "tma_load" in src and "tma_store" in src, name
+        assert ("wait_wgmma<1>" in src) == (K > 64), name  # one k-block: no product to overlap
+        assert "warpgroup_reg_alloc" in src and src.count("__syncthreads()") == 1, name
+        turns = src.count("__named_barrier_arrive(")  # group 1 opens the first turn; a group with tiles passes them
+        assert (turns >= 2) if "pingpong" in name else turns == 0, name
+
+
+def _ptxas_log(src: str, tmp_path) -> str:
+    import tilelang.contrib.nvcc as tl_nvcc
+
+    path = tmp_path / "k.cu"
+    path.write_text(src)
+    cmd = [tl_nvcc.get_nvcc_compiler(), "-std=c++17", "-O3", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
+           f"-I{tl_nvcc.TILELANG_TEMPLATE_PATH}", f"-I{tl_nvcc.CUTLASS_INCLUDE_DIR}", "-DENABLE_BF16", str(path), "-o",
+           str(tmp_path / "k.cubin")]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("cfg", [COOP, PP])
+def test_gemm_ws_wgmmas_are_not_serialized_by_ptxas(cfg, tmp_path):
+    f = gemm.gemm(1000, 3072, 768, trans_B=True, epilogue=call("gelu", Acc() + Arg(0)), extra_shapes=[(3072,)],
+                  extra_dtypes=["float16"], ws=True, target=SM90, **cfg)
+    log = _ptxas_log(kernel_source(f, SM90), tmp_path)
+    assert "Used" in log and "registers" in log and "0 bytes spill stores" in log, log[-3000:]
+    assert "serialized" not in log and "C7513" not in log and "C7514" not in log, log[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gemm_ws_gpu_matches_the_reference(dtype, rng):
+    """Every case and schedule, compiled in parallel first; fresh inputs, every element checked, with a NaN and an
+    Inf in A (their rows NaN/Inf or NaN, as torch gives). A turn or a stage that never comes would hang: run it under
+    a timeout."""
+    runs = list(_funcs(dtype))
+    kernels = compile_many([(f, [-1]) for _, _, f in runs], default_target(), return_exceptions=True)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == "bfloat16" else {"rtol": 1e-2, "atol": 1e-2}
+    tdt = getattr(torch, dtype)
+    for (name, (M, N, K, kw, extras), _), k in zip(runs, kernels):
+        assert not isinstance(k, BaseException), f"{name}: {k}"
+        A = torch.randn(M, K, generator=rng).to(tdt)
+        B = torch.randn(*((N, K) if kw.get("trans_B") else (K, N)), generator=rng).to(tdt) / K ** 0.5
+        ex = [torch.randn(s, generator=rng).to(tdt) for s in extras]
+        A[M // 2, 3], A[M - 1, 0] = float("nan"), float("inf")
+        got = k(A.cuda(), B.cuda(), *[e.cuda() for e in ex]).cpu()
+        want = gemm.reference(A, B, ex, trans_B=kw.get("trans_B", False), epilogue=kw.get("epilogue"),
+                              out_dtype=kw.get("out_dtype"))
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name}: {m}")
