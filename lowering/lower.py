@@ -26,6 +26,7 @@ from tilefuse.lowering.templates import (
     gemm,
     gemm_configs,
     gemm_sp,
+    gemm_ws,
     gemv,
     pool,
     reduction,
@@ -62,15 +63,28 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         return module.config_space(target, kw["K"], kw.get("out_dtype"), kw.get("meta_k_major", False),
                                    staged_tiles=staged, M=kw["M"])
     space = getattr(module, "config_space", module.get_configs)
+    trying = experimental(target)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
-        return space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
-                     ws=attention_ws.eligible(target, **kw), **_decode_shape(kw))
+        configs = space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
+                        ws=attention_ws.eligible(target, **kw), **_decode_shape(kw))
+        options = {o: True for o in ("pingpong", "pair_rows", "late_store") if f"attention_{o}" in trying}
+        return [{**c, **options} if c.get("ws") else c for c in configs]
     if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
         return module.get_configs(target, kw.get("B_dtype"), paired=True)
     # gemm/conv seeds depend on the operand dtype
     arg = {"gemm": kw.get("B_dtype"), "gemv": kw.get("B_dtype"), "gemv_group": kw.get("B_dtype"),
            "conv2d": kw.get("in_dtype")}.get(spec.template)
-    return space(target, arg) if arg else space(target)
+    configs = space(target, arg) if arg else space(target)
+    ws = [p for p in (False, True) if ("gemm_ws_pingpong" if p else "gemm_ws") in trying]
+    if spec.template == "gemm" and ws and gemm_ws.eligible(target, **kw):
+        out = kw.get("out_dtype") or kw.get("B_dtype") or kw.get("A_dtype", "float16")
+        return [gemm_ws.seed(out, p) for p in ws] + configs
+    return configs
+
+
+def experimental(target: dict) -> set[str]:
+    """The unmeasured schedules ``target`` asks for (``Options.experimental``)."""
+    return set(target.get("experimental", ())) if isinstance(target, dict) else set()
 
 
 def _groups(kw: dict) -> int:
@@ -106,6 +120,8 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
     waves (``gemm_configs.default_config``), for 2:4 GEMMs on CUDA ``gemm_sp.default_config``, else the first seed."""
     configs = config_space(spec, target)
     kw = spec.factory_kwargs()
+    if spec.template == "gemm" and configs and configs[0].get("ws"):  # (Options.experimental asked for it)
+        return configs[0]
     if spec.template == "gemm":
         return gemm_configs.default_config(configs, kw["M"], kw["N"], gemm_batch(kw), target)
     if spec.template == "flash_attention" and dialect(target).cpu:

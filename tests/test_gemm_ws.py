@@ -144,3 +144,31 @@ def test_gemm_ws_gpu_matches_the_reference(dtype, rng):
                               out_dtype=kw.get("out_dtype"))
         assert got.shape == want.shape and got.dtype == want.dtype, name
         torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_experimental_option_puts_the_unmeasured_schedules_first_where_they_apply():
+    from tilefuse.config import Options
+    from tilefuse.lowering import lower
+    from tilefuse.lowering.builders import KernelSpec
+
+    def spec(template, **kw):
+        return KernelSpec(template, tuple(sorted(kw.items())), (-1,), (), ())
+    linear = spec("gemm", M=4096, N=3072, K=768, trans_B=True, A_dtype="float16")
+    odd = spec("gemm", M=4096, N=3072, K=100, trans_B=True, A_dtype="float16")  # rows TMA cannot address
+    attn = spec("flash_attention", B=2, Hq=4, Sq=256, Skv=256, D=64, dtype="float16", is_causal=True)
+    plain = Options(target=SM90)
+    both = Options(target=SM90, experimental="gemm_ws, gemm_ws_pingpong,attention_pair_rows,attention_late_store")
+    assert "experimental" not in plain.target
+    assert both.target["experimental"] == ["attention_late_store", "attention_pair_rows", "gemm_ws", "gemm_ws_pingpong"]
+    first, second = lower.config_space(linear, both.target)[:2]
+    assert first == gemm_ws.seed() and second == gemm_ws.seed(pingpong=True)
+    assert lower.default_config(linear, both.target) == first
+    assert not lower.default_config(linear, plain.target).get("ws")
+    assert not any(c.get("ws") for c in lower.config_space(odd, both.target))
+    assert lower.default_config(attn, both.target) == {**lower.default_config(attn, plain.target),
+                                                       "pair_rows": True, "late_store": True}
+    assert gemm_ws.seed("float32")["num_stages"] == 2 and gemm_ws.seed("float32", True)["num_stages"] == 3
+    assert lower.func_key(linear, both.target, first) != lower.func_key(linear, SM90, first)  # cached apart
+    assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws").target
+    with pytest.raises(ValueError, match="unknown experimental schedule.*gemm_wsx.*known: attention_late_store"):
+        Options(target=SM90, experimental="gemm_wsx")

@@ -97,6 +97,10 @@ def _on(v: str) -> bool:
     return v != "0"
 
 
+# Options.experimental's names (what each does: lowering/lower.py config_space).
+EXPERIMENTAL = ("gemm_ws", "gemm_ws_pingpong", "attention_pingpong", "attention_pair_rows", "attention_late_store")
+
+
 @dataclass(frozen=True)
 class Options:
     """Compile options shared by every entry point; unset ones come from ``TILEFUSE_<NAME>`` at construction."""
@@ -136,6 +140,11 @@ class Options:
     # dependents, placed while the kernel before them finishes (lowering/templates/common.py: an HF LLaMA decode
     # step's GPU time 3-5% less on the H200). 0 builds plain launches: the target then carries "pdl": False.
     pdl: bool = _read("PDL", "1", _on)
+    # Kernel schedules written but not yet measured on the H200, for A/B runs of whole models (comma-separated
+    # ``EXPERIMENTAL`` names; the target then carries them, so their kernels are cached apart): "gemm_ws" and
+    # "gemm_ws_pingpong" put gemm(ws=True)'s seed first where it applies; "attention_pingpong", "attention_pair_rows"
+    # and "attention_late_store" add those options to the warp-specialized attention's seeds.
+    experimental: str = _read("EXPERIMENTAL", "")
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)
     # Measure tile configs before lowering: "none", "fast" (a few seeds) or "max" (every candidate); winners
@@ -154,3 +163,10 @@ class Options:
     def __post_init__(self):
         if not self.pdl and self.target.get("kind") == "cuda" and self.target.get("pdl", True):
             object.__setattr__(self, "target", {**self.target, "pdl": False})
+        names = tuple(sorted({n.strip() for n in (self.experimental or "").split(",") if n.strip()}))
+        unknown = [n for n in names if n not in EXPERIMENTAL]
+        if unknown:
+            raise ValueError(f"unknown experimental schedule(s) {', '.join(unknown)} (TILEFUSE_EXPERIMENTAL); "
+                             f"known: {', '.join(sorted(EXPERIMENTAL))}")
+        if names and self.target.get("kind") == "cuda":
+            object.__setattr__(self, "target", {**self.target, "experimental": list(names)})

@@ -46,6 +46,17 @@ def eligible(target: dict | str, *, N: int, K: int, trans_A: bool = False, trans
             and not batch_B and rows_ok)
 
 
+def seed(out_dtype: str = "float16", pingpong: bool = False) -> dict:
+    """The config ``Options.experimental`` ("gemm_ws", "gemm_ws_pingpong") puts first: 128 x 256 tiles for both
+    groups, or 128 x 128 for each, 64 deep, with as many stages (at most 4) as shared memory holds."""
+    block_N = 128 if pingpong else 256
+    stages = 4
+    while stages > 2 and smem_bytes(128, block_N, 64, stages, out_dtype, pingpong) > SMEM_MAX:
+        stages -= 1
+    return {"block_M": 128, "block_N": block_N, "block_K": 64, "num_stages": stages, "ws": True,
+            **({"pingpong": True} if pingpong else {})}
+
+
 def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dtype: str, pingpong: bool) -> int:
     """Operand stages and the output tile(s)."""
     return num_stages * (block_M + block_N) * block_K * 2 + (2 if pingpong else 1) * block_M * block_N * ITEM[out_dtype]
