@@ -6,8 +6,9 @@
 #           and the warp-specialized GEMM prototypes, dense (cooperative, ping-pong) and 2:4.
 #   part 2: whole models with and without TILEFUSE_EXPERIMENTAL (the same process runs Inductor default as the peer),
 #           and where a cold default compile goes (profile_compile.py --cold, ViT).
+#   part 3: the 2:4 models (bench_sparse_models.py) with and without TILEFUSE_EXPERIMENTAL=gemm_sp_ws.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 1|2   (logs and JSON under $OUT)
+#                  bash bench/run_pending_h200.sh 1|2|3   (logs and JSON under $OUT)
 set -u
 part=${1:-1}
 OUT=${OUT:-/tmp/pending}
@@ -24,6 +25,11 @@ if [ "$part" = 1 ]; then
     timeout 110 python3 bench/proto_gemm_ws.py --json "$OUT/gemm_ws.json" 2>&1 | quiet > "$OUT/gemm_ws.log"
     timeout 100 python3 bench/proto_gemm_sp_ws.py --json "$OUT/gemm_sp_ws.json" 2>&1 | quiet > "$OUT/gemm_sp_ws.log"
     grep -E "cuBLAS|x cuBLAS" "$OUT/gemm_ws.log" "$OUT/gemm_sp_ws.log" | cut -c1-170
+elif [ "$part" = 3 ]; then
+    timeout 280 python3 bench/bench_sparse_models.py --json "$OUT/sparse_models.json" > "$OUT/sparse_models.log" 2>&1
+    TILEFUSE_EXPERIMENTAL=gemm_sp_ws timeout 280 python3 bench/bench_sparse_models.py \
+        --json "$OUT/sparse_models_ws.json" > "$OUT/sparse_models_ws.log" 2>&1
+    grep -hE "^\|" "$OUT/sparse_models.log" "$OUT/sparse_models_ws.log" | head -20
 else
     all=gemm_ws,attention_pair_rows,attention_late_store,attention_pingpong
     timeout 200 python3 bench/bench_models.py --models gpt2,vit,bert --peers default --no-warm --reps 30 \

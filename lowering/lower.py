@@ -26,6 +26,7 @@ from tilefuse.lowering.templates import (
     gemm,
     gemm_configs,
     gemm_sp,
+    gemm_sp_ws,
     gemm_ws,
     gemv,
     pool,
@@ -59,9 +60,14 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     module, _ = TEMPLATES[spec.template]
     kw = spec.factory_kwargs()
     if spec.template == "gemm_sp":  # block_K must divide the padded K; the output tile's bytes count too
-        staged = len(module.staged_extras(kw["M"], kw["N"], kw.get("epilogue"), kw.get("extra_shapes", ())))
-        return module.config_space(target, kw["K"], kw.get("out_dtype"), kw.get("meta_k_major", False),
-                                   staged_tiles=staged, M=kw["M"])
+        staged = module.staged_extras(kw["M"], kw["N"], kw.get("epilogue"), kw.get("extra_shapes", ()))
+        configs = module.config_space(target, kw["K"], kw.get("out_dtype"), kw.get("meta_k_major", False),
+                                      staged_tiles=len(staged), M=kw["M"])
+        if "gemm_sp_ws" in experimental(target) and gemm_sp_ws.eligible(target, **kw):
+            first = gemm_sp_ws.seed(kw["K"], kw.get("out_dtype") or kw.get("dtype", "float16"),
+                                    [kw["extra_dtypes"][k] for k in staged])
+            configs = ([first] if first else []) + configs
+        return configs
     space = getattr(module, "config_space", module.get_configs)
     trying = experimental(target)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
@@ -130,6 +136,8 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
         decode = attention.decode_configs(target, kw["Sq"], _groups(kw), _keys_masked(kw), **_decode_shape(kw))
         if decode:
             return decode[0]
+    if spec.template == "gemm_sp" and configs and configs[0].get("ws"):  # (Options.experimental asked for it)
+        return configs[0]
     if spec.template == "gemm_sp" and configs and target.get("kind") == "cuda":
         return gemm_sp.default_config(configs[:gemm_sp.SEEDS], kw["M"], kw["N"], gemm_configs.sm_count(target))
     return configs[0] if configs else {}

@@ -38,7 +38,7 @@ def test_prototypes_refuse_what_they_cannot_run():
     with pytest.raises(ValueError, match="at least 2"):
         proto_gemm_sp_ws.gemm_sp_ws(4096, 4096, 4096, block_M=256, block_N=128, block_K=64, stages=1)
     with pytest.raises(ValueError, match="64 weight rows per consumer"):
-        proto_gemm_sp_ws.gemm_sp_ws(4096, 4096, 4096, block_N=192)
+        proto_gemm_sp_ws.gemm_sp_ws(4096, 4096, 4096, block_N=192, stages=2)
 
 
 def test_pingpong_gemm_groups_take_turns_on_their_own_tiles():

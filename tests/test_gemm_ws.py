@@ -172,3 +172,94 @@ def test_experimental_option_puts_the_unmeasured_schedules_first_where_they_appl
     assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws").target
     with pytest.raises(ValueError, match="unknown experimental schedule.*gemm_wsx.*known: attention_late_store"):
         Options(target=SM90, experimental="gemm_wsx")
+
+
+# ---- 2:4 sparse: gemm_sp(ws=True) ---------------------------------------------------------------------------------
+
+SPARSE_CASES = {  # name -> (M, N, K, gemm_sp kwargs, extras' shapes)
+    "bias": (2048, 1024, 1024, {"epilogue": Acc() + Arg(0)}, [(1024,)]),
+    "silu_up_tails": (1000, 1024, 776, {"epilogue": call("silu", Acc()) * Arg(0)}, [(1000, 1024)]),  # staged
+    "plain_rounds": (4096, 2048, 512, {}, []),  # 256 tiles of 256 x 128 on 132 SMs
+}
+
+
+@pytest.mark.parametrize("target,kw,ok", [
+    (SM90, {"meta_k_major": True}, True),
+    (SM90, {"meta_k_major": True, "dtype": "bfloat16", "out_dtype": "float32"}, True),
+    (SM90, {}, False),  # row-major metadata: the sm_90 planner stores it K-major
+    (SM90, {"meta_k_major": True, "K": 100}, False),
+    (SM90, {"meta_k_major": True, "N": 100}, False),
+    ({"kind": "cuda", "arch": "sm_80"}, {"meta_k_major": True}, False),
+])
+def test_sparse_eligible(target, kw, ok):
+    from tilefuse.lowering.templates import gemm_sp_ws
+    assert gemm_sp_ws.eligible(target, **{"N": 256, "K": 128, **kw}) is ok
+
+
+def _sparse_funcs(dtype="float16"):
+    from tilefuse.lowering.templates import gemm_sp, gemm_sp_ws
+    for name, (M, N, K, kw, extras) in sorted(SPARSE_CASES.items()):
+        cfg = gemm_sp_ws.seed(K, dtype, [dtype] * len(gemm_sp.staged_extras(M, N, kw.get("epilogue"), extras)))
+        cfg = {k: v for k, v in cfg.items() if k != "ws"}
+        f = gemm_sp.gemm_sp(M, N, K, dtype=dtype, extra_shapes=extras, extra_dtypes=[dtype] * len(extras),
+                            meta_k_major=True, ws=True, target=SM90, **kw, **cfg)
+        yield name, (M, N, K, kw, extras), f
+
+
+def test_gemm_sp_ws_lowers_with_the_overlap_and_refuses_what_it_cannot_build():
+    from tilefuse.lowering.templates import gemm_sp
+    for name, _, f in _sparse_funcs():
+        src = kernel_source(f, SM90)
+        assert "wgmma_sp_ss<" in src and "wait_wgmma<1>" in src and "tma_load" in src and "tma_store" in src, name
+        assert "warpgroup_reg_alloc" in src and src.count("__syncthreads()") == 1, name
+    with pytest.raises(ValueError, match="ws=True needs a CUDA sm_90 target, K-major metadata"):
+        gemm_sp.gemm_sp(256, 256, 128, target=SM90, ws=True)
+    with pytest.raises(ValueError, match="at least 2"):
+        gemm_sp.gemm_sp(256, 256, 128, meta_k_major=True, target=SM90, ws=True, block_M=256, num_stages=1)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_gemm_sp_ws_wgmmas_are_not_serialized_by_ptxas(tmp_path):
+    _, _, f = next(c for c in _sparse_funcs() if c[0] == "silu_up_tails")
+    log = _ptxas_log(kernel_source(f, SM90), tmp_path)
+    assert "Used" in log and "registers" in log and "0 bytes spill stores" in log, log[-3000:]
+    assert "serialized" not in log and "C7513" not in log and "C7514" not in log, log[-3000:]
+
+
+def test_experimental_gemm_sp_ws_comes_first_where_it_applies():
+    from tilefuse.config import Options
+    from tilefuse.lowering import lower
+    from tilefuse.lowering.builders import KernelSpec
+    from tilefuse.lowering.templates import gemm_sp_ws
+
+    def spec(**kw):
+        return KernelSpec("gemm_sp", tuple(sorted(kw.items())), (-1,), (), ())
+    k_major = spec(M=4096, N=4096, K=4096, dtype="float16", meta_k_major=True)
+    row_major = spec(M=4096, N=4096, K=4096, dtype="float16")
+    target = Options(target=SM90, experimental="gemm_sp_ws").target
+    assert lower.default_config(k_major, target) == gemm_sp_ws.seed(4096)
+    assert not lower.default_config(k_major, SM90).get("ws")
+    assert not any(c.get("ws") for c in lower.config_space(row_major, target))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gemm_sp_ws_gpu_matches_the_reference(dtype, rng):
+    """Each case compiled in parallel first; a 2:4-pruned random weight, fresh inputs, every element checked, a NaN
+    token row."""
+    from tilefuse.lowering.templates import gemm_sp
+    from tilefuse.ops.sparse_layout import compress_2_4, prune_2_4
+    runs = list(_sparse_funcs(dtype))
+    kernels = compile_many([(f, [-1]) for _, _, f in runs], default_target(), return_exceptions=True)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == "bfloat16" else {"rtol": 1e-2, "atol": 1e-2}
+    tdt = getattr(torch, dtype)
+    for (name, (M, N, K, kw, extras), _), k in zip(runs, kernels):
+        assert not isinstance(k, BaseException), f"{name}: {k}"
+        x = torch.randn(M, K, generator=rng).to(tdt)
+        x[M // 3, 5] = float("nan")
+        w = prune_2_4(torch.randn(N, K, generator=rng).to(tdt) / K ** 0.5)
+        values, meta = compress_2_4(w, k_major=True)
+        ex = [torch.randn(s, generator=rng).to(tdt) for s in extras]
+        got = k(x.cuda(), values.cuda(), meta.cuda(), *[e.cuda() for e in ex]).cpu()
+        want = gemm_sp.reference(x, values, meta, ex, K=K, epilogue=kw.get("epilogue"), meta_k_major=True)
+        torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name}: {m}")

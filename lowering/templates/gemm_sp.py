@@ -24,6 +24,7 @@ import tilelang.language as T
 import torch
 
 from tilefuse.lowering.expr import Expr, args_used, evaluate
+from tilefuse.lowering.templates import gemm_sp_ws
 from tilefuse.lowering.templates.common import check_dtype, dialect, normalize_shapes, param
 from tilefuse.lowering.templates.gemm import epilogue_at
 from tilefuse.lowering.templates.gemm_configs import SMEM_LIMIT, wave_cost
@@ -53,6 +54,7 @@ def gemm_sp(
     panel_size: int = 10,
     policy: str = "square",
     meta_k_major: bool = False,
+    ws: bool = False,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``Y = epilogue(X @ W^T)``; parameters ``X, W_values, W_meta, extra_0.., Y``.
@@ -67,7 +69,8 @@ def gemm_sp(
     ``wgmma.sp`` is 64 weight rows by as many tokens as its share of the tile: ``"full_row"`` gives each
     warpgroup 64 rows and every token of the tile (m64n256 on a 256-token tile), ``"square"`` splits the
     tokens between warpgroups too (m64n64 on the same tile, reading the X tile from shared memory four
-    times as often per multiply).
+    times as often per multiply). ``ws``: the hand-written warp-specialized, persistent schedule (``gemm_sp_ws``; an
+    error where it does not apply; ``policy``, ``threads`` and the rasterization are its own there).
     """
     out_dtype = out_dtype or dtype
     extra_shapes = normalize_shapes(extra_shapes)
@@ -103,6 +106,15 @@ def gemm_sp(
         m, n = T.min(m0 + j, M - 1), T.min(n0 + i, N - 1)  # clamped: values past the edge are never stored
         return T.Cast(out_dtype, epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [m, n], accum_dtype,
                                              staged={k: tile[j, i] for k, tile in tiles.items()}))
+
+    if ws:
+        if not gemm_sp_ws.eligible(target, N=N, K=K, dtype=dtype, out_dtype=out_dtype, meta_k_major=meta_k_major):
+            raise ValueError("gemm_sp: ws=True needs a CUDA sm_90 target, K-major metadata and rows of 16-byte "
+                             "multiples (X's, the metadata's, Y's)")
+        return gemm_sp_ws.gemm_sp_ws(M, N, K, dtype=dtype, out_dtype=out_dtype, y_elem=Y_elem,
+                                     extra_shapes=extra_shapes, extra_dtypes=extra_dtypes, staged=staged,
+                                     block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
+                                     target=target)
 
     @T.prim_func
     def gemm_sp_kernel():
