@@ -43,8 +43,9 @@ def test_prototypes_refuse_what_they_cannot_run():
 
 def test_pingpong_gemm_groups_take_turns_on_their_own_tiles():
     src = kernel_source(proto_gemm_ws.gemm_ws_pingpong(4096, 3072, 768), SM90)
-    wg0, wg1 = src.index("if (((int)threadIdx.x) < 128)"), src.index("if (((int)threadIdx.x) < 256)")
-    first, second = src[wg0:wg1], src[wg1:src.index("warpgroup_reg_dealloc")]
+    wg0 = src.index("if (((int)threadIdx.x) < 128)")
+    wg1 = src.index("} else {", src.index("__named_barrier_arrive(13, 256)", wg0))  # group 1's branch
+    first, second = src[wg0:wg1], src[wg1:]
     # group 0 waits on barrier 12 and passes 13; group 1 opens 12 first, then waits on 13 and passes 12
     assert first.count("__sync_thread_partial(12, 256)") == 1 and first.count("__named_barrier_arrive(13, 256)") == 1
     assert second.index("__named_barrier_arrive(12, 256)") < second.index("__sync_thread_partial(13, 256)")

@@ -23,6 +23,7 @@ import tilelang.language as T
 
 from tilefuse.config import device_facts
 from tilefuse.lowering.templates.common import param, target_kind
+from tilefuse.lowering.templates.gemm_ws import grouped
 from tilefuse.ops.sparse_layout import E_FACTOR, SPARSE_DTYPES, padded_k
 
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
@@ -90,11 +91,7 @@ def gemm_sp_ws(M: int, N: int, K: int, *, dtype: str, out_dtype: str, y_elem, ex
 
     def where(t):
         """Token tile and weight tile of ``t``: ``group`` token tiles walk all weight tiles together."""
-        per = group * tn
-        first = (t // per) * group
-        rows = T.max(T.min(tm - first, group), 1)  # (>= 1 where t is a tile; past the last, no division by 0)
-        r = t % per
-        return first + r % rows, r // rows
+        return grouped(t, tm, tn, group)
 
     @T.prim_func
     def gemm_sp_ws_kernel():

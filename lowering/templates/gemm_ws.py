@@ -57,6 +57,16 @@ def seed(out_dtype: str = "float16", pingpong: bool = False) -> dict:
             **({"pingpong": True} if pingpong else {})}
 
 
+def grouped(t, tm: int, tn: int, group: int):
+    """(row tile, column tile) of a persistent program's tile ``t`` of ``tm`` x ``tn``: ``group`` row tiles walk all
+    column tiles together (the column operand's tiles shared in L2 between them). Both ws GEMMs' order."""
+    per = group * tn
+    first = (t // per) * group
+    rows = T.max(T.min(tm - first, group), 1)  # (>= 1 where t is a tile; past the last, no division by 0)
+    r = t % per
+    return first + r % rows, r // rows
+
+
 def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dtype: str, pingpong: bool) -> int:
     """Operand stages and the output tile(s)."""
     return num_stages * (block_M + block_N) * block_K * 2 + (2 if pingpong else 1) * block_M * block_N * ITEM[out_dtype]
@@ -86,12 +96,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     B_tile = (block_N, block_K) if trans_B else (block_K, block_N)
 
     def where(t):
-        """Row and column tile of ``t``: ``group`` row tiles walk all column tiles together."""
-        per = group * tn
-        first = (t // per) * group
-        rows = T.max(T.min(tm - first, group), 1)  # (>= 1 where t is a tile; past the last, no division by 0)
-        r = t % per
-        return first + r % rows, r // rows
+        return grouped(t, tm, tn, group)
 
     def b_box(B, bn, k):
         if trans_B:
@@ -153,32 +158,18 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                 epilogue(C, C_f, C_s, extras, bm, bn)
         T.tma_store_wait()
 
-    if pingpong:
-        @T.prim_func
-        def gemm_ws_kernel():
-            A = param("A", (M, K), dtype)
-            B = param("B", (N, K) if trans_B else (K, N), dtype)
-            extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
-            C = param("C", (M, N), out_dtype)
-            with T.Kernel(grid, threads=384) as pid:
-                A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
-                B_s = T.alloc_shared((num_stages, *B_tile), dtype)
-                C_s0 = T.alloc_shared((block_M, block_N), out_dtype)
-                C_s1 = T.alloc_shared((block_M, block_N), out_dtype)
-                C_f0 = T.alloc_fragment((block_M, block_N), accum)
-                C_f1 = T.alloc_fragment((block_M, block_N), accum)
-                full = T.alloc_barrier([128] * num_stages)
-                empty = T.alloc_barrier([128] * num_stages)  # (each fill is one group's)
-                tx = T.get_thread_binding()
-                if tx < 128:
-                    T.inc_max_nreg(CONSUMER_REGS)
-                    take_turns(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, 0)
-                elif tx < 256:
-                    T.inc_max_nreg(CONSUMER_REGS)
-                    take_turns(A_s, B_s, C_f1, C_s1, full, empty, C, extras, pid, 1)
-                else:
-                    produce(A, B, A_s, B_s, full, empty, pid)
-        return gemm_ws_kernel
+    @T.macro
+    def cooperate(A_s, B_s, C_f, C_s, full, empty, C, extras, pid):
+        """Both consumer groups on each tile, 64 rows each."""
+        T.inc_max_nreg(CONSUMER_REGS)
+        for t in T.serial(rounds):
+            if pid + t * grid < tiles:
+                bm, bn = where(pid + t * grid)
+                main_loop(A_s, B_s, C_f, full, empty, t, T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(0)
+                T.barrier_arrive(empty[(t * nk + nk - 1) % num_stages])
+                epilogue(C, C_f, C_s, extras, bm, bn)
+        T.tma_store_wait()
 
     @T.prim_func
     def gemm_ws_kernel():
@@ -189,21 +180,22 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         with T.Kernel(grid, threads=384) as pid:
             A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
             B_s = T.alloc_shared((num_stages, *B_tile), dtype)
-            C_s = T.alloc_shared((block_M, block_N), out_dtype)
-            C_f = T.alloc_fragment((block_M, block_N), accum)
+            C_s0 = T.alloc_shared((block_M, block_N), out_dtype)
+            C_f0 = T.alloc_fragment((block_M, block_N), accum)
+            C_s1 = T.alloc_shared((block_M, block_N), out_dtype) if pingpong else None  # group 1's own tile
+            C_f1 = T.alloc_fragment((block_M, block_N), accum) if pingpong else None
             full = T.alloc_barrier([128] * num_stages)
-            empty = T.alloc_barrier([256] * num_stages)
-            if T.get_thread_binding() >= 256:
+            empty = T.alloc_barrier([128 if pingpong else 256] * num_stages)  # (ping-pong: each fill one group's)
+            tx = T.get_thread_binding()
+            if tx >= 256:
                 produce(A, B, A_s, B_s, full, empty, pid)
-            else:  # the consumers, 64 rows each
+            elif pingpong:
                 T.inc_max_nreg(CONSUMER_REGS)
-                for t in T.serial(rounds):
-                    if pid + t * grid < tiles:
-                        bm, bn = where(pid + t * grid)
-                        main_loop(A_s, B_s, C_f, full, empty, t, T.GemmWarpPolicy.FullRow)
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(empty[(t * nk + nk - 1) % num_stages])
-                        epilogue(C, C_f, C_s, extras, bm, bn)
-                T.tma_store_wait()
+                if tx < 128:
+                    take_turns(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, 0)
+                else:
+                    take_turns(A_s, B_s, C_f1, C_s1, full, empty, C, extras, pid, 1)
+            else:
+                cooperate(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid)
 
     return gemm_ws_kernel
