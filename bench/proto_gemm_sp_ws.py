@@ -44,9 +44,16 @@ CONFIGS = [{"block_M": bm, "block_N": 128, "block_K": bk, "stages": st}
            for bm, bk, st in ((256, 64, 3), (192, 64, 4), (128, 64, 5), (128, 128, 3), (192, 128, 2))]
 
 
+def template(M: int, N: int, K: int, **c):
+    """The TileLang-scheduled ``gemm_sp`` with the same bias epilogue (its measured seeds are the baseline)."""
+    return gemm_sp.gemm_sp(M, N, K, epilogue=Acc() + Arg(0), extra_shapes=[(N,)], extra_dtypes=["float16"],
+                           meta_k_major=True, target=TARGET, **c)
+
+
 def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
+    from proto_gemm_ws import build, time_kernels
 
     from tilefuse.lowering.compile import compile_many
     from tilefuse.lowering.timing import device_time
@@ -54,21 +61,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    target = TARGET
     items, meta = [], []
     for M, N, K in SHAPES:
-        for c in CONFIGS:
-            try:
-                items.append((gemm_sp_ws(M, N, K, **c), [-1]))
-            except ValueError as e:
-                print(f"{(M, N, K)} ws {c}: {e}")
-                continue
-            meta.append(((M, N, K), "ws " + json.dumps(c)))
-        for c in gemm_sp.get_configs(target, K, meta_k_major=True, M=M)[:3]:  # the template's measured leaders
-            items.append((gemm_sp.gemm_sp(M, N, K, epilogue=Acc() + Arg(0), extra_shapes=[(N,)],
-                                          extra_dtypes=["float16"], meta_k_major=True, target=target, **c), [-1]))
-            meta.append(((M, N, K), "template " + json.dumps(c)))
-    kernels = compile_many(items, target, return_exceptions=True)
+        seeds = gemm_sp.get_configs(TARGET, K, meta_k_major=True, M=M)[:3]  # the template's measured leaders
+        i, m = build((M, N, K), [("ws", gemm_sp_ws, CONFIGS), ("template", template, seeds)])
+        items, meta = items + i, meta + m
+    kernels = compile_many(items, TARGET, return_exceptions=True)
     rows = []
     for M, N, K in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -76,41 +74,20 @@ def main(argv=None) -> int:
         w = prune_2_4(torch.randn(N, K, device="cuda", dtype=torch.float16, generator=g) / K ** 0.5)
         b = torch.randn(N, device="cuda", dtype=torch.float16, generator=g)
         values, meta_t = compress_2_4(w, k_major=True)
-        want = F.linear(x, w, b)
         ref = device_time(lambda x, w, b: F.linear(x, w, b), (x, w, b), "cuda") * 1e3  # (rotated, as ours)
-        line = f"{(M, N, K)}: cuBLAS {ref:.4f} ms"
         try:
             from torch.sparse import to_sparse_semi_structured
             ws = to_sparse_semi_structured(w)
             t24 = device_time(lambda x, b, ws=ws: F.linear(x, ws, b), (x, b), "cuda") * 1e3
-            line += f", torch 2:4 {t24:.4f} ms"
         except Exception as e:  # noqa: BLE001 -- an optional peer
             t24 = None
-            line += f", torch 2:4 unavailable ({type(e).__name__})"
-        print(line, flush=True)
-        for (shape, name), k in zip(meta, kernels):
-            if shape != (M, N, K):
-                continue
-            if isinstance(k, BaseException):
-                print(f"   {name}: ERROR {type(k).__name__}: {str(k)[:300]}", flush=True)
-                continue
-            args = (x, values, meta_t, b)
-            try:
-                got = k(*args)
-                torch.cuda.synchronize()
-            except Exception as e:  # noqa: BLE001 -- one kernel's launch failure is a row, not the end of the sweep
-                print(f"   {name}: LAUNCH ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
-                continue
-            err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
-            ms = device_time(k, args, "cuda") * 1e3 if err < 1e-2 else float("nan")
-            vs = f"  x torch 2:4 {t24 / ms:.3f}" if t24 else ""
-            print(f"   {name:90s} {ms:.4f} ms  x cuBLAS {ref / ms:.3f}{vs}  err {err:.1e}", flush=True)
-            rows.append({"shape": [M, N, K], "name": name, "ms": ms, "cublas_ms": ref, "torch_2_4_ms": t24,
-                         "err": err})
+            print(f"   torch 2:4 unavailable ({type(e).__name__}: {str(e)[:120]})")
+        print(f"{(M, N, K)}: cuBLAS {ref:.4f} ms, torch 2:4 {t24 if t24 else float('nan'):.4f} ms", flush=True)
+        rows += time_kernels((M, N, K), meta, kernels, (x, values, meta_t, b), F.linear(x, w, b),
+                             {"cuBLAS": ref, "torch 2:4": t24})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

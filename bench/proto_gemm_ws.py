@@ -50,6 +50,54 @@ PINGPONG_CONFIGS = [{"block_M": m, "block_N": n, "block_K": 64, "stages": st}
                     for m, n, st in ((128, 128, 4), (128, 128, 5), (64, 256, 3), (64, 256, 4))]
 
 
+def build(shape, builders) -> tuple[list, list]:
+    """(items for ``compile_many``, (shape, name) per item) of ``builders``: (name, factory, configs) each; a config
+    the factory refuses (shared memory, stages) is printed and left out."""
+    items, meta = [], []
+    for name, make, configs in builders:
+        for c in configs:
+            try:
+                items.append((make(*shape, **c), [-1]))
+            except ValueError as e:
+                print(f"{shape} {name} {c}: {e}")
+                continue
+            meta.append((shape, f"{name} {json.dumps(c)}"))
+    return items, meta
+
+
+def time_kernels(shape, meta, kernels, args, want, peers: dict) -> list[dict]:
+    """Each of ``shape``'s compiled kernels checked against ``want`` and timed with rotated operands (a failed
+    compile or launch is a printed row, not the end of the sweep); ``peers``: name -> ms, the ratios' bases."""
+    import torch
+
+    from tilefuse.lowering.timing import device_time
+    rows = []
+    for (s, name), k in zip(meta, kernels):
+        if s != shape:
+            continue
+        if isinstance(k, BaseException):
+            print(f"   {name}: ERROR {type(k).__name__}: {str(k)[:300]}", flush=True)
+            continue
+        try:
+            got = k(*args)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 -- one kernel's launch failure is a row, not the end of the sweep
+            print(f"   {name}: LAUNCH ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
+        err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+        ms = device_time(k, args, "cuda") * 1e3 if err < 1e-2 else float("nan")
+        vs = "".join(f"  x {p} {t / ms:.3f}" for p, t in peers.items() if t)
+        print(f"   {name:90s} {ms:.4f} ms{vs}  err {err:.1e}", flush=True)
+        rows.append({"shape": list(shape), "name": name, "ms": ms, "err": err, **{f"{p}_ms": t for p, t in peers.items()}})
+    return rows
+
+
+def template(M: int, N: int, K: int, *, bm: int, bn: int, st: int, th: int):
+    """The TileLang-scheduled template with the same bias epilogue (its measured leaders are the baseline)."""
+    return gemm.gemm(M, N, K, trans_B=True, epilogue=Acc() + Arg(0), extra_shapes=[(N,)], extra_dtypes=["float16"],
+                     block_M=bm, block_N=bn, block_K=64, num_stages=st, threads=th, target=TARGET)
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -58,60 +106,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    target = TARGET
+    leaders = [{"bm": 256, "bn": 192, "st": 4, "th": 384}, {"bm": 128, "bn": 256, "st": 4, "th": 256}]
     items, meta = [], []
-    for M, N, K in SHAPES:
-        for c in CONFIGS:
-            try:
-                items.append((gemm_ws(M, N, K, **c), [-1]))
-            except ValueError as e:
-                print(f"{(M, N, K)} ws {c}: {e}")
-                continue
-            meta.append(((M, N, K), "ws " + json.dumps(c)))
-        for c in PINGPONG_CONFIGS:
-            try:
-                items.append((gemm_ws_pingpong(M, N, K, **c), [-1]))
-            except ValueError as e:
-                print(f"{(M, N, K)} ws pingpong {c}: {e}")
-                continue
-            meta.append(((M, N, K), "ws pingpong " + json.dumps(c)))
-        for bm, bn, st, th in ((256, 192, 4, 384), (128, 256, 4, 256)):  # the template's measured leaders
-            ep = Acc() + Arg(0)
-            items.append((gemm.gemm(M, N, K, trans_B=True, epilogue=ep, extra_shapes=[(N,)],
-                                    extra_dtypes=["float16"], block_M=bm, block_N=bn, block_K=64, num_stages=st,
-                                    threads=th, target=target), [-1]))
-            meta.append(((M, N, K), f"template {bm}/{bn}/64/{st}/{th}"))
-    kernels = compile_many(items, target, return_exceptions=True)
+    for shape in SHAPES:
+        i, m = build(shape, [("ws", gemm_ws, CONFIGS), ("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS),
+                             ("template", template, leaders)])
+        items, meta = items + i, meta + m
+    kernels = compile_many(items, TARGET, return_exceptions=True)
     rows = []
     for M, N, K in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=g)
         w = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=g) / K ** 0.5
         b = torch.randn(N, device="cuda", dtype=torch.float16, generator=g)
-        want = torch.addmm(b, x, w.t())
         ref = device_time(lambda b, x, w: torch.addmm(b, x, w.t()), (b, x, w), "cuda") * 1e3  # (rotated, as ours)
         print(f"{(M, N, K)}: cuBLAS addmm {ref:.4f} ms", flush=True)
-        for (shape, name), k in zip(meta, kernels):
-            if shape != (M, N, K):
-                continue
-            if isinstance(k, BaseException):
-                print(f"   {name}: ERROR {type(k).__name__}: {str(k)[:300]}", flush=True)
-                continue
-            args = (x, w, b)
-            try:
-                got = k(*args)
-                torch.cuda.synchronize()
-            except Exception as e:  # noqa: BLE001 -- one kernel's launch failure is a row, not the end of the sweep
-                print(f"   {name}: LAUNCH ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
-                continue
-            err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
-            ms = device_time(k, args, "cuda") * 1e3 if err < 1e-2 else float("nan")
-            print(f"   {name:75s} {ms:.4f} ms  x cuBLAS {ref / ms:.3f}  err {err:.1e}", flush=True)
-            rows.append({"shape": [M, N, K], "name": name, "ms": ms, "cublas_ms": ref, "err": err})
+        rows += time_kernels((M, N, K), meta, kernels, (x, w, b), torch.addmm(b, x, w.t()), {"cuBLAS": ref})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
