@@ -45,13 +45,14 @@ SWEEP = [(32, 16, 16, 512, 64, c) for c in (False, True)] + [(8, 16, 16, 2048, 6
 def variants(D: int, causal: bool = False) -> list[dict]:
     """The TileLang-scheduled template's leading tiles beside the hand-written warp-specialized, persistent schedule's
     seeds (``ws``, ``attention_ws``), each also with each of its schedule options alone and all of them: consumer warp
-    groups taking turns (``pingpong``), O's store waited for late (``late_store``) and, causal, each program's row
+    groups taking turns (``pingpong``), O's store waited for late (``late_store``), two Q buffers (``double_q``) and,
+    causal, each program's row
     tiles in heavy/light pairs (``pair_rows``). (Session 19's variants, ``fold_scale``/``stage_out`` off, are in its
     results.)"""
     tiles = [(128, 128, 2, 256), (192, 128, 2, 384)] if D <= 64 else [(128, 128, 2, 256)]
     out = [{"block_M": m, "block_N": n, "num_stages": st, "threads": t} for m, n, st, t in tiles]
     ws = attention_ws.seeds(D)  # (a wider ws sweep, 2026-12-03: 3 stages, 64-key tiles, all slower)
-    options = ["pingpong", "late_store"] + (["pair_rows"] if causal else [])
+    options = ["pingpong", "late_store", "double_q"] + (["pair_rows"] if causal else [])
     extra = [{}] + [{o: True} for o in options] + [dict.fromkeys(options, True)]
     return out + [{"block_M": m, "block_N": n, "num_stages": st, "threads": t, "ws": True, **x}
                   for m, n, st, t in ws for x in extra]
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
         cu, fl = cell(row["sdpa"].get("cudnn")), cell(row["sdpa"].get("flash"))
         bc = "/".join(str(best["config"][k]) for k in ("block_M", "block_N", "num_stages", "threads")) if best else "-"
         bc += "/ws" if best and best["config"].get("ws") else ""
-        bc += "".join(f"/{k}" for k in ("pingpong", "pair_rows", "late_store") if best and best["config"].get(k))
+        bc += "".join(f"/{k}" for k in ("pingpong", "pair_rows", "late_store", "double_q") if best and best["config"].get(k))
         print(f"| {B} | {Hq}/{Hkv} | {S} | {D} | {causal} | {bc} | {best['ms'] if best else float('nan'):.3f} | "
               f"{best['tflops'] if best else float('nan'):.0f} | {cu[0]} | {cu[1]} | {fl[0]} | {fl[1]} |", flush=True)
     if a.json:

@@ -31,7 +31,7 @@ elif [ "$part" = 3 ]; then
         --json "$OUT/sparse_models_ws.json" > "$OUT/sparse_models_ws.log" 2>&1
     grep -hE "^\|" "$OUT/sparse_models.log" "$OUT/sparse_models_ws.log" | head -20
 else
-    all=gemm_ws,attention_pair_rows,attention_late_store,attention_pingpong
+    all=gemm_ws,attention_pair_rows,attention_late_store,attention_pingpong,attention_double_q
     timeout 200 python3 bench/bench_models.py --models gpt2,vit,bert --peers default --no-warm --reps 30 \
         --json "$OUT/models_default.json" > "$OUT/models_default.log" 2>&1
     TILEFUSE_EXPERIMENTAL=$all timeout 200 python3 bench/bench_models.py --models gpt2,vit,bert --peers default \

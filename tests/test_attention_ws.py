@@ -129,7 +129,8 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("variant", [{}, {"pingpong": True}, {"pair_rows": True}, {"late_store": True}])
+@pytest.mark.parametrize("variant", [{}, {"pingpong": True}, {"pair_rows": True}, {"late_store": True},
+                                     {"double_q": True}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
 def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_path):
     """ptxas keeps the two products' WGMMAs asynchronous: it serializes them (warnings C7513/C7514, "wgmma.mma_async
@@ -169,7 +170,7 @@ def test_pingpong_takes_turns_through_named_barriers(cfg):
     assert pp.count(turn) == 3 and pp.count(f"tl::__named_barrier_arrive(({passes}), 256);") == 3
     assert f"if ((((int)threadIdx.x) >> 7) == {groups - 1}) {{\n      tl::__named_barrier_arrive(12, 256);" in pp
     assert pp.count("wgmma_ss") == plain.count("wgmma_ss") and pp.count("wgmma_rs") == plain.count("wgmma_rs")
-    with pytest.raises(ValueError, match="pingpong, pair_rows and late_store are schedules of ws=True"):
+    with pytest.raises(ValueError, match="pingpong, pair_rows, late_store and double_q are schedules of ws=True"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, pingpong=True)
 
 
@@ -272,7 +273,8 @@ def test_ws_gpu_fused_qkv_rows_and_nan(D, rng):
 
 
 VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True}, "late_store": {"late_store": True},
-            "all": {"pingpong": True, "pair_rows": True, "late_store": True}}
+            "double_q": {"double_q": True},
+            "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True}}
 
 
 @pytest.mark.gpu
@@ -313,3 +315,14 @@ def test_late_store_waits_for_the_store_before_the_next_tile_writes_o():
     assert body.index("tl::__sync_thread_partial", wait) < body.index("ptx_stmatrix")
     assert plain.count("tma_store_wait") == 1 and plain.index("tma_store_arrive") < plain.index("tma_store_wait")
     assert source(500, late_store=True) == source(500)  # a row tail: no staged store to defer
+
+
+def test_double_q_alternates_two_q_buffers():
+    def source(**kw):
+        return kernel_source(attention.flash_attention(32, 16, 512, 512, 64, is_causal=True, dtype="float16",
+                                                       target=SM90, **_ws_configs(64, **kw)[0]), SM90)
+    two, one = source(double_q=True, pair_rows=True), source()
+    assert "q_full[1].init(128);" in two and "q_empty[1].init(256);" in two and "q_full[1]" not in one
+    # each tile's Q in buffer count % 2, waited for at phase (count // 2) % 2 (the pair order's count: qn)
+    assert "q_empty[((int64_t)qi)].wait((((qn & 3) >> 1) ^ 1));" in two
+    assert two.count("increase_descriptor_offset<int>(desc_a") == 2  # both Q K^T issues read buffer qi

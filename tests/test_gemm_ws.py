@@ -170,7 +170,7 @@ def test_experimental_option_puts_the_unmeasured_schedules_first_where_they_appl
     assert gemm_ws.seed("float32")["num_stages"] == 2 and gemm_ws.seed("float32", True)["num_stages"] == 3
     assert lower.func_key(linear, both.target, first) != lower.func_key(linear, SM90, first)  # cached apart
     assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws").target
-    with pytest.raises(ValueError, match="unknown experimental schedule.*gemm_wsx.*known: attention_late_store"):
+    with pytest.raises(ValueError, match="unknown experimental schedule.*gemm_wsx.*known: attention_double_q, attention_late_store"):
         Options(target=SM90, experimental="gemm_wsx")
 
 

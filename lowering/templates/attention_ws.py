@@ -149,7 +149,7 @@ def _region(buf, layout, b, h, s, rows: int, D: int):
 def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, is_causal: bool, scale: float,
                        dtype: str, out_dtype: str, block_M: int, block_N: int, num_stages: int, threads: int,
                        target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False,
-                       pair_rows: bool = False, late_store: bool = False):
+                       pair_rows: bool = False, late_store: bool = False, double_q: bool = False):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
@@ -159,7 +159,9 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     each program takes a head's row tiles in heavy/light pairs (``TileOrder``); not measured yet either.
     ``late_store`` (whole row tiles): the thread that issued a tile's TMA store of O waits for it to have read shared
     memory only before the next tile writes there (TileLang's ``T.copy`` waits right after issuing, holding the first
-    consumer warp group, and with it the next tile's first WGMMA, for the store's read); not measured yet."""
+    consumer warp group, and with it the next tile's first WGMMA, for the store's read); not measured yet.
+    ``double_q``: two Q buffers, so the producer loads the next tile's Q as soon as it has issued this tile's K/V,
+    not only once every ``Q K^T`` of this tile is done; not measured yet."""
     consumers = threads // 128
     if threads % 128 or consumers not in CONSUMER_REGS or block_M != 64 * consumers:
         raise ValueError(f"flash_attention(ws=True): {threads} consumer threads with {block_M}-row tiles; the "
@@ -182,9 +184,13 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
         return T.ceildiv(T.min(Skv, m0 + block_M), block_N) if is_causal else T.ceildiv(Skv, block_N)
 
     @T.macro
-    def scores(Q_s, K_s, S_f, s):
-        """Issue ``S = Q K^T`` for the key tile in stage ``s`` (no wait)."""
-        T.wgmma_gemm(Q_s, K_s[s, :, :], S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+    def scores(Q_s, K_s, S_f, s, qi):
+        """Issue ``S = Q K^T`` for the key tile in stage ``s`` (no wait); ``qi``: the Q buffer (``double_q``)."""
+        if double_q:
+            T.wgmma_gemm(Q_s[qi, :, :], K_s[s, :, :], S_f, transpose_B=True, clear_accum=True,
+                         policy=T.GemmWarpPolicy.FullRow)
+        else:
+            T.wgmma_gemm(Q_s, K_s[s, :, :], S_f, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
 
     @T.macro
     def my_turn(wg):
@@ -222,7 +228,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
         V = param("V", shapes[2], dtype)
         O = param("O", shapes[3], out_dtype)
         with T.Kernel(grid, threads=threads + 128) as pid:
-            Q_s = T.alloc_shared((block_M, D), dtype)
+            Q_s = T.alloc_shared((2, block_M, D) if double_q else (block_M, D), dtype)
             K_s = T.alloc_shared((num_stages, block_N, D), dtype)
             V_s = T.alloc_shared((num_stages, block_N, D), dtype)
             O_sh = T.alloc_shared((block_M, D), out_dtype) if stage_out else None
@@ -234,8 +240,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             r_scale = T.alloc_fragment((block_M,), accum)
             r_sum = T.alloc_fragment((block_M,), accum)
             l_sum = T.alloc_fragment((block_M,), accum)
-            q_full = T.alloc_barrier(128)
-            q_empty = T.alloc_barrier(threads)
+            q_full = T.alloc_barrier([128, 128] if double_q else 128)
+            q_empty = T.alloc_barrier([threads, threads] if double_q else threads)
             k_full = T.alloc_barrier([128] * num_stages)
             v_full = T.alloc_barrier([128] * num_stages)
             k_empty = T.alloc_barrier([threads] * num_stages)
@@ -250,9 +256,15 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         _, bx, by, bz = order.at(pid, t)
                         m0 = bx * block_M
                         n = key_tiles(m0)
-                        T.mbarrier_wait_parity(q_empty, ((qn if order.pair else t) % 2) ^ 1)
-                        T.tma_copy(_region(Q, q_lay, bz, by, m0, block_M, D), Q_s, barrier=q_full)
-                        T.barrier_arrive(q_full)
+                        if double_q:  # Q buffer (count % 2), its phase (count // 2) % 2
+                            qi = (qn if order.pair else t) % 2
+                            T.mbarrier_wait_parity(q_empty[qi], (((qn if order.pair else t) // 2) % 2) ^ 1)
+                            T.tma_copy(_region(Q, q_lay, bz, by, m0, block_M, D), Q_s[qi, :, :], barrier=q_full[qi])
+                            T.barrier_arrive(q_full[qi])
+                        else:
+                            T.mbarrier_wait_parity(q_empty, ((qn if order.pair else t) % 2) ^ 1)
+                            T.tma_copy(_region(Q, q_lay, bz, by, m0, block_M, D), Q_s, barrier=q_full)
+                            T.barrier_arrive(q_full)
                         for k in T.serial(n):
                             s = (it + k) % num_stages
                             ph = ((it + k) // num_stages) % 2
@@ -280,11 +292,15 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         n = key_tiles(m0)
                         T.fill(O_f, 0)
                         T.fill(m_cur, neg_inf)
-                        T.mbarrier_wait_parity(q_full, (qn if order.pair else t) % 2)
+                        qi = (qn if order.pair else t) % 2 if double_q else 0
+                        if double_q:
+                            T.mbarrier_wait_parity(q_full[qi], ((qn if order.pair else t) // 2) % 2)
+                        else:
+                            T.mbarrier_wait_parity(q_full, (qn if order.pair else t) % 2)
                         # key tile 0 alone (peeled: a branch on k around the waits made ptxas serialize the WGMMAs)
                         T.mbarrier_wait_parity(k_full[it % num_stages], (it // num_stages) % 2)
                         my_turn(wg)
-                        scores(Q_s, K_s, S_f, it % num_stages)
+                        scores(Q_s, K_s, S_f, it % num_stages, qi)
                         pass_turn(wg)
                         T.wait_wgmma(0)
                         T.barrier_arrive(k_empty[it % num_stages])
@@ -298,7 +314,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                             if pingpong:  # both operands in before the turn
                                 T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
                             my_turn(wg)
-                            scores(Q_s, K_s, S_f, s)
+                            scores(Q_s, K_s, S_f, s, qi)
                             # tile k - 1's P V runs beside this tile's scores and softmax
                             if not pingpong:
                                 T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
@@ -314,7 +330,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                             for i, j in T.Parallel(block_M, D):
                                 O_f[i, j] = O_f[i, j] * r_scale[i]
                             T.copy(S_f, P_c)
-                        T.barrier_arrive(q_empty)  # every Q K^T of this tile is done
+                        T.barrier_arrive(q_empty[qi] if double_q else q_empty)  # every Q K^T of this tile is done
                         sl = (it + n - 1) % num_stages
                         T.mbarrier_wait_parity(v_full[sl], ((it + n - 1) // num_stages) % 2)
                         my_turn(wg)
