@@ -23,12 +23,8 @@ import tilelang.language as T
 
 from tilefuse.config import device_facts
 from tilefuse.lowering.templates.common import param, target_kind
-from tilefuse.lowering.templates.gemm_ws import grouped
+from tilefuse.lowering.templates.gemm_ws import CONSUMER_REGS, ITEM, PRODUCER_REGS, SMEM_MAX, grouped
 from tilefuse.ops.sparse_layout import E_FACTOR, SPARSE_DTYPES, padded_k
-
-PRODUCER_REGS, CONSUMER_REGS = 40, 232
-SMEM_MAX = 227 * 1024
-ITEM = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 def eligible(target: dict | str, *, N: int, K: int, dtype: str = "float16", out_dtype: str | None = None,
@@ -151,7 +147,7 @@ def gemm_sp_ws(M: int, N: int, K: int, *, dtype: str, out_dtype: str, y_elem, ex
                             T.copy(extras[k][m0, n0], tiles_s[k])
                         T.tma_store_wait()  # (the issuing thread) the previous tile's store has read Y_s
                         for i, j in T.Parallel(block_N, block_M):
-                            Y_s[j, i] = T.Cast(out_dtype, y_elem(C_f, extras, tiles_s, i, j, m0, n0))
+                            Y_s[j, i] = y_elem(C_f, extras, tiles_s, i, j, m0, n0)  # (in out_dtype)
                         T.tma_copy(Y_s, Y[m0:m0 + block_M, n0:n0 + block_N])
                 T.tma_store_wait()
 

@@ -21,12 +21,12 @@ from collections.abc import Sequence
 
 import tilelang.language as T
 
-from tilefuse.config import device_facts
+from tilefuse.config import DEVICE_FACTS, device_facts
 from tilefuse.lowering.expr import Expr
 from tilefuse.lowering.templates.common import param, target_kind
 
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
-SMEM_MAX = 227 * 1024  # the H200's shared memory per block
+SMEM_MAX = DEVICE_FACTS["sm_90"].smem_per_block  # (the schedules are sm_90's)
 TURN_BARRIER = 12  # ping-pong: group w waits on named barrier 12 + w (TileLang numbers its own from 3)
 ITEM = {"float16": 2, "bfloat16": 2, "float32": 4}
 
