@@ -130,9 +130,9 @@ def main(argv=None) -> int:
     for B, Hq, Hkv, S, D, causal in shapes:
         ws = attention_ws.eligible(target, D=D)  # (no mask, fp16: the hand-written schedule applies)
         if a.configs == "seeds":
-            configs = attention.get_configs(target, D, ws)
+            configs = attention.get_configs(target, D, ws, causal)
         else:
-            configs = variants(D, causal) if a.configs == "variants" else attention.config_space(target, D, ws=ws)
+            configs = variants(D, causal) if a.configs == "variants" else attention.config_space(target, D, ws=ws, causal=causal)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing)
         result["rows"].append(row)
         ok = [e for e in row["tilefuse"] if "ms" in e]

@@ -140,10 +140,14 @@ def test_gemm_ws_gpu_matches_the_reference(dtype, rng):
         ex = [torch.randn(s, generator=rng).to(tdt) for s in extras]
         A[M // 2, 3], A[M - 1, 0] = float("nan"), float("inf")
         got = k(A.cuda(), B.cuda(), *[e.cuda() for e in ex]).cpu()
-        want = gemm.reference(A, B, ex, trans_B=kw.get("trans_B", False), epilogue=kw.get("epilogue"),
-                              out_dtype=kw.get("out_dtype"))
+        # (on the GPU, as the model's torch would run it: torch's CPU float32 gelu gives NaN for +inf, CUDA's +inf)
+        want = gemm.reference(A.cuda(), B.cuda(), [e.cuda() for e in ex], trans_B=kw.get("trans_B", False),
+                              epilogue=kw.get("epilogue"), out_dtype=kw.get("out_dtype")).cpu()
         assert got.shape == want.shape and got.dtype == want.dtype, name
-        torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name}: {m}")
+        finite = torch.ones(M, dtype=torch.bool)
+        finite[[M // 2, M - 1]] = False  # the finite rows first: a tile's wrong numbers, apart from NaN/Inf's
+        torch.testing.assert_close(got[finite], want[finite], **tol, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name} NaN/Inf: {m}")
 
 
 def test_experimental_option_puts_the_unmeasured_schedules_first_where_they_apply():
@@ -157,16 +161,16 @@ def test_experimental_option_puts_the_unmeasured_schedules_first_where_they_appl
     odd = spec("gemm", M=4096, N=3072, K=100, trans_B=True, A_dtype="float16")  # rows TMA cannot address
     attn = spec("flash_attention", B=2, Hq=4, Sq=256, Skv=256, D=64, dtype="float16", is_causal=True)
     plain = Options(target=SM90)
-    both = Options(target=SM90, experimental="gemm_ws, gemm_ws_pingpong,attention_pair_rows,attention_late_store")
+    both = Options(target=SM90, experimental="gemm_ws, gemm_ws_pingpong,attention_double_q,attention_late_store")
     assert "experimental" not in plain.target
-    assert both.target["experimental"] == ["attention_late_store", "attention_pair_rows", "gemm_ws", "gemm_ws_pingpong"]
+    assert both.target["experimental"] == ["attention_double_q", "attention_late_store", "gemm_ws", "gemm_ws_pingpong"]
     first, second = lower.config_space(linear, both.target)[:2]
     assert first == gemm_ws.seed() and second == gemm_ws.seed(pingpong=True)
     assert lower.default_config(linear, both.target) == first
     assert not lower.default_config(linear, plain.target).get("ws")
     assert not any(c.get("ws") for c in lower.config_space(odd, both.target))
     assert lower.default_config(attn, both.target) == {**lower.default_config(attn, plain.target),
-                                                       "pair_rows": True, "late_store": True}
+                                                       "double_q": True, "late_store": True}
     assert gemm_ws.seed("float32")["num_stages"] == 2 and gemm_ws.seed("float32", True)["num_stages"] == 3
     assert lower.func_key(linear, both.target, first) != lower.func_key(linear, SM90, first)  # cached apart
     assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws").target
@@ -256,10 +260,15 @@ def test_gemm_sp_ws_gpu_matches_the_reference(dtype, rng):
     for (name, (M, N, K, kw, extras), _), k in zip(runs, kernels):
         assert not isinstance(k, BaseException), f"{name}: {k}"
         x = torch.randn(M, K, generator=rng).to(tdt)
-        x[M // 3, 5] = float("nan")
         w = prune_2_4(torch.randn(N, K, generator=rng).to(tdt) / K ** 0.5)
         values, meta = compress_2_4(w, k_major=True)
         ex = [torch.randn(s, generator=rng).to(tdt) for s in extras]
-        got = k(x.cuda(), values.cuda(), meta.cuda(), *[e.cuda() for e in ex]).cpu()
         want = gemm_sp.reference(x, values, meta, ex, K=K, epilogue=kw.get("epilogue"), meta_k_major=True)
-        torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name}: {m}")
+        # A NaN meets only the kept weights: the 2:4 tensor cores skip the pruned ones' products (torch's dense
+        # matmul of the pruned weight would spread it over the row through 0 x NaN)
+        x[M // 3, 5] = float("nan")
+        want[M // 3, w[:, 5] != 0] = float("nan")
+        got = k(x.cuda(), values.cuda(), meta.cuda(), *[e.cuda() for e in ex]).cpu()
+        finite = torch.arange(M) != M // 3
+        torch.testing.assert_close(got[finite], want[finite], **tol, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name} NaN: {m}")

@@ -98,8 +98,9 @@ def _on(v: str) -> bool:
 
 
 # Options.experimental's names (what each does: lowering/lower.py config_space).
-EXPERIMENTAL = ("gemm_ws", "gemm_ws_pingpong", "gemm_sp_ws", "attention_pingpong", "attention_pair_rows",
-                "attention_late_store", "attention_double_q")
+# (attention_ws's pair_rows, measured a win, is the causal default: attention_configs.get_configs.)
+EXPERIMENTAL = ("gemm_ws", "gemm_ws_pingpong", "gemm_sp_ws", "attention_pingpong", "attention_late_store",
+                "attention_double_q")
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,8 @@ class Options:
     # Kernel schedules written but not yet measured on the H200, for A/B runs of whole models (comma-separated
     # ``EXPERIMENTAL`` names; the target then carries them, so their kernels are cached apart): "gemm_ws" and
     # "gemm_ws_pingpong" put gemm(ws=True)'s seed first where it applies, "gemm_sp_ws" gemm_sp(ws=True)'s;
-    # "attention_pingpong", "attention_pair_rows", "attention_late_store" and "attention_double_q" add those options to
-    # the warp-specialized attention's seeds.
+    # "attention_pingpong", "attention_late_store" and "attention_double_q" add those options to the warp-specialized
+    # attention's seeds (measured 2026-12-03: none of them a consistent win; bench/results/2026-12-03-h200-session22).
     experimental: str = _read("EXPERIMENTAL", "")
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)

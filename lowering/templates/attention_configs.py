@@ -11,10 +11,12 @@ from tilefuse.lowering.templates import attention_ws
 from tilefuse.lowering.templates.common import dialect
 
 
-def get_configs(target: dict | str, D: int = 128, ws: bool = False) -> list[dict]:
+def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool = False) -> list[dict]:
     """Seed configs for head dim ``D``; keys are exactly ``flash_attention``'s tunables. The first is the
     default pick; tuning measures the others (and ``config_space``'s) on the device. ``ws``: the attention can take
-    the warp-specialized schedule (``attention_ws.eligible``), whose seeds then lead on sm_90."""
+    the warp-specialized schedule (``attention_ws.eligible``), whose seeds then lead on sm_90; ``causal``: they pair
+    heavy and light row tiles (``pair_rows``: on the H200, 2026-12-03, causal D 64 went from 0.63-0.83x cuDNN to
+    0.82-0.95x, D 128 from 0.77x to 0.89x; bench/results/2026-12-03-h200-session22)."""
     if dialect(target).cpu:
         return [_config(32, 32, 0, 1), _config(64, 64, 0, 1)]
     if dialect(target).metal:  # small tiles: Q, K, V, scores and two D-wide fp32 outputs in 32 KB of threadgroup
@@ -26,7 +28,7 @@ def get_configs(target: dict | str, D: int = 128, ws: bool = False) -> list[dict
         if D <= 64:
             seeds[1:1] = [(192, 128, 2, 384), (128, 128, 3, 256)]
         if ws and D <= 128:
-            return [_config(*s, ws=True) for s in attention_ws.seeds(D)] + [_config(*s) for s in seeds]
+            return [_config(*s, ws=True, pair_rows=causal) for s in attention_ws.seeds(D)] + [_config(*s) for s in seeds]
     else:
         # sm_80: causal with num_stages >= 2 crashes codegen (TILELANG.md); one stage is safe for both.
         seeds = [(128, 64, 1, 128), (64, 64, 1, 128)]
@@ -112,7 +114,8 @@ def decode_splits(target: dict | str, rows: int, B: int, Hkv: int, Skv: int, blo
 
 
 def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups: int = 1,
-                 keys_masked: bool = False, B: int = 0, Hkv: int = 0, Skv: int = 0, ws: bool = False) -> list[dict]:
+                 keys_masked: bool = False, B: int = 0, Hkv: int = 0, Skv: int = 0, ws: bool = False,
+                 causal: bool = False) -> list[dict]:
     """Everything worth measuring for head dim ``D``: the seeds, then more Hopper tiles.
 
     Measured on the H200 (B4 H32 S4096 D128 fp16, bench/results): 128x128 and 128x176 key tiles with
@@ -120,7 +123,7 @@ def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups
     it. A FlashAttention-3 style manual schedule (``T.Pipelined`` order/stage) was tried and dropped:
     TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower (at D 64 too, 2026-12-03). The
     overlap it aimed at is ``attention_ws``'s hand-written schedule (``ws``: its seeds first, where it applies)."""
-    seeds = get_configs(target, D, ws) + (decode_configs(target, Sq, groups, keys_masked, B, Hkv, Skv)
+    seeds = get_configs(target, D, ws, causal) + (decode_configs(target, Sq, groups, keys_masked, B, Hkv, Skv)
                                       if Sq is not None else [])
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     if dialect(target).cpu or not arch.startswith("sm_90") or D > 128:
@@ -133,7 +136,7 @@ def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups
 
 
 def _config(block_M, block_N, num_stages, threads, pack: bool = False, bound_keys: bool = False,
-            ws: bool = False) -> dict:
+            ws: bool = False, pair_rows: bool = False) -> dict:
     c = {"block_M": block_M, "block_N": block_N, "num_stages": num_stages, "threads": threads}
     return {**c, **({"pack": True} if pack else {}), **({"bound_keys": True} if bound_keys else {}),
-            **({"ws": True} if ws else {})}
+            **({"ws": True} if ws else {}), **({"pair_rows": True} if ws and pair_rows else {})}

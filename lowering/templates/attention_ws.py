@@ -154,14 +154,16 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
     schedule): a group issues its products only after the previous group issued its own, through named barriers, so
-    one group's softmax runs under another's WGMMAs instead of all groups waiting on the tensor cores together. Not
-    measured yet: no seed or config space offers it (``bench_attention.py``'s variants do). ``pair_rows`` (causal):
-    each program takes a head's row tiles in heavy/light pairs (``TileOrder``); not measured yet either.
+    one group's softmax runs under another's WGMMAs instead of all groups waiting on the tensor cores together.
+    ``pair_rows`` (causal): each program takes a head's row tiles in heavy/light pairs (``TileOrder``); the causal
+    seeds carry it (H200, 2026-12-03: 0.79 -> 0.95x cuDNN at GPT-2's shape, 0.62 -> 0.82x at 512 tokens).
     ``late_store`` (whole row tiles): the thread that issued a tile's TMA store of O waits for it to have read shared
     memory only before the next tile writes there (TileLang's ``T.copy`` waits right after issuing, holding the first
-    consumer warp group, and with it the next tile's first WGMMA, for the store's read); not measured yet.
-    ``double_q``: two Q buffers, so the producer loads the next tile's Q as soon as it has issued this tile's K/V,
-    not only once every ``Q K^T`` of this tile is done; not measured yet."""
+    consumer warp group, and with it the next tile's first WGMMA, for the store's read). ``double_q``: two Q buffers,
+    so the producer loads the next tile's Q as soon as it has issued this tile's K/V, not only once every ``Q K^T`` of
+    this tile is done. ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on the H200
+    (2026-12-03, within +-3% of the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles); no seed offers
+    them, ``Options.experimental`` and ``bench_attention.py``'s variants do."""
     consumers = threads // 128
     if threads % 128 or consumers not in CONSUMER_REGS or block_M != 64 * consumers:
         raise ValueError(f"flash_attention(ws=True): {threads} consumer threads with {block_M}-row tiles; the "
