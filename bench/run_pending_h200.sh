@@ -27,6 +27,13 @@ if [ "$part" = 4 ]; then  # session 22: the fixed GEMM references, pair_rows as 
     timeout 110 python3 bench/proto_gemm_ws.py --json "$OUT/gemm_ws.json" 2>&1 | quiet > "$OUT/gemm_ws.log"
     timeout 100 python3 bench/proto_gemm_sp_ws.py --json "$OUT/gemm_sp_ws.json" 2>&1 | quiet > "$OUT/gemm_sp_ws.log"
     grep -vE "^\s*$" "$OUT/gemm_ws.log" "$OUT/gemm_sp_ws.log" | cut -c1-200 | tail -60
+elif [ "$part" = 5 ]; then  # session 22: every ws GEMM case's numerics; zoo models with the ws GEMM
+    timeout 130 python3 bench/diag_gemm_ws.py 2>&1 | quiet > "$OUT/diag_gemm_ws.log"; grep -v "^\s*$" "$OUT/diag_gemm_ws.log" | cut -c1-230
+    timeout 170 python3 bench/bench_models.py --models gpt2,vit --peers default --no-warm --reps 30 \
+        --json "$OUT/models_default.json" > "$OUT/models_default.log" 2>&1
+    TILEFUSE_EXPERIMENTAL=gemm_ws timeout 170 python3 bench/bench_models.py --models gpt2,vit --peers default \
+        --no-warm --reps 30 --json "$OUT/models_gemm_ws.json" > "$OUT/models_gemm_ws.log" 2>&1
+    grep -hE "^\||^model|^(gpt2|vit) " "$OUT/models_default.log" "$OUT/models_gemm_ws.log" | head -30
 elif [ "$part" = 1 ]; then
     timeout 240 python3 -m pytest -q -m gpu tests/test_attention_ws.py tests/test_gemm_ws.py -n 14 \
         -p no:cacheprovider 2>&1 | tail -12 | tee "$OUT/gpu_tests_ws.txt"

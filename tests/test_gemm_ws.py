@@ -171,7 +171,8 @@ def test_experimental_option_puts_the_unmeasured_schedules_first_where_they_appl
     assert not any(c.get("ws") for c in lower.config_space(odd, both.target))
     assert lower.default_config(attn, both.target) == {**lower.default_config(attn, plain.target),
                                                        "double_q": True, "late_store": True}
-    assert gemm_ws.seed("float32")["num_stages"] == 2 and gemm_ws.seed("float32", True)["num_stages"] == 3
+    assert gemm_ws.seed()["block_N"] == 192 and gemm_ws.seed()["num_stages"] == 4
+    assert gemm_ws.seed("float32")["num_stages"] == 3 and gemm_ws.seed("float32", True)["num_stages"] == 3
     assert lower.func_key(linear, both.target, first) != lower.func_key(linear, SM90, first)  # cached apart
     assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws").target
     with pytest.raises(ValueError, match="unknown experimental schedule.*gemm_wsx.*known: attention_double_q, attention_late_store"):
