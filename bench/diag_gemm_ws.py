@@ -95,7 +95,49 @@ def sparse(dtype: str) -> None:
               flush=True)
 
 
+def sparse_probe(dtype: str = "float16") -> None:
+    """The wrong 2:4 case (4096 x 2048 x 512, no epilogue) beside one change each: a bias, one round (fewer tokens
+    and weight rows), a deeper K, 128-token tiles; for the wrong ones, which reference row each output row matches."""
+    from tilefuse.lowering.expr import Acc, Arg
+    from tilefuse.lowering.templates import gemm_sp_ws
+    probes = [("as found", 4096, 2048, 512, False, {}), ("bias", 4096, 2048, 512, True, {}),
+              ("one round", 2048, 1024, 512, False, {}), ("K 1024", 4096, 2048, 1024, False, {}),
+              ("128 tokens", 4096, 2048, 512, False, {"block_M": 128}), ("3 rounds", 8192, 2048, 512, False, {}),
+              ("stages 2", 4096, 2048, 512, False, {"num_stages": 2})]
+    funcs = []
+    for name, M, N, K, bias, over in probes:
+        cfg = {**{k: v for k, v in gemm_sp_ws.seed(K).items() if k != "ws"}, **over}
+        ep = {"epilogue": Acc() + Arg(0), "extra_shapes": [(N,)], "extra_dtypes": [dtype]} if bias else {}
+        funcs.append(gemm_sp.gemm_sp(M, N, K, dtype=dtype, meta_k_major=True, ws=True, target=t.SM90, **ep, **cfg))
+    kernels = compile_many([(f, [-1]) for f in funcs], default_target(), return_exceptions=True)
+    tdt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(0)
+    for (name, M, N, K, bias, over), k in zip(probes, kernels):
+        if isinstance(k, BaseException):
+            print(f"probe {name}: BUILD {type(k).__name__}: {str(k)[:200]}", flush=True)
+            continue
+        x = torch.randn(M, K, generator=g).to(tdt)
+        w = prune_2_4(torch.randn(N, K, generator=g).to(tdt) / K ** 0.5)
+        values, meta = compress_2_4(w, k_major=True)
+        ex = [torch.randn(N, generator=g).to(tdt)] if bias else []
+        want = gemm_sp.reference(x, values, meta, ex, K=K, epilogue=Acc() + Arg(0) if bias else None,
+                                 meta_k_major=True).float()
+        got = k(x.cuda(), values.cuda(), meta.cuda(), *[e.cuda() for e in ex]).float().cpu()
+        bad = (got - want).abs() > 1e-2 + 1e-2 * want.abs()
+        print(f"probe {name:12s} {M}x{N}x{K} bias={bias} {over}: {where(bad)}", flush=True)
+        if bad.any():
+            rows = bad.any(1).nonzero()[:6, 0].tolist()
+            match = [int(((want - got[r]).abs().sum(1)).argmin()) for r in rows]
+            cols = bad.any(0).nonzero()[:6, 0].tolist()
+            cmatch = [int(((want - got[:, c:c + 1]).abs().sum(0)).argmin()) for c in cols]
+            print(f"   wrong rows {rows} match reference rows {match}; wrong cols {cols} match cols {cmatch}; "
+                  f"got[{rows[0]}, :4] {got[rows[0], :4].tolist()} want {want[rows[0], :4].tolist()}", flush=True)
+
+
 if __name__ == "__main__":
+    if "--sparse-probe" in sys.argv:
+        sparse_probe()
+        sys.exit(0)
     import traceback
     for dt in ("float16", "bfloat16"):
         for part in (dense, sparse):

@@ -26,7 +26,6 @@ from tilefuse.lowering.templates import (
     gemm,
     gemm_configs,
     gemm_sp,
-    gemm_sp_ws,
     gemm_ws,
     gemv,
     pool,
@@ -63,10 +62,6 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         staged = module.staged_extras(kw["M"], kw["N"], kw.get("epilogue"), kw.get("extra_shapes", ()))
         configs = module.config_space(target, kw["K"], kw.get("out_dtype"), kw.get("meta_k_major", False),
                                       staged_tiles=len(staged), M=kw["M"])
-        if "gemm_sp_ws" in experimental(target) and gemm_sp_ws.eligible(target, **kw):
-            first = gemm_sp_ws.seed(kw["K"], kw.get("out_dtype") or kw.get("dtype", "float16"),
-                                    [kw["extra_dtypes"][k] for k in staged])
-            configs = ([first] if first else []) + configs
         return configs
     space = getattr(module, "config_space", module.get_configs)
     trying = experimental(target)
@@ -81,9 +76,9 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     arg = {"gemm": kw.get("B_dtype"), "gemv": kw.get("B_dtype"), "gemv_group": kw.get("B_dtype"),
            "conv2d": kw.get("in_dtype")}.get(spec.template)
     configs = space(target, arg) if arg else space(target)
-    ws = [p for p in (False, True) if ("gemm_ws_pingpong" if p else "gemm_ws") in trying]
-    if spec.template == "gemm" and ws and gemm_ws.eligible(target, **kw):
+    if spec.template == "gemm" and gemm_ws.eligible(target, **kw):  # (its seeds lead: the default pick)
         out = kw.get("out_dtype") or kw.get("B_dtype") or kw.get("A_dtype", "float16")
+        ws = [p for p in (False, True) if (kw["M"] >= gemm_ws.MIN_M if not p else "gemm_ws_pingpong" in trying)]
         return [gemm_ws.seed(out, p) for p in ws] + configs
     return configs
 
@@ -126,7 +121,7 @@ def default_config(spec: KernelSpec, target: dict) -> dict:
     waves (``gemm_configs.default_config``), for 2:4 GEMMs on CUDA ``gemm_sp.default_config``, else the first seed."""
     configs = config_space(spec, target)
     kw = spec.factory_kwargs()
-    if spec.template == "gemm" and configs and configs[0].get("ws"):  # (Options.experimental asked for it)
+    if spec.template == "gemm" and configs and configs[0].get("ws"):  # (gemm_ws: where it applies, it leads)
         return configs[0]
     if spec.template == "gemm":
         return gemm_configs.default_config(configs, kw["M"], kw["N"], gemm_batch(kw), target)

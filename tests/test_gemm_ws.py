@@ -150,7 +150,7 @@ def test_gemm_ws_gpu_matches_the_reference(dtype, rng):
         torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name} NaN/Inf: {m}")
 
 
-def test_experimental_option_puts_the_unmeasured_schedules_first_where_they_apply():
+def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_theirs():
     from tilefuse.config import Options
     from tilefuse.lowering import lower
     from tilefuse.lowering.builders import KernelSpec
@@ -158,25 +158,30 @@ def test_experimental_option_puts_the_unmeasured_schedules_first_where_they_appl
     def spec(template, **kw):
         return KernelSpec(template, tuple(sorted(kw.items())), (-1,), (), ())
     linear = spec("gemm", M=4096, N=3072, K=768, trans_B=True, A_dtype="float16")
+    few = spec("gemm", M=gemm_ws.MIN_M - 8, N=3072, K=768, trans_B=True, A_dtype="float16")
     odd = spec("gemm", M=4096, N=3072, K=100, trans_B=True, A_dtype="float16")  # rows TMA cannot address
     attn = spec("flash_attention", B=2, Hq=4, Sq=256, Skv=256, D=64, dtype="float16", is_causal=True)
     plain = Options(target=SM90)
-    both = Options(target=SM90, experimental="gemm_ws, gemm_ws_pingpong,attention_double_q,attention_late_store")
+    both = Options(target=SM90, experimental="gemm_ws_pingpong,attention_double_q, attention_late_store")
     assert "experimental" not in plain.target
-    assert both.target["experimental"] == ["attention_double_q", "attention_late_store", "gemm_ws", "gemm_ws_pingpong"]
+    assert both.target["experimental"] == ["attention_double_q", "attention_late_store", "gemm_ws_pingpong"]
+    assert lower.config_space(linear, plain.target)[0] == lower.default_config(linear, plain.target) == gemm_ws.seed()
     first, second = lower.config_space(linear, both.target)[:2]
     assert first == gemm_ws.seed() and second == gemm_ws.seed(pingpong=True)
     assert lower.default_config(linear, both.target) == first
-    assert not lower.default_config(linear, plain.target).get("ws")
+    assert not any(c.get("ws") for c in lower.config_space(few, plain.target))  # the template's pick by waves
+    assert lower.default_config(few, both.target) == gemm_ws.seed(pingpong=True)  # (asked for)
     assert not any(c.get("ws") for c in lower.config_space(odd, both.target))
+    assert lower.default_config(attn, plain.target)["pair_rows"] is True  # causal: the measured default
     assert lower.default_config(attn, both.target) == {**lower.default_config(attn, plain.target),
                                                        "double_q": True, "late_store": True}
     assert gemm_ws.seed()["block_N"] == 192 and gemm_ws.seed()["num_stages"] == 4
     assert gemm_ws.seed("float32")["num_stages"] == 3 and gemm_ws.seed("float32", True)["num_stages"] == 3
     assert lower.func_key(linear, both.target, first) != lower.func_key(linear, SM90, first)  # cached apart
-    assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws").target
-    with pytest.raises(ValueError, match="unknown experimental schedule.*gemm_wsx.*known: attention_double_q, attention_late_store"):
-        Options(target=SM90, experimental="gemm_wsx")
+    assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws_pingpong").target
+    for gone in ("gemm_ws", "attention_pair_rows", "gemm_wsx"):  # (defaults now, or never known)
+        with pytest.raises(ValueError, match=f"unknown experimental schedule.*{gone}.*known: attention_double_q"):
+            Options(target=SM90, experimental=gone)
 
 
 # ---- 2:4 sparse: gemm_sp(ws=True) ---------------------------------------------------------------------------------
@@ -231,30 +236,28 @@ def test_gemm_sp_ws_wgmmas_are_not_serialized_by_ptxas(tmp_path):
     assert "serialized" not in log and "C7513" not in log and "C7514" not in log, log[-3000:]
 
 
-def test_experimental_gemm_sp_ws_comes_first_where_it_applies():
+def test_no_config_space_offers_gemm_sp_ws():
     from tilefuse.config import Options
     from tilefuse.lowering import lower
     from tilefuse.lowering.builders import KernelSpec
-    from tilefuse.lowering.templates import gemm_sp_ws
 
-    def spec(**kw):
-        return KernelSpec("gemm_sp", tuple(sorted(kw.items())), (-1,), (), ())
-    k_major = spec(M=4096, N=4096, K=4096, dtype="float16", meta_k_major=True)
-    row_major = spec(M=4096, N=4096, K=4096, dtype="float16")
-    target = Options(target=SM90, experimental="gemm_sp_ws").target
-    assert lower.default_config(k_major, target) == gemm_sp_ws.seed(4096)
-    assert not lower.default_config(k_major, SM90).get("ws")
-    assert not any(c.get("ws") for c in lower.config_space(row_major, target))
+    k_major = KernelSpec("gemm_sp", tuple(sorted({"M": 4096, "N": 4096, "K": 4096, "dtype": "float16",
+                                                      "meta_k_major": True}.items())), (-1,), (), ())
+    assert not any(c.get("ws") for c in lower.config_space(k_major, SM90))
+    with pytest.raises(ValueError, match="unknown experimental schedule.*gemm_sp_ws"):
+        Options(target=SM90, experimental="gemm_sp_ws")
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", [pytest.param("plain_rounds", marks=pytest.mark.xfail(
+    strict=True, reason="H200 2026-12-03: wrong in ~77% of elements (gemm_sp_ws.py's note); not offered anywhere")),
+    "bias", "silu_up_tails"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_gemm_sp_ws_gpu_matches_the_reference(dtype, rng):
-    """Each case compiled in parallel first; a 2:4-pruned random weight, fresh inputs, every element checked, a NaN
-    token row."""
+def test_gemm_sp_ws_gpu_matches_the_reference(dtype, case, rng):
+    """A 2:4-pruned random weight, fresh inputs, every element checked, a NaN token row."""
     from tilefuse.lowering.templates import gemm_sp
     from tilefuse.ops.sparse_layout import compress_2_4, prune_2_4
-    runs = list(_sparse_funcs(dtype))
+    runs = [r for r in _sparse_funcs(dtype) if r[0] == case]
     kernels = compile_many([(f, [-1]) for _, _, f in runs], default_target(), return_exceptions=True)
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == "bfloat16" else {"rtol": 1e-2, "atol": 1e-2}
     tdt = getattr(torch, dtype)

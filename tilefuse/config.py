@@ -98,9 +98,9 @@ def _on(v: str) -> bool:
 
 
 # Options.experimental's names (what each does: lowering/lower.py config_space).
-# (attention_ws's pair_rows, measured a win, is the causal default: attention_configs.get_configs.)
-EXPERIMENTAL = ("gemm_ws", "gemm_ws_pingpong", "gemm_sp_ws", "attention_pingpong", "attention_late_store",
-                "attention_double_q")
+# (Measured wins left this list for the defaults: the ws GEMM, lowering/lower.py config_space, and attention_ws's
+# pair_rows, attention_configs.get_configs.)
+EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q")
 
 
 @dataclass(frozen=True)
@@ -142,9 +142,9 @@ class Options:
     # dependents, placed while the kernel before them finishes (lowering/templates/common.py: an HF LLaMA decode
     # step's GPU time 3-5% less on the H200). 0 builds plain launches: the target then carries "pdl": False.
     pdl: bool = _read("PDL", "1", _on)
-    # Kernel schedules written but not yet measured on the H200, for A/B runs of whole models (comma-separated
-    # ``EXPERIMENTAL`` names; the target then carries them, so their kernels are cached apart): "gemm_ws" and
-    # "gemm_ws_pingpong" put gemm(ws=True)'s seed first where it applies, "gemm_sp_ws" gemm_sp(ws=True)'s;
+    # Kernel schedules that measured no consistent win on the H200, kept for A/B runs of whole models (comma-separated
+    # ``EXPERIMENTAL`` names; the target then carries them, so their kernels are cached apart): "gemm_ws_pingpong"
+    # puts gemm(ws=True, pingpong=True)'s seed first where it applies;
     # "attention_pingpong", "attention_late_store" and "attention_double_q" add those options to the warp-specialized
     # attention's seeds (measured 2026-12-03: none of them a consistent win; bench/results/2026-12-03-h200-session22).
     experimental: str = _read("EXPERIMENTAL", "")

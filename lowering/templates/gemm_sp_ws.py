@@ -11,8 +11,14 @@ only before the buffer's next use.
 
 What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16, K-major metadata (the sm_90 planner's layout), and rows
 TMA can address (16-byte multiples: X's, the metadata's (N int16) and Y's). Tails: TMA loads zero-fill past M, N and
-K, the TMA store clips; epilogue operands are read at clamped coordinates. Not measured yet (session 21 had no device
-time): ``Options.experimental`` "gemm_sp_ws" puts its seed first; ``bench/proto_gemm_sp_ws.py`` times it.
+K, the TMA store clips; epilogue operands are read at clamped coordinates.
+
+**Wrong results, not offered anywhere**: on the H200 (2026-12-03, ``bench/diag_gemm_ws.py``) 4096 x 2048 x 512 with no
+epilogue (256 tiles: two rounds per program) came out wrong in ~77% of its elements (every row but the first 16),
+where 2048 x 1024 x 1024 with a bias, 1000 x 1024 x 776 with a staged ``silu(up) *`` and 8192^3 / 16384^3 with a bias
+(``bench/proto_gemm_sp_ws.py``: 0.89-0.92x torch's cuSPARSELt) were right. The lowered source was read through
+(stages, parities, descriptor offsets, tile order, shared-memory placement) without finding the cause. No config
+space offers it (``Options.experimental`` "gemm_sp_ws" is gone) until the GPU test's xfail case passes.
 """
 
 from __future__ import annotations

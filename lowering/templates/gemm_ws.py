@@ -11,8 +11,11 @@ epilogue runs under the other's WGMMAs; CUTLASS's ping-pong kernel schedule).
 
 What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands of one dtype and no prologue, A not
 transposed and no batch, and rows that TMA can address (16-byte multiples: A's and B's rows, C's). Tails: TMA loads
-zero-fill past M, N and K, the TMA store clips; the epilogue's operands are read at clamped coordinates. Not
-measured yet (session 21 had no device time): no config space offers it, ``bench/proto_gemm_ws.py`` does.
+zero-fill past M, N and K, the TMA store clips; the epilogue's operands are read at clamped coordinates. Where it
+applies to ``MIN_M`` rows or more, its cooperative seed leads the config space (the default pick): on the H200
+(2026-12-03, bench/results/2026-12-03-h200-session22) every numerics case right (fp16/bf16, tails, NaN/Inf, both
+schedules), 1.00-1.08x cuBLAS at the zoo's linear shapes, zoo GPT-2 1.08 -> 1.12x and ViT 1.14 -> 1.17x Inductor.
+``pingpong`` measured no better than cooperative; ``Options.experimental`` "gemm_ws_pingpong" offers it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from tilefuse.lowering.expr import Expr
 from tilefuse.lowering.templates.common import param, target_kind
 
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
+# The cooperative seed leads (is the default pick) from this many rows: the H200 measured it at 8192 (1.00-1.08x
+# cuBLAS, the TileLang-scheduled template 0.64-0.94x) and in GPT-2 / ViT (1000-4096 rows in the numerics tests).
+# Fewer rows keep the template's configs and its pick by padded waves (gemm_configs.default_config).
+MIN_M = 1024
 SMEM_MAX = DEVICE_FACTS["sm_90"].smem_per_block  # (the schedules are sm_90's)
 TURN_BARRIER = 12  # ping-pong: group w waits on named barrier 12 + w (TileLang numbers its own from 3)
 ITEM = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -47,8 +54,8 @@ def eligible(target: dict | str, *, N: int, K: int, trans_A: bool = False, trans
 
 
 def seed(out_dtype: str = "float16", pingpong: bool = False) -> dict:
-    """The config ``Options.experimental`` ("gemm_ws", "gemm_ws_pingpong") puts first: 128 x 192 tiles for both
-    groups, or 128 x 128 for each, 64 deep, with as many stages (at most 4) as shared memory holds. (H200,
+    """The config that leads where ``gemm_ws`` applies (``pingpong``: the one ``Options.experimental``
+    "gemm_ws_pingpong" puts first): 128 x 192 tiles for both groups, or 128 x 128 for each, 64 deep, with as many stages (at most 4) as shared memory holds. (H200,
     2026-12-03, ``bench/proto_gemm_ws.py``: 128 x 192 x 4 stages led at 6 of 7 zoo linear shapes, 1.00-1.08x cuBLAS;
     128 x 256 x 3 0.82-1.10x.)"""
     block_N = 128 if pingpong else 192
