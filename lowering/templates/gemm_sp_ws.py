@@ -16,9 +16,13 @@ K, the TMA store clips; epilogue operands are read at clamped coordinates.
 **Wrong results, not offered anywhere**: on the H200 (2026-12-03, ``bench/diag_gemm_ws.py``) 4096 x 2048 x 512 with no
 epilogue (256 tiles: two rounds per program) came out wrong in ~77% of its elements (every row but the first 16),
 where 2048 x 1024 x 1024 with a bias, 1000 x 1024 x 776 with a staged ``silu(up) *`` and 8192^3 / 16384^3 with a bias
-(``bench/proto_gemm_sp_ws.py``: 0.89-0.92x torch's cuSPARSELt) were right. The lowered source was read through
-(stages, parities, descriptor offsets, tile order, shared-memory placement) without finding the cause. No config
-space offers it (``Options.experimental`` "gemm_sp_ws" is gone) until the GPU test's xfail case passes.
+(``bench/proto_gemm_sp_ws.py``: 0.89-0.92x torch's cuSPARSELt) were right. ``diag_gemm_ws.py --sparse-probe``: a
+bias epilogue, or 2 stages instead of 3, makes that shape right; one round, K 1024, 128-token tiles stay wrong, with
+wrong elements inside rows that start right. The lowered source reads right (stages, parities, descriptor offsets,
+tile order, shared-memory placement), so the fault is timing-dependent; the likely one: ``wgmma.sp`` takes its
+metadata from registers (``E_local``), which the next k-block's loads may overwrite while the kernel keeps that
+product in flight (``T.wait_wgmma(1)``). Untested (no device time left). No config space offers it
+(``Options.experimental`` "gemm_sp_ws" is gone) until the GPU test's xfail case passes.
 """
 
 from __future__ import annotations
