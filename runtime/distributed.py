@@ -31,6 +31,11 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def rank() -> int:
+    """This process's rank (0 when torch.distributed is not initialized, or not built in)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def has_collectives(plan: FusionPlan | None) -> bool:
     """Whether ``plan`` exchanges tensors with other ranks (a ``collective`` region); None (no plan) does not."""
     return plan is not None and any(r.kind == "collective" for r in plan.regions)

@@ -27,12 +27,13 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from tilefuse import ops
 from tilefuse.config import Options, parse_target
 from tilefuse.frontends.fx import FxProgram, import_fx_program, is_symbolic
 from tilefuse.lowering.tuning_db import TuningDB, TuningDBError
 from tilefuse.pipeline import build_runner
 from tilefuse.planner.sparsity import SparsityLog, freeze_linear_weights
-from tilefuse.runtime.distributed import from_rank0
+from tilefuse.runtime.distributed import from_rank0, rank, world_size
 from tilefuse.runtime.serialize import graph_to_json
 
 log = logging.getLogger("tilefuse")
@@ -111,7 +112,7 @@ class TilefuseBackend:
         try:
             fn = aot(gm, example_inputs)
         except Exception as e:
-            if _is_dynamo_signal(e):
+            if _is_dynamo_signal(e) or isinstance(e, RankAlone):
                 raise
             self._fail(f"graph{graph_id}: AOTAutograd failed ({type(e).__name__}: {_first_line(e)})")
             return gm.forward
@@ -149,7 +150,12 @@ class TilefuseBackend:
                                       updates=program.input_updates)
             if getattr(runner, "sparsity_report", None) is not None:
                 self.sparsity.reports.append(runner.sparsity_report)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
+            if world_size() > 1 and _exchanges(program):
+                raise RankAlone(f"tilefuse: {name}: cannot plan on rank {rank()} ({type(e).__name__}: "
+                                f"{_first_line(e)}). The graph exchanges tensors with the other ranks, whose plans "
+                                "may wait in broadcasts this rank would skip: running it through torch on this rank "
+                                "alone could hang them all, so the compile stops here") from e
             self._fail(f"{name}: cannot plan ({type(e).__name__}: {_first_line(e)})")
             return _boxed(gm)
         self.programs.append(program)
@@ -363,6 +369,15 @@ def _static_input_indices() -> frozenset[int]:
 def _same_tensor_type(fake: Any, real: Any) -> bool:
     return isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and \
         tuple(fake.shape) == tuple(real.shape) and fake.dtype == real.dtype
+
+
+class RankAlone(RuntimeError):
+    """A graph with collectives that one rank of several cannot plan: not run through torch on that rank alone."""
+
+
+def _exchanges(program: FxProgram) -> bool:
+    """Whether ``program``'s graph has a collective (an op with the ``collective`` trait)."""
+    return any("collective" in ops.get(n.op).traits for n in program.graph.nodes)
 
 
 def _boxed(gm: fx.GraphModule) -> Callable:
