@@ -30,6 +30,16 @@ def where(bad: torch.Tensor) -> str:
             f"cols {int(c.min())}-{int(c.max())} ({c.unique().numel()})")
 
 
+def built(runs: list, label: str):
+    """(run, kernel) for each of ``runs`` (name first, PrimFunc last), compiled in parallel; a build error is a line."""
+    kernels = compile_many([(r[-1], [-1]) for r in runs], default_target(), return_exceptions=True)
+    for r, k in zip(runs, kernels):
+        if isinstance(k, BaseException):
+            print(f"{label} {r[0]}: BUILD {type(k).__name__}: {str(k)[:200]}", flush=True)
+            continue
+        yield r, k
+
+
 def dense(dtype: str) -> None:
     runs = list(t._funcs(dtype))
     extra = []
@@ -39,13 +49,9 @@ def dense(dtype: str) -> None:
                           gemm.gemm(M, N, K, A_dtype=dtype, extra_shapes=extras, extra_dtypes=[dtype] * len(extras),
                                     ws=True, target=t.SM90, block_M=128, block_N=192, block_K=64, num_stages=4, **kw)))
     runs += extra
-    kernels = compile_many([(f, [-1]) for _, _, f in runs], default_target(), return_exceptions=True)
     tdt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(0)
-    for (name, (M, N, K, kw, extras), _), k in zip(runs, kernels):
-        if isinstance(k, BaseException):
-            print(f"{dtype} {name}: BUILD {type(k).__name__}: {str(k)[:200]}", flush=True)
-            continue
+    for (name, (M, N, K, kw, extras), _), k in built(runs, dtype):
         A = torch.randn(M, K, generator=g).to(tdt)
         B = torch.randn(*((N, K) if kw.get("trans_B") else (K, N)), generator=g).to(tdt) / K ** 0.5
         ex = [torch.randn(s, generator=g).to(tdt) for s in extras]
@@ -67,14 +73,9 @@ def dense(dtype: str) -> None:
 
 
 def sparse(dtype: str) -> None:
-    runs = list(t._sparse_funcs(dtype))
-    kernels = compile_many([(f, [-1]) for _, _, f in runs], default_target(), return_exceptions=True)
     tdt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(0)
-    for (name, (M, N, K, kw, extras), _), k in zip(runs, kernels):
-        if isinstance(k, BaseException):
-            print(f"{dtype} sparse {name}: BUILD {type(k).__name__}: {str(k)[:200]}", flush=True)
-            continue
+    for (name, (M, N, K, kw, extras), _), k in built(list(t._sparse_funcs(dtype)), f"{dtype} sparse"):
         x = torch.randn(M, K, generator=g).to(tdt)
         w = prune_2_4(torch.randn(N, K, generator=g).to(tdt) / K ** 0.5)
         values, meta = compress_2_4(w, k_major=True)
@@ -104,18 +105,15 @@ def sparse_probe(dtype: str = "float16") -> None:
               ("one round", 2048, 1024, 512, False, {}), ("K 1024", 4096, 2048, 1024, False, {}),
               ("128 tokens", 4096, 2048, 512, False, {"block_M": 128}), ("3 rounds", 8192, 2048, 512, False, {}),
               ("stages 2", 4096, 2048, 512, False, {"num_stages": 2})]
-    funcs = []
+    runs = []
     for name, M, N, K, bias, over in probes:
         cfg = {**{k: v for k, v in gemm_sp_ws.seed(K).items() if k != "ws"}, **over}
         ep = {"epilogue": Acc() + Arg(0), "extra_shapes": [(N,)], "extra_dtypes": [dtype]} if bias else {}
-        funcs.append(gemm_sp.gemm_sp(M, N, K, dtype=dtype, meta_k_major=True, ws=True, target=t.SM90, **ep, **cfg))
-    kernels = compile_many([(f, [-1]) for f in funcs], default_target(), return_exceptions=True)
+        runs.append((name, M, N, K, bias, over,
+                     gemm_sp.gemm_sp(M, N, K, dtype=dtype, meta_k_major=True, ws=True, target=t.SM90, **ep, **cfg)))
     tdt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(0)
-    for (name, M, N, K, bias, over), k in zip(probes, kernels):
-        if isinstance(k, BaseException):
-            print(f"probe {name}: BUILD {type(k).__name__}: {str(k)[:200]}", flush=True)
-            continue
+    for (name, M, N, K, bias, over, _), k in built(runs, "probe"):
         x = torch.randn(M, K, generator=g).to(tdt)
         w = prune_2_4(torch.randn(N, K, generator=g).to(tdt) / K ** 0.5)
         values, meta = compress_2_4(w, k_major=True)
