@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# What is written and not yet measured, in one device call of under 10 minutes (the device README's limit):
-#   part 1: the held-out Hugging Face models at default settings (the ws GEMM and causal pair_rows now default)
-#           against Inductor default in the same process; then the 2:4 ws GEMM's wrong case taken apart
-#           (diag_gemm_ws.py --sparse-probe: K, rounds and the epilogue varied one at a time).
+# What is written and not yet measured, in device calls of under 10 minutes each (the device README's limit), most
+# important first (session 22's results: bench/results/2026-12-03-h200-session22):
+#   part 1: where zoo ViT's cold default compile goes (16.6 s against Inductor's 5.8 s: kernels or the measured
+#           choice's timing?), then HF LLaMA at default against Inductor default (session 22's call ran out of time
+#           there).
+#   part 2: the 2:4 ws GEMM's wrong case taken apart again (diag_gemm_ws.py --sparse-probe), for a fix of the
+#           metadata-register cause (gemm_sp_ws.py's note), and the ws GEMM's GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 1   (logs and JSON under $OUT)
-# (Session 22's earlier parts, now measured: bench/results/2026-12-03-h200-session22.)
+#                  bash bench/run_pending_h200.sh 1|2   (logs and JSON under $OUT)
 set -u
 part=${1:-1}
 OUT=${OUT:-/tmp/pending}
@@ -16,9 +18,14 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/device.
 python3 -c "import torch, tilelang, transformers; print(torch.__version__, tilelang.__version__, transformers.__version__)" \
     >> "$OUT/device.txt" 2>/dev/null
 if [ "$part" = 1 ]; then
-    timeout 200 python3 bench/bench_models.py --models hf-gpt2,hf-bert,hf-vit,hf-llama --peers default --no-warm \
-        --reps 30 --json "$OUT/heldout_default.json" > "$OUT/heldout_default.log" 2>&1
-    grep -hE "^model|^hf-" "$OUT/heldout_default.log" | head -20
-    timeout 60 python3 bench/diag_gemm_ws.py --sparse-probe 2>&1 | quiet > "$OUT/sparse_probe.log"
-    grep -v "^\s*$" "$OUT/sparse_probe.log" | cut -c1-230 | tail -12
+    timeout 150 python3 bench/profile_compile.py --model vit --tune none --cold --top 25 > "$OUT/compile_vit.log" 2>&1
+    head -45 "$OUT/compile_vit.log"
+    timeout 300 python3 bench/bench_models.py --models hf-llama --peers default --no-warm --reps 30 \
+        --json "$OUT/hf_llama.json" > "$OUT/hf_llama.log" 2>&1
+    grep -hE "^model|^hf-" "$OUT/hf_llama.log" | head -10
+else
+    timeout 90 python3 bench/diag_gemm_ws.py --sparse-probe 2>&1 | quiet > "$OUT/sparse_probe.log"
+    grep -v "^\s*$" "$OUT/sparse_probe.log" | cut -c1-230 | tail -14
+    timeout 240 python3 -m pytest -q -m gpu tests/test_gemm_ws.py -n 8 -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
+    grep -E "^(FAILED|ERROR|XPASS)|passed|failed" "$OUT/gpu_tests.txt" | tail -12
 fi
