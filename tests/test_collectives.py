@@ -159,3 +159,27 @@ def test_a_plan_with_collectives_survives_an_artifact_round_trip():
     back = plan_from_json(plan_to_json(p), program.graph.constants)
     assert [(r.name, r.kind, r.nodes) for r in back.regions] == [(r.name, r.kind, r.nodes) for r in p.regions]
     assert sum(r.kind == "collective" for r in back.regions) == 10
+
+
+def test_a_rank_that_cannot_plan_a_graph_with_collectives_stops_instead_of_running_it_alone(monkeypatch):
+    """Several ranks: running such a graph through torch on one rank only would leave the others waiting in the
+    planning broadcasts it skips (a hang, as a gloo run of bench_tp once sat until its deadline). One process, or a
+    graph without collectives, still runs through torch with the reason kept."""
+    from tilefuse import backend
+
+    def f(x):
+        return c10d.wait_tensor(c10d.all_reduce(torch.relu(x), "sum", "0")) + 1
+
+    x = torch.randn(4, 8)
+    gm = make_fx(f, tracing_mode="fake")(x)
+    plain = make_fx(lambda x: torch.relu(x) + 1, tracing_mode="fake")(x)
+
+    def broken(*a, **k):
+        raise ValueError("no kernel today")
+    monkeypatch.setattr(backend, "build_runner", broken)
+    be = backend.TilefuseBackend()
+    assert callable(be.compile_graph(gm, [x], "g1")) and "g1: cannot plan (ValueError: no kernel today)" in be.failures
+    monkeypatch.setattr(backend, "world_size", lambda: 2)
+    with pytest.raises(backend.RankAlone, match="g2: cannot plan on rank 0 .ValueError: no kernel today.*could hang"):
+        be.compile_graph(gm, [x], "g2")
+    assert callable(be.compile_graph(plain, [x], "g3")) and len(be.failures) == 2  # (no collective: torch, as before)
