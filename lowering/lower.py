@@ -78,8 +78,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     configs = space(target, arg) if arg else space(target)
     if spec.template == "gemm" and gemm_ws.eligible(target, **kw):  # (its seeds lead: the default pick)
         out = kw.get("out_dtype") or kw.get("B_dtype") or kw.get("A_dtype", "float16")
-        ws = [p for p in (False, True) if (kw["M"] >= gemm_ws.MIN_M if not p else "gemm_ws_pingpong" in trying)]
-        return [gemm_ws.seed(out, p) for p in ws] + configs
+        seeds = [gemm_ws.seed(out)] if kw["M"] >= gemm_ws.MIN_M else []
+        return seeds + ([gemm_ws.seed(out, pingpong=True)] if "gemm_ws_pingpong" in trying else []) + configs
     return configs
 
 
