@@ -186,7 +186,7 @@ def graph_replay_ms(runners, replays: int = 200) -> float | None:
 def profile_steps(step, tok, step_s: float, steps: int = 8) -> dict:
     """The GPU's kernels over ``steps`` decode steps, per step: by category, the top kernels, and how much of the
     step's wall time the GPU was busy (the rest is launch and host time)."""
-    from kernels import profile_calls
+    from profile_kernels import profile_calls
 
     state = [tok]
 

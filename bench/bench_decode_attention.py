@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from kernels import profile, time_ms
+from profile_kernels import profile, time_ms
 
 from tilefuse.config import default_target
 from tilefuse.lowering.compile import compile_many

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heldout import BUILDERS
-from kernels import category_line, profile, time_ms
+from profile_kernels import category_line, profile, time_ms
 
 import tilefuse
 from tilefuse import models

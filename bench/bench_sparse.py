@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import time_ms
+from profile_kernels import time_ms
 
 from tilefuse.lowering.compile import compile_many
 from tilefuse.lowering.expr import Acc, Arg, Call

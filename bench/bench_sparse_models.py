@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import category_line, profile, time_ms
+from profile_kernels import category_line, profile, time_ms
 
 import tilefuse
 from tilefuse import models

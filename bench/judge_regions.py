@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
-from kernels import category_line, profile, time_ms
+from profile_kernels import category_line, profile, time_ms
 
 import tilefuse
 from tilefuse import models
