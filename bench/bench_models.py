@@ -42,6 +42,15 @@ def _compile_peer(model, peer: str):
     return torch.compile(model, mode=None if peer == "default" else peer)
 
 
+def _phases(runners) -> dict[str, float]:
+    """Seconds by compile phase (``PlanRunner.phases``) summed over the compiled graphs."""
+    out: dict[str, float] = {}
+    for r in runners:
+        for k, v in getattr(r, "phases", {}).items():
+            out[k] = out.get(k, 0.0) + v
+    return {k: round(v, 3) for k, v in out.items()}
+
+
 def _max_rel(a, b) -> float:
     a, b = (a[0] if isinstance(a, (tuple, list)) else a).float(), (b[0] if isinstance(b, (tuple, list)) else b).float()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
@@ -98,8 +107,9 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
     fn = tilefuse.compile(model, observer=runners.append, tune=tune, tune_seconds=tune_seconds)
     out = fn(*inputs)
     torch.cuda.synchronize()
-    res = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": time.perf_counter() - t0,
-           "max_rel_err": _max_rel(out, ref), "tune": tune}
+    compile_s = time.perf_counter() - t0  # (as the peers': compile and first call, not the timing that follows)
+    res = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": compile_s, "max_rel_err": _max_rel(out, ref),
+           "tune": tune, "phases": _phases(runners)}
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -139,8 +149,8 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
         res["warm_compile_s"] = time.perf_counter() - t0
         print(f"  {name}: tune={tune}: warm compile {res['warm_compile_s']:.1f} s; {len(notes)} regions measured "
               f"faster through torch", flush=True)
-    print(f"  {name}: tilefuse tune={tune} {res['ms']:.3f} ms (compile {res['compile_s']:.1f} s), "
-          f"err {res['max_rel_err']:.1e}", flush=True)
+    print(f"  {name}: tilefuse tune={tune} {res['ms']:.3f} ms (compile {res['compile_s']:.1f} s: "
+          f"{', '.join(f'{k} {v:.2f}' for k, v in res['phases'].items())}), err {res['max_rel_err']:.1e}", flush=True)
     return res
 
 

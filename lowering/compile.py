@@ -14,7 +14,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import Any
 
 import tilelang
@@ -104,15 +104,18 @@ def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int |
                             pass_configs=pass_configs, compile_flags=flags)
 
 
-def compile_many(items: Sequence[tuple[Any, Sequence[int] | int | None]], target: dict | str,
+def compile_many(items: Iterable[tuple[Any, Sequence[int] | int | None]], target: dict | str,
                  num_workers: int | None = None, return_exceptions: bool = False,
                  on_done: Callable[[], None] | None = None, **kwargs) -> list:
     """Compile ``(prim_func, out_idx)`` pairs in parallel threads (lowering releases the GIL and nvcc
     is a subprocess), as ``tilelang.par_compile`` does, but with an ``out_idx`` per kernel.
 
-    With ``return_exceptions`` a failed compile gives its exception in place of the kernel. ``on_done`` is
-    called (in this thread) as each compile finishes, failed or not: a progress report's ``tick``."""
-    workers = num_workers or min(len(items), os.cpu_count() or 1) or 1
+    ``items`` may be a generator that builds each prim func as it is asked for: each is compiled as soon as it is
+    built, while this thread builds the next (``lower``: the templates' Python overlaps nvcc). With
+    ``return_exceptions`` a failed compile gives its exception in place of the kernel. ``on_done`` is called (in this
+    thread, once every item is submitted) as each compile finishes, failed or not: a progress report's ``tick``."""
+    cpus = os.cpu_count() or 1
+    workers = num_workers or (min(len(items), cpus) if isinstance(items, Sized) else cpus) or 1
     with concurrent.futures.ThreadPoolExecutor(workers, "tilefuse-compile") as pool:
         futures = [pool.submit(compile_kernel, f, target, idx, **kwargs) for f, idx in items]
         for _ in concurrent.futures.as_completed(futures):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -171,23 +172,32 @@ def lower(specs: Mapping[str, KernelSpec], configs: Mapping[str, dict], target: 
     keys = {r: func_key(s, target, c) for r, (s, c) in chosen.items()}
     t0 = time.perf_counter()
     kernels: dict[str, object] = {}
-    funcs, built = [], []
+    todo: dict[str, tuple[KernelSpec, dict]] = {}
     for r, key in keys.items():
-        if key in kernels or key in built:
+        if key in kernels or key in todo:
             continue
         if use_process_cache and key in _COMPILED:
             _COMPILED.move_to_end(key)
             kernels[key] = _COMPILED[key]
             continue
-        spec, config = chosen[r]
-        try:
-            func = prebuilt(spec, config) if prebuilt is not None else None
-            funcs.append((func if func is not None else make_prim_func(spec, target, config), list(spec.out_idx)))
+        todo[key] = chosen[r]
+    built: list[str] = []
+
+    def funcs():  # built one at a time as compile_many asks: each compiles while the next is built
+        for key, (spec, config) in todo.items():
+            try:
+                func = prebuilt(spec, config) if prebuilt is not None else None
+                func = func if func is not None else make_prim_func(spec, target, config)
+            except Exception as e:  # noqa: BLE001 -- a template refusing the spec is reported like a compile failure
+                kernels[key] = e
+                bar.tick()
+                continue
             built.append(key)
-        except Exception as e:  # noqa: BLE001 -- a template refusing the spec is reported like a compile failure
-            kernels[key] = e
-    with Progress(f"compiling {name}", len(funcs), "kernels", enabled=progress) as bar:
-        compiled = compile_many(funcs, target, return_exceptions=True, on_done=bar.tick) if funcs else []
+            yield func, list(spec.out_idx)
+
+    with Progress(f"compiling {name}", len(todo), "kernels", enabled=progress) as bar:
+        compiled = compile_many(funcs(), target, num_workers=min(len(todo), os.cpu_count() or 1),
+                                return_exceptions=True, on_done=bar.tick) if todo else []
     for key, kernel in zip(built, compiled):
         kernels[key] = kernel
         if not isinstance(kernel, BaseException):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -67,6 +68,10 @@ class PlanRunner:
         # Called once with the first call's inputs (on the plan's device), before it runs: the pipeline's measured
         # choice, which decides per region and calls ``apply``.
         self.first_call: Callable[[Sequence[torch.Tensor]], None] | None = None
+        # Seconds by compile phase, as they happen: the pipeline's ("plan", "lower"; the first call's "splits" and
+        # "decide"), and here the first call's "measured_choice" (all of first_call) and "first_replay" (the CUDA
+        # graph's capture and first replay). Benchmarks read them to say where a compile's time goes.
+        self.phases: dict[str, float] = {}
         self.record = False  # keep the last call's inputs (benchmarks re-run regions on them)
         # "torch" where the whole graph was measured faster as traced, through torch (the backend's whole-graph choice)
         self.graph_backend = "tilefuse"
@@ -161,13 +166,20 @@ class PlanRunner:
             self.last_inputs = args
         if self.first_call is not None and args and (args[0].is_cuda or self.device_type == "cpu"):
             first, self.first_call = self.first_call, None
+            t0 = time.perf_counter()
             first(args)
+            self.phases["measured_choice"] = time.perf_counter() - t0
         graphed = self._graphed
         if graphed is not None and args and args[0].device.type == graphed.device_type:
             if self.check:
                 check_inputs(self.plan.graph, args)
             try:
-                return graphed(*args)
+                if "first_replay" in self.phases:
+                    return graphed(*args)
+                t0 = time.perf_counter()
+                out = graphed(*args)
+                self.phases["first_replay"] = time.perf_counter() - t0
+                return out
             except RuntimeError as e:  # e.g. a region that reads a tensor's values on the host
                 logging.getLogger("tilefuse").warning(
                     "%s: CUDA graph capture failed (%s); running without graphs", self.plan.graph.name,

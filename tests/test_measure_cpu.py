@@ -138,3 +138,18 @@ def test_demo_says_how_many_regions_run_as_kernels(timings, monkeypatch, capsys)
     assert cli.main(["demo", "--model", "mlp", "--size", "tiny", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert f"TileLang kernels: 0 of {n} regions (0%); the others run through torch, measured faster there" in out
+
+
+def test_the_runner_says_where_its_compile_time_went(timings, rng):
+    """``PlanRunner.phases``: the pipeline's plan and lower, then the first call's splits, decide and the whole
+    measured choice (what bench/compile_time.py and bench_models.py report beside a compile's seconds)."""
+    w, x, z = _inputs(rng)
+    compiled = compile_graph(two_region_graph(w), target="c", measure=True)
+    phases = dict(compiled.runner.phases)
+    assert set(phases) == {"plan", "lower"} and all(v >= 0 for v in phases.values())
+    _check(compiled(x, z), w, x, z)
+    after = compiled.runner.phases
+    assert {"splits", "decide", "measured_choice"} <= set(after)
+    assert after["measured_choice"] >= after["decide"] and after["plan"] == phases["plan"]
+    _check(compiled(x, z), w, x, z)
+    assert compiled.runner.phases == after  # later calls add nothing

@@ -252,9 +252,12 @@ def choose(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
     # splits are compiled (one batch) only where no stored choice rules them out
     candidates = [r for r in p.regions if r.name in runner.kernels
                   and (db.get(runner.kernels[r.name].spec, target, "choice") or {}).get("split", True) is not False]
+    t0 = time.perf_counter()
     splits = splits_step(p, candidates, target)
+    t1 = time.perf_counter()
     with torch.no_grad():
         decided = from_rank0(decide(runner, args, db, target, splits), p)  # several ranks run rank 0's choice
+    runner.phases.update(splits=t1 - t0, decide=time.perf_counter() - t1)
     changed = [d for d in decided if d.runs != "kernel"]
     missing = {d.region for d in changed if d.runs == "split" and d.region not in splits}
     if missing:  # (rank 0 chose a split that this rank's tuning database had ruled out)
@@ -289,6 +292,7 @@ def build_runner(graph: Graph, options: Options, example_inputs_: Sequence[torch
     the caller copies that output into that input after each call (an input mutation; a CUDA graph writes it)."""
     t0 = time.perf_counter()
     planned = plan_step(graph, options)
+    t_plan = time.perf_counter()
     p = planned.plan
     if p.sparsity is not None:
         p = dataclasses.replace(p, sparsity=_measure_sparsity(graph, p, options, example_inputs_))
@@ -297,7 +301,9 @@ def build_runner(graph: Graph, options: Options, example_inputs_: Sequence[torch
     if options.lower:
         configs, db = configs_step(planned, options)
         p, kernels = lower_step(planned, configs, options.target, progress=wanted(options.quiet))
+    t_lower = time.perf_counter()
     runner = runner_step(p, kernels, options, static_inputs, check, updates)
+    runner.phases.update(plan=t_plan - t0, lower=t_lower - t_plan)
     runner.sparsity_report = p.sparsity
     if from_rank0(bool(kernels) and options.measure and options.target.get("kind") in ("cuda", *CPU_KINDS), p):
         runner.first_call = measured_choice(runner, db if db is not None else TuningDB(), options.target)

@@ -1,0 +1,132 @@
+"""Compile time as a user meets it: each compiler in a fresh process of its own, cold caches, then warm ones.
+
+Usage (on the device machine):  python bench/compile_time.py --models vit,gpt2 [--size bench] [--out FILE.json]
+
+For each zoo model and each compiler (``torch.compile(model, backend="tilefuse")`` with no options, and Inductor's
+default ``torch.compile(model)``), a child process imports torch, builds the model, runs it once eagerly (CUDA,
+cuBLAS and cuDNN initialized for both alike), then times ``torch.compile`` and the first call, synchronized: the
+compile a user waits for, dynamo's first use included. Both libraries are imported before the timer in both children
+(tilefuse, with TileLang, for the zoo; ``torch._inductor.compile_fx``). It runs twice per compiler: "cold" with empty caches of its own
+(tilefuse: tuning database, PrimFunc cache, TileLang's kernel cache; Inductor: its cache and triton's), "warm" in a
+new process with the caches the cold run filled. Tilefuse's children also print where the time went
+(``PlanRunner.phases``: plan, lower, the first call's splits, decide and graph replay; the rest is dynamo, AOTAutograd,
+imports). In-process comparisons (``bench_models.py``) favour whichever compiler runs second: the first pays
+dynamo's first use (about 1.3 s on a 2-core CPU) and lazy CUDA module loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+COMPILERS = ("tilefuse", "inductor")
+
+
+def child(model_name: str, size: str, compiler: str) -> dict:
+    """The timed compile, in this (fresh) process."""
+    import torch
+    import torch._inductor.compile_fx  # (imported before the timer, as tilefuse is for its zoo)
+
+    from tilefuse import models
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    model, inputs = models.build(model_name, size, dtype=dtype, device=device)
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    runners: list = []
+    with torch.no_grad():
+        model(*inputs)
+        sync()
+        t0 = time.perf_counter()
+        if compiler == "tilefuse":
+            fn = torch.compile(model, backend="tilefuse", options={"observer": runners.append})
+        else:
+            fn = torch.compile(model)
+        fn(*inputs)
+        sync()
+        seconds = time.perf_counter() - t0
+    phases: dict[str, float] = {}
+    for r in runners:
+        for k, v in r.phases.items():
+            phases[k] = round(phases.get(k, 0.0) + v, 3)
+    return {"model": model_name, "compiler": compiler, "seconds": round(seconds, 3), "phases": phases,
+            "graphs": len(runners)}
+
+
+def _env(compiler: str, cache: str) -> dict:
+    env = dict(os.environ, TILEFUSE_QUIET="1")
+    if compiler == "tilefuse":
+        env.update(TILEFUSE_TUNING_DB=os.path.join(cache, "tuning.json"), TILEFUSE_FUNC_CACHE_DIR=os.path.join(
+            cache, "funcs"), TILELANG_CACHE_DIR=os.path.join(cache, "tilelang"))
+    else:
+        env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"), TRITON_CACHE_DIR=os.path.join(cache, "triton"))
+    return env
+
+
+def run_child(model: str, size: str, compiler: str, cache: str, timeout: float) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--models", model, "--size", size,
+           "--compilers", compiler]
+    try:
+        done = subprocess.run(cmd, check=False, env=_env(compiler, cache), capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"model": model, "compiler": compiler, "error": f"timed out after {timeout:.0f} s"}
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode or not lines:
+        return {"model": model, "compiler": compiler, "error": (done.stderr or done.stdout).strip()[-600:]}
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="vit,gpt2")
+    ap.add_argument("--size", default="bench")
+    ap.add_argument("--compilers", default=",".join(COMPILERS))
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    models, compilers = args.models.split(","), args.compilers.split(",")
+    unknown = sorted(set(compilers) - set(COMPILERS))
+    if unknown:
+        ap.error(f"unknown compilers {unknown}; known: {', '.join(COMPILERS)}")
+    if args.child:
+        print(json.dumps(child(models[0], args.size, compilers[0])), flush=True)
+        return 0
+    rows = []
+    for model in models:
+        for compiler in compilers:
+            with tempfile.TemporaryDirectory(prefix=f"compile-{compiler}-") as cache:
+                for state in ("cold", "warm"):
+                    row = dict(run_child(model, args.size, compiler, cache, args.timeout), caches=state)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    print(f"\n{'model':8} {'compiler':9} {'cold s':>7} {'warm s':>7}  tilefuse's phases, cold (s)")
+    for model in models:
+        got = {(r["compiler"], r["caches"]): r for r in rows if r["model"] == model}
+        for compiler in compilers:
+            cold, warm = got.get((compiler, "cold"), {}), got.get((compiler, "warm"), {})
+            phases = ", ".join(f"{k} {v:.2f}" for k, v in cold.get("phases", {}).items())
+            print(f"{model:8} {compiler:9} {cold.get('seconds', float('nan')):7.2f} "
+                  f"{warm.get('seconds', float('nan')):7.2f}  {phases or cold.get('error', '')[:200]}")
+        t, i = got.get(("tilefuse", "cold"), {}), got.get(("inductor", "cold"), {})
+        if "seconds" in t and "seconds" in i:
+            print(f"{model:8} tilefuse's cold compile is {t['seconds'] / i['seconds']:.2f}x Inductor's "
+                  f"(the bar: at most 2x)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""bench/compile_time.py on the CPU: a child compiles in its own process and reports its seconds and tilefuse's
+phases; a child that fails is a row with its error, not a crash of the table."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import compile_time
+
+
+def test_a_fresh_process_compiles_and_says_where_the_time_went(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEFUSE_MEASURE", "1")  # (the test session turns the measured choice off; users have it)
+    row = compile_time.run_child("mlp", "tiny", "tilefuse", str(tmp_path), timeout=600)
+    assert "error" not in row, row
+    assert row["seconds"] > 0 and row["graphs"] >= 1
+    assert {"plan", "lower", "measured_choice"} <= set(row["phases"])
+    assert sum(row["phases"][k] for k in ("plan", "lower", "measured_choice")) <= row["seconds"]
+    assert (tmp_path / "tuning.json").exists()  # its caches were the ones given, not the user's
+
+
+def test_a_failing_child_is_a_row_with_its_error(tmp_path):
+    row = compile_time.run_child("no-such-model", "tiny", "tilefuse", str(tmp_path), timeout=600)
+    assert row["compiler"] == "tilefuse" and "no-such-model" in row["error"]
