@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # What is written and not yet measured, in device calls of under 10 minutes each (the device README's limit), most
 # important first (session 22's results: bench/results/2026-12-03-h200-session22):
-#   part 1: where zoo ViT's cold default compile goes (16.6 s against Inductor's 5.8 s: kernels or the measured
-#           choice's timing?), then HF LLaMA at default against Inductor default (session 22's call ran out of time
-#           there).
+#   part 1: where zoo ViT's and GPT-2's cold default compile goes (16.6 s against Inductor's 5.8 s in session 22,
+#           measured in one process where tilefuse went first): bench/compile_time.py, each compiler in a fresh
+#           process of its own, cold then warm caches, tilefuse's phases beside (session 23; CPU: ViT small 8.2 s
+#           against Inductor's 18.7); then HF LLaMA at default against Inductor default (session 22's call ran out of
+#           time there).
 #   part 2: the 2:4 ws GEMM's wrong case taken apart again (diag_gemm_ws.py --sparse-probe), for a fix of the
 #           metadata-register cause (gemm_sp_ws.py's note), and the ws GEMM's GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -18,9 +20,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/device.
 python3 -c "import torch, tilelang, transformers; print(torch.__version__, tilelang.__version__, transformers.__version__)" \
     >> "$OUT/device.txt" 2>/dev/null
 if [ "$part" = 1 ]; then
-    timeout 150 python3 bench/profile_compile.py --model vit --tune none --cold --top 25 > "$OUT/compile_vit.log" 2>&1
-    head -45 "$OUT/compile_vit.log"
-    timeout 300 python3 bench/bench_models.py --models hf-llama --peers default --no-warm --reps 30 \
+    timeout 280 python3 bench/compile_time.py --models vit,gpt2 --timeout 120 --out "$OUT/compile_time.json" \
+        > "$OUT/compile_time.log" 2>&1
+    sed -n '/^model /,$p' "$OUT/compile_time.log"
+    timeout 240 python3 bench/bench_models.py --models hf-llama --peers default --no-warm --reps 30 \
         --json "$OUT/hf_llama.json" > "$OUT/hf_llama.log" 2>&1
     grep -hE "^model|^hf-" "$OUT/hf_llama.log" | head -10
 else
