@@ -68,9 +68,10 @@ class PlanRunner:
         # Called once with the first call's inputs (on the plan's device), before it runs: the pipeline's measured
         # choice, which decides per region and calls ``apply``.
         self.first_call: Callable[[Sequence[torch.Tensor]], None] | None = None
-        # Seconds by compile phase, as they happen: the pipeline's ("plan", "lower"; the first call's "splits" and
-        # "decide"), and here the first call's "measured_choice" (all of first_call) and "first_replay" (the CUDA
-        # graph's capture and first replay). Benchmarks read them to say where a compile's time goes.
+        # Seconds by compile phase, as they happen: the backend's "import" (the ATen graph in), the pipeline's "plan"
+        # and "lower", the first call's "splits" and "decide", and here the first call's "measured_choice" (all of
+        # first_call) and "first_replay" (the CUDA graph's capture and first replay). Benchmarks read them to say
+        # where a compile's time goes.
         self.phases: dict[str, float] = {}
         self.record = False  # keep the last call's inputs (benchmarks re-run regions on them)
         # "torch" where the whole graph was measured faster as traced, through torch (the backend's whole-graph choice)

@@ -131,6 +131,7 @@ class TilefuseBackend:
         and buffers): CUDA-graph replays read them in place instead of copying them in."""
         if is_symbolic(gm):
             return _Specializing(self, gm, name, static_inputs)
+        t0 = time.perf_counter()
         try:
             program = import_fx_program(gm, example_inputs, name)
         except Exception as e:  # noqa: BLE001  (the graph then runs as traced, through torch)
@@ -146,8 +147,10 @@ class TilefuseBackend:
                 static = [j for j, i in enumerate(program.input_indices) if i in static_inputs or j in mutated]
                 # dynamo's guards check the inputs' shapes and dtypes before every call: the runner need not
                 # (about 1 us an input on the hot path, 150 inputs for GPT-2)
+                t1 = time.perf_counter()
                 runner = build_runner(program.graph, self.options, inputs, static, check=False,
                                       updates=program.input_updates)
+                runner.phases = {"import": t1 - t0, **runner.phases}  # (the ATen graph into tilefuse's)
             if getattr(runner, "sparsity_report", None) is not None:
                 self.sparsity.reports.append(runner.sparsity_report)
         except Exception as e:
