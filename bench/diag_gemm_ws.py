@@ -99,18 +99,28 @@ def sparse(dtype: str) -> None:
 def sparse_probe(dtype: str = "float16") -> None:
     """The wrong 2:4 case (4096 x 2048 x 512, no epilogue) beside one change each: a bias, one round (fewer tokens
     and weight rows), a deeper K, 128-token tiles; for the wrong ones, which reference row each output row matches."""
+    import tilelang.language as T
+
     from tilefuse.lowering.expr import Acc, Arg
     from tilefuse.lowering.templates import gemm_sp_ws
     probes = [("as found", 4096, 2048, 512, False, {}), ("bias", 4096, 2048, 512, True, {}),
               ("one round", 2048, 1024, 512, False, {}), ("K 1024", 4096, 2048, 1024, False, {}),
               ("128 tokens", 4096, 2048, 512, False, {"block_M": 128}), ("3 rounds", 8192, 2048, 512, False, {}),
-              ("stages 2", 4096, 2048, 512, False, {"num_stages": 2})]
+              ("stages 2", 4096, 2048, 512, False, {"num_stages": 2}),
+              # no product in flight while the next metadata loads: right here says the metadata-register cause
+              ("in flight 0", 4096, 2048, 512, False, {"in_flight": 0}),
+              ("in flight 0 K1024", 4096, 2048, 1024, False, {"in_flight": 0})]
     runs = []
     for name, M, N, K, bias, over in probes:
         cfg = {**{k: v for k, v in gemm_sp_ws.seed(K).items() if k != "ws"}, **over}
         ep = {"epilogue": Acc() + Arg(0), "extra_shapes": [(N,)], "extra_dtypes": [dtype]} if bias else {}
-        runs.append((name, M, N, K, bias, over,
-                     gemm_sp.gemm_sp(M, N, K, dtype=dtype, meta_k_major=True, ws=True, target=t.SM90, **ep, **cfg)))
+        if "in_flight" in cfg:  # (a knob of the ws schedule alone: built without gemm_sp's wrapper)
+            plain = lambda C_f, extras, tiles, i, j, m0, n0: T.Cast(dtype, C_f[i, j])
+            func = gemm_sp_ws.gemm_sp_ws(M, N, K, dtype=dtype, out_dtype=dtype, y_elem=plain, extra_shapes=[],
+                                         extra_dtypes=[], staged=[], target=t.SM90, **cfg)
+        else:
+            func = gemm_sp.gemm_sp(M, N, K, dtype=dtype, meta_k_major=True, ws=True, target=t.SM90, **ep, **cfg)
+        runs.append((name, M, N, K, bias, over, func))
     tdt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(0)
     for (name, M, N, K, bias, over, _), k in built(runs, "probe"):

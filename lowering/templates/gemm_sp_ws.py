@@ -21,7 +21,10 @@ bias epilogue, or 2 stages instead of 3, makes that shape right; one round, K 10
 wrong elements inside rows that start right. The lowered source reads right (stages, parities, descriptor offsets,
 tile order, shared-memory placement), so the fault is timing-dependent; the likely one: ``wgmma.sp`` takes its
 metadata from registers (``E_local``), which the next k-block's loads may overwrite while the kernel keeps that
-product in flight (``T.wait_wgmma(1)``). Untested (no device time left). No config space offers it
+product in flight (``T.wait_wgmma(1)``). Untested (no device time left; ``in_flight=0``, built for the probe's next
+run, waits for each product before the next metadata loads: session 23 read the generated device code of the wrong
+case beside the bias case, identical but for the bias read, and the host code, identical but for the argument).
+No config space offers it
 (``Options.experimental`` "gemm_sp_ws" is gone) until the GPU test's xfail case passes.
 """
 
@@ -68,10 +71,14 @@ def seed(K: int, out_dtype: str = "float16", staged: Sequence[str] = ()) -> dict
 
 def gemm_sp_ws(M: int, N: int, K: int, *, dtype: str, out_dtype: str, y_elem, extra_shapes, extra_dtypes,
                staged: Sequence[int], block_M: int, block_N: int, block_K: int, num_stages: int, group: int = 8,
-               target: dict | str):
+               in_flight: int = 1, target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``X, W_values, W_meta, extra_0.., Y``; the metadata
     K-major); ``gemm_sp`` checks the arguments and passes ``y_elem(C_f, extras, tiles, i, j, m0, n0)``, accumulator
-    element (weight row i, token j) through the epilogue, and the ``staged`` extras' indices."""
+    element (weight row i, token j) through the epilogue, and the ``staged`` extras' indices. ``in_flight``: the
+    ``wgmma.sp`` products a consumer leaves running while it loads the next k-block's metadata (1; 0 waits for each,
+    ``bench/diag_gemm_ws.py --sparse-probe``'s test of the metadata-register cause in the note above)."""
+    if in_flight not in (0, 1):
+        raise ValueError(f"gemm_sp(ws=True): in_flight={in_flight}: 0 or 1 products in flight")
     accum = "float32"
     consumers = block_N // 64
     if block_N % 64 or consumers not in (1, 2):
@@ -143,16 +150,20 @@ def gemm_sp_ws(M: int, N: int, K: int, *, dtype: str, out_dtype: str, y_elem, ex
                         T.wgmma_gemm_sp(A_s[g0 % num_stages, :, :], E_s[g0 % num_stages, :, :],
                                         B_s[g0 % num_stages, :, :], C_f, transpose_E=True, transpose_B=True,
                                         clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                        if in_flight == 0:
+                            T.wait_wgmma(0)
+                            T.barrier_arrive(empty[g0 % num_stages])
                         for k in T.serial(1, nk):
                             g = g0 + k
                             T.mbarrier_wait_parity(full[g % num_stages], (g // num_stages) % 2)
                             T.wgmma_gemm_sp(A_s[g % num_stages, :, :], E_s[g % num_stages, :, :],
                                             B_s[g % num_stages, :, :], C_f, transpose_E=True, transpose_B=True,
                                             policy=T.GemmWarpPolicy.FullRow)
-                            T.wait_wgmma(1)
-                            T.barrier_arrive(empty[(g - 1) % num_stages])
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(empty[(g0 + nk - 1) % num_stages])
+                            T.wait_wgmma(in_flight)
+                            T.barrier_arrive(empty[(g - in_flight) % num_stages])
+                        if in_flight:
+                            T.wait_wgmma(0)
+                            T.barrier_arrive(empty[(g0 + nk - 1) % num_stages])
                         for k in staged:  # full-size extras: one coalesced tile copy each, read transposed below
                             T.copy(extras[k][m0, n0], tiles_s[k])
                         T.tma_store_wait()  # (the issuing thread) the previous tile's store has read Y_s
