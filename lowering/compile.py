@@ -149,6 +149,19 @@ def lower_source(prim_func, target: dict | str, pass_configs: dict[str, Any] | N
     return artifact.kernel_source, max(shared, default=0)
 
 
+def failure_reason(e: BaseException) -> str:
+    """One line that says why a compile failed. TileLang's nvcc and gcc failures print the whole kernel source first,
+    then ``Compilation error:``, the compiler's output and the command: the compiler's first error line is the
+    reason (the source's first line, ``#if defined(_MSC_VER)...``, says nothing)."""
+    text = str(e).strip()
+    _, found, tail = text.partition("Compilation error:")
+    lines = [ln.strip() for ln in (tail if found else text).split("\nCommand:")[0].splitlines() if ln.strip()]
+    for ln in lines:
+        if "error" in ln.lower() or "fatal" in ln.lower():
+            return ln
+    return lines[0] if lines else type(e).__name__
+
+
 def _out_idx(out_idx):
     if out_idx is None or isinstance(out_idx, int):
         return out_idx

@@ -20,12 +20,20 @@ __all__ = ["ZOO", "ModelSpec", "build", "example_inputs", "export_onnx", "input_
 ZOO: dict[str, ModelSpec] = {m.SPEC.name: m.SPEC for m in (mlp, gpt2, llama, bert, resnet, vit)}
 
 
+class UnknownModel(KeyError, ValueError):
+    """A zoo model or size that does not exist: a KeyError (a lookup) and a ValueError (what the command line reports
+    as an error, not a traceback)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown zoo model"
+
+
 def _spec(name: str, size: str | None = None) -> ModelSpec:
     if name not in ZOO:
-        raise KeyError(f"unknown zoo model {name!r}; the zoo has {sorted(ZOO)}")
+        raise UnknownModel(f"unknown zoo model {name!r}; the zoo has {sorted(ZOO)}")
     spec = ZOO[name]
     if size is not None and size not in spec.sizes:
-        raise KeyError(f"zoo model {name!r} has no size {size!r}; it has {sorted(spec.sizes)}")
+        raise UnknownModel(f"zoo model {name!r} has no size {size!r}; it has {sorted(spec.sizes)}")
     return spec
 
 

@@ -109,3 +109,17 @@ def test_compile_or_serve_a_directory_says_it_is_one(tmp_path, capsys):
     assert cli.main(["serve", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path} is a directory" in err, err
+
+
+def test_an_unknown_zoo_model_or_size_is_an_error_not_a_traceback(capsys):
+    assert cli.main(["demo", "--model", "gpt3"]) == 2
+    assert "unknown zoo model 'gpt3'" in capsys.readouterr().err
+    assert cli.main(["demo", "--size", "huge"]) == 2
+    assert "no size 'huge'" in capsys.readouterr().err
+
+
+def test_a_cuda_arch_that_does_not_exist_stops_the_compile(capsys):
+    """A typo'd arch compiled every kernel into an nvcc failure and ran the whole model through torch, "compiled"."""
+    assert cli.main(["compile", "mlp", "--target", "cuda:sm_12"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown CUDA arch 'sm_12'" in err and "sm_90a" in err

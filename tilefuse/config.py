@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,15 +41,31 @@ def parse_target(spec: str | dict | None) -> dict:
     if isinstance(spec, dict):
         if spec.get("kind") not in TARGET_KINDS:
             raise ValueError(f"unknown target kind {spec.get('kind')!r}; known: {', '.join(TARGET_KINDS)}")
+        if spec["kind"] == "cuda" and spec.get("arch") is not None:
+            check_cuda_arch(spec["arch"])
         return dict(spec)
     kind, _, arch = spec.partition(":")
     if kind not in TARGET_KINDS:
         raise ValueError(f"unknown target {spec!r}; known kinds: {', '.join(TARGET_KINDS)}")
     if kind == "cuda":
-        return {"kind": "cuda", "arch": arch or "sm_90a"}
+        return {"kind": "cuda", "arch": check_cuda_arch(arch or "sm_90a")}
     if kind == "hip":
         return {"kind": "hip", "mcpu": arch or "gfx942"}
     return {"kind": kind}
+
+
+# CUDA compute capabilities nvcc 12/13 build for (``sm_XY``; ``a``/``f``: the arch-specific feature sets, sm_90 on).
+CUDA_ARCHS = (70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
+def check_cuda_arch(arch: str) -> str:
+    """``arch`` if it names a CUDA GPU arch (``sm_90a``, ``sm_80``...), else a ValueError saying which exist: a typo
+    must not compile every kernel into an nvcc failure and run the model through torch."""
+    m = re.fullmatch(r"sm_(\d+)([af]?)", str(arch))
+    if m is None or int(m.group(1)) not in CUDA_ARCHS or (m.group(2) and int(m.group(1)) < 90):
+        raise ValueError(f"unknown CUDA arch {arch!r}; known: " + ", ".join(f"sm_{a}" for a in CUDA_ARCHS)
+                         + " (an 'a' or 'f' suffix from sm_90 on; the H200 is sm_90a)")
+    return arch
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import torch
 from tilefuse.config import CPU_KINDS, Options
 from tilefuse.ir import Graph
 from tilefuse.lowering.builders import KernelSpec
+from tilefuse.lowering.compile import failure_reason
 from tilefuse.lowering.dispatch import build, graph_facts
 from tilefuse.lowering.lower import Lowered, lower
 from tilefuse.lowering.split import node_maps, split
@@ -131,7 +132,7 @@ def lower_step(planned: Planned, configs: Mapping[str, dict], target: dict, prog
             kernels[r.name] = RegionKernel(got, r, nodes)
         elif got is not None:
             _log.warning("%s: region %s did not compile for %s (%s); it runs through torch", p.graph.name, r.name,
-                         target, _first_line(got)[:300])
+                         target, failure_reason(got)[:300])
     p = dataclasses.replace(p, regions=tuple(
         r if r.backend != "tilelang" or r.name in kernels else dataclasses.replace(r, backend="torch")
         for r in p.regions))
@@ -371,7 +372,3 @@ def _measure_sparsity(graph: Graph, p: FusionPlan, options: Options, inputs: Seq
     elif report.sparse_kernel or report.mode:
         _log.info("%s: %s", graph.name, report.summary())
     return report
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
