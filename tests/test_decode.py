@@ -375,7 +375,8 @@ def test_every_kernel_of_a_decode_step_compiles_for_sm90a(monkeypatch):
         planned = plan_step(program.graph, Options(target=sm90, quiet=True))
         plan, kernels = lower_step(planned, {}, sm90)
         assert planned.specs and set(kernels) == set(planned.specs), set(planned.specs) - set(kernels)
-        planned_prefill = planned_prefill if program is decode else plan
+        if program is prefill:
+            planned_prefill = plan
     regions = plan.regions  # the decode step's
     layers = eager.config.num_hidden_layers
     assert sum(r.kind == "gemv_group" for r in regions) == 2 * layers
