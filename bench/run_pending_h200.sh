@@ -6,10 +6,12 @@
 #           process of its own, cold then warm caches, tilefuse's phases beside (session 23; CPU: ViT small 8.2 s
 #           against Inductor's 18.7); then HF LLaMA at default against Inductor default (session 22's call ran out of
 #           time there).
-#   part 2: the 2:4 ws GEMM's wrong case taken apart again (diag_gemm_ws.py --sparse-probe), for a fix of the
-#           metadata-register cause (gemm_sp_ws.py's note), and the ws GEMM's GPU tests.
+#   part 2: the 2:4 ws GEMM's wrong case taken apart again (diag_gemm_ws.py --sparse-probe, with session 23's
+#           in_flight=0 rows: right there confirms the metadata-register cause, gemm_sp_ws.py's note), and the ws
+#           GEMM's GPU tests.
+#   part 3: the attention GPU tests with pair_rows the causal default (session 22 made it so; not yet run there).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 1|2   (logs and JSON under $OUT)
+#                  bash bench/run_pending_h200.sh 1|2|3   (logs and JSON under $OUT)
 set -u
 part=${1:-1}
 OUT=${OUT:-/tmp/pending}
@@ -26,6 +28,10 @@ if [ "$part" = 1 ]; then
     timeout 240 python3 bench/bench_models.py --models hf-llama --peers default --no-warm --reps 30 \
         --json "$OUT/hf_llama.json" > "$OUT/hf_llama.log" 2>&1
     grep -hE "^model|^hf-" "$OUT/hf_llama.log" | head -10
+elif [ "$part" = 3 ]; then
+    timeout 540 python3 -m pytest -q -m gpu tests/test_attention.py tests/test_attention_ws.py -n 8 \
+        -p no:cacheprovider > "$OUT/gpu_tests_attention.txt" 2>&1
+    grep -E "^(FAILED|ERROR|XPASS)|passed|failed" "$OUT/gpu_tests_attention.txt" | tail -12
 else
     timeout 90 python3 bench/diag_gemm_ws.py --sparse-probe 2>&1 | quiet > "$OUT/sparse_probe.log"
     grep -v "^\s*$" "$OUT/sparse_probe.log" | cut -c1-230 | tail -14
