@@ -42,11 +42,11 @@ def _compile_peer(model, peer: str):
     return torch.compile(model, mode=None if peer == "default" else peer)
 
 
-def _phases(runners) -> dict[str, float]:
-    """Seconds by compile phase (``PlanRunner.phases``) summed over the compiled graphs."""
+def phase_totals(runners) -> dict[str, float]:
+    """Seconds by compile phase (``PlanRunner.compile_phases``) summed over the compiled graphs."""
     out: dict[str, float] = {}
     for r in runners:
-        for k, v in getattr(r, "phases", {}).items():
+        for k, v in r.compile_phases().items():
             out[k] = out.get(k, 0.0) + v
     return {k: round(v, 3) for k, v in out.items()}
 
@@ -109,7 +109,7 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
     torch.cuda.synchronize()
     compile_s = time.perf_counter() - t0  # (as the peers': compile and first call, not the timing that follows)
     res = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": compile_s, "max_rel_err": _max_rel(out, ref),
-           "tune": tune, "phases": _phases(runners)}
+           "tune": tune, "phases": phase_totals(runners)}
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()

@@ -6,12 +6,12 @@ For each zoo model and each compiler (``torch.compile(model, backend="tilefuse")
 default ``torch.compile(model)``), a child process imports torch, builds the model, runs it once eagerly (CUDA,
 cuBLAS and cuDNN initialized for both alike), then times ``torch.compile`` and the first call, synchronized: the
 compile a user waits for, dynamo's first use included. Both libraries are imported before the timer in both children
-(tilefuse, with TileLang, for the zoo; ``torch._inductor.compile_fx``). It runs twice per compiler: "cold" with empty caches of its own
-(tilefuse: tuning database, PrimFunc cache, TileLang's kernel cache; Inductor: its cache and triton's), "warm" in a
-new process with the caches the cold run filled. Tilefuse's children also print where the time went
-(``PlanRunner.phases``: plan, lower, the first call's splits, decide and graph replay; the rest is dynamo, AOTAutograd,
-imports). In-process comparisons (``bench_models.py``) favour whichever compiler runs second: the first pays
-dynamo's first use (about 1.3 s on a 2-core CPU) and lazy CUDA module loads.
+(tilefuse, with TileLang, for the zoo; ``torch._inductor.compile_fx``). It runs twice per compiler: "cold" with empty
+caches of its own (tilefuse: tuning database, PrimFunc cache, TileLang's kernel cache; Inductor: its cache and
+triton's), "warm" in a new process with the caches the cold run filled. Tilefuse's children also print where the time
+went (``PlanRunner.compile_phases``: import, plan, lower, the first call's splits and decide, the CUDA graphs'
+capture; the rest is dynamo and AOTAutograd). In-process comparisons (``bench_models.py``) favour whichever compiler
+runs second: the first pays dynamo's first use (about 1.3 s on a 2-core CPU) and lazy CUDA module loads.
 """
 
 from __future__ import annotations
@@ -54,11 +54,9 @@ def child(model_name: str, size: str, compiler: str) -> dict:
         fn(*inputs)
         sync()
         seconds = time.perf_counter() - t0
-    phases: dict[str, float] = {}
-    for r in runners:
-        for k, v in r.phases.items():
-            phases[k] = round(phases.get(k, 0.0) + v, 3)
-    return {"model": model_name, "compiler": compiler, "seconds": round(seconds, 3), "phases": phases,
+    from bench_models import phase_totals  # (this directory; imported here, in the child only)
+
+    return {"model": model_name, "compiler": compiler, "seconds": round(seconds, 3), "phases": phase_totals(runners),
             "graphs": len(runners)}
 
 
@@ -68,7 +66,8 @@ def _env(compiler: str, cache: str) -> dict:
         env.update(TILEFUSE_TUNING_DB=os.path.join(cache, "tuning.json"), TILEFUSE_FUNC_CACHE_DIR=os.path.join(
             cache, "funcs"), TILELANG_CACHE_DIR=os.path.join(cache, "tilelang"))
     else:
-        env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"), TRITON_CACHE_DIR=os.path.join(cache, "triton"))
+        env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+                   TRITON_CACHE_DIR=os.path.join(cache, "triton"))
     return env
 
 

@@ -21,6 +21,7 @@ neither a clone of each nor a copy back (HF LLaMA, 8 layers: 16 copies a decode 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,8 @@ import torch
 Recorder = Callable[[Callable[..., Sequence[torch.Tensor]], Sequence[torch.Tensor], int],
                     tuple[Any, tuple[torch.Tensor, ...]]]
 
+
+clock = time.perf_counter  # (what capture_seconds is read with)
 
 @dataclass(frozen=True)
 class CapturedGraph:
@@ -105,6 +108,7 @@ class CudaGraphRunner:
         self.record = record
         self.device_type = device_type
         self._graphs: dict[tuple, CapturedGraph] = {}  # input signature -> its graph
+        self.capture_seconds = 0.0  # spent capturing (warm-up calls included), all signatures
 
     @property
     def graphs(self) -> list[CapturedGraph]:
@@ -152,6 +156,13 @@ class CudaGraphRunner:
         return split
 
     def _capture(self, args: Sequence[torch.Tensor]) -> CapturedGraph:
+        t0 = clock()
+        try:
+            return self._record(args)
+        finally:
+            self.capture_seconds += clock() - t0
+
+    def _record(self, args: Sequence[torch.Tensor]) -> CapturedGraph:
         static = set(self.static_inputs)
         inputs = tuple(a if i in static else a.clone() for i, a in enumerate(args))
         fn = writing_updates(self.fn, self.updates, self.warmup) if self.updates else self.fn

@@ -70,8 +70,7 @@ class PlanRunner:
         self.first_call: Callable[[Sequence[torch.Tensor]], None] | None = None
         # Seconds by compile phase, as they happen: the backend's "import" (the ATen graph in), the pipeline's "plan"
         # and "lower", the first call's "splits" and "decide", and here the first call's "measured_choice" (all of
-        # first_call) and "first_replay" (the CUDA graph's capture and first replay). Benchmarks read them to say
-        # where a compile's time goes.
+        # first_call). ``compile_phases`` adds the CUDA graphs' capture.
         self.phases: dict[str, float] = {}
         self.record = False  # keep the last call's inputs (benchmarks re-run regions on them)
         # "torch" where the whole graph was measured faster as traced, through torch (the backend's whole-graph choice)
@@ -175,18 +174,20 @@ class PlanRunner:
             if self.check:
                 check_inputs(self.plan.graph, args)
             try:
-                if "first_replay" in self.phases:
-                    return graphed(*args)
-                t0 = time.perf_counter()
-                out = graphed(*args)
-                self.phases["first_replay"] = time.perf_counter() - t0
-                return out
+                return graphed(*args)
             except RuntimeError as e:  # e.g. a region that reads a tensor's values on the host
                 logging.getLogger("tilefuse").warning(
                     "%s: CUDA graph capture failed (%s); running without graphs", self.plan.graph.name,
                     str(e).splitlines()[0] if str(e) else type(e).__name__)
                 self._graphed = None
         return self.run(*args)
+
+    def compile_phases(self) -> dict[str, float]:
+        """``phases`` and, where CUDA graphs were captured, ``graph_capture``: where this graph's compile went
+        (benchmarks print it beside the compile's seconds)."""
+        graphed = self._graphed
+        extra = {"graph_capture": graphed.capture_seconds} if graphed is not None and graphed.capture_seconds else {}
+        return {**self.phases, **extra}
 
     def apply(self, runs: Mapping[str, str], splits: Mapping[str, RegionFn], notes: Sequence[str] = ()) -> None:
         """Run each region named in ``runs`` as decided: ``"torch"`` (its nodes through torch) or ``"split"`` (its

@@ -15,6 +15,7 @@ from tilefuse.backend import make_backend
 from tilefuse.config import Options
 from tilefuse.frontends.fx import FxProgram
 from tilefuse.lowering import tuning_db
+from tilefuse.runtime import graphs
 from tilefuse.runtime.graphs import CudaGraphRunner
 from tilefuse.runtime.plan_runner import eager_tail
 
@@ -235,6 +236,8 @@ def test_graph_and_tail_update_the_callers_cache_in_place(tail_min_bytes, monkey
     (graph,) = runner._graphed.graphs
     assert graph.graph.replays == 6 and len(graph.aliases) == 2  # the cache and the position: handed back as they are
     assert spy.copied == []  # neither copied back: the graph wrote both
+    phases = runner.compile_phases()  # where the compile went, the (emulated) capture included
+    assert {"import", "plan", "lower", "graph_capture"} <= set(phases) and phases["graph_capture"] > 0
 
 
 def test_static_cache_decode_through_measure_graph_and_tail_matches_eager(monkeypatch, tmp_path):
@@ -269,3 +272,19 @@ def test_static_cache_decode_through_measure_graph_and_tail_matches_eager(monkey
     # the counters (right, above) were written by the graphs themselves: none copied back (before: a clone of each
     # and a copy back, per layer and step)
     assert spy.copied == [], spy.copied
+
+
+def test_capture_time_is_counted_per_capture_not_per_replay(monkeypatch, rng):
+    """``capture_seconds`` (what ``PlanRunner.compile_phases`` reports as ``graph_capture``) grows when a signature is
+    captured, and replays leave it alone: the replay path does no timing."""
+    clock = iter(range(100))
+    monkeypatch.setattr(graphs, "clock", lambda: float(next(clock)))
+    runner = CudaGraphRunner(_update, static_inputs=[1], record=record_on_cpu, device_type="cpu")
+    idx, cache = torch.tensor([0, 1]), torch.zeros(4, 3)
+    runner(torch.randn(2, 3, generator=rng), cache, idx)
+    assert runner.capture_seconds == 1.0  # one capture: two clock reads
+    for _ in range(3):
+        runner(torch.randn(2, 3, generator=rng), cache, idx)
+    assert runner.capture_seconds == 1.0
+    runner(torch.randn(2, 3, generator=rng), torch.zeros(4, 3), idx)  # another address: another capture
+    assert runner.capture_seconds == 2.0

@@ -56,8 +56,8 @@ def eligible(target: dict | str, *, N: int, K: int, trans_A: bool = False, trans
 def seed(out_dtype: str = "float16", pingpong: bool = False) -> dict:
     """The config that leads where ``gemm_ws`` applies (``pingpong``: the one ``Options.experimental``
     "gemm_ws_pingpong" puts first): 128 x 192 tiles for both groups, or 128 x 128 for each, 64 deep, with as many
-    stages (at most 4) as shared memory holds. (H200, 2026-12-03, ``bench/proto_gemm_ws.py``: 128 x 192 x 4 stages led at 6 of 7 zoo linear shapes, 1.00-1.08x cuBLAS;
-    128 x 256 x 3 0.82-1.10x.)"""
+    stages (at most 4) as shared memory holds. (H200, 2026-12-03, ``bench/proto_gemm_ws.py``: 128 x 192 x 4 stages led
+    at 6 of 7 zoo linear shapes, 1.00-1.08x cuBLAS; 128 x 256 x 3 0.82-1.10x.)"""
     block_N = 128 if pingpong else 192
     stages = 4
     while stages > 2 and smem_bytes(128, block_N, 64, stages, out_dtype, pingpong) > SMEM_MAX:
