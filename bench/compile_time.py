@@ -17,18 +17,38 @@ runs second: the first pays dynamo's first use (about 1.3 s on a 2-core CPU) and
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
 import time
 
 COMPILERS = ("tilefuse", "inductor")
+# Further compilers a run may name: "dynamo" (``backend="eager"``: dynamo's trace alone, the floor under both),
+# "tilefuse-tuned" (``options={"tune": "fast"}``) and "inductor-max-autotune" (the tuned compile bar's peer).
+EXTRA = ("dynamo", "tilefuse-tuned", "inductor-max-autotune")
 
 
-def child(model_name: str, size: str, compiler: str) -> dict:
-    """The timed compile, in this (fresh) process."""
+def compile_model(model, compiler: str, observer):
+    """``torch.compile`` of ``model`` as ``compiler`` names it (``observer`` gets tilefuse's runners)."""
+    import torch
+
+    if compiler.startswith("tilefuse"):
+        options = {"observer": observer}
+        if compiler == "tilefuse-tuned":
+            options["tune"] = "fast"
+        return torch.compile(model, backend="tilefuse", options=options)
+    if compiler == "dynamo":
+        return torch.compile(model, backend="eager")
+    return torch.compile(model, mode="max-autotune" if compiler == "inductor-max-autotune" else None)
+
+
+def child(model_name: str, size: str, compiler: str, profile: str = "") -> dict:
+    """The timed compile, in this (fresh) process. ``profile``: a path for the cProfile statistics of the timed
+    section (pstats, and the costliest calls, by cumulative and by own time, as text beside it)."""
     import torch
     import torch._inductor.compile_fx  # (imported before the timer, as tilefuse is for its zoo)
 
@@ -46,14 +66,21 @@ def child(model_name: str, size: str, compiler: str) -> dict:
     with torch.no_grad():
         model(*inputs)
         sync()
+        prof = cProfile.Profile() if profile else None
         t0 = time.perf_counter()
-        if compiler == "tilefuse":
-            fn = torch.compile(model, backend="tilefuse", options={"observer": runners.append})
-        else:
-            fn = torch.compile(model)
+        if prof:
+            prof.enable()
+        fn = compile_model(model, compiler, runners.append)
         fn(*inputs)
         sync()
         seconds = time.perf_counter() - t0
+        if prof:
+            prof.disable()
+            prof.dump_stats(profile)
+            with open(profile + ".txt", "w") as f:
+                stats = pstats.Stats(profile, stream=f)
+                stats.sort_stats("cumulative").print_stats(60)
+                stats.sort_stats("tottime").print_stats(30)
     from bench_models import phase_totals  # (this directory; imported here, in the child only)
 
     return {"model": model_name, "compiler": compiler, "seconds": round(seconds, 3), "phases": phase_totals(runners),
@@ -62,7 +89,7 @@ def child(model_name: str, size: str, compiler: str) -> dict:
 
 def _env(compiler: str, cache: str) -> dict:
     env = dict(os.environ, TILEFUSE_QUIET="1")
-    if compiler == "tilefuse":
+    if compiler.startswith("tilefuse"):
         env.update(TILEFUSE_TUNING_DB=os.path.join(cache, "tuning.json"), TILEFUSE_FUNC_CACHE_DIR=os.path.join(
             cache, "funcs"), TILELANG_CACHE_DIR=os.path.join(cache, "tilelang"))
     else:
@@ -71,9 +98,9 @@ def _env(compiler: str, cache: str) -> dict:
     return env
 
 
-def run_child(model: str, size: str, compiler: str, cache: str, timeout: float) -> dict:
+def run_child(model: str, size: str, compiler: str, cache: str, timeout: float, profile: str = "") -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--models", model, "--size", size,
-           "--compilers", compiler]
+           "--compilers", compiler] + (["--profile", profile] if profile else [])
     try:
         done = subprocess.run(cmd, check=False, env=_env(compiler, cache), capture_output=True, text=True,
                               timeout=timeout)
@@ -92,21 +119,26 @@ def main() -> int:
     ap.add_argument("--compilers", default=",".join(COMPILERS))
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out", default="")
+    ap.add_argument("--profile", default="", help="a folder for each compile's cProfile statistics")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     models, compilers = args.models.split(","), args.compilers.split(",")
-    unknown = sorted(set(compilers) - set(COMPILERS))
+    unknown = sorted(set(compilers) - set(COMPILERS) - set(EXTRA))
     if unknown:
-        ap.error(f"unknown compilers {unknown}; known: {', '.join(COMPILERS)}")
+        ap.error(f"unknown compilers {unknown}; known: {', '.join(COMPILERS + EXTRA)}")
     if args.child:
-        print(json.dumps(child(models[0], args.size, compilers[0])), flush=True)
+        print(json.dumps(child(models[0], args.size, compilers[0], args.profile)), flush=True)
         return 0
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     rows = []
     for model in models:
         for compiler in compilers:
             with tempfile.TemporaryDirectory(prefix=f"compile-{compiler}-") as cache:
                 for state in ("cold", "warm"):
-                    row = dict(run_child(model, args.size, compiler, cache, args.timeout), caches=state)
+                    prof = os.path.join(os.path.abspath(args.profile), f"{model}-{compiler}-{state}.prof") \
+                        if args.profile else ""
+                    row = dict(run_child(model, args.size, compiler, cache, args.timeout, prof), caches=state)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     print(f"\n{'model':8} {'compiler':9} {'cold s':>7} {'warm s':>7}  tilefuse's phases, cold (s)")
@@ -117,10 +149,12 @@ def main() -> int:
             phases = ", ".join(f"{k} {v:.2f}" for k, v in cold.get("phases", {}).items())
             print(f"{model:8} {compiler:9} {cold.get('seconds', float('nan')):7.2f} "
                   f"{warm.get('seconds', float('nan')):7.2f}  {phases or cold.get('error', '')[:200]}")
-        t, i = got.get(("tilefuse", "cold"), {}), got.get(("inductor", "cold"), {})
-        if "seconds" in t and "seconds" in i:
-            print(f"{model:8} tilefuse's cold compile is {t['seconds'] / i['seconds']:.2f}x Inductor's "
-                  f"(the bar: at most 2x)")
+        for ours, peer, bar in (("tilefuse", "inductor", "at most 2x"),
+                                ("tilefuse-tuned", "inductor-max-autotune", "at most 1x")):
+            t, i = got.get((ours, "cold"), {}), got.get((peer, "cold"), {})
+            if "seconds" in t and "seconds" in i:
+                print(f"{model:8} {ours}'s cold compile is {t['seconds'] / i['seconds']:.2f}x {peer}'s "
+                      f"(the bar: {bar})")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

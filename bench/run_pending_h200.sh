@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # What is written and not yet measured, in device calls of under 10 minutes each (the device README's limit), most
 # important first (session 22's results: bench/results/2026-12-03-h200-session22):
-#   part 1: where zoo ViT's and GPT-2's cold default compile goes (16.6 s against Inductor's 5.8 s in session 22,
-#           measured in one process where tilefuse went first): bench/compile_time.py, each compiler in a fresh
-#           process of its own, cold then warm caches, tilefuse's phases beside (session 23; CPU: ViT small 8.2 s
-#           against Inductor's 18.7); then HF LLaMA at default against Inductor default (session 22's call ran out of
-#           time there).
+#   part 1: every zoo model's default compile against Inductor default's, each compiler in a fresh process of its own,
+#           cold then warm caches (bench/compile_time.py), with dynamo alone as the floor and cProfile statistics of
+#           each (session 24's first call: ViT 17.4 s cold against 14.2, warm 2.36 s against the bar's 2 s, of which
+#           tilefuse's own phases 0.45 s); then the tuned compile (tune="fast") against max-autotune on the MLP.
 #   part 2: the 2:4 ws GEMM's wrong case taken apart again (diag_gemm_ws.py --sparse-probe, with session 23's
 #           in_flight=0 rows: right there confirms the metadata-register cause, gemm_sp_ws.py's note), and the ws
 #           GEMM's GPU tests.
@@ -22,12 +21,15 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/device.
 python3 -c "import torch, tilelang, transformers; print(torch.__version__, tilelang.__version__, transformers.__version__)" \
     >> "$OUT/device.txt" 2>/dev/null
 if [ "$part" = 1 ]; then
-    timeout 280 python3 bench/compile_time.py --models vit,gpt2 --timeout 120 --out "$OUT/compile_time.json" \
+    # every zoo model's default compile against Inductor's, cold and warm, with dynamo alone (backend="eager", the
+    # floor under both) and cProfile statistics of each; then the tuned compile bar's pair on the MLP
+    timeout 450 python3 bench/compile_time.py --models vit,gpt2,bert,mlp,llama,resnet \
+        --compilers tilefuse,inductor,dynamo --timeout 150 --profile "$OUT/prof" --out "$OUT/compile_time.json" \
         > "$OUT/compile_time.log" 2>&1
     sed -n '/^model /,$p' "$OUT/compile_time.log"
-    timeout 240 python3 bench/bench_models.py --models hf-llama --peers default --no-warm --reps 30 \
-        --json "$OUT/hf_llama.json" > "$OUT/hf_llama.log" 2>&1
-    grep -hE "^model|^hf-" "$OUT/hf_llama.log" | head -10
+    timeout 120 python3 bench/compile_time.py --models mlp --compilers tilefuse-tuned,inductor-max-autotune \
+        --timeout 110 --out "$OUT/compile_time_tuned.json" > "$OUT/compile_time_tuned.log" 2>&1
+    sed -n '/^model /,$p' "$OUT/compile_time_tuned.log"
 elif [ "$part" = 3 ]; then
     timeout 540 python3 -m pytest -q -m gpu tests/test_attention.py tests/test_attention_ws.py -n 8 \
         -p no:cacheprovider > "$OUT/gpu_tests_attention.txt" 2>&1

@@ -10,8 +10,10 @@ import compile_time
 
 def test_a_fresh_process_compiles_and_says_where_the_time_went(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEFUSE_MEASURE", "1")  # (the test session turns the measured choice off; users have it)
-    row = compile_time.run_child("mlp", "tiny", "tilefuse", str(tmp_path), timeout=600)
+    prof = tmp_path / "mlp.prof"
+    row = compile_time.run_child("mlp", "tiny", "tilefuse", str(tmp_path), timeout=600, profile=str(prof))
     assert "error" not in row, row
+    assert prof.exists() and "cumulative time" in (tmp_path / "mlp.prof.txt").read_text()  # where it went
     assert row["seconds"] > 0 and row["graphs"] >= 1
     assert {"plan", "lower", "measured_choice"} <= set(row["phases"])
     assert sum(row["phases"][k] for k in ("plan", "lower", "measured_choice")) <= row["seconds"]
@@ -21,3 +23,14 @@ def test_a_fresh_process_compiles_and_says_where_the_time_went(tmp_path, monkeyp
 def test_a_failing_child_is_a_row_with_its_error(tmp_path):
     row = compile_time.run_child("no-such-model", "tiny", "tilefuse", str(tmp_path), timeout=600)
     assert row["compiler"] == "tilefuse" and "no-such-model" in row["error"]
+
+
+def test_an_unknown_compiler_is_refused(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["compile_time.py", "--compilers", "tilefuse,tvm"])
+    try:
+        compile_time.main()
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("an unknown compiler ran")
+    assert "tvm" in capsys.readouterr().err
