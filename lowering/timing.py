@@ -16,22 +16,39 @@ WARMUP, REPS = {"c": 2, "cuda": 5}, {"c": 5, "cuda": 20}
 
 
 def measure(kernel, args, kind: str) -> float:
-    """Seconds per call of ``kernel(*args)``: the median of ``REPS`` after ``WARMUP`` calls."""
+    """Seconds per call of ``kernel(*args)``: the median of ``REPS`` after ``WARMUP`` calls (on CUDA the mean)."""
     reps = REPS.get(kind, 3)
     for _ in range(WARMUP.get(kind, 1)):
         kernel(*args)
     if kind == "cuda":
-        import torch
-
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(reps):
-            kernel(*args)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / reps
+        return events_time(lambda: kernel(*args), reps)
     return cpu_time(kernel, args, reps)
+
+
+def events_time(fn, n: int) -> float:
+    """Mean seconds of ``n`` calls of ``fn()`` back to back on the current CUDA stream (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / n
+
+
+# A CUDA graph's replays are timed until they fill about this many seconds (at least two, at most REPS): a graph of
+# milliseconds is timed to a fraction of a percent by a few. A fixed 5 + 20 replays of graphs of twenty 1.5 ms GEMMs
+# took 0.75 s per timing: the zoo MLP's measured choice, three ways of two regions, was 4.9 s of its 10.9 s compile
+# (2026-12-03, H200).
+CUDA_TIME_BUDGET_S = 0.05
+
+
+def replay_time(replay, timer=events_time) -> float:
+    """Seconds per ``replay()``: one warm-up, one probe, then as many as fill ``CUDA_TIME_BUDGET_S``."""
+    replay()
+    probe = timer(replay, 1)
+    return timer(replay, max(2, min(REPS["cuda"], math.ceil(CUDA_TIME_BUDGET_S / max(probe, 1e-9)))))
 
 
 # On the CPU a timing shares the cores with everything else running (on a loaded 2-core machine one call in
@@ -87,15 +104,16 @@ def rotations(args, span: int = ROTATE_BYTES, most: int = ROTATE_MAX_COPIES) -> 
     return [args] + [_copy(args) for _ in range(n - 1)]
 
 
-def device_time(fn, args, kind: str) -> float:
+def device_time(fn, args, kind: str, sets: list | None = None) -> float:
     """Seconds of device time per ``fn(*args)`` with cold caches: on CUDA, replays of a CUDA graph of ``REPS``
     calls (what the runtime replays, free of Python's launch cost, which would otherwise favour one kernel over
-    several torch ops), each call on its own copy of the operands (``rotations``) so that none finds them in
-    L2; ``measure`` where capture fails (a region reading values on the host) or off CUDA."""
+    several torch ops), each call on its own copy of the operands (``rotations``; ``sets`` where the caller has
+    them, e.g. for several ways of computing the same thing) so that none finds them in L2; ``measure`` where
+    capture fails (a region reading values on the host) or off CUDA."""
     if kind != "cuda":
         return measure(fn, args, kind)
 
-    sets = rotations(args)
+    sets = sets if sets is not None else rotations(args)
     try:
         reps = max(REPS["cuda"], len(sets))
         stream = torch.cuda.Stream()
@@ -107,7 +125,7 @@ def device_time(fn, args, kind: str) -> float:
         with torch.cuda.graph(graph):
             for r in range(reps):
                 fn(*sets[r % len(sets)])
-        return measure(lambda: graph.replay(), (), kind) / reps
+        return replay_time(graph.replay) / reps
     except Exception:  # noqa: BLE001 -- not capturable: time it plainly
         torch.cuda.synchronize()
         return measure(lambda: [fn(*a) for a in sets], (), kind) / len(sets)

@@ -128,7 +128,7 @@ def _run(rank: int, seed: int, folder: str) -> dict:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
     torch.set_num_threads(1)  # two ranks on a 2-core CI machine
 
-    def fake_time(fn, args, kind):  # rank 0: every kernel wins; rank 1: every kernel loses
+    def fake_time(fn, args, kind, sets=None):  # rank 0: every kernel wins; rank 1: every kernel loses
         kernel = hasattr(fn, "spec")
         return (1e-3 if kernel else 2e-3) if rank == 0 else (2e-3 if kernel else 1e-3)
 

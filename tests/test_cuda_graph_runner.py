@@ -249,7 +249,7 @@ def test_static_cache_decode_through_measure_graph_and_tail_matches_eager(monkey
     from decode_steps import teacher_forced
 
     monkeypatch.setenv(tuning_db.DB_ENV, str(tmp_path / "tuning.json"))
-    monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind: 2e-3 if getattr(
+    monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind, sets=None: 2e-3 if getattr(
         getattr(fn, "spec", None), "template", None) == "gemm" else 1e-3)
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

@@ -35,7 +35,7 @@ def timings(monkeypatch, tmp_path):
     monkeypatch.setenv(tuning_db.DB_ENV, str(tmp_path / "tuning.json"))
     timed = []
 
-    def fake_time(fn, args, kind):
+    def fake_time(fn, args, kind, sets=None):
         is_kernel = hasattr(fn, "spec")
         timed.append((is_kernel, kind))
         return 2e-3 if is_kernel and fn.spec.template == "gemm" else 1e-3
@@ -120,6 +120,22 @@ def test_cpu_timing_is_the_median_of_enough_calls(monkeypatch):
     assert len(calls) == warmup + timing.REPS["c"]  # long calls: REPS of them, no more
 
 
+def test_a_cuda_graph_is_replayed_until_the_budget_is_filled():
+    """A graph of milliseconds is timed by a few replays, a graph of microseconds by ``REPS``; never fewer than two
+    (after a warm-up and a probe), whatever the probe says."""
+    for per_replay, want in ((30e-3, 2), (0.2e-3, timing.REPS["cuda"]), (10e-3, 5), (5.0, 2)):
+        calls, asked = [], []
+
+        def timer(fn, n, per_replay=per_replay, asked=asked):
+            asked.append(n)
+            for _ in range(n):
+                fn()
+            return per_replay
+
+        assert timing.replay_time(lambda calls=calls: calls.append(1), timer) == per_replay
+        assert asked == [1, want] and len(calls) == 1 + 1 + want
+
+
 def test_demo_says_how_many_regions_run_as_kernels(timings, monkeypatch, capsys):
     """``tilefuse demo`` prints both timings, the speed relative to eager and the share of regions run as TileLang
     kernels: all of them with the measured choice off, fewer where the (injected) timings give regions to torch."""
@@ -134,7 +150,7 @@ def test_demo_says_how_many_regions_run_as_kernels(timings, monkeypatch, capsys)
     assert n > 0 and share.startswith(f"TileLang kernels: {n} of {n} regions (100%)")
     assert "eager's speed" in out and "OK" in out
     monkeypatch.setenv("TILEFUSE_MEASURE", "1")
-    monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind: 2e-3 if hasattr(fn, "spec") else 1e-3)
+    monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind, sets=None: 2e-3 if hasattr(fn, "spec") else 1e-3)
     assert cli.main(["demo", "--model", "mlp", "--size", "tiny", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert f"TileLang kernels: 0 of {n} regions (0%); the others run through torch, measured faster there" in out

@@ -149,7 +149,7 @@ def test_choose_backends_gives_losing_kernels_back_to_torch(tmp_path, monkeypatc
     gemm = next(r.name for r in runner.plan.regions if r.kind == "gemm")
     timed = []
 
-    def fake_time(fn, args, kind):  # the GEMM kernel "loses", everything else wins
+    def fake_time(fn, args, kind, sets=None):  # the GEMM kernel "loses", everything else wins
         is_kernel = hasattr(fn, "spec")
         timed.append(is_kernel)
         slow = is_kernel and fn.region.name == gemm
@@ -243,7 +243,7 @@ def test_choose_backends_takes_the_split_where_it_is_fastest(tmp_path, monkeypat
     gemm = next(r.name for r in runner.plan.regions if r.kind == "gemm")
     timed = []
 
-    def fake_time(fn, args, kind):  # fused kernel 2 ms, its ops through torch 1.5 ms, the split 1 ms
+    def fake_time(fn, args, kind, sets=None):  # fused kernel 2 ms, its ops through torch 1.5 ms, the split 1 ms
         timed.append(type(fn).__name__)
         return {"SplitRegion": 1e-3, "RegionKernel": 2e-3}.get(type(fn).__name__, 1.5e-3)
 
@@ -284,7 +284,7 @@ def test_a_split_region_is_saved_and_loads_split(tmp_path, monkeypatch, rng):
     """The plan says ``split``; an artifact keeps the epilogue's kernel and loads the region split again, without
     compiling, with the same outputs."""
     import tilefuse
-    monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind: {"SplitRegion": 1e-3}.get(type(fn).__name__, 2e-3))
+    monkeypatch.setattr(pipeline, "device_time", lambda fn, args, kind, sets=None: {"SplitRegion": 1e-3}.get(type(fn).__name__, 2e-3))
     compiled = compile_graph(epilogue_graph(), target="c")
     x, g = torch.randn(16, 32, generator=rng), torch.randn(16, 24, generator=rng)
     want = compiled(x, g)

@@ -34,7 +34,7 @@ from tilefuse.lowering.compile import failure_reason
 from tilefuse.lowering.dispatch import build, graph_facts
 from tilefuse.lowering.lower import Lowered, lower
 from tilefuse.lowering.split import node_maps, split
-from tilefuse.lowering.timing import device_time
+from tilefuse.lowering.timing import device_time, rotations
 from tilefuse.lowering.tune import BUDGETS, stored_choices, tune_specs, tuned_configs
 from tilefuse.lowering.tuning_db import TuningDB
 from tilefuse.ops.reference import NodesFn
@@ -229,9 +229,10 @@ def decide(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
         choice = db.get(spec, target, "choice")
         ref = NodesFn(p.graph, region.nodes, region.inputs, region.outputs)
         if choice is None or ("split_ms" not in choice and sp is not None):
-            choice = {"kernel_ms": device_time(kernel, (ins,), kind) * 1e3,
-                      "torch_ms": device_time(ref, (ins,), kind) * 1e3,
-                      "split_ms": device_time(sp, (ins,), kind) * 1e3 if sp is not None else None}
+            sets = rotations((ins,)) if kind == "cuda" else None  # (one set of cold copies for every way)
+            choice = {"kernel_ms": device_time(kernel, (ins,), kind, sets) * 1e3,
+                      "torch_ms": device_time(ref, (ins,), kind, sets) * 1e3,
+                      "split_ms": device_time(sp, (ins,), kind, sets) * 1e3 if sp is not None else None}
             other = min(("torch", "split"), key=lambda w: choice[f"{w}_ms"] or float("inf"))
             beaten = choice[f"{other}_ms"] < KEEP_KERNEL_MARGIN * choice["kernel_ms"]
             choice.update({"torch": beaten and other == "torch", "split": beaten and other == "split"})
