@@ -112,7 +112,9 @@ def sparse_probe(dtype: str = "float16") -> None:
               ("in flight 0 K1024", 4096, 2048, 1024, False, {"in_flight": 0})]
     runs = []
     for name, M, N, K, bias, over in probes:
-        cfg = {**{k: v for k, v in gemm_sp_ws.seed(K).items() if k != "ws"}, **over}
+        # (the rows without a bias keep the schedule as found, one product in flight, unless they say otherwise)
+        cfg = {**({} if bias else {"in_flight": 1}), **{k: v for k, v in gemm_sp_ws.seed(K).items() if k != "ws"},
+               **over}
         ep = {"epilogue": Acc() + Arg(0), "extra_shapes": [(N,)], "extra_dtypes": [dtype]} if bias else {}
         if "in_flight" in cfg:  # (a knob of the ws schedule alone: built without gemm_sp's wrapper)
             plain = lambda C_f, extras, tiles, i, j, m0, n0: T.Cast(dtype, C_f[i, j])

@@ -6,7 +6,8 @@ The recipe is ``attention_ws``'s and ``proto_gemm_ws``'s. As in ``gemm_sp``, the
 the weight, so the kernel computes ``Y^T = W X^T``: a tile is ``block_N`` weight rows (64 per consumer warp group)
 by ``block_M`` tokens (the wgmma's N, up to 256). One producer warp group issues TMA loads of the compressed
 weight's values, its K-major metadata and the tokens into ``stages`` buffers behind full/empty mbarriers; two
-consumer warp groups keep one ``wgmma.sp`` in flight (``T.wgmma_gemm_sp`` + ``T.wait_wgmma(1)``), then transpose the
+consumer warp groups issue ``T.wgmma_gemm_sp`` and wait for each product (one kept in flight was wrong: session 24's
+probe, ``gemm_sp_ws.py``'s note; the template's ``in_flight=0`` since), then transpose the
 tile through shared memory (with the bias) into a TMA store they wait on only before the buffer's next use, so the
 epilogue overlaps the producer's loads of the next tile. Persistent: ``min(SMs, tiles)`` programs, ``group`` token
 tiles walking the weight tiles together (L2 reuse).

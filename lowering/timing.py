@@ -40,8 +40,9 @@ def events_time(fn, n: int) -> float:
 # A CUDA graph's replays are timed until they fill about this many seconds (at least two, at most REPS): a graph of
 # milliseconds is timed to a fraction of a percent by a few. A fixed 5 + 20 replays of graphs of twenty 1.5 ms GEMMs
 # took 0.75 s per timing: the zoo MLP's measured choice, three ways of two regions, was 4.9 s of its 10.9 s compile
-# (2026-12-03, H200).
-CUDA_TIME_BUDGET_S = 0.05
+# (2026-12-03, H200, profiled). With 50 ms it was 2.0 s, but ViT's, some 50 regions of 2-3 ms graphs, still 7.3 s;
+# 10 ms is at least two replays of 20-32 calls each (unmeasured on the H200 yet: bench/run_pending_h200.sh 1).
+CUDA_TIME_BUDGET_S = 0.01
 
 
 def replay_time(replay, timer=events_time) -> float:

@@ -123,7 +123,8 @@ def test_cpu_timing_is_the_median_of_enough_calls(monkeypatch):
 def test_a_cuda_graph_is_replayed_until_the_budget_is_filled():
     """A graph of milliseconds is timed by a few replays, a graph of microseconds by ``REPS``; never fewer than two
     (after a warm-up and a probe), whatever the probe says."""
-    for per_replay, want in ((30e-3, 2), (0.2e-3, timing.REPS["cuda"]), (10e-3, 5), (5.0, 2)):
+    budget = timing.CUDA_TIME_BUDGET_S
+    for per_replay, want in ((3 * budget, 2), (budget / 1000, timing.REPS["cuda"]), (budget / 5, 5), (5.0, 2)):
         calls, asked = [], []
 
         def timer(fn, n, per_replay=per_replay, asked=asked):

@@ -4,8 +4,8 @@ recipe on ``gemm_sp``'s transposed product ``Y^T = W X^T``.
 Note: a tile is ``block_N`` weight rows (64 per consumer warp group, ``wgmma.sp``'s M) by ``block_M`` tokens (its N,
 at most 256). The kernel is persistent (``min(SMs, tiles)`` programs, ``group`` token tiles walking the weight tiles
 together); one producer warp group issues TMA loads of the compressed weight's values, its K-major metadata and the
-tokens into ``num_stages`` buffers behind full/empty mbarriers; two consumer warp groups keep one ``wgmma.sp`` in
-flight (``T.wgmma_gemm_sp`` + ``T.wait_wgmma(1)``), then transpose the tile through shared memory, with the epilogue
+tokens into ``num_stages`` buffers behind full/empty mbarriers; two consumer warp groups issue ``T.wgmma_gemm_sp`` and
+wait for each product (``in_flight``), then transpose the tile through shared memory, with the epilogue
 (its full-size extra inputs staged through shared memory first, as ``gemm_sp`` does), into a TMA store they wait on
 only before the buffer's next use.
 
@@ -13,19 +13,19 @@ What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16, K-major metadata (
 TMA can address (16-byte multiples: X's, the metadata's (N int16) and Y's). Tails: TMA loads zero-fill past M, N and
 K, the TMA store clips; epilogue operands are read at clamped coordinates.
 
-**Wrong results, not offered anywhere**: on the H200 (2026-12-03, ``bench/diag_gemm_ws.py``) 4096 x 2048 x 512 with no
-epilogue (256 tiles: two rounds per program) came out wrong in ~77% of its elements (every row but the first 16),
-where 2048 x 1024 x 1024 with a bias, 1000 x 1024 x 776 with a staged ``silu(up) *`` and 8192^3 / 16384^3 with a bias
-(``bench/proto_gemm_sp_ws.py``: 0.89-0.92x torch's cuSPARSELt) were right. ``diag_gemm_ws.py --sparse-probe``: a
-bias epilogue, or 2 stages instead of 3, makes that shape right; one round, K 1024, 128-token tiles stay wrong, with
-wrong elements inside rows that start right. The lowered source reads right (stages, parities, descriptor offsets,
-tile order, shared-memory placement), so the fault is timing-dependent; the likely one: ``wgmma.sp`` takes its
-metadata from registers (``E_local``), which the next k-block's loads may overwrite while the kernel keeps that
-product in flight (``T.wait_wgmma(1)``). Untested (no device time left; ``in_flight=0``, built for the probe's next
-run, waits for each product before the next metadata loads: session 23 read the generated device code of the wrong
-case beside the bias case, identical but for the bias read, and the host code, identical but for the argument).
-No config space offers it
-(``Options.experimental`` "gemm_sp_ws" is gone) until the GPU test's xfail case passes.
+**One product in flight was wrong; none is right; not offered anywhere yet**: on the H200 (2026-12-03,
+``bench/diag_gemm_ws.py``) 4096 x 2048 x 512 with no epilogue (256 tiles: two rounds per program) came out wrong in
+~77% of its elements (every row but the first 16) while the consumers kept one ``wgmma.sp`` product in flight
+(``T.wait_wgmma(1)``), where 2048 x 1024 x 1024 with a bias, 1000 x 1024 x 776 with a staged ``silu(up) *`` and
+8192^3 / 16384^3 with a bias (``bench/proto_gemm_sp_ws.py``: 0.89-0.92x torch's cuSPARSELt) were right. A bias, or 2
+stages instead of 3, made that shape right; one round, K 1024, 128-token tiles, 3 rounds stayed wrong. The cause:
+``wgmma.sp`` takes its metadata from registers, which the next k-block's loads overwrite while the product that
+reads them is still running. **Confirmed** (session 24's probe, ``bench/results/2026-12-03-h200-session24``): with
+``in_flight=0``, each product waited for before the next metadata loads, the wrong shape and its K 1024 variant come
+out right. ``in_flight=0`` is therefore the default; its speed is not yet measured (``proto_gemm_sp_ws.py``), and
+keeping a product in flight safely would need the metadata registers double-buffered, which happens inside TileLang's
+``wgmma_gemm_sp`` lowering, out of this template's reach. No config space offers it (``Options.experimental``
+"gemm_sp_ws" is gone) until it is measured against ``gemm_sp``'s pipelined schedule and cuSPARSELt.
 """
 
 from __future__ import annotations
@@ -71,12 +71,12 @@ def seed(K: int, out_dtype: str = "float16", staged: Sequence[str] = ()) -> dict
 
 def gemm_sp_ws(M: int, N: int, K: int, *, dtype: str, out_dtype: str, y_elem, extra_shapes, extra_dtypes,
                staged: Sequence[int], block_M: int, block_N: int, block_K: int, num_stages: int, group: int = 8,
-               in_flight: int = 1, target: dict | str):
+               in_flight: int = 0, target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``X, W_values, W_meta, extra_0.., Y``; the metadata
     K-major); ``gemm_sp`` checks the arguments and passes ``y_elem(C_f, extras, tiles, i, j, m0, n0)``, accumulator
     element (weight row i, token j) through the epilogue, and the ``staged`` extras' indices. ``in_flight``: the
-    ``wgmma.sp`` products a consumer leaves running while it loads the next k-block's metadata (1; 0 waits for each,
-    ``bench/diag_gemm_ws.py --sparse-probe``'s test of the metadata-register cause in the note above)."""
+    ``wgmma.sp`` products a consumer leaves running while it loads the next k-block's metadata: 0 (the default) waits
+    for each; 1 is wrong on the H200 (the note above), kept for ``bench/diag_gemm_ws.py --sparse-probe``."""
     if in_flight not in (0, 1):
         raise ValueError(f"gemm_sp(ws=True): in_flight={in_flight}: 0 or 1 products in flight")
     accum = "float32"
