@@ -34,6 +34,7 @@ Recorder = Callable[[Callable[..., Sequence[torch.Tensor]], Sequence[torch.Tenso
 
 clock = time.perf_counter  # (what capture_seconds is read with)
 
+
 @dataclass(frozen=True)
 class CapturedGraph:
     """One captured graph of a ``CudaGraphRunner`` and what a replay needs."""
