@@ -83,8 +83,10 @@ def child(model_name: str, size: str, compiler: str, profile: str = "") -> dict:
                 stats.sort_stats("tottime").print_stats(30)
     from bench_models import phase_totals  # (this directory; imported here, in the child only)
 
+    from tilefuse.lowering.timing import SPENT  # (where the measured choice's timings went)
+
     return {"model": model_name, "compiler": compiler, "seconds": round(seconds, 3), "phases": phase_totals(runners),
-            "graphs": len(runners)}
+            "timing": {k: round(v, 3) for k, v in SPENT.items()}, "graphs": len(runners)}
 
 
 def _env(compiler: str, cache: str) -> dict:
@@ -147,6 +149,8 @@ def main() -> int:
         for compiler in compilers:
             cold, warm = got.get((compiler, "cold"), {}), got.get((compiler, "warm"), {})
             phases = ", ".join(f"{k} {v:.2f}" for k, v in cold.get("phases", {}).items())
+            if cold.get("timing"):  # (the decide and tuning phases' timings, by step)
+                phases += "; timings: " + ", ".join(f"{k} {v:.2f}" for k, v in cold["timing"].items())
             print(f"{model:8} {compiler:9} {cold.get('seconds', float('nan')):7.2f} "
                   f"{warm.get('seconds', float('nan')):7.2f}  {phases or cold.get('error', '')[:200]}")
         for ours, peer, bar in (("tilefuse", "inductor", "at most 2x"),

@@ -9,10 +9,28 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 WARMUP, REPS = {"c": 2, "cuda": 5}, {"c": 5, "cuda": 20}
+
+# Host seconds that CUDA timings spent in this process, by step: "first_call" (each timed function's call outside a
+# graph, lazy initialisation included), "copies" (``rotations``), "capture" and "replay" (``device_time``).
+# bench/compile_time.py prints them beside a compile's phases: where a measured choice's seconds go.
+SPENT: Counter = Counter()
+
+
+@contextmanager
+def spent(step: str) -> Iterator[None]:
+    """Adds the seconds the block takes to ``SPENT[step]``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        SPENT[step] += time.perf_counter() - t0
 
 
 def measure(kernel, args, kind: str) -> float:
@@ -102,7 +120,8 @@ def rotations(args, span: int = ROTATE_BYTES, most: int = ROTATE_MAX_COPIES) -> 
     operands (at most ``most`` sets; one where the operands alone span it)."""
     size = _nbytes(args)
     n = 1 if size >= span or size == 0 else min(most, math.ceil(span / size))
-    return [args] + [_copy(args) for _ in range(n - 1)]
+    with spent("copies"):
+        return [args] + [_copy(args) for _ in range(n - 1)]
 
 
 def device_time(fn, args, kind: str, sets: list | None = None) -> float:
@@ -119,14 +138,22 @@ def device_time(fn, args, kind: str, sets: list | None = None) -> float:
         reps = max(REPS["cuda"], len(sets))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        with spent("first_call"), torch.cuda.stream(stream):
             fn(*args)  # warm-up outside the graph (lazy initialisation must not be captured)
-        torch.cuda.current_stream().wait_stream(stream)
+            stream.synchronize()
+        # capture_begin/end rather than ``torch.cuda.graph``, whose entry empties the caching allocator: every
+        # timing would hand all cached blocks back to the driver and allocate them anew
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for r in range(reps):
-                fn(*sets[r % len(sets)])
-        return replay_time(graph.replay) / reps
+        with spent("capture"), torch.cuda.stream(stream):
+            graph.capture_begin()
+            try:
+                for r in range(reps):
+                    fn(*sets[r % len(sets)])
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+        with spent("replay"):
+            return replay_time(graph.replay) / reps
     except Exception:  # noqa: BLE001 -- not capturable: time it plainly
         torch.cuda.synchronize()
         return measure(lambda: [fn(*a) for a in sets], (), kind) / len(sets)
