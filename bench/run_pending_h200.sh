@@ -7,10 +7,12 @@
 #           warm caches (bench/compile_time.py): ViT (its measured choice took 7.3 s in session 24; each timing's
 #           steps are now printed: first call, copies, capture, replay), ResNet and LLaMA (never measured: session
 #           24's call reached LLaMA's cold tilefuse compile alone, 28.5 s).
+#   part 4: where the measured choice's first calls go (bench/diag_first_call.py) on ResNet-50 and ViT: part 2
+#           found them 22.4 of ResNet's 47.7 s cold compile and 5.1 of ViT's 16.0 s.
 #   part 3: the same for MLP, GPT-2 and BERT, then the tuned compile (tune="fast") against max-autotune on the MLP
 #           (26.7 s against 19.0 in session 24).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 1|2|3   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 1|2|3|4   (logs and JSON under $OUT, tarred into one file)
 set -u
 part=${1:-1}
 OUT=${OUT:-/tmp/pending}
@@ -32,6 +34,10 @@ if [ "$part" = 1 ]; then
     timeout 200 python3 -m pytest -q -m gpu tests/test_gemm_ws.py -n 8 -p no:cacheprovider \
         > "$OUT/logs/gpu_tests_gemm_ws.txt" 2>&1
     grep -E "^(FAILED|ERROR|XPASS)|passed|failed" "$OUT/logs/gpu_tests_gemm_ws.txt" | tail -12
+elif [ "$part" = 4 ]; then
+    timeout 400 python3 bench/diag_first_call.py --models resnet,vit --timeout 190 --out "$OUT/logs" \
+        > "$OUT/logs/diag_first_call.log" 2>&1
+    grep -v "Warn\|builder:WARN" "$OUT/logs/diag_first_call.log" | head -70
 elif [ "$part" = 2 ]; then
     compile_time vit,resnet,llama 200 560 compile_time_vit_resnet_llama
 else
