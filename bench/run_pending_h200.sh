@@ -4,9 +4,9 @@
 #   part 1: correctness first: the attention GPU tests with pair_rows the causal default (session 22 made it so; not
 #           yet run there), and the ws GEMM's GPU tests with the 2:4 schedule's no-product-in-flight default.
 #   part 2: the default compile against Inductor default's, each compiler in a fresh process of its own, cold then
-#           warm caches (bench/compile_time.py): ViT (its measured choice took 7.3 s in session 24; each timing's
-#           steps are now printed: first call, copies, capture, replay), ResNet and LLaMA (never measured: session
-#           24's call reached LLaMA's cold tilefuse compile alone, 28.5 s).
+#           warm caches (bench/compile_time.py), with each kernel linked where it is compiled (lowering.compile.
+#           link_now; before it, session 25 measured ResNet 47.7 s against 17.4, ViT 16.0 against 11.7, LLaMA 25.2
+#           against 21.5, each timing's first call 22.4, 5.1 and 6.1 s of it): ResNet, ViT, GPT-2, MLP.
 #   part 4: where the measured choice's first calls go (bench/diag_first_call.py) on ResNet-50 and ViT: part 2
 #           found them 22.4 of ResNet's 47.7 s cold compile and 5.1 of ViT's 16.0 s.
 #   part 3: the same for MLP, GPT-2 and BERT, then the tuned compile (tune="fast") against max-autotune on the MLP
@@ -39,7 +39,7 @@ elif [ "$part" = 4 ]; then
         > "$OUT/logs/diag_first_call.log" 2>&1
     grep -v "Warn\|builder:WARN" "$OUT/logs/diag_first_call.log" | head -70
 elif [ "$part" = 2 ]; then
-    compile_time vit,resnet,llama 200 560 compile_time_vit_resnet_llama
+    compile_time resnet,vit,gpt2,mlp 150 560 compile_time_resnet_vit_gpt2_mlp
 else
     compile_time mlp,gpt2,bert 120 400 compile_time_mlp_gpt2_bert
     timeout 130 python3 bench/compile_time.py --models mlp --compilers tilefuse-tuned,inductor-max-autotune \

@@ -20,6 +20,7 @@ from typing import Any
 import tilelang
 import tilelang.language.eager.ast as tl_eager_ast
 import tilelang.language.eager.builder as tl_eager_builder
+import torch
 
 from tilefuse.config import setting
 from tilefuse.lowering import cpu_parallel
@@ -100,8 +101,25 @@ def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int |
         prim_func = exact_float_constants(prim_func)  # the C source prints float32 constants to 7 digits
         if compile_flags is None and C_PARALLEL_GRID:
             flags += cpu_parallel.grid_flags(prim_func) + list(cpu_parallel.vector_math_flags())
-    return tilelang.compile(prim_func, out_idx=_out_idx(out_idx), target=tilelang_target(target),
-                            pass_configs=pass_configs, compile_flags=flags)
+    kernel = tilelang.compile(prim_func, out_idx=_out_idx(out_idx), target=tilelang_target(target),
+                              pass_configs=pass_configs, compile_flags=flags)
+    link_now(kernel)
+    return kernel
+
+
+def link_now(kernel) -> None:
+    """Link ``kernel``'s host module now, in the compiling thread. TileLang's TVM-FFI adapter (CUDA) links a freshly
+    compiled kernel on its first call (``Executable.jit``: a host compiler run of ~0.44 s a kernel on the H200's
+    machine), so the measured choice's first calls did it one kernel after another: 5.1 s of ViT's 16.0 s cold
+    compile, 15.0 s of ResNet-50's 47.7 s (2026-12-03, ``bench/diag_first_call.py``). Done here, ``compile_many``'s
+    threads link in parallel. A kernel loaded from TileLang's disk cache is linked already; other adapters (the c
+    target's) load a built library. Where no GPU is (CUDA kernels compiled, not run: the CPU tests) nothing is linked."""
+    if not torch.cuda.is_available():
+        return
+    get = getattr(getattr(kernel, "adapter", None), "get_exportable_executable", None)
+    jit = getattr(get(), "jit", None) if get is not None else None
+    if jit is not None:
+        jit()
 
 
 def compile_many(items: Iterable[tuple[Any, Sequence[int] | int | None]], target: dict | str,
