@@ -6,6 +6,8 @@ tests/test_distributed_gloo.py.)"""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -138,6 +140,38 @@ def test_from_rank0_broadcasts_only_where_the_plan_has_collectives():
     assert from_rank0("mine", without, rank1) == "mine" and sent == ["mine"]
     assert not has_collectives(None) and from_rank0("mine", None, rank1) == "mine" and sent == ["mine"]  # no plan
     assert from_rank0("mine", with_collectives) == "mine"  # torch.distributed not initialized here: one process
+
+
+def test_rank0s_answers_travel_through_the_store_in_order_never_as_collectives(monkeypatch):
+    """``from_rank0``'s default broadcast: rank 0 sets the n-th key of the default group's store, the others read it;
+    no collective runs (a planning broadcast among the model's gloo collectives hung in 2 of 9 loaded runs)."""
+    from tilefuse.runtime import distributed
+
+    class Store(dict):
+        def set(self, key, value):
+            self[key] = value
+
+        def get(self, key):  # (a real store waits for the key)
+            return self[key]
+
+    store, rank = Store(), [0]
+    monkeypatch.setattr(distributed.dist.distributed_c10d, "_get_default_store", lambda: store)
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: rank[0])
+    monkeypatch.setattr(distributed.dist, "broadcast_object_list", lambda *a, **k: pytest.fail("a collective ran"))
+    monkeypatch.setattr(distributed, "_ANSWERS", itertools.count())  # (per process: rank 1 below counts anew)
+    for value in ({"runs": "torch"}, [1, 2]):
+        box = [value]
+        distributed._broadcast_object(box)
+        assert box == [value]
+    assert list(store) == ["tilefuse/from_rank0/0", "tilefuse/from_rank0/1"]
+    rank[0] = 1
+    monkeypatch.setattr(distributed, "_ANSWERS", itertools.count())
+    got = []
+    for mine in ("a", "b"):
+        box = [mine]
+        distributed._broadcast_object(box)
+        got.append(box[0])
+    assert got == [{"runs": "torch"}, [1, 2]]
 
 
 @pytest.mark.parametrize("op, attrs, shape", [
