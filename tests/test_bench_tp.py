@@ -6,7 +6,9 @@ The deadline leaves room for compiling with a cold kernel cache on a loaded mach
 waits in a collective: 87 s alone on the 2-core machine, 300 s with three runs at once (2026-12-01); one run of the
 suite under -n 2 failed once at 120 s (its output was not kept; that wait is the likely cause), and one with both cores
 also kept busy by a spinning process at 480 s (2026-12-03: a planning broadcast timed out on one rank, which then ran
-its graph through torch). The deadline is 1200 s: a stuck collective still fails the test, well inside CI's budget."""
+its graph through torch). The deadline is 1200 s: a stuck collective still fails the test, well inside CI's budget.
+Planning answers (``runtime.distributed.from_rank0``) go through the store since a matched planning broadcast hung
+on gloo in 2 of 9 loaded runs (2026-12-03; 0 of 12 since)."""
 
 import json
 import os
