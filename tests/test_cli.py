@@ -123,3 +123,18 @@ def test_a_cuda_arch_that_does_not_exist_stops_the_compile(capsys):
     assert cli.main(["compile", "mlp", "--target", "cuda:sm_12"]) == 2
     err = capsys.readouterr().err
     assert "unknown CUDA arch 'sm_12'" in err and "sm_90a" in err
+
+
+def test_compile_a_zoo_model_builds_it_at_the_size_asked(tmp_path, capsys, monkeypatch):
+    """``compile mlp --size small`` exported the tiny model (the size went unused on the local and CUDA targets)."""
+    monkeypatch.setenv("TILEFUSE_TUNING_DB", str(tmp_path / "db.json"))
+    asked = []
+
+    def export(name, path, size="tiny", **kw):
+        asked.append(size)
+        return models.export_onnx.__wrapped__(name, path, size, **kw)
+
+    export.__wrapped__ = models.export_onnx
+    monkeypatch.setattr(models, "export_onnx", export)
+    assert cli.main(["compile", "mlp", "--size", "small", "--target", "c", "-q"]) == 0
+    assert asked == ["small"] and "compiled mlp for" in capsys.readouterr().out

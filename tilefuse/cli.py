@@ -190,7 +190,7 @@ def cmd_compile(args) -> int:
     t0, source = time.perf_counter(), args.model
     if not Path(args.model).is_file() and args.model in models.ZOO:  # a zoo model goes through its ONNX export
         tmp = tempfile.TemporaryDirectory(prefix="tilefuse-compile-")
-        source = models.export_onnx(args.model, Path(tmp.name) / f"{args.model}.onnx")
+        source = models.export_onnx(args.model, Path(tmp.name) / f"{args.model}.onnx", args.size)
     compiled = tilefuse.compile_onnx(source, target=args.target, sparsity=args.sparsity, quiet=_quiet(args))
     print(compiled.summary())
     if compiled.sparsity_report is not None:
