@@ -9,7 +9,7 @@ Session 21 moved the kernel into the gemm template (``gemm(ws=True)``, ``lowerin
 a plain or transposed B, tails) and added ``pingpong``, the consumer warp groups on tiles of their own taking turns;
 neither is measured yet.
 
-Usage (device):  python bench/proto_gemm_ws.py [--json out.json]
+Usage (device):  python bench/proto_gemm_ws.py [--json out.json] [--shapes 8192x16384x4096,...] [--ws-only]
 """
 
 from __future__ import annotations
@@ -105,16 +105,20 @@ def main(argv=None) -> int:
     from tilefuse.lowering.timing import device_time
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--shapes", help="M x N x K shapes, comma-separated (8192x16384x4096,...); default: the zoo's")
+    ap.add_argument("--ws-only", action="store_true", help="the cooperative ws configs alone")
     a = ap.parse_args(argv)
+    shapes = [tuple(int(d) for d in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
     leaders = [{"bm": 256, "bn": 192, "st": 4, "th": 384}, {"bm": 128, "bn": 256, "st": 4, "th": 256}]
+    builders = [("ws", gemm_ws, CONFIGS)] + ([] if a.ws_only else [
+        ("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS), ("template", template, leaders)])
     items, meta = [], []
-    for shape in SHAPES:
-        i, m = build(shape, [("ws", gemm_ws, CONFIGS), ("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS),
-                             ("template", template, leaders)])
+    for shape in shapes:
+        i, m = build(shape, builders)
         items, meta = items + i, meta + m
     kernels = compile_many(items, TARGET, return_exceptions=True)
     rows = []
-    for M, N, K in SHAPES:
+    for M, N, K in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=g)
         w = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=g) / K ** 0.5

@@ -79,7 +79,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     configs = space(target, arg) if arg else space(target)
     if spec.template == "gemm" and gemm_ws.eligible(target, **kw):  # (its seeds lead: the default pick)
         out = kw.get("out_dtype") or kw.get("B_dtype") or kw.get("A_dtype", "float16")
-        seeds = [gemm_ws.seed(out)] if kw["M"] >= gemm_ws.MIN_M else []
+        seeds = gemm_ws.seeds(out, kw["M"], kw["N"], kw["K"], gemm_configs.sm_count(target)) \
+            if kw["M"] >= gemm_ws.MIN_M else []
         return seeds + ([gemm_ws.seed(out, pingpong=True)] if "gemm_ws_pingpong" in trying else []) + configs
     return configs
 

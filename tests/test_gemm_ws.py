@@ -150,6 +150,21 @@ def test_gemm_ws_gpu_matches_the_reference(dtype, rng):
         torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name} NaN/Inf: {m}")
 
 
+@pytest.mark.parametrize(("N", "K", "block_N"), [
+    # session 22's H200 sweep at M 8192 (bench/results/2026-12-03-h200-session22): the faster of 128 x 192 x 4 and
+    # 128 x 256 x 3 at each of the 7 shapes
+    (3072, 768, 192), (768, 768, 192), (2304, 768, 192), (768, 3072, 192), (50264, 768, 192), (5632, 2048, 256),
+    (8192, 8192, 256)])
+def test_the_ws_seeds_rank_as_the_h200_measured(N, K, block_N):
+    from tilefuse.lowering import lower
+    from tilefuse.lowering.builders import KernelSpec
+    first = gemm_ws.seeds("float16", 8192, N, K, 132)[0]
+    assert first == gemm_ws.seed(block_N=block_N)
+    spec = KernelSpec("gemm", tuple(sorted(dict(M=8192, N=N, K=K, trans_B=True, A_dtype="float16").items())), (-1,),
+                      (), ())
+    assert lower.default_config(spec, SM90) == first
+
+
 def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_theirs():
     from tilefuse.config import Options
     from tilefuse.lowering import lower
@@ -166,8 +181,9 @@ def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_the
     assert "experimental" not in plain.target
     assert both.target["experimental"] == ["attention_double_q", "attention_late_store", "gemm_ws_pingpong"]
     assert lower.config_space(linear, plain.target)[0] == lower.default_config(linear, plain.target) == gemm_ws.seed()
-    first, second = lower.config_space(linear, both.target)[:2]
+    first, wide, second = lower.config_space(linear, both.target)[:3]
     assert first == gemm_ws.seed() and second == gemm_ws.seed(pingpong=True)
+    assert wide == gemm_ws.seed(block_N=256) == {**first, "block_N": 256, "num_stages": 3}  # (tuning tries both)
     assert lower.default_config(linear, both.target) == first
     assert not any(c.get("ws") for c in lower.config_space(few, plain.target))  # the template's pick by waves
     assert lower.default_config(few, both.target) == gemm_ws.seed(pingpong=True)  # (asked for)
@@ -176,6 +192,7 @@ def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_the
     assert lower.default_config(attn, both.target) == {**lower.default_config(attn, plain.target),
                                                        "double_q": True, "late_store": True}
     assert gemm_ws.seed()["block_N"] == 192 and gemm_ws.seed()["num_stages"] == 4
+    assert gemm_ws.seeds("float32", 4096, 3072, 768, 132) == [gemm_ws.seed("float32")]  # (256 wide: 2 stages)
     assert gemm_ws.seed("float32")["num_stages"] == 3 and gemm_ws.seed("float32", True)["num_stages"] == 3
     assert lower.func_key(linear, both.target, first) != lower.func_key(linear, SM90, first)  # cached apart
     assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws_pingpong").target

@@ -12,7 +12,8 @@ epilogue runs under the other's WGMMAs; CUTLASS's ping-pong kernel schedule).
 What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands of one dtype and no prologue, A not
 transposed and no batch, and rows that TMA can address (16-byte multiples: A's and B's rows, C's). Tails: TMA loads
 zero-fill past M, N and K, the TMA store clips; the epilogue's operands are read at clamped coordinates. Where it
-applies to ``MIN_M`` rows or more, its cooperative seed leads the config space (the default pick): on the H200
+applies to ``MIN_M`` rows or more, its cooperative seeds lead the config space, the first of ``seeds`` (128 x 192 or
+128 x 256 tiles, by padded waves) the default pick: on the H200
 (2026-12-03, bench/results/2026-12-03-h200-session22) every numerics case right (fp16/bf16, tails, NaN/Inf, both
 schedules), 1.00-1.08x cuBLAS at the zoo's linear shapes, zoo GPT-2 1.08 -> 1.12x and ViT 1.14 -> 1.17x Inductor.
 ``pingpong`` measured no better than cooperative; ``Options.experimental`` "gemm_ws_pingpong" offers it.
@@ -26,6 +27,7 @@ import tilelang.language as T
 
 from tilefuse.config import DEVICE_FACTS, device_facts
 from tilefuse.lowering.expr import Expr
+from tilefuse.lowering.templates import gemm_configs
 from tilefuse.lowering.templates.common import param, target_kind
 
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
@@ -53,17 +55,39 @@ def eligible(target: dict | str, *, N: int, K: int, trans_A: bool = False, trans
             and not batch_B and rows_ok)
 
 
-def seed(out_dtype: str = "float16", pingpong: bool = False) -> dict:
-    """The config that leads where ``gemm_ws`` applies (``pingpong``: the one ``Options.experimental``
-    "gemm_ws_pingpong" puts first): 128 x 192 tiles for both groups, or 128 x 128 for each, 64 deep, with as many
-    stages (at most 4) as shared memory holds. (H200, 2026-12-03, ``bench/proto_gemm_ws.py``: 128 x 192 x 4 stages led
-    at 6 of 7 zoo linear shapes, 1.00-1.08x cuBLAS; 128 x 256 x 3 0.82-1.10x.)"""
-    block_N = 128 if pingpong else 192
+def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None = None) -> dict:
+    """A config of the cooperative schedule (128 x ``block_N`` tiles for both groups, 192 unless given) or of
+    ``pingpong`` (128 x 128 for each; the one ``Options.experimental`` "gemm_ws_pingpong" puts first), 64 deep, with as
+    many stages (at most 4) as shared memory holds. (H200, 2026-12-03, ``bench/proto_gemm_ws.py``: 128 x 192 x 4 stages
+    led at 5 of 7 zoo linear shapes, 1.00-1.08x cuBLAS; 128 x 256 x 3 at the other two, those with K >= 2048.)"""
+    block_N = 128 if pingpong else (block_N or 192)
     stages = 4
     while stages > 2 and smem_bytes(128, block_N, 64, stages, out_dtype, pingpong) > SMEM_MAX:
         stages -= 1
     return {"block_M": 128, "block_N": block_N, "block_K": 64, "num_stages": stages, "ws": True,
             **({"pingpong": True} if pingpong else {})}
+
+
+# The wide tile's measured edge where K is deep (each k-block's WGMMAs longer against the same barrier waits):
+# session 22's 7 shapes (M 8192; bench/results/2026-12-03-h200-session22) are all ranked right by padded waves with
+# the 128 x 256 tile's cost scaled by this from K = WIDE_K on, ties to 192: 256 won 5632x2048 (1.095 against 1.054x
+# cuBLAS) and 8192x8192 (1.046 against 1.020) by 2-4%, and lost where it has more padded waves or K is 768 (ties: 3072
+# and 50264).
+WIDE_GAIN, WIDE_K = 0.96, 2048
+
+
+def seeds(out_dtype: str, M: int, N: int, K: int, sms: int) -> list[dict]:
+    """The cooperative schedule's seeds for an ``M`` x ``N`` x ``K`` GEMM, the one to build with first: 128 x 192 x 4
+    stages and, where shared memory holds 3 stages of it, 128 x 256, ranked by padded waves over ``sms`` SMs
+    (``gemm_configs.wave_cost``) with the wide tile's measured edge at deep K (``WIDE_GAIN``)."""
+    narrow, wide = seed(out_dtype), seed(out_dtype, block_N=256)
+    if wide["num_stages"] < 3:  # (fp32 outputs: 2 stages, not measured)
+        return [narrow]
+
+    def cost(c: dict) -> float:
+        gain = WIDE_GAIN if c is wide and K >= WIDE_K else 1.0
+        return gemm_configs.wave_cost(c, M, N, 1, sms) * gain
+    return sorted([narrow, wide], key=cost)  # (stable: a tie keeps 192 first)
 
 
 def grouped(t, tm: int, tn: int, group: int):
