@@ -288,3 +288,48 @@ def test_capture_time_is_counted_per_capture_not_per_replay(monkeypatch, rng):
     assert runner.capture_seconds == 1.0
     runner(torch.randn(2, 3, generator=rng), torch.zeros(4, 3), idx)  # another address: another capture
     assert runner.capture_seconds == 2.0
+
+
+def test_inputs_passed_at_the_same_addresses_are_read_in_place_after_a_few_replays(monkeypatch, rng):
+    """A caller that refills one input buffer call after call (a serving loop's preallocated batch; a benchmark) gets,
+    after ``pin_after`` replays, a twin graph that reads it in place (no copy in): each result still the eager one of
+    what the buffer holds now. Another buffer replays the copying graph, and that signature is never pinned again."""
+    clock = iter(range(1000))
+    monkeypatch.setattr(graphs, "clock", lambda: float(next(clock)))
+    runner = CudaGraphRunner(_update, static_inputs=[1], record=record_on_cpu, device_type="cpu")
+    cache, eager = torch.zeros(8, 3), torch.zeros(8, 3)
+    x, idx = torch.empty(2, 3), torch.empty(2, dtype=torch.long)
+
+    def step(x, idx, rows):
+        x.copy_(torch.randn(2, 3, generator=rng))
+        idx.copy_(torch.tensor(rows))
+        total, same = runner(x, cache, idx)
+        _update(x, eager, idx)
+        assert same is cache and torch.equal(cache, eager)
+        torch.testing.assert_close(total, eager.sum(0) * 2, rtol=1e-6, atol=1e-6)
+
+    for s in range(runner.pin_after + 4):  # pin_after replays copying in (the capture's first), then the twin's
+        step(x, idx, [s % 8, (s + 3) % 8])
+    (graph,) = runner.graphs
+    assert graph.graph.replays == runner.pin_after and runner.capture_seconds == 2.0  # two captures
+    (_, _, twin), = runner._pins.values()
+    assert twin.copied == () and twin.inputs[0] is x and twin.inputs[2] is idx and twin.graph.replays == 4
+    other = torch.empty(2, 3)
+    for s in range(2 * runner.pin_after):  # another buffer, then the first again: copied in, never pinned again
+        step(other if s == 0 else x, idx, [s % 8, 7 - s % 8])
+    assert graph.graph.replays == 3 * runner.pin_after and twin.graph.replays == 4
+    assert runner.capture_seconds == 2.0 and list(runner._pins.values()) == [((), 0, graphs.NEVER)]
+
+
+def test_an_output_that_is_a_copied_input_keeps_the_copying_graph(rng):
+    """A plan that hands an input back as an output would hand the caller's own tensor back from a twin that reads it
+    in place, where the copying graph gives a copy: such a signature is not pinned."""
+    def passthrough(x, w):
+        return x, x @ w
+    runner = CudaGraphRunner(passthrough, static_inputs=[1], record=record_on_cpu, device_type="cpu")
+    x, w = torch.randn(4, 3, generator=rng), torch.randn(3, 2, generator=rng)
+    for _ in range(2 * runner.pin_after):
+        x.copy_(torch.randn(4, 3, generator=rng))
+        same, y = runner(x, w)
+        assert same is not x and torch.equal(same, x) and torch.allclose(y, x @ w)
+    assert list(runner._pins.values())[0][2] is graphs.NEVER and runner.graphs[0].graph.replays == 2 * runner.pin_after

@@ -281,6 +281,35 @@ def test_cuda_graphs_read_parameters_in_place():
     assert all(t.data_ptr() in state for k, t in enumerate(latest.inputs) if k not in latest.copied)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tail", [False, True], ids=["whole_graph", "eager_tail"])
+def test_an_input_buffer_refilled_each_call_is_read_in_place_and_every_result_is_right(tail, monkeypatch):
+    """A caller that refills one input buffer call after call gets a twin graph reading it in place (no copy in,
+    ``runtime.graphs.PIN_AFTER``); each result is eager's on what the buffer holds then, results kept across calls
+    stay right, and another buffer is copied in again (whole plan in the graph, or GPT-2's LM head as the eager tail)."""
+    from tilefuse.runtime import plan_runner
+
+    monkeypatch.setattr(plan_runner, "TAIL_MIN_BYTES", 0)
+    model, _ = models.build("gpt2", "tiny", dtype=torch.float16, device="cuda")
+    runners = []
+    compiled = tilefuse.compile(model, eager_tail=tail, observer=runners.append)
+    buf = models.example_inputs("gpt2", "tiny", device="cuda")[0].clone()
+    kept = []
+    with torch.no_grad():
+        for step in range(12):
+            fresh = models.example_inputs("gpt2", "tiny", device="cuda")[0]
+            x = fresh if step == 8 else buf.copy_(fresh)
+            kept.append((compiled(x), model(x)))
+            if step == 7:  # pinned at the 5th call: the twin reads the buffer itself
+                (runner,) = runners
+                (_, _, twin), = runner._graphed._pins.values()
+                assert twin.copied == () and buf.data_ptr() in {t.data_ptr() for t in twin.inputs}
+    for got, want in kept:
+        torch.testing.assert_close(got, want, **FP16)
+    assert (runner.tail_start < len(runner.plan.regions)) == tail
+    assert [t for _, _, t in runner._graphed._pins.values()] == ["never"]  # another buffer at the 9th call
+
+
 def test_eager_tail_runs_the_output_regions_after_the_graph(rng):
     """The regions that write the plan's outputs (GPT-2's LM head) are the eager tail; run as head (the part a CUDA
     graph captures) then tail, on the CPU here, the plan gives what running it whole gives."""
