@@ -19,6 +19,7 @@ from tilefuse.lowering.templates import gemm, gemm_ws
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
 COOP = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3}
 PP = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 4, "pingpong": True}
+NARROW = {**COOP, "block_N": 192, "num_stages": 4}  # (the other cooperative seed)
 
 
 @pytest.mark.parametrize("target,kw,ok", [
@@ -72,9 +73,10 @@ CASES = {
 
 
 def _configs(N, out_dtype="float16"):
-    """Both schedules (and a 64 x 256 ping-pong tile where N allows), each with as many stages as fit."""
+    """Both schedules (and a 64 x 256 ping-pong tile where N allows; cooperative, the 128 x 192 seed besides 128 x
+    256), each with as many stages as fit."""
     out = []
-    for cfg in [COOP, PP] + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256 else []):
+    for cfg in [COOP, NARROW, PP] + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256 else []):
         while gemm_ws.smem_bytes(cfg["block_M"], cfg["block_N"], cfg["block_K"], cfg["num_stages"], out_dtype,
                                  cfg.get("pingpong", False)) > gemm_ws.SMEM_MAX:
             cfg = {**cfg, "num_stages": cfg["num_stages"] - 1}
@@ -114,7 +116,7 @@ def _ptxas_log(src: str, tmp_path) -> str:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("cfg", [COOP, PP])
+@pytest.mark.parametrize("cfg", [COOP, PP, NARROW])
 def test_gemm_ws_wgmmas_are_not_serialized_by_ptxas(cfg, tmp_path):
     f = gemm.gemm(1000, 3072, 768, trans_B=True, epilogue=call("gelu", Acc() + Arg(0)), extra_shapes=[(3072,)],
                   extra_dtypes=["float16"], ws=True, target=SM90, **cfg)
