@@ -152,17 +152,21 @@ def test_gemm_ws_gpu_matches_the_reference(dtype, rng):
         torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name} NaN/Inf: {m}")
 
 
-@pytest.mark.parametrize(("N", "K", "block_N"), [
-    # session 22's H200 sweep at M 8192 (bench/results/2026-12-03-h200-session22): the faster of 128 x 192 x 4 and
-    # 128 x 256 x 3 at each of the 7 shapes
-    (3072, 768, 192), (768, 768, 192), (2304, 768, 192), (768, 3072, 192), (50264, 768, 192), (5632, 2048, 256),
-    (8192, 8192, 256)])
-def test_the_ws_seeds_rank_as_the_h200_measured(N, K, block_N):
+@pytest.mark.parametrize(("M", "N", "K", "block_N"), [
+    # the H200's sweeps (bench/results/2026-12-03-h200-session22, 2026-12-04-h200-session27): the fastest of 128 x 192
+    # x 4, 128 x 256 x 3 and 128 x 128 x 5 at each shape (8192x768x768: 192 at 1.082x cuBLAS, 128 at 1.079x)
+    (8192, 3072, 768, 192), (8192, 768, 768, 128), (8192, 2304, 768, 192), (8192, 768, 3072, 192),
+    (8192, 50264, 768, 192), (8192, 5632, 2048, 256), (8192, 8192, 8192, 256), (8192, 16384, 4096, 256),
+    (8192, 4096, 16384, 256), (8192, 2048, 2048, 128), (8192, 512, 2048, 128), (8192, 8192, 2048, 256),
+    (8192, 2048, 8192, 256), (8192, 32000, 2048, 256), (16384, 768, 3072, 192)])
+def test_the_ws_seeds_rank_as_the_h200_measured(M, N, K, block_N):
     from tilefuse.lowering import lower
     from tilefuse.lowering.builders import KernelSpec
-    first = gemm_ws.seeds("float16", 8192, N, K, 132)[0]
-    assert first == gemm_ws.seed(block_N=block_N)
-    spec = KernelSpec("gemm", tuple(sorted(dict(M=8192, N=N, K=K, trans_B=True, A_dtype="float16").items())), (-1,),
+    ranked = gemm_ws.seeds("float16", M, N, K, 132)
+    first = ranked[0]
+    assert first == gemm_ws.seed(block_N=block_N, stages=5 if block_N == 128 else 4) and len(ranked) == 3
+    assert {c["block_N"]: c["num_stages"] for c in ranked} == {128: 5, 192: 4, 256: 3}
+    spec = KernelSpec("gemm", tuple(sorted(dict(M=M, N=N, K=K, trans_B=True, A_dtype="float16").items())), (-1,),
                       (), ())
     assert lower.default_config(spec, SM90) == first
 
@@ -174,7 +178,7 @@ def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_the
 
     def spec(template, **kw):
         return KernelSpec(template, tuple(sorted(kw.items())), (-1,), (), ())
-    linear = spec("gemm", M=4096, N=3072, K=768, trans_B=True, A_dtype="float16")
+    linear = spec("gemm", M=8192, N=3072, K=768, trans_B=True, A_dtype="float16")  # (GPT-2 b8x1024: 192 leads)
     few = spec("gemm", M=gemm_ws.MIN_M - 8, N=3072, K=768, trans_B=True, A_dtype="float16")
     odd = spec("gemm", M=4096, N=3072, K=100, trans_B=True, A_dtype="float16")  # rows TMA cannot address
     attn = spec("flash_attention", B=2, Hq=4, Sq=256, Skv=256, D=64, dtype="float16", is_causal=True)
@@ -183,9 +187,10 @@ def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_the
     assert "experimental" not in plain.target
     assert both.target["experimental"] == ["attention_double_q", "attention_late_store", "gemm_ws_pingpong"]
     assert lower.config_space(linear, plain.target)[0] == lower.default_config(linear, plain.target) == gemm_ws.seed()
-    first, wide, second = lower.config_space(linear, both.target)[:3]
+    first, wide, short, second = lower.config_space(linear, both.target)[:4]
     assert first == gemm_ws.seed() and second == gemm_ws.seed(pingpong=True)
-    assert wide == gemm_ws.seed(block_N=256) == {**first, "block_N": 256, "num_stages": 3}  # (tuning tries both)
+    assert wide == gemm_ws.seed(block_N=256) == {**first, "block_N": 256, "num_stages": 3}  # (tuning tries all)
+    assert short == {**first, "block_N": 128, "num_stages": 5}
     assert lower.default_config(linear, both.target) == first
     assert not any(c.get("ws") for c in lower.config_space(few, plain.target))  # the template's pick by waves
     assert lower.default_config(few, both.target) == gemm_ws.seed(pingpong=True)  # (asked for)

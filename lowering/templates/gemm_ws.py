@@ -12,8 +12,8 @@ epilogue runs under the other's WGMMAs; CUTLASS's ping-pong kernel schedule).
 What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands of one dtype and no prologue, A not
 transposed and no batch, and rows that TMA can address (16-byte multiples: A's and B's rows, C's). Tails: TMA loads
 zero-fill past M, N and K, the TMA store clips; the epilogue's operands are read at clamped coordinates. Where it
-applies to ``MIN_M`` rows or more, its cooperative seeds lead the config space, the first of ``seeds`` (128 x 192 or
-128 x 256 tiles, by padded waves) the default pick: on the H200
+applies to ``MIN_M`` rows or more, its cooperative seeds lead the config space, the first of ``seeds`` (128 x 192,
+128 x 256 or 128 x 128 tiles, ranked as measured) the default pick: on the H200
 (2026-12-03, bench/results/2026-12-03-h200-session22) every numerics case right (fp16/bf16, tails, NaN/Inf, both
 schedules), 1.00-1.08x cuBLAS at the zoo's linear shapes, zoo GPT-2 1.08 -> 1.12x and ViT 1.14 -> 1.17x Inductor.
 ``pingpong`` measured no better than cooperative; ``Options.experimental`` "gemm_ws_pingpong" offers it.
@@ -55,39 +55,46 @@ def eligible(target: dict | str, *, N: int, K: int, trans_A: bool = False, trans
             and not batch_B and rows_ok)
 
 
-def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None = None) -> dict:
+def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None = None, stages: int = 4) -> dict:
     """A config of the cooperative schedule (128 x ``block_N`` tiles for both groups, 192 unless given) or of
     ``pingpong`` (128 x 128 for each; the one ``Options.experimental`` "gemm_ws_pingpong" puts first), 64 deep, with as
-    many stages (at most 4) as shared memory holds. (H200, 2026-12-03, ``bench/proto_gemm_ws.py``: 128 x 192 x 4 stages
-    led at 5 of 7 zoo linear shapes, 1.00-1.08x cuBLAS; 128 x 256 x 3 at the other two, those with K >= 2048.)"""
+    many stages (at most ``stages``) as shared memory holds. ``seeds`` says which leads where."""
     block_N = 128 if pingpong else (block_N or 192)
-    stages = 4
     while stages > 2 and smem_bytes(128, block_N, 64, stages, out_dtype, pingpong) > SMEM_MAX:
         stages -= 1
     return {"block_M": 128, "block_N": block_N, "block_K": 64, "num_stages": stages, "ws": True,
             **({"pingpong": True} if pingpong else {})}
 
 
-# The wide tile's measured edge where K is deep (each k-block's WGMMAs longer against the same barrier waits):
-# session 22's 7 shapes (M 8192; bench/results/2026-12-03-h200-session22) are all ranked right by padded waves with
-# the 128 x 256 tile's cost scaled by this from K = WIDE_K on, ties to 192: 256 won 5632x2048 (1.095 against 1.054x
-# cuBLAS) and 8192x8192 (1.046 against 1.020) by 2-4%, and lost where it has more padded waves or K is 768 (ties: 3072
-# and 50264).
-WIDE_GAIN, WIDE_K = 0.96, 2048
+# How the cooperative seeds rank, fitted to the H200's sweeps at M 8192-16384 (bench/proto_gemm_ws.py, bias epilogue;
+# 15 shapes: bench/results/2026-12-03-h200-session22 and 2026-12-04-h200-session27):
+# - 128 x 192 x 4 against 128 x 256 x 3: fewer padded waves (gemm_configs.wave_cost), ties to 192, the wide tile's cost
+#   scaled by WIDE_GAIN where K >= WIDE_K and N >= WIDE_N (its longer k-blocks against the same barrier waits): 256 won
+#   all 8 such shapes by 2-17% (5632x2048, 8192x8192, the MLP's, LLaMA's); at N 768 192 won at equal padded waves
+#   (16384x768x3072: 1.117 against 1.057x cuBLAS; 8192x768x3072: 1.004 against 0.824).
+# - 128 x 128 x 5 leads where the work is short: K <= SHORT_K and the wide tile fills at most SHORT_WAVES waves (each SM
+#   a few tiles of at most 32 k-blocks, where the smaller tile's shorter fill and drain count): 8192x2048x2048 1.135
+#   against 1.069 (256), 8192x512x2048 1.083 against 0.953; 8192x768x768 1.079 against 1.082 (192). With more waves or
+#   deeper K it lost everywhere (0.84-1.06 against 0.99-1.10).
+WIDE_GAIN, WIDE_K, WIDE_N = 0.96, 2048, 2048
+SHORT_K, SHORT_WAVES = 2048, 4
 
 
 def seeds(out_dtype: str, M: int, N: int, K: int, sms: int) -> list[dict]:
-    """The cooperative schedule's seeds for an ``M`` x ``N`` x ``K`` GEMM, the one to build with first: 128 x 192 x 4
-    stages and, where shared memory holds 3 stages of it, 128 x 256, ranked by padded waves over ``sms`` SMs
-    (``gemm_configs.wave_cost``) with the wide tile's measured edge at deep K (``WIDE_GAIN``)."""
-    narrow, wide = seed(out_dtype), seed(out_dtype, block_N=256)
-    if wide["num_stages"] < 3:  # (fp32 outputs: 2 stages, not measured)
+    """The cooperative schedule's seeds for an ``M`` x ``N`` x ``K`` GEMM over ``sms`` SMs, the one to build with
+    first: 128 x 192 x 4 stages, and where shared memory holds 3 stages of 128 x 256, that and 128 x 128 x 5, ranked
+    as the H200 measured (above)."""
+    narrow = seed(out_dtype)
+    wide, short = seed(out_dtype, block_N=256), seed(out_dtype, block_N=128, stages=5)
+    if wide["num_stages"] < 3:  # (fp32 outputs: 2 stages of the wide tile; none measured)
         return [narrow]
+    if K <= SHORT_K and gemm_configs.wave_cost(wide, M, N, 1, sms) <= SHORT_WAVES * 128 * 256:
+        return [short, narrow, wide]
 
     def cost(c: dict) -> float:
-        gain = WIDE_GAIN if c is wide and K >= WIDE_K else 1.0
+        gain = WIDE_GAIN if c is wide and K >= WIDE_K and N >= WIDE_N else 1.0
         return gemm_configs.wave_cost(c, M, N, 1, sms) * gain
-    return sorted([narrow, wide], key=cost)  # (stable: a tie keeps 192 first)
+    return sorted([narrow, wide], key=cost) + [short]  # (stable: a tie keeps 192 first)
 
 
 def grouped(t, tm: int, tn: int, group: int):
