@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
 # What is written and not yet measured, in device calls of under 10 minutes each (the device README's limit), most
 # important first (session 26's results: bench/results/2026-12-04-h200-session26):
-#   part 1: the GPU tests of the ws GEMM (its three cooperative seeds) and of the twin graph that reads a refilled
-#           input in place; the 128 x 128 x 5 seed where the work is short at BERT's and ViT's 768 x 768 linears
-#           (bench/proto_gemm_ws.py); then the zoo models whose ws GEMM picks changed, and the MLP again, with no
-#           options against Inductor default in the same process (#13's default bar; session 27's first call:
-#           all six 1.01-1.78x).
-#   part 2: the 2:4 ws GEMM's speed with no product in flight (bench/proto_gemm_sp_ws.py, #20), then the default
-#           compile against Inductor's for the MLP and GPT-2 (bench/compile_time.py).
+#   part 1: every zoo model with no options against Inductor default in the same process, kernel categories beside
+#           (#13's default bar), with the ws GEMM's seeds ranked as both sweeps measured (gemm_ws.seeds); then the
+#           2:4 ws GEMM's speed with no product in flight (bench/proto_gemm_sp_ws.py, #20).
+#   part 2: the default compile against Inductor's for the MLP and GPT-2 (bench/compile_time.py).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh 1|2   (logs and JSON under $OUT, tarred into one file)
 set -u
@@ -31,16 +28,10 @@ zoo() {  # models, whole timeout, name
         | cut -c1-220 | head -60
 }
 if [ "$part" = 1 ]; then
-    timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py tests/test_dynamo_e2e.py \
-        -k "refilled or parameters_in_place or gemm_ws_gpu or eager_tail" > "$OUT/logs/gpu_tests.log" 2>&1
-    tail -5 "$OUT/logs/gpu_tests.log"
-    timeout 100 python3 bench/proto_gemm_ws.py --ws-only --shapes 16384x768x768,12608x768x768 \
-        --json "$OUT/logs/gemm_ws_short.json" > "$OUT/logs/gemm_ws_short.log" 2>&1
-    grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_ws_short.log" | tail -12
-    zoo mlp,llama,bert,gpt2,vit 330 zoo_default_b
-elif [ "$part" = 2 ]; then
-    timeout 150 python3 bench/proto_gemm_sp_ws.py --json "$OUT/logs/gemm_sp_ws.json" > "$OUT/logs/gemm_sp_ws.log" 2>&1
+    zoo mlp,llama,bert,resnet,gpt2,vit 330 zoo_default_c
+    timeout 140 python3 bench/proto_gemm_sp_ws.py --json "$OUT/logs/gemm_sp_ws.json" > "$OUT/logs/gemm_sp_ws.log" 2>&1
     grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_sp_ws.log" | tail -40
+elif [ "$part" = 2 ]; then
     compile_time mlp,gpt2 120 240 compile_time_mlp_gpt2
 fi
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"

@@ -67,17 +67,19 @@ def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None
 
 
 # How the cooperative seeds rank, fitted to the H200's sweeps at M 8192-16384 (bench/proto_gemm_ws.py, bias epilogue;
-# 15 shapes: bench/results/2026-12-03-h200-session22 and 2026-12-04-h200-session27):
+# 17 shapes: bench/results/2026-12-03-h200-session22 and 2026-12-04-h200-session27; all 17 ranked right):
 # - 128 x 192 x 4 against 128 x 256 x 3: fewer padded waves (gemm_configs.wave_cost), ties to 192, the wide tile's cost
 #   scaled by WIDE_GAIN where K >= WIDE_K and N >= WIDE_N (its longer k-blocks against the same barrier waits): 256 won
 #   all 8 such shapes by 2-17% (5632x2048, 8192x8192, the MLP's, LLaMA's); at N 768 192 won at equal padded waves
 #   (16384x768x3072: 1.117 against 1.057x cuBLAS; 8192x768x3072: 1.004 against 0.824).
-# - 128 x 128 x 5 leads where the work is short: K <= SHORT_K and the wide tile fills at most SHORT_WAVES waves (each SM
-#   a few tiles of at most 32 k-blocks, where the smaller tile's shorter fill and drain count): 8192x2048x2048 1.135
-#   against 1.069 (256), 8192x512x2048 1.083 against 0.953; 8192x768x768 1.079 against 1.082 (192). With more waves or
-#   deeper K it lost everywhere (0.84-1.06 against 0.99-1.10).
+# - 128 x 128 x 5 leads where the work is short: K in SHORT_K and the wide tile fills at most SHORT_WAVES waves (each
+#   SM a few tiles of 32-47 k-blocks): 8192x2048x2048 1.135 against 1.069 (256), 8192x512x2048 1.083 against 0.953.
+#   Not at K 768, where 192 won all 6 shapes (768 x 768 at M 8192, 12608, 16384: 1.04-1.11 against 0.95-1.08), nor at
+#   K 3072 (16384x768x3072: 1.066 against 1.117), nor with more waves or deeper K (0.84-1.06 against 0.99-1.10).
+#   (In LLaMA the measured choice then gave 2048 x 2048 to cuBLAS, 0.102 ms a call in the model, where 256's kernel
+#   had been chosen and ran 0.119 ms: bench/results/2026-12-04-h200-session27.)
 WIDE_GAIN, WIDE_K, WIDE_N = 0.96, 2048, 2048
-SHORT_K, SHORT_WAVES = 2048, 4
+SHORT_K, SHORT_WAVES = range(2048, 3072), 4
 
 
 def seeds(out_dtype: str, M: int, N: int, K: int, sms: int) -> list[dict]:
@@ -88,7 +90,7 @@ def seeds(out_dtype: str, M: int, N: int, K: int, sms: int) -> list[dict]:
     wide, short = seed(out_dtype, block_N=256), seed(out_dtype, block_N=128, stages=5)
     if wide["num_stages"] < 3:  # (fp32 outputs: 2 stages of the wide tile; none measured)
         return [narrow]
-    if K <= SHORT_K and gemm_configs.wave_cost(wide, M, N, 1, sms) <= SHORT_WAVES * 128 * 256:
+    if K in SHORT_K and gemm_configs.wave_cost(wide, M, N, 1, sms) <= SHORT_WAVES * 128 * 256:
         return [short, narrow, wide]
 
     def cost(c: dict) -> float:
