@@ -9,7 +9,8 @@ Session 21 moved the kernel into the gemm template (``gemm(ws=True)``, ``lowerin
 a plain or transposed B, tails) and added ``pingpong``, the consumer warp groups on tiles of their own taking turns;
 neither is measured yet.
 
-Usage (device):  python bench/proto_gemm_ws.py [--json out.json] [--shapes 8192x16384x4096,...] [--ws-only]
+Usage (device):  python bench/proto_gemm_ws.py [--json out.json] [--shapes 8192x16384x4096,...] [--ws-only
+                 [--pingpong]] [--epilogue bias|gelu]
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ import json
 import sys
 from pathlib import Path
 
-from tilefuse.lowering.expr import Acc, Arg
+from tilefuse.lowering.expr import Acc, Arg, call
 from tilefuse.lowering.templates import gemm
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
+EPILOGUES = {"bias": Acc() + Arg(0), "gelu": call("gelu", Acc() + Arg(0))}  # (--epilogue; bias unless given)
+EPILOGUE = EPILOGUES["bias"]
 
 
 def gemm_ws(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 256, block_K: int = 64, stages: int = 4,
             pingpong: bool = False, dtype: str = "float16"):
     """``C (M, N) = A (M, K) @ W (N, K)^T + bias (N)`` through ``gemm(ws=True)`` (``lowering/templates/gemm_ws.py``,
     where the prototype of session 20 now lives); parameters ``A, W, bias, C``."""
-    return gemm.gemm(M, N, K, trans_B=True, A_dtype=dtype, epilogue=Acc() + Arg(0), extra_shapes=[(N,)],
+    return gemm.gemm(M, N, K, trans_B=True, A_dtype=dtype, epilogue=EPILOGUE, extra_shapes=[(N,)],
                      extra_dtypes=[dtype], block_M=block_M, block_N=block_N, block_K=block_K, num_stages=stages,
                      ws=True, pingpong=pingpong, target=TARGET)
 
@@ -94,7 +97,7 @@ def time_kernels(shape, meta, kernels, args, want, peers: dict) -> list[dict]:
 
 def template(M: int, N: int, K: int, *, bm: int, bn: int, st: int, th: int):
     """The TileLang-scheduled template with the same bias epilogue (its measured leaders are the baseline)."""
-    return gemm.gemm(M, N, K, trans_B=True, epilogue=Acc() + Arg(0), extra_shapes=[(N,)], extra_dtypes=["float16"],
+    return gemm.gemm(M, N, K, trans_B=True, epilogue=EPILOGUE, extra_shapes=[(N,)], extra_dtypes=["float16"],
                      block_M=bm, block_N=bn, block_K=64, num_stages=st, threads=th, target=TARGET)
 
 
@@ -106,12 +109,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--shapes", help="M x N x K shapes, comma-separated (8192x16384x4096,...); default: the zoo's")
-    ap.add_argument("--ws-only", action="store_true", help="the cooperative ws configs alone")
+    ap.add_argument("--ws-only", action="store_true", help="the ws configs alone (no template leaders)")
+    ap.add_argument("--pingpong", action="store_true", help="with --ws-only: the ping-pong configs too")
+    ap.add_argument("--epilogue", choices=sorted(EPILOGUES), default="bias",
+                    help="gelu: gelu(acc + bias), against F.gelu(torch.addmm(...))")
     a = ap.parse_args(argv)
+    global EPILOGUE
+    EPILOGUE = EPILOGUES[a.epilogue]
     shapes = [tuple(int(d) for d in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
     leaders = [{"bm": 256, "bn": 192, "st": 4, "th": 384}, {"bm": 128, "bn": 256, "st": 4, "th": 256}]
-    builders = [("ws", gemm_ws, CONFIGS)] + ([] if a.ws_only else [
-        ("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS), ("template", template, leaders)])
+    pingpong = [("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS)] if a.pingpong or not a.ws_only else []
+    builders = [("ws", gemm_ws, CONFIGS)] + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:
         i, m = build(shape, builders)
@@ -123,9 +131,12 @@ def main(argv=None) -> int:
         x = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=g)
         w = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=g) / K ** 0.5
         b = torch.randn(N, device="cuda", dtype=torch.float16, generator=g)
-        ref = device_time(lambda b, x, w: torch.addmm(b, x, w.t()), (b, x, w), "cuda") * 1e3  # (rotated, as ours)
-        print(f"{(M, N, K)}: cuBLAS addmm {ref:.4f} ms", flush=True)
-        rows += time_kernels((M, N, K), meta, kernels, (x, w, b), torch.addmm(b, x, w.t()), {"cuBLAS": ref})
+        def peer(b, x, w):  # cuBLAS with its bias epilogue, then torch's GELU where ours fuses one
+            y = torch.addmm(b, x, w.t())
+            return torch.nn.functional.gelu(y) if a.epilogue == "gelu" else y
+        ref = device_time(peer, (b, x, w), "cuda") * 1e3  # (rotated, as ours)
+        print(f"{(M, N, K)}: cuBLAS addmm{' + gelu' if a.epilogue == 'gelu' else ''} {ref:.4f} ms", flush=True)
+        rows += time_kernels((M, N, K), meta, kernels, (x, w, b), peer(b, x, w), {"cuBLAS": ref})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
