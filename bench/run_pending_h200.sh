@@ -5,10 +5,11 @@
 #           (#13's default bar), with the ws GEMM's seeds ranked as both sweeps measured (gemm_ws.seeds); then the
 #           2:4 ws GEMM's speed with no product in flight (bench/proto_gemm_sp_ws.py, #20).
 #   part 2: the default compile against Inductor's for the MLP and GPT-2 (bench/compile_time.py).
+#   part 4: part 1's zoo run again (a second sample of the default bar), then the MLP's default compile.
 #   part 3: the ws GEMM's schedules with a GELU epilogue at BERT's, GPT-2's and ViT's first MLP linear (K 768), where
 #           BERT's measured choice gave 12 regions to torch (0.110 ms against the kernel's 0.125).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 1|2|3   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 1|2|3|4   (logs and JSON under $OUT, tarred into one file)
 set -u
 part=${1:-1}
 OUT=${OUT:-/tmp/pending}
@@ -35,6 +36,9 @@ if [ "$part" = 1 ]; then
     grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_sp_ws.log" | tail -40
 elif [ "$part" = 2 ]; then
     compile_time mlp,gpt2 120 240 compile_time_mlp_gpt2
+elif [ "$part" = 4 ]; then  # the default bar again, on the same commit as part 1 (a second sample), and the MLP's compile
+    zoo mlp,llama,bert,resnet,gpt2,vit 330 zoo_default_d
+    compile_time mlp 100 110 compile_time_mlp
 elif [ "$part" = 3 ]; then
     timeout 150 python3 bench/proto_gemm_ws.py --ws-only --pingpong --epilogue gelu \
         --shapes 16384x3072x768,8192x3072x768,12608x3072x768 --json "$OUT/logs/gemm_ws_gelu.json" \
