@@ -10,7 +10,7 @@ a plain or transposed B, tails) and added ``pingpong``, the consumer warp groups
 neither is measured yet.
 
 Usage (device):  python bench/proto_gemm_ws.py [--json out.json] [--shapes 8192x16384x4096,...] [--ws-only
-                 [--pingpong]] [--epilogue bias|gelu]
+                 [--pingpong]] [--epilogue bias|gelu|silu_mul] [--gathered]
 """
 
 from __future__ import annotations
@@ -24,17 +24,18 @@ from tilefuse.lowering.expr import Acc, Arg, call
 from tilefuse.lowering.templates import gemm
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
-EPILOGUES = {"bias": Acc() + Arg(0), "gelu": call("gelu", Acc() + Arg(0))}  # (--epilogue; bias unless given)
-EPILOGUE = EPILOGUES["bias"]
+# (--epilogue; bias unless given) silu_mul: silu(acc) * up, up of the output's shape (LLaMA's gate under silu * up)
+EPILOGUES = {"bias": Acc() + Arg(0), "gelu": call("gelu", Acc() + Arg(0)), "silu_mul": call("silu", Acc()) * Arg(0)}
+EPILOGUE, FULL = EPILOGUES["bias"], False  # FULL: the extra input is (M, N), not a bias (N,)
 
 
 def gemm_ws(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 256, block_K: int = 64, stages: int = 4,
-            pingpong: bool = False, dtype: str = "float16"):
+            pingpong: bool = False, dtype: str = "float16", stage_extra: bool = True):
     """``C (M, N) = A (M, K) @ W (N, K)^T + bias (N)`` through ``gemm(ws=True)`` (``lowering/templates/gemm_ws.py``,
     where the prototype of session 20 now lives); parameters ``A, W, bias, C``."""
-    return gemm.gemm(M, N, K, trans_B=True, A_dtype=dtype, epilogue=EPILOGUE, extra_shapes=[(N,)],
+    return gemm.gemm(M, N, K, trans_B=True, A_dtype=dtype, epilogue=EPILOGUE, extra_shapes=[(M, N) if FULL else (N,)],
                      extra_dtypes=[dtype], block_M=block_M, block_N=block_N, block_K=block_K, num_stages=stages,
-                     ws=True, pingpong=pingpong, target=TARGET)
+                     ws=True, pingpong=pingpong, stage_extra=stage_extra, target=TARGET)
 
 
 def gemm_ws_pingpong(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 128, block_K: int = 64,
@@ -97,7 +98,8 @@ def time_kernels(shape, meta, kernels, args, want, peers: dict) -> list[dict]:
 
 def template(M: int, N: int, K: int, *, bm: int, bn: int, st: int, th: int):
     """The TileLang-scheduled template with the same bias epilogue (its measured leaders are the baseline)."""
-    return gemm.gemm(M, N, K, trans_B=True, epilogue=EPILOGUE, extra_shapes=[(N,)], extra_dtypes=["float16"],
+    return gemm.gemm(M, N, K, trans_B=True, epilogue=EPILOGUE, extra_shapes=[(M, N) if FULL else (N,)],
+                     extra_dtypes=["float16"],
                      block_M=bm, block_N=bn, block_K=64, num_stages=st, threads=th, target=TARGET)
 
 
@@ -112,14 +114,16 @@ def main(argv=None) -> int:
     ap.add_argument("--ws-only", action="store_true", help="the ws configs alone (no template leaders)")
     ap.add_argument("--pingpong", action="store_true", help="with --ws-only: the ping-pong configs too")
     ap.add_argument("--epilogue", choices=sorted(EPILOGUES), default="bias",
-                    help="gelu: gelu(acc + bias), against F.gelu(torch.addmm(...))")
+                    help="gelu: gelu(acc + bias), against F.gelu(torch.addmm(...)); silu_mul: silu(acc) * up")
+    ap.add_argument("--gathered", action="store_true", help="each ws config also with stage_extra=False")
     a = ap.parse_args(argv)
-    global EPILOGUE
-    EPILOGUE = EPILOGUES[a.epilogue]
+    global EPILOGUE, FULL
+    EPILOGUE, FULL = EPILOGUES[a.epilogue], a.epilogue == "silu_mul"
     shapes = [tuple(int(d) for d in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
     leaders = [{"bm": 256, "bn": 192, "st": 4, "th": 384}, {"bm": 128, "bn": 256, "st": 4, "th": 256}]
     pingpong = [("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS)] if a.pingpong or not a.ws_only else []
-    builders = [("ws", gemm_ws, CONFIGS)] + pingpong + ([] if a.ws_only else [("template", template, leaders)])
+    gathered = [("ws gathered", gemm_ws, [{**c, "stage_extra": False} for c in CONFIGS])] if a.gathered else []
+    builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:
         i, m = build(shape, builders)
@@ -130,12 +134,15 @@ def main(argv=None) -> int:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=g)
         w = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=g) / K ** 0.5
-        b = torch.randn(N, device="cuda", dtype=torch.float16, generator=g)
-        def peer(b, x, w):  # cuBLAS with its bias epilogue, then torch's GELU where ours fuses one
+        b = torch.randn((M, N) if FULL else (N,), device="cuda", dtype=torch.float16, generator=g)
+
+        def peer(b, x, w):  # cuBLAS with its bias epilogue, then torch's GELU where ours fuses one; or silu(x w) * up
+            if FULL:
+                return torch.nn.functional.silu(x @ w.t()) * b
             y = torch.addmm(b, x, w.t())
             return torch.nn.functional.gelu(y) if a.epilogue == "gelu" else y
         ref = device_time(peer, (b, x, w), "cuda") * 1e3  # (rotated, as ours)
-        print(f"{(M, N, K)}: cuBLAS addmm{' + gelu' if a.epilogue == 'gelu' else ''} {ref:.4f} ms", flush=True)
+        print(f"{(M, N, K)}: cuBLAS {a.epilogue} {ref:.4f} ms", flush=True)
         rows += time_kernels((M, N, K), meta, kernels, (x, w, b), peer(b, x, w), {"cuBLAS": ref})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))

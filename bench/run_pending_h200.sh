@@ -6,10 +6,12 @@
 #           2:4 ws GEMM's speed with no product in flight (bench/proto_gemm_sp_ws.py, #20).
 #   part 2: the default compile against Inductor's for the MLP and GPT-2 (bench/compile_time.py).
 #   part 4: part 1's zoo run again (a second sample of the default bar), then the MLP's default compile.
+#   part 5: the ws GEMM's full-size extra input staged in its output tile (stage_extra): the GPU numerics, then the
+#           MLP (a residual) and LLaMA (silu(gate) * up) with no options against Inductor default.
 #   part 3: the ws GEMM's schedules with a GELU epilogue at BERT's, GPT-2's and ViT's first MLP linear (K 768), where
 #           BERT's measured choice gave 12 regions to torch (0.110 ms against the kernel's 0.125).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 1|2|3|4   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 1|2|3|4|5   (logs and JSON under $OUT, tarred into one file)
 set -u
 part=${1:-1}
 OUT=${OUT:-/tmp/pending}
@@ -39,6 +41,17 @@ elif [ "$part" = 2 ]; then
 elif [ "$part" = 4 ]; then  # the default bar again, on the same commit as part 1 (a second sample), and the MLP's compile
     zoo mlp,llama,bert,resnet,gpt2,vit 330 zoo_default_d
     compile_time mlp 100 110 compile_time_mlp
+elif [ "$part" = 5 ]; then  # the full-size extra staged in the output tile: its numerics, then the MLP and LLaMA
+    timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "gemm_ws_gpu" \
+        > "$OUT/logs/gpu_tests_staged.log" 2>&1
+    tail -3 "$OUT/logs/gpu_tests_staged.log"
+    zoo mlp,llama 170 zoo_default_staged
+    python3 - "$OUT/logs/zoo_default_staged.json" <<'PY'
+import json, sys
+for row in json.load(open(sys.argv[1]))["rows"]:
+    t = row["tilefuse"]["none"]
+    print(row["model"], t["backends"], [g for g in t["given_to_torch"] if "silu" in g][:1], t["profile"]["by_category_ms"])
+PY
 elif [ "$part" = 3 ]; then
     timeout 150 python3 bench/proto_gemm_ws.py --ws-only --pingpong --epilogue gelu \
         --shapes 16384x3072x768,8192x3072x768,12608x3072x768 --json "$OUT/logs/gemm_ws_gelu.json" \

@@ -69,6 +69,10 @@ CASES = {
     "out_fp32": (512, 520, 512, {"trans_B": True, "out_dtype": "float32"}, []),
     "one_tile": (100, 64, 64, {"trans_B": True}, []),
     "rounds": (4096, 4096, 256, {"trans_B": True, "epilogue": call("relu", Acc())}, []),  # 256-512 tiles, 132 SMs
+    # a full-size extra (LLaMA's up under silu(gate) * up): copied into the output tile first (stage_extra), or not
+    "silu_mul_staged": (1000, 1024, 776, {"trans_B": True, "epilogue": call("silu", Acc()) * Arg(0)}, [(1000, 1024)]),
+    "residual_gathered": (1000, 768, 512, {"trans_B": True, "epilogue": Acc() + Arg(0), "stage_extra": False},
+                          [(1000, 768)]),
 }
 
 
@@ -90,6 +94,22 @@ def _funcs(dtype="float16"):
             f = gemm.gemm(M, N, K, A_dtype=dtype, extra_shapes=extras, extra_dtypes=[dtype] * len(extras),
                           ws=True, target=SM90, **kw, **cfg)
             yield f"{name} {cfg}", (M, N, K, kw, extras), f
+
+
+def test_a_full_size_extra_is_read_from_a_coalesced_copy_in_the_output_tile(tmp_path):
+    """``silu(acc) * up`` with ``up`` of the output's shape: one vectorized copy of its tile into the output tile, the
+    epilogue into the accumulator, then the cast, a few barriers a tile (not one per element step), no spills with
+    the 128 x 256 tile; ``stage_extra=False`` reads it at the accumulator's layout."""
+    def source(**kw):
+        f = gemm.gemm(1000, 8192, 2048, trans_B=True, epilogue=call("silu", Acc()) * Arg(0),
+                      extra_shapes=[(1000, 8192)], extra_dtypes=["float16"], ws=True, target=SM90, **COOP, **kw)
+        return kernel_source(f, SM90)
+    staged, gathered = source(), source(stage_extra=False)
+    assert "*(uint4*)(extra0 +" in staged and "*(uint4*)(extra0 +" not in gathered
+    assert staged.count("__sync_thread_partial") <= 4
+    if shutil.which("nvcc"):
+        log = _ptxas_log(staged, tmp_path)
+        assert "0 bytes spill stores" in log, log[-3000:]
 
 
 def test_gemm_ws_lowers_with_the_overlap_and_the_turns():

@@ -63,6 +63,7 @@ def gemm(
     allow_tf32: bool = False,
     ws: bool = False,
     pingpong: bool = False,
+    stage_extra: bool = True,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B)``; parameters ``A, B, extra_0.., C``.
@@ -80,7 +81,8 @@ def gemm(
     fp32 operands on GPUs: ``T.gemm`` would run them as TF32 (10-bit mantissa, unlike torch's
     default), so unless ``allow_tf32`` the tile product is a plain fp32 FMA loop (exact, slower).
     ``ws``: the hand-written warp-specialized, persistent schedule (``gemm_ws``; an error where it does not apply), with
-    ``pingpong`` its consumer warp groups on tiles of their own, taking turns.
+    ``pingpong`` its consumer warp groups on tiles of their own, taking turns, and ``stage_extra`` (the default) its
+    epilogue reading a full-size extra input of the output's dtype from a coalesced copy in the output tile.
     """
     B_dtype, out_dtype, extra_shapes = operand_types("gemm", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
                                                      prologue, target)
@@ -123,12 +125,22 @@ def gemm(
                                 prologue=None if load_A_direct else prologue):
             raise ValueError("gemm: ws=True needs a CUDA sm_90 target, fp16/bf16 operands of one dtype, no prologue, "
                              "A not transposed, no batch and rows of 16-byte multiples")
+        # a full-size extra of the output's dtype (a residual; LLaMA's up under silu(gate) * up) is copied into the
+        # output tile first, coalesced, and read there: at the accumulator's layout it is a strided gather
+        staged = [k for k in staged_extras(M, N, epilogue, extra_shapes) if extra_dtypes[k] == out_dtype][:1]
+        staged = staged if stage_extra else []
+
+        def ws_elem(C_f, extras, i, j, m0, n0, tile=None):
+            if epilogue is None:
+                return C_f[i, j]
+            m = T.min(m0 + i, M - 1) if clamp_m else m0 + i
+            n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
+            return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [m, n], accum_dtype,
+                               staged={k: tile[i, j] for k in staged})
         return gemm_ws.gemm_ws(
             M, N, K, trans_B=trans_B, dtype=mma_dtype, out_dtype=out_dtype, extra_shapes=extra_shapes,
             extra_dtypes=extra_dtypes, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
-            pingpong=pingpong, target=target,
-            epilogue_elem=lambda C_f, extras, i, j, m0, n0: (C_f[i, j] if epilogue is None else
-                                                             C_elem(C_f, extras, (), i, j, m0, n0)))
+            pingpong=pingpong, target=target, epilogue_elem=ws_elem, staged=staged[0] if staged else None)
 
     @T.prim_func
     def gemm_kernel():
@@ -212,6 +224,13 @@ def operand_types(what: str, A_dtype: str, B_dtype: str | None, out_dtype: str |
     if args_used(prologue):
         raise NotImplementedError(f"{what}: the prologue may read only acc and constants (no extra inputs)")
     return B_dtype, out_dtype, extra_shapes
+
+
+def staged_extras(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The extra inputs the epilogue reads that have the output's full (M, N) shape: each is staged through a
+    shared-memory tile (``gemm_sp``; ``gemm_ws`` the first of the output's dtype, in its output tile), where read at the
+    accumulator's layout it would be a strided gather."""
+    return tuple(k for k in sorted(args_used(epilogue)) if tuple(extra_shapes[k]) == (M, N))
 
 
 def epilogue_at(epilogue: Expr, acc, extras: Sequence, extra_shapes: Sequence[Sequence[int]], coords: Sequence,

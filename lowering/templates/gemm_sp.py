@@ -23,10 +23,10 @@ from collections.abc import Sequence
 import tilelang.language as T
 import torch
 
-from tilefuse.lowering.expr import Expr, args_used, evaluate
+from tilefuse.lowering.expr import Expr, evaluate
 from tilefuse.lowering.templates import gemm_sp_ws
 from tilefuse.lowering.templates.common import check_dtype, dialect, normalize_shapes, param
-from tilefuse.lowering.templates.gemm import epilogue_at
+from tilefuse.lowering.templates.gemm import epilogue_at, staged_extras  # noqa: F401 -- (lower.config_space reads it here)
 from tilefuse.lowering.templates.gemm_configs import SMEM_LIMIT, wave_cost
 from tilefuse.ops.sparse_layout import E_FACTOR, K_ALIGN, SPARSE_DTYPES, decompress_2_4, padded_k
 
@@ -162,12 +162,6 @@ def reference(x: torch.Tensor, values: torch.Tensor, meta: torch.Tensor, extras:
     if epilogue is not None:
         acc = evaluate(epilogue, acc, list(extras)).float()
     return acc.to(getattr(torch, out_dtype) if out_dtype else x.dtype)
-
-
-def staged_extras(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
-    """The extra inputs the epilogue reads that have the output's full (M, N) shape: each is staged through a
-    shared-memory tile."""
-    return tuple(k for k in sorted(args_used(epilogue)) if tuple(extra_shapes[k]) == (M, N))
 
 
 def shared_memory_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, dtype: str = "float16",

@@ -116,9 +116,11 @@ def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dt
 
 def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str, epilogue_elem, extra_shapes,
             extra_dtypes, block_M: int, block_N: int, block_K: int, num_stages: int, pingpong: bool = False,
-            group: int = 8, target: dict | str):
+            group: int = 8, staged: int | None = None, target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
-    passes ``epilogue_elem(C_f, extras, i, j, m0, n0)``, the accumulator element through the epilogue (fp32)."""
+    passes ``epilogue_elem(C_f, extras, i, j, m0, n0, tile)``, the accumulator element through the epilogue (fp32).
+    ``staged``: the extra input (of the output's shape and dtype) copied into the output tile before the epilogue, which
+    reads it there (``tile``) and overwrites it in place, element by element."""
     accum = "float32"
     if num_stages < 2:  # (a consumer frees a stage only once the next one's WGMMA is issued)
         raise ValueError(f"gemm(ws=True): {num_stages} stage(s); the pipeline needs at least 2")
@@ -179,8 +181,15 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     @T.macro
     def epilogue(C, C_f, C_s, extras, bm, bn):
         T.tma_store_wait()  # (the issuing thread) the previous store from C_s has read it
-        for i, j in T.Parallel(block_M, block_N):
-            C_s[i, j] = T.Cast(out_dtype, epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N))
+        if staged is not None:  # one coalesced copy of the extra's tile (zero past M and N: never stored); the
+            T.copy(extras[staged][bm * block_M, bn * block_N], C_s)  # epilogue into the accumulator, then the cast:
+            for i, j in T.Parallel(block_M, block_N):  # (C_s read and written in one loop took a barrier each step)
+                C_f[i, j] = epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N, C_s)
+            for i, j in T.Parallel(block_M, block_N):
+                C_s[i, j] = T.Cast(out_dtype, C_f[i, j])
+        else:
+            for i, j in T.Parallel(block_M, block_N):
+                C_s[i, j] = T.Cast(out_dtype, epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N))
         T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
 
     @T.macro
