@@ -116,7 +116,7 @@ class CudaGraphRunner:
         self.record = record
         self.device_type = device_type
         self._graphs: dict[tuple, CapturedGraph] = {}  # input signature -> its graph
-        # input signature -> (the copied inputs' addresses, replays at them in a row, the twin reading them in place:
+        # input signature -> (the copied inputs' addresses and strides, replays at them in a row, the twin reading them:
         # a CapturedGraph, None before it is captured, or NEVER)
         self._pins: dict[tuple, tuple[tuple[int, ...], int, Any]] = {}
         self.pin_after = PIN_AFTER
@@ -167,7 +167,7 @@ class CudaGraphRunner:
     def _pinned(self, key: tuple, entry: CapturedGraph, args: Sequence[torch.Tensor]) -> CapturedGraph:
         """The graph to replay for signature ``key``: its twin that reads every input in place where the copied
         inputs are where they were on the last ``pin_after`` replays (captured then), else ``entry``."""
-        at = tuple([args[i].data_ptr() for i in entry.copied])
+        at = tuple([(args[i].data_ptr(), args[i].stride()) for i in entry.copied])  # (a view of other strides moves)
         last, repeats, twin = self._pins.get(key) or ((), 0, None)
         if twin is NEVER:
             return entry

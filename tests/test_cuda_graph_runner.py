@@ -333,3 +333,17 @@ def test_an_output_that_is_a_copied_input_keeps_the_copying_graph(rng):
         same, y = runner(x, w)
         assert same is not x and torch.equal(same, x) and torch.allclose(y, x @ w)
     assert list(runner._pins.values())[0][2] is graphs.NEVER and runner.graphs[0].graph.replays == 2 * runner.pin_after
+
+
+def test_a_view_of_other_strides_at_the_same_address_is_not_read_by_the_twin(rng):
+    """A square input passed as itself, then transposed (the same address, other strides): the twin reads memory with
+    the strides it was captured with, so the transposed view is copied in, and the result is still right."""
+    def matmul(x, w):
+        return (x @ w,)
+    runner = CudaGraphRunner(matmul, static_inputs=[1], record=record_on_cpu, device_type="cpu")
+    x, w = torch.randn(4, 4, generator=rng), torch.randn(4, 2, generator=rng)
+    for _ in range(runner.pin_after + 2):
+        torch.testing.assert_close(runner(x, w)[0], x @ w, rtol=1e-6, atol=1e-6)
+    assert not isinstance(list(runner._pins.values())[0][2], (str, type(None)))  # pinned
+    (y,) = runner(x.t(), w)
+    torch.testing.assert_close(y, x.t() @ w, rtol=1e-6, atol=1e-6)
