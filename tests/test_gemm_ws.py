@@ -19,7 +19,8 @@ from tilefuse.lowering.templates import gemm, gemm_ws
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
 COOP = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3}
 PP = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 4, "pingpong": True}
-NARROW = {**COOP, "block_N": 192, "num_stages": 4}  # (the other cooperative seed)
+NARROW = {**COOP, "block_N": 192, "num_stages": 4}  # (the other cooperative seeds)
+SHORT = {**COOP, "block_N": 128, "num_stages": 5}
 
 
 @pytest.mark.parametrize("target,kw,ok", [
@@ -77,10 +78,11 @@ CASES = {
 
 
 def _configs(N, out_dtype="float16"):
-    """Both schedules (and a 64 x 256 ping-pong tile where N allows; cooperative, the 128 x 192 seed besides 128 x
-    256), each with as many stages as fit."""
+    """Both schedules (and a 64 x 256 ping-pong tile where N allows; cooperative, all three seeds: 128 x 256, 192 and
+    128 x 5 stages), each with as many stages as fit."""
     out = []
-    for cfg in [COOP, NARROW, PP] + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256 else []):
+    for cfg in [COOP, NARROW, SHORT, PP] + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256
+                                            else []):
         while gemm_ws.smem_bytes(cfg["block_M"], cfg["block_N"], cfg["block_K"], cfg["num_stages"], out_dtype,
                                  cfg.get("pingpong", False)) > gemm_ws.SMEM_MAX:
             cfg = {**cfg, "num_stages": cfg["num_stages"] - 1}
