@@ -6,6 +6,8 @@
 #           2:4 ws GEMM's speed with no product in flight (bench/proto_gemm_sp_ws.py, #20).
 #   part 2: the default compile against Inductor's for the MLP and GPT-2 (bench/compile_time.py).
 #   part 4: part 1's zoo run again (a second sample of the default bar), then the MLP's default compile.
+# First, next session: part 5's GPU tests. Their 128 x 128 x 5 cooperative case (the seed that leads for LLaMA's q/o
+# and k/v shapes) was added after session 27's last call; the sweeps had checked that seed at full tiles only.
 #   part 5: the ws GEMM's full-size extra input staged in its output tile (stage_extra): the GPU numerics, then the
 #           MLP (a residual) and LLaMA (silu(gate) * up) with no options against Inductor default.
 #   part 3: the ws GEMM's schedules with a GELU epilogue at BERT's, GPT-2's and ViT's first MLP linear (K 768), where
