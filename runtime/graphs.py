@@ -167,10 +167,10 @@ class CudaGraphRunner:
     def _pinned(self, key: tuple, entry: CapturedGraph, args: Sequence[torch.Tensor]) -> CapturedGraph:
         """The graph to replay for signature ``key``: its twin that reads every input in place where the copied
         inputs are where they were on the last ``pin_after`` replays (captured then), else ``entry``."""
-        at = tuple([(args[i].data_ptr(), args[i].stride()) for i in entry.copied])  # (a view of other strides moves)
         last, repeats, twin = self._pins.get(key) or ((), 0, None)
         if twin is NEVER:
             return entry
+        at = tuple([(args[i].data_ptr(), args[i].stride()) for i in entry.copied])  # (a view of other strides moves)
         if at != last:  # moved: count again; a twin's addresses left behind: this signature copies from now on
             self._pins[key] = ((), 0, NEVER) if twin is not None else (at, 1, None)
             return entry

@@ -111,11 +111,12 @@ def gemm(
         val = T.Cast(mma_dtype, emit(prologue, Env(acc=src)))
         return T.if_then_else(T.And(m < M, k < K), val, T.Cast(mma_dtype, 0))
 
-    def C_elem(C_f, extras, bcoords, i, j, m0, n0):
-        """The epilogue of accumulator element (i, j); operands read at clamped coordinates."""
+    def C_elem(C_f, extras, bcoords, i, j, m0, n0, staged=None):
+        """The epilogue of accumulator element (i, j); operands read at clamped coordinates, or from ``staged``
+        (extra input -> its element in a shared-memory copy)."""
         m = T.min(m0 + i, M - 1) if clamp_m else m0 + i
         n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
-        return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype)
+        return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype, staged)
 
     if pingpong and not ws:
         raise ValueError("gemm: pingpong=True is a schedule of ws=True")
@@ -127,20 +128,15 @@ def gemm(
                              "A not transposed, no batch and rows of 16-byte multiples")
         # a full-size extra of the output's dtype (a residual; LLaMA's up under silu(gate) * up) is copied into the
         # output tile first, coalesced, and read there: at the accumulator's layout it is a strided gather
-        staged = [k for k in staged_extras(M, N, epilogue, extra_shapes) if extra_dtypes[k] == out_dtype][:1]
-        staged = staged if stage_extra else []
-
-        def ws_elem(C_f, extras, i, j, m0, n0, tile=None):
-            if epilogue is None:
-                return C_f[i, j]
-            m = T.min(m0 + i, M - 1) if clamp_m else m0 + i
-            n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
-            return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [m, n], accum_dtype,
-                               staged={k: tile[i, j] for k in staged})
+        staged = next((k for k in staged_extras(M, N, epilogue, extra_shapes) if extra_dtypes[k] == out_dtype),
+                      None) if stage_extra else None
         return gemm_ws.gemm_ws(
             M, N, K, trans_B=trans_B, dtype=mma_dtype, out_dtype=out_dtype, extra_shapes=extra_shapes,
             extra_dtypes=extra_dtypes, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
-            pingpong=pingpong, target=target, epilogue_elem=ws_elem, staged=staged[0] if staged else None)
+            pingpong=pingpong, target=target, staged=staged,
+            epilogue_elem=lambda C_f, extras, i, j, m0, n0, tile=None: (
+                C_f[i, j] if epilogue is None else
+                C_elem(C_f, extras, (), i, j, m0, n0, None if tile is None else {staged: tile[i, j]})))
 
     @T.prim_func
     def gemm_kernel():

@@ -26,7 +26,7 @@ import torch
 from tilefuse.lowering.expr import Expr, evaluate
 from tilefuse.lowering.templates import gemm_sp_ws
 from tilefuse.lowering.templates.common import check_dtype, dialect, normalize_shapes, param
-from tilefuse.lowering.templates.gemm import epilogue_at, staged_extras  # noqa: F401 -- (lower.config_space reads it here)
+from tilefuse.lowering.templates.gemm import epilogue_at, staged_extras
 from tilefuse.lowering.templates.gemm_configs import SMEM_LIMIT, wave_cost
 from tilefuse.ops.sparse_layout import E_FACTOR, K_ALIGN, SPARSE_DTYPES, decompress_2_4, padded_k
 
