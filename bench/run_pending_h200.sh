@@ -12,6 +12,9 @@
 #           MLP (a residual) and LLaMA (silu(gate) * up) with no options against Inductor default.
 #   part 3: the ws GEMM's schedules with a GELU epilogue at BERT's, GPT-2's and ViT's first MLP linear (K 768), where
 #           BERT's measured choice gave 12 regions to torch (0.110 ms against the kernel's 0.125).
+#   part 6 (session 28, first): part 5's GPU tests (the 128 x 128 x 5 case); the held-out Hugging Face models with no
+#           options against eager and Inductor default; the zoo LLaMA's kernels in launch order under both compilers
+#           (bench/profile_sequence.py), to say which GEMMs make its 0.9 ms GEMM gap to Inductor.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh 1|2|3|4|5   (logs and JSON under $OUT, tarred into one file)
 set -u
@@ -54,6 +57,16 @@ for row in json.load(open(sys.argv[1]))["rows"]:
     t = row["tilefuse"]["none"]
     print(row["model"], t["backends"], [g for g in t["given_to_torch"] if "silu" in g][:1], t["profile"]["by_category_ms"])
 PY
+elif [ "$part" = 6 ]; then
+    timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "gemm_ws_gpu" \
+        > "$OUT/logs/gpu_tests_gemm_ws.log" 2>&1
+    tail -3 "$OUT/logs/gpu_tests_gemm_ws.log"
+    timeout 300 python3 bench/bench_models.py --models hf-gpt2,hf-bert,hf-vit,hf-llama --peers eager,default \
+        --no-warm --reps 30 --json "$OUT/logs/heldout_default.json" > "$OUT/logs/heldout_default.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/heldout_default.log" | cut -c1-220 | head -40
+    timeout 130 python3 bench/profile_sequence.py --model llama --json "$OUT/logs/llama_sequence.json" \
+        > "$OUT/logs/llama_sequence.log" 2>&1
+    grep -v -i "warn" "$OUT/logs/llama_sequence.log" | head -70
 elif [ "$part" = 3 ]; then
     timeout 150 python3 bench/proto_gemm_ws.py --ws-only --pingpong --epilogue gelu \
         --shapes 16384x3072x768,8192x3072x768,12608x3072x768 --json "$OUT/logs/gemm_ws_gelu.json" \
