@@ -10,7 +10,9 @@ a plain or transposed B, tails) and added ``pingpong``, the consumer warp groups
 neither is measured yet.
 
 Usage (device):  python bench/proto_gemm_ws.py [--json out.json] [--shapes 8192x16384x4096,...] [--ws-only
-                 [--pingpong]] [--epilogue bias|gelu|silu_mul] [--gathered]
+                 [--pingpong]] [--epilogue bias|gelu|silu_mul|residual] [--gathered] [--copied]
+(--copied: a full-size extra copied into the output tile by the consumers after the main loop, beside the default,
+the producer's TMA load of it during the main loop; the plain GEMM's cuBLAS time is printed beside the peer's.)
 """
 
 from __future__ import annotations
@@ -25,17 +27,20 @@ from tilefuse.lowering.templates import gemm
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 # (--epilogue; bias unless given) silu_mul: silu(acc) * up, up of the output's shape (LLaMA's gate under silu * up)
-EPILOGUES = {"bias": Acc() + Arg(0), "gelu": call("gelu", Acc() + Arg(0)), "silu_mul": call("silu", Acc()) * Arg(0)}
+# residual: acc + r, r of the output's shape (a down projection's or fc2's residual)
+EPILOGUES = {"bias": Acc() + Arg(0), "gelu": call("gelu", Acc() + Arg(0)), "silu_mul": call("silu", Acc()) * Arg(0),
+             "residual": Acc() + Arg(0)}
 EPILOGUE, FULL = EPILOGUES["bias"], False  # FULL: the extra input is (M, N), not a bias (N,)
 
 
 def gemm_ws(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 256, block_K: int = 64, stages: int = 4,
-            pingpong: bool = False, dtype: str = "float16", stage_extra: bool = True):
+            pingpong: bool = False, dtype: str = "float16", stage_extra: bool = True, prefetch_extra: bool = True):
     """``C (M, N) = A (M, K) @ W (N, K)^T + bias (N)`` through ``gemm(ws=True)`` (``lowering/templates/gemm_ws.py``,
     where the prototype of session 20 now lives); parameters ``A, W, bias, C``."""
     return gemm.gemm(M, N, K, trans_B=True, A_dtype=dtype, epilogue=EPILOGUE, extra_shapes=[(M, N) if FULL else (N,)],
                      extra_dtypes=[dtype], block_M=block_M, block_N=block_N, block_K=block_K, num_stages=stages,
-                     ws=True, pingpong=pingpong, stage_extra=stage_extra, target=TARGET)
+                     ws=True, pingpong=pingpong, stage_extra=stage_extra, prefetch_extra=prefetch_extra,
+                     target=TARGET)
 
 
 def gemm_ws_pingpong(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 128, block_K: int = 64,
@@ -116,13 +121,15 @@ def main(argv=None) -> int:
     ap.add_argument("--epilogue", choices=sorted(EPILOGUES), default="bias",
                     help="gelu: gelu(acc + bias), against F.gelu(torch.addmm(...)); silu_mul: silu(acc) * up")
     ap.add_argument("--gathered", action="store_true", help="each ws config also with stage_extra=False")
+    ap.add_argument("--copied", action="store_true", help="each ws config also with prefetch_extra=False")
     a = ap.parse_args(argv)
     global EPILOGUE, FULL
-    EPILOGUE, FULL = EPILOGUES[a.epilogue], a.epilogue == "silu_mul"
+    EPILOGUE, FULL = EPILOGUES[a.epilogue], a.epilogue in ("silu_mul", "residual")
     shapes = [tuple(int(d) for d in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
     leaders = [{"bm": 256, "bn": 192, "st": 4, "th": 384}, {"bm": 128, "bn": 256, "st": 4, "th": 256}]
     pingpong = [("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS)] if a.pingpong or not a.ws_only else []
     gathered = [("ws gathered", gemm_ws, [{**c, "stage_extra": False} for c in CONFIGS])] if a.gathered else []
+    gathered += [("ws copied", gemm_ws, [{**c, "prefetch_extra": False} for c in CONFIGS])] if a.copied else []
     builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:
@@ -137,13 +144,16 @@ def main(argv=None) -> int:
         b = torch.randn((M, N) if FULL else (N,), device="cuda", dtype=torch.float16, generator=g)
 
         def peer(b, x, w):  # cuBLAS with its bias epilogue, then torch's GELU where ours fuses one; or silu(x w) * up
+            if a.epilogue == "residual":
+                return torch.addmm(b, x, w.t())
             if FULL:
                 return torch.nn.functional.silu(x @ w.t()) * b
             y = torch.addmm(b, x, w.t())
             return torch.nn.functional.gelu(y) if a.epilogue == "gelu" else y
         ref = device_time(peer, (b, x, w), "cuda") * 1e3  # (rotated, as ours)
-        print(f"{(M, N, K)}: cuBLAS {a.epilogue} {ref:.4f} ms", flush=True)
-        rows += time_kernels((M, N, K), meta, kernels, (x, w, b), peer(b, x, w), {"cuBLAS": ref})
+        plain = device_time(lambda x, w: x @ w.t(), (x, w), "cuda") * 1e3
+        print(f"{(M, N, K)}: cuBLAS {a.epilogue} {ref:.4f} ms, cuBLAS alone {plain:.4f} ms", flush=True)
+        rows += time_kernels((M, N, K), meta, kernels, (x, w, b), peer(b, x, w), {"cuBLAS": ref, "alone": plain})
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0

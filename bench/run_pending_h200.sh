@@ -15,6 +15,9 @@
 #   part 6 (session 28, first): part 5's GPU tests (the 128 x 128 x 5 case); the held-out Hugging Face models with no
 #           options against eager and Inductor default; the zoo LLaMA's kernels in launch order under both compilers
 #           (bench/profile_sequence.py), to say which GEMMs make its 0.9 ms GEMM gap to Inductor.
+#   part 7: the staged extra loaded by the producer's TMA during the main loop (prefetch_extra, the new default): the
+#           GPU numerics (rounds of tiles, one k-block), the ws GEMM with silu * up and with a residual, loaded against
+#           copied, at LLaMA's and the MLP's shapes; then the MLP and LLaMA with no options, and LLaMA's kernel sequence.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh 1|2|3|4|5   (logs and JSON under $OUT, tarred into one file)
 set -u
@@ -67,6 +70,27 @@ elif [ "$part" = 6 ]; then
     timeout 130 python3 bench/profile_sequence.py --model llama --json "$OUT/logs/llama_sequence.json" \
         > "$OUT/logs/llama_sequence.log" 2>&1
     grep -v -i "warn" "$OUT/logs/llama_sequence.log" | head -70
+elif [ "$part" = 7 ]; then
+    timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "gemm_ws_gpu" \
+        > "$OUT/logs/gpu_tests_prefetch.log" 2>&1
+    tail -3 "$OUT/logs/gpu_tests_prefetch.log"
+    for ep in silu_mul residual; do
+        shapes=8192x8192x2048,8192x5632x2048
+        [ $ep = residual ] && shapes=8192x2048x8192,8192x4096x16384,16384x768x3072
+        timeout 90 python3 bench/proto_gemm_ws.py --ws-only --copied --epilogue $ep --shapes $shapes \
+            --json "$OUT/logs/gemm_ws_prefetch_$ep.json" > "$OUT/logs/gemm_ws_prefetch_$ep.log" 2>&1
+        grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_ws_prefetch_$ep.log" | cut -c1-60,88-200 | tail -20
+    done
+    zoo mlp,llama 170 zoo_default_prefetch
+    python3 - "$OUT/logs/zoo_default_prefetch.json" <<'PY'
+import json, sys
+for row in json.load(open(sys.argv[1]))["rows"]:
+    t = row["tilefuse"]["none"]
+    print(row["model"], t["backends"], [g for g in t["given_to_torch"] if "silu" in g][:1], t["profile"]["by_category_ms"])
+PY
+    timeout 100 python3 bench/profile_sequence.py --model llama --top 16 --json "$OUT/logs/llama_sequence.json" \
+        > "$OUT/logs/llama_sequence.log" 2>&1
+    grep -v -i "warn" "$OUT/logs/llama_sequence.log" | head -40
 elif [ "$part" = 3 ]; then
     timeout 150 python3 bench/proto_gemm_ws.py --ws-only --pingpong --epilogue gelu \
         --shapes 16384x3072x768,8192x3072x768,12608x3072x768 --json "$OUT/logs/gemm_ws_gelu.json" \

@@ -70,8 +70,14 @@ CASES = {
     "out_fp32": (512, 520, 512, {"trans_B": True, "out_dtype": "float32"}, []),
     "one_tile": (100, 64, 64, {"trans_B": True}, []),
     "rounds": (4096, 4096, 256, {"trans_B": True, "epilogue": call("relu", Acc())}, []),  # 256-512 tiles, 132 SMs
-    # a full-size extra (LLaMA's up under silu(gate) * up): copied into the output tile first (stage_extra), or not
+    # a full-size extra (LLaMA's up under silu(gate) * up): loaded into the output tile by the producer (the default),
+    # copied there by the consumers (prefetch_extra=False), or read at the accumulator's layout (stage_extra=False);
+    # loaded over several rounds of tiles a program (the barriers' phases), with one k-block or several
     "silu_mul_staged": (1000, 1024, 776, {"trans_B": True, "epilogue": call("silu", Acc()) * Arg(0)}, [(1000, 1024)]),
+    "silu_mul_copied": (1000, 1024, 776, {"trans_B": True, "epilogue": call("silu", Acc()) * Arg(0),
+                                          "prefetch_extra": False}, [(1000, 1024)]),
+    "residual_rounds": (4000, 4096, 320, {"trans_B": True, "epilogue": Acc() + Arg(0)}, [(4000, 4096)]),
+    "residual_rounds_one_k_block": (4000, 2048, 64, {"trans_B": True, "epilogue": Acc() * Arg(0)}, [(4000, 2048)]),
     "residual_gathered": (1000, 768, 512, {"trans_B": True, "epilogue": Acc() + Arg(0), "stage_extra": False},
                           [(1000, 768)]),
 }
@@ -99,19 +105,25 @@ def _funcs(dtype="float16"):
 
 
 def test_a_full_size_extra_is_read_from_a_coalesced_copy_in_the_output_tile(tmp_path):
-    """``silu(acc) * up`` with ``up`` of the output's shape: one vectorized copy of its tile into the output tile, the
-    epilogue into the accumulator, then the cast, a few barriers a tile (not one per element step), no spills with
-    the 128 x 256 tile; ``stage_extra=False`` reads it at the accumulator's layout."""
+    """``silu(acc) * up`` with ``up`` of the output's shape: by default the producer loads its tile into the output
+    tile by TMA during the main loop (behind barriers: loaded, and handed back once the store has read the tile);
+    with ``prefetch_extra=False`` the consumers copy it there, vectorized, after the main loop. Either way the epilogue
+    reads it there, into the accumulator, then the cast: a few barriers a tile (not one per element step), no spills
+    with the 128 x 256 tile. ``stage_extra=False`` reads it at the accumulator's layout."""
     def source(**kw):
         f = gemm.gemm(1000, 8192, 2048, trans_B=True, epilogue=call("silu", Acc()) * Arg(0),
                       extra_shapes=[(1000, 8192)], extra_dtypes=["float16"], ws=True, target=SM90, **COOP, **kw)
         return kernel_source(f, SM90)
-    staged, gathered = source(), source(stage_extra=False)
-    assert "*(uint4*)(extra0 +" in staged and "*(uint4*)(extra0 +" not in gathered
-    assert staged.count("__sync_thread_partial") <= 4
+    loaded, copied, gathered = source(), source(prefetch_extra=False), source(stage_extra=False)
+    assert "tma_load(extra0_desc, xfull[0]" in loaded and "xfree[0].wait(" in loaded and "xfree[0].arrive()" in loaded
+    assert "*(uint4*)(extra0 +" not in loaded and "extra0_desc" not in copied + gathered
+    assert "*(uint4*)(extra0 +" in copied and "*(uint4*)(extra0 +" not in gathered
+    for src in (loaded, copied):
+        assert src.count("__sync_thread_partial") <= 4
     if shutil.which("nvcc"):
-        log = _ptxas_log(staged, tmp_path)
-        assert "0 bytes spill stores" in log, log[-3000:]
+        for src in (loaded, copied):
+            log = _ptxas_log(src, tmp_path)
+            assert "0 bytes spill stores" in log, log[-3000:]
 
 
 def test_gemm_ws_lowers_with_the_overlap_and_the_turns():

@@ -64,6 +64,7 @@ def gemm(
     ws: bool = False,
     pingpong: bool = False,
     stage_extra: bool = True,
+    prefetch_extra: bool = True,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B)``; parameters ``A, B, extra_0.., C``.
@@ -82,7 +83,8 @@ def gemm(
     default), so unless ``allow_tf32`` the tile product is a plain fp32 FMA loop (exact, slower).
     ``ws``: the hand-written warp-specialized, persistent schedule (``gemm_ws``; an error where it does not apply), with
     ``pingpong`` its consumer warp groups on tiles of their own, taking turns, and ``stage_extra`` (the default) its
-    epilogue reading a full-size extra input of the output's dtype from a coalesced copy in the output tile.
+    epilogue reading a full-size extra input of the output's dtype from a coalesced copy in the output tile, which
+    ``prefetch_extra`` (the default; cooperative schedule) has the producer load by TMA during the tile's main loop.
     """
     B_dtype, out_dtype, extra_shapes = operand_types("gemm", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
                                                      prologue, target)
@@ -133,7 +135,7 @@ def gemm(
         return gemm_ws.gemm_ws(
             M, N, K, trans_B=trans_B, dtype=mma_dtype, out_dtype=out_dtype, extra_shapes=extra_shapes,
             extra_dtypes=extra_dtypes, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
-            pingpong=pingpong, target=target, staged=staged,
+            pingpong=pingpong, target=target, staged=staged, prefetch_extra=prefetch_extra,
             epilogue_elem=lambda C_f, extras, i, j, m0, n0, tile=None: (
                 C_f[i, j] if epilogue is None else
                 C_elem(C_f, extras, (), i, j, m0, n0, None if tile is None else {staged: tile[i, j]})))

@@ -116,7 +116,7 @@ def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dt
 
 def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str, epilogue_elem, extra_shapes,
             extra_dtypes, block_M: int, block_N: int, block_K: int, num_stages: int, pingpong: bool = False,
-            group: int = 8, staged: int | None = None, target: dict | str):
+            group: int = 8, staged: int | None = None, prefetch_extra: bool = True, target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
     passes ``epilogue_elem(C_f, extras, i, j, m0, n0, tile)``, the accumulator element through the epilogue (fp32).
     ``staged``: the extra input (of the output's shape and dtype) copied into the output tile before the epilogue, which
@@ -134,6 +134,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         raise ValueError(f"gemm(ws=True): block_M={block_M}; the two consumer warp groups own 64 rows each")
     tm, tn = -(-M // block_M), -(-N // block_N)
     tiles = tm * tn
+    prefetch = staged is not None and not pingpong and prefetch_extra
     grid = min(device_facts(target).sms, tiles)
     rounds = -(-tiles // grid)
     nk = -(-K // block_K)
@@ -148,8 +149,10 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         return B[k * block_K:(k + 1) * block_K, bn * block_N:(bn + 1) * block_N]
 
     @T.macro
-    def produce(A, B, A_s, B_s, full, empty, pid):
-        """The producer: each tile's k-blocks into the stage ring, in tile order (k-block ``t * nk + k``)."""
+    def produce(A, B, A_s, B_s, full, empty, pid, extras, C_s, xfull, xfree):
+        """The producer: each tile's k-blocks into the stage ring, in tile order (k-block ``t * nk + k``); with
+        ``prefetch``, once a tile's first ``num_stages`` k-blocks are issued (the consumers are then at the previous
+        tile's epilogue), its staged extra's tile into the output tile as soon as the previous store has read it."""
         T.dec_max_nreg(PRODUCER_REGS)
         for t in T.serial(rounds):
             if pid + t * grid < tiles:
@@ -162,6 +165,12 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                                barrier=full[s])
                     T.tma_copy(b_box(B, bn, k), B_s[s, :, :], barrier=full[s])
                     T.barrier_arrive(full[s])
+                    if prefetch:
+                        if k == min(num_stages, nk) - 1:
+                            T.mbarrier_wait_parity(xfree[0], (t % 2) ^ 1)
+                            T.tma_copy(extras[staged][bm * block_M:(bm + 1) * block_M,
+                                                      bn * block_N:(bn + 1) * block_N], C_s, barrier=xfull[0])
+                            T.barrier_arrive(xfull[0])
 
     @T.macro
     def main_loop(A_s, B_s, C_f, full, empty, t, policy):
@@ -179,18 +188,28 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             T.barrier_arrive(empty[(g - 1) % num_stages])
 
     @T.macro
-    def epilogue(C, C_f, C_s, extras, bm, bn):
-        T.tma_store_wait()  # (the issuing thread) the previous store from C_s has read it
-        if staged is not None:  # one coalesced copy of the extra's tile (zero past M and N: never stored); the
-            T.copy(extras[staged][bm * block_M, bn * block_N], C_s)  # epilogue into the accumulator, then the cast:
-            for i, j in T.Parallel(block_M, block_N):  # (C_s read and written in one loop took a barrier each step)
+    def epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree):
+        if prefetch:  # the producer loaded the extra's tile into C_s (zero past M and N); the epilogue into the
+            T.mbarrier_wait_parity(xfull[0], t % 2)  # accumulator, the cast, the store, then C_s handed back
+            for i, j in T.Parallel(block_M, block_N):
                 C_f[i, j] = epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N, C_s)
             for i, j in T.Parallel(block_M, block_N):
                 C_s[i, j] = T.Cast(out_dtype, C_f[i, j])
+            T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
+            T.tma_store_wait()  # (the issuing thread) the store has read C_s
+            T.barrier_arrive(xfree[0])
         else:
-            for i, j in T.Parallel(block_M, block_N):
-                C_s[i, j] = T.Cast(out_dtype, epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N))
-        T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
+            T.tma_store_wait()  # (the issuing thread) the previous store from C_s has read it
+            if staged is not None:  # one coalesced copy of the extra's tile (zero past M and N: never stored);
+                T.copy(extras[staged][bm * block_M, bn * block_N], C_s)  # the epilogue into the accumulator, then
+                for i, j in T.Parallel(block_M, block_N):  # the cast (C_s read and written in one loop: a barrier
+                    C_f[i, j] = epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N, C_s)  # each step)
+                for i, j in T.Parallel(block_M, block_N):
+                    C_s[i, j] = T.Cast(out_dtype, C_f[i, j])
+            else:
+                for i, j in T.Parallel(block_M, block_N):
+                    C_s[i, j] = T.Cast(out_dtype, epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N))
+            T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
 
     @T.macro
     def take_turns(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, w):
@@ -206,11 +225,11 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                 T.named_barrier_arrive(TURN_BARRIER + 1 - w, 256)  # every product of the tile is issued
                 T.wait_wgmma(0)
                 T.barrier_arrive(empty[(t * nk + nk - 1) % num_stages])
-                epilogue(C, C_f, C_s, extras, bm, bn)
+                epilogue(C, C_f, C_s, extras, bm, bn, t, None, None)
         T.tma_store_wait()
 
     @T.macro
-    def cooperate(A_s, B_s, C_f, C_s, full, empty, C, extras, pid):
+    def cooperate(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, xfull, xfree):
         """Both consumer groups on each tile, 64 rows each."""
         T.inc_max_nreg(CONSUMER_REGS)
         for t in T.serial(rounds):
@@ -219,7 +238,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                 main_loop(A_s, B_s, C_f, full, empty, t, T.GemmWarpPolicy.FullRow)
                 T.wait_wgmma(0)
                 T.barrier_arrive(empty[(t * nk + nk - 1) % num_stages])
-                epilogue(C, C_f, C_s, extras, bm, bn)
+                epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree)
         T.tma_store_wait()
 
     @T.prim_func
@@ -237,9 +256,11 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             C_f1 = T.alloc_fragment((block_M, block_N), accum) if pingpong else None
             full = T.alloc_barrier([128] * num_stages)
             empty = T.alloc_barrier([128 if pingpong else 256] * num_stages)  # (ping-pong: each fill one group's)
+            xfull = T.alloc_barrier([128]) if prefetch else None  # the staged extra's tile is in C_s
+            xfree = T.alloc_barrier([256]) if prefetch else None  # the last store has read C_s
             tx = T.get_thread_binding()
             if tx >= 256:
-                produce(A, B, A_s, B_s, full, empty, pid)
+                produce(A, B, A_s, B_s, full, empty, pid, extras, C_s0, xfull, xfree)
             elif pingpong:
                 T.inc_max_nreg(CONSUMER_REGS)
                 if tx < 128:
@@ -247,6 +268,6 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                 else:
                     take_turns(A_s, B_s, C_f1, C_s1, full, empty, C, extras, pid, 1)
             else:
-                cooperate(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid)
+                cooperate(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, xfull, xfree)
 
     return gemm_ws_kernel
