@@ -59,6 +59,34 @@ PINGPONG_CONFIGS = [{"block_M": m, "block_N": n, "block_K": 64, "stages": st}
                     for m, n, st in ((128, 128, 4), (128, 128, 5), (64, 256, 3), (64, 256, 4))]
 
 
+LOG2E = 1.4426950408889634
+# --silu-forms: the epilogue's sigmoid built three ways (the ws configs' first two each): "exact" (expf and an IEEE
+# division, as before session 28), "rcp" (lowering.emitters.FAST_EMITTERS: ex2.approx and rcp.approx, opaque calls that
+# TileLang does not vectorize), "exp2div" (exp2f of x * -log2(e), then an IEEE division: vectorizable TIR ops)
+SILU_FORMS = {
+    "exact": None,
+    "exp2div": lambda T, a, at: a[0] / (T.FloatImm("float32", 1.0) + T.exp2(a[0] * T.FloatImm("float32", -LOG2E))),
+}
+
+
+def with_form(form: str, make):
+    """``make`` with the silu emitter's fast form replaced while it builds (the TIR is made in this process)."""
+    from tilefuse.lowering import emitters
+
+    def build(*shape, **c):
+        saved = dict(emitters.FAST_EMITTERS)
+        if form in SILU_FORMS:
+            emitters.FAST_EMITTERS.pop("silu", None)
+            if SILU_FORMS[form] is not None:
+                emitters.FAST_EMITTERS["silu"] = SILU_FORMS[form]
+        try:
+            return make(*shape, **c)
+        finally:
+            emitters.FAST_EMITTERS.clear()
+            emitters.FAST_EMITTERS.update(saved)
+    return build
+
+
 def build(shape, builders) -> tuple[list, list]:
     """(items for ``compile_many``, (shape, name) per item) of ``builders``: (name, factory, configs) each; a config
     the factory refuses (shared memory, stages) is printed and left out."""
@@ -122,6 +150,7 @@ def main(argv=None) -> int:
                     help="gelu: gelu(acc + bias), against F.gelu(torch.addmm(...)); silu_mul: silu(acc) * up")
     ap.add_argument("--gathered", action="store_true", help="each ws config also with stage_extra=False")
     ap.add_argument("--copied", action="store_true", help="each ws config also with prefetch_extra=False")
+    ap.add_argument("--silu-forms", action="store_true", help="the first two ws configs with each form of silu")
     a = ap.parse_args(argv)
     global EPILOGUE, FULL
     EPILOGUE, FULL = EPILOGUES[a.epilogue], a.epilogue in ("silu_mul", "residual")
@@ -130,6 +159,8 @@ def main(argv=None) -> int:
     pingpong = [("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS)] if a.pingpong or not a.ws_only else []
     gathered = [("ws gathered", gemm_ws, [{**c, "stage_extra": False} for c in CONFIGS])] if a.gathered else []
     gathered += [("ws copied", gemm_ws, [{**c, "prefetch_extra": False} for c in CONFIGS])] if a.copied else []
+    gathered += [(f"ws silu={f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("exact", "exp2div")] \
+        if a.silu_forms else []
     builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:

@@ -18,6 +18,9 @@
 #   part 7: the staged extra loaded by the producer's TMA during the main loop (prefetch_extra, the new default): the
 #           GPU numerics (rounds of tiles, one k-block), the ws GEMM with silu * up and with a residual, loaded against
 #           copied, at LLaMA's and the MLP's shapes; then the MLP and LLaMA with no options, and LLaMA's kernel sequence.
+#   part 8: the epilogue's silu in a fast form (lowering.emitters.FAST_EMITTERS, on CUDA for fp16/bf16 outputs): the
+#           GPU numerics, the silu * up GEMM with the exact, rcp (the default) and exp2-with-division forms; LLaMA with
+#           no options against Inductor default, and its kernel sequence.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh 1|2|3|4|5   (logs and JSON under $OUT, tarred into one file)
 set -u
@@ -91,6 +94,24 @@ PY
     timeout 100 python3 bench/profile_sequence.py --model llama --top 16 --json "$OUT/logs/llama_sequence.json" \
         > "$OUT/logs/llama_sequence.log" 2>&1
     grep -v -i "warn" "$OUT/logs/llama_sequence.log" | head -40
+elif [ "$part" = 8 ]; then
+    timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "gemm_ws_gpu" \
+        > "$OUT/logs/gpu_tests_fast_silu.log" 2>&1
+    tail -3 "$OUT/logs/gpu_tests_fast_silu.log"
+    timeout 100 python3 bench/proto_gemm_ws.py --ws-only --silu-forms --epilogue silu_mul \
+        --shapes 8192x8192x2048,8192x5632x2048 --json "$OUT/logs/gemm_ws_silu_forms.json" \
+        > "$OUT/logs/gemm_ws_silu_forms.log" 2>&1
+    grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_ws_silu_forms.log" | cut -c1-60,88-200 | tail -20
+    zoo llama 150 zoo_default_fast_silu
+    python3 - "$OUT/logs/zoo_default_fast_silu.json" <<'PY'
+import json, sys
+for row in json.load(open(sys.argv[1]))["rows"]:
+    t = row["tilefuse"]["none"]
+    print(row["model"], t["backends"], [g for g in t["given_to_torch"] if "silu" in g][:1], t["profile"]["by_category_ms"])
+PY
+    timeout 100 python3 bench/profile_sequence.py --model llama --top 12 --json "$OUT/logs/llama_sequence.json" \
+        > "$OUT/logs/llama_sequence.log" 2>&1
+    grep -v -i "warn" "$OUT/logs/llama_sequence.log" | head -32
 elif [ "$part" = 3 ]; then
     timeout 150 python3 bench/proto_gemm_ws.py --ws-only --pingpong --epilogue gelu \
         --shapes 16384x3072x768,8192x3072x768,12608x3072x768 --json "$OUT/logs/gemm_ws_gelu.json" \

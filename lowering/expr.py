@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from tilefuse import ops
-from tilefuse.lowering.emitters import EMITTERS, as_float, constant, prim, widen
+from tilefuse.lowering.emitters import EMITTERS, FAST_EMITTERS, as_float, constant, prim, widen
 
 FLOAT_ONLY = ops.with_trait("float_only")  # ops whose integer/bool operands are widened to float32 first
 
@@ -196,12 +196,14 @@ def is_lowerable(expr: Expr | None) -> bool:
 @dataclass(frozen=True)
 class Env:
     """What ``emit`` binds the leaves to: ``acc`` a PrimExpr, ``arg(i)`` the i-th extra input's load,
-    ``coord(d)`` the produced element's coordinate ``d``, ``load(i, index)`` input ``i`` at ``index``."""
+    ``coord(d)`` the produced element's coordinate ``d``, ``load(i, index)`` input ``i`` at ``index``; ``fast``: the
+    ops of ``FAST_EMITTERS`` in their fast forms (a CUDA template whose output is fp16/bf16)."""
 
     acc: Any = None
     arg: Callable[[int], Any] | None = None
     coord: Callable[[int], Any] | None = None
     load: Callable[[int, list], Any] | None = None
+    fast: bool = False
 
 
 def emit(expr: Expr, env: Env):
@@ -227,7 +229,7 @@ def emit(expr: Expr, env: Env):
             raise ValueError(f"expression reads {expr} but the template binds no indexed loads here")
         return widen(T, prim(env.load(expr.arg, [emit(i, env) for i in expr.index])))
     if isinstance(expr, Call):
-        fn = EMITTERS.get(expr.op)
+        fn = (env.fast and FAST_EMITTERS.get(expr.op)) or EMITTERS.get(expr.op)
         if fn is None:
             raise NotImplementedError(
                 f"op {expr.op!r} has no TileLang emitter (supported: {sorted(EMITTERS)}); "

@@ -30,6 +30,7 @@ from tilefuse.lowering.templates.common import (
     normalize_shapes,
     numel,
     param,
+    target_kind,
     unravel,
 )
 from tilefuse.lowering.templates.gemm_configs import get_configs  # noqa: F401 -- the template's config space
@@ -106,6 +107,9 @@ def gemm(
     swizzle = bool(enable_rasterization) and not d.cpu
     simt = mma_dtype == "float32" and not allow_tf32 and not d.cpu
     metal_mma = d.metal and not simt  # the accumulator is simdgroup matrices: staged before the epilogue
+    # the epilogue's sigmoid/silu in their fast forms where the output rounds to fp16/bf16 on CUDA (``FAST_EMITTERS``):
+    # exact, they made a ws GEMM's silu epilogue compute-bound (bench/results/2026-12-04-h200-session28)
+    fast = target_kind(target) == "cuda" and out_dtype in ("float16", "bfloat16")
 
     def A_elem(A, bcoords, m, k):
         """One A element through the prologue; 0 outside the matrix (the prologue of 0 need not be 0)."""
@@ -118,7 +122,7 @@ def gemm(
         (extra input -> its element in a shared-memory copy)."""
         m = T.min(m0 + i, M - 1) if clamp_m else m0 + i
         n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
-        return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype, staged)
+        return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype, staged, fast)
 
     if pingpong and not ws:
         raise ValueError("gemm: pingpong=True is a schedule of ws=True")
@@ -232,12 +236,12 @@ def staged_extras(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[
 
 
 def epilogue_at(epilogue: Expr, acc, extras: Sequence, extra_shapes: Sequence[Sequence[int]], coords: Sequence,
-                accum_dtype: str = "float32", staged: Mapping[int, Any] | None = None):
+                accum_dtype: str = "float32", staged: Mapping[int, Any] | None = None, fast: bool = False):
     """The epilogue of one accumulator element ``acc`` of the output at ``coords``: extra input ``i`` is
     read there under broadcasting, or is ``staged[i]`` (a template's load of it from a shared-memory copy);
-    computed in ``accum_dtype``. Shared by the GEMM-family templates."""
+    computed in ``accum_dtype``, ``fast`` forms allowed (``Env.fast``). Shared by the GEMM-family templates."""
     load = arg_loader(extras, extra_shapes, coords)
-    env = Env(acc=acc, arg=lambda i: staged[i] if staged and i in staged else load(i))
+    env = Env(acc=acc, arg=lambda i: staged[i] if staged and i in staged else load(i), fast=fast)
     return T.Cast(accum_dtype, emit(epilogue, env))
 
 
