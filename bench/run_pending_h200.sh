@@ -21,6 +21,9 @@
 #   part 8: the epilogue's silu in a fast form (lowering.emitters.FAST_EMITTERS, on CUDA for fp16/bf16 outputs): the
 #           GPU numerics, the silu * up GEMM with the exact, rcp (the default) and exp2-with-division forms; LLaMA with
 #           no options against Inductor default, and its kernel sequence.
+#   part 9: the fast forms' numerics (GELU's tanh form too) in the ws GEMM, the templates and the Hugging Face models;
+#           then GPT-2, the MLP, BERT and ViT with no options against Inductor default.
+#   part 10: LLaMA and ResNet-50 with no options against Inductor default; held-out HF GPT-2 and LLaMA.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh 1|2|3|4|5   (logs and JSON under $OUT, tarred into one file)
 set -u
@@ -112,6 +115,19 @@ PY
     timeout 100 python3 bench/profile_sequence.py --model llama --top 12 --json "$OUT/logs/llama_sequence.json" \
         > "$OUT/logs/llama_sequence.log" 2>&1
     grep -v -i "warn" "$OUT/logs/llama_sequence.log" | head -32
+elif [ "$part" = 9 ]; then
+    for t in "tests/test_gemm_ws.py -k gemm_ws_gpu" tests/test_templates_gpu.py tests/test_hf_models.py; do
+        name=$(echo $t | cut -d' ' -f1 | sed 's/.*test_//; s/\.py//')
+        timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider $t > "$OUT/logs/gpu_tests_$name.log" 2>&1
+        echo "$name: $(tail -1 "$OUT/logs/gpu_tests_$name.log")"
+        grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_$name.log" | head -5
+    done
+    zoo gpt2,mlp,bert,vit 230 zoo_default_e
+elif [ "$part" = 10 ]; then
+    zoo llama,resnet 150 zoo_default_f
+    timeout 170 python3 bench/bench_models.py --models hf-gpt2,hf-llama --peers eager,default \
+        --no-warm --reps 30 --json "$OUT/logs/heldout_default_b.json" > "$OUT/logs/heldout_default_b.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/heldout_default_b.log" | cut -c1-220 | head -30
 elif [ "$part" = 3 ]; then
     timeout 150 python3 bench/proto_gemm_ws.py --ws-only --pingpong --epilogue gelu \
         --shapes 16384x3072x768,8192x3072x768,12608x3072x768 --json "$OUT/logs/gemm_ws_gelu.json" \

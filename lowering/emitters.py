@@ -375,10 +375,17 @@ def _fast_sigmoid(T, x):
     return T.fast_rcp(_c(x, 1.0) + T.__exp(-x))
 
 
+def _fast_gelu_tanh(T, x):
+    """GELU's tanh form, 0.5 x (1 + tanh(z)) = x sigmoid(2 z): tanhf gone from a GEMM's epilogue (GPT-2's fc1)."""
+    z = _c(x, math.sqrt(2.0 / math.pi)) * (x + _c(x, 0.044715) * x * x * x)
+    return x * _fast_sigmoid(T, _c(x, 2.0) * z)
+
+
 # The fast forms of some emitters, for a template to ask for (``Env.fast``) where its output is fp16/bf16 on CUDA:
 # torch's values to within the output's rounding, NaN and +-inf as torch gives them (silu(-inf) = -inf * 0 = NaN).
 FAST_EMITTERS: dict[str, Callable] = {
     "silu": _unary(lambda T, x, at: x * _fast_sigmoid(T, x)),
     "sigmoid": _unary(lambda T, x, at: _fast_sigmoid(T, x)),
+    "gelu": _unary(lambda T, x, at: _fast_gelu_tanh(T, x) if at.get("approximate") == "tanh" else _gelu(T, x, at)),
 }
 
