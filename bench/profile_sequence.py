@@ -28,8 +28,8 @@ import tilefuse
 from tilefuse import models
 
 
-def kernel_sequence(fn, inputs, calls: int) -> list[list[tuple[str, float]]]:
-    """Per call, the GPU kernels and copies in launch order as (name, microseconds)."""
+def kernel_sequence(fn, inputs, calls: int) -> list[list[tuple[str, float, float]]]:
+    """Per call, the GPU kernels and copies in launch order as (name, microseconds, idle microseconds before it)."""
     for _ in range(3):
         fn(*inputs)
     torch.cuda.synchronize()
@@ -46,19 +46,21 @@ def kernel_sequence(fn, inputs, calls: int) -> list[list[tuple[str, float]]]:
         if e.device_type == torch.autograd.DeviceType.CUDA and us > 0:
             events.append((e.time_range.start, e.name, us))
     events.sort()
-    per_call: list[list[tuple[str, float]]] = [[]]
-    for _, name, us in events:
+    per_call: list[list[tuple[str, float, float]]] = [[]]
+    end = None
+    for start, name, us in events:
         if "spin_kernel" in name or "sleep" in name.lower():  # the idle kernel between two calls
             per_call.append([])
         else:
-            per_call[-1].append((name, us))
+            per_call[-1].append((name, us, 0.0 if not per_call[-1] or end is None else max(start - end, 0.0)))
+        end = start + us
     return [c for c in per_call if c]
 
 
 def groups(seq: list[tuple[str, float]]) -> list[dict]:
     """Kernels grouped by name and duration (buckets of 5%), largest total first."""
     buckets: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for name, us in seq:
+    for name, us, _ in seq:
         b = int(round(math.log(max(us, 1.0)) / 0.05))
         buckets[(name, b)].append(us)
     rows = [{"kernel": n, "category": category(n), "count": len(v), "mean_us": statistics.mean(v),
@@ -73,6 +75,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--json")
+    ap.add_argument("--only", choices=["tilefuse", "inductor"], help="profile one compiler")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("profile_sequence: needs a CUDA GPU", file=sys.stderr)
@@ -83,15 +86,17 @@ def main() -> int:
         model, inputs = models.build(args.model, args.size, dtype=torch.float16, device="cuda")
     out: dict = {"model": args.model, "size": args.size}
     with torch.no_grad():
-        for who in ("tilefuse", "inductor"):
+        for who in [args.only] if args.only else ["tilefuse", "inductor"]:
             torch._dynamo.reset()
             fn = tilefuse.compile(model) if who == "tilefuse" else torch.compile(model)
             calls = kernel_sequence(fn, inputs, args.calls)
             seq = calls[-1]
             out[who] = {"sequence": seq, "groups": groups(seq), "calls_seen": len(calls)}
-            total = sum(us for _, us in seq) / 1e3
-            print(f"{args.model} {who}: {len(seq)} kernels, {total:.3f} ms busy in one call "
-                  f"({len(calls)} calls separated)")
+            total, idle = sum(s[1] for s in seq) / 1e3, sum(s[2] for s in seq) / 1e3
+            print(f"{args.model} {who}: {len(seq)} kernels, {total:.3f} ms busy and {idle:.3f} ms idle between them "
+                  f"in one call ({len(calls)} calls separated); the longest idle gaps, us (before the kernel named):")
+            for i in sorted(range(len(seq)), key=lambda i: -seq[i][2])[:8]:
+                print(f"  {seq[i][2]:9.1f} before #{i} {seq[i][0][:60]} (after {seq[i - 1][0][:40] if i else '-'})")
             print(f"  {'total ms':>9} {'count':>5} {'mean us':>9}  category      kernel")
             for g in out[who]["groups"][:args.top]:
                 print(f"  {g['total_ms']:9.3f} {g['count']:5d} {g['mean_us']:9.1f}  {g['category']:12s}  "
