@@ -24,6 +24,10 @@
 #   part 9: the fast forms' numerics (GELU's tanh form too) in the ws GEMM, the templates and the Hugging Face models;
 #           then GPT-2, the MLP, BERT and ViT with no options against Inductor default.
 #   part 10: LLaMA and ResNet-50 with no options against Inductor default; held-out HF GPT-2 and LLaMA.
+# Next session, first: part 11. Session 28 found the zoo LLaMA's call spending ~2 ms on the host before its first kernel
+# (1.93 ms until it returns; kernels 29.98 ms with 0.22 ms idle between them; the call 32.59 ms), against 0.10 ms in
+# the CPU emulation (bench/host_overhead.py's runner): part 11 says where, against Inductor's.
+#   part 11: bench/diag_host_gpu.py on the zoo LLaMA and GPT-2 (tilefuse and Inductor default).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh 1|2|3|4|5   (logs and JSON under $OUT, tarred into one file)
 set -u
@@ -128,6 +132,12 @@ elif [ "$part" = 10 ]; then
     timeout 170 python3 bench/bench_models.py --models hf-gpt2,hf-llama --peers eager,default \
         --no-warm --reps 30 --json "$OUT/logs/heldout_default_b.json" > "$OUT/logs/heldout_default_b.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/heldout_default_b.log" | cut -c1-220 | head -30
+elif [ "$part" = 11 ]; then
+    for m in llama gpt2; do
+        timeout 150 python3 bench/diag_host_gpu.py --model $m > "$OUT/logs/diag_host_$m.log" 2>&1
+        grep -v -i "warn" "$OUT/logs/diag_host_$m.log" | grep -E "^[a-z0-9]+ |first kernel|self ms|^ +[0-9.]+ +[0-9.]+  " \
+            | head -40
+    done
 elif [ "$part" = 3 ]; then
     timeout 150 python3 bench/proto_gemm_ws.py --ws-only --pingpong --epilogue gelu \
         --shapes 16384x3072x768,8192x3072x768,12608x3072x768 --json "$OUT/logs/gemm_ws_gelu.json" \
