@@ -338,3 +338,30 @@ def test_gemm_sp_ws_gpu_matches_the_reference(dtype, case, rng):
         finite = torch.arange(M) != M // 3
         torch.testing.assert_close(got[finite], want[finite], **tol, msg=lambda m, name=name: f"{name}: {m}")
         torch.testing.assert_close(got, want, equal_nan=True, **tol, msg=lambda m, name=name: f"{name} NaN: {m}")
+
+
+@pytest.mark.parametrize("ws", [True, False])
+def test_the_epilogues_sigmoid_is_fast_only_where_the_output_rounds_to_half_precision_on_cuda(ws):
+    """``lowering.emitters.FAST_EMITTERS``: silu and GELU's tanh form by ``ex2.approx``/``rcp.approx`` where the output
+    is fp16/bf16 on CUDA (the H200's GPU tests check their numerics, NaN/Inf rows included); an fp32 output keeps
+    ``expf`` and the IEEE division, and the exact GELU keeps ``erff``."""
+    cfg = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2 if ws else 3, "ws": ws}
+
+    def source(epilogue, out_dtype="float16"):
+        f = gemm.gemm(1024, 1024, 512, trans_B=True, epilogue=epilogue, extra_shapes=[(1024,)],
+                      extra_dtypes=["float16"], out_dtype=out_dtype, target=SM90, **cfg)
+        return kernel_source(f, SM90)
+    silu = call("silu", Acc() + Arg(0))
+    fast, exact = source(silu), source(silu, "float32")
+    assert "tl::fast_rcp(" in fast and "__expf(" in fast and "expf(" not in fast.replace("__expf(", "")
+    assert "tl::fast_rcp(" not in exact and "expf(" in exact
+    tanh = source(call("gelu", Acc() + Arg(0), approximate="tanh"))
+    assert "tl::fast_rcp(" in tanh and "tanhf(" not in tanh
+    erf = source(call("gelu", Acc() + Arg(0)))
+    assert "erff(" in erf and "tl::fast_rcp(" not in erf
+
+
+def test_the_c_target_keeps_the_exact_sigmoid():
+    f = gemm.gemm(64, 64, 64, trans_B=True, epilogue=call("silu", Acc()), target={"kind": "c"})
+    src = kernel_source(f, {"kind": "c"})
+    assert "fast_rcp" not in src and "exp" in src
