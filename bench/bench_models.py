@@ -22,11 +22,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heldout import BUILDERS
+import heldout
 from profile_kernels import category_line, profile, time_ms
 
 import tilefuse
-from tilefuse import models
 
 PEERS = ("eager", "default", "reduce-overhead", "max-autotune")
 
@@ -62,10 +61,7 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
     ``flush(row)`` runs after every measurement, so a run cut short keeps what it measured (the slowest
     peer to compile, Inductor max-autotune, goes last when listed last)."""
     torch._dynamo.reset()
-    if name in BUILDERS:  # a held-out real model (bench/heldout.py), at its realistic size
-        model, inputs = BUILDERS[name]()
-    else:
-        model, inputs = models.build(name, size, dtype=torch.float16, device="cuda")
+    model, inputs = heldout.build(name, size)  # a held-out real model (bench/heldout.py), or the zoo's at size
     row: dict = {"model": name, "size": size, "tilefuse": {}, "peers": {}}
     with torch.no_grad():
         ref = model(*inputs)

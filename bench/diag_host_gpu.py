@@ -24,10 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heldout import BUILDERS
+import heldout
 
 import tilefuse
-from tilefuse import models
 
 
 def host_times(fn, inputs, calls: int) -> tuple[float, float]:
@@ -87,10 +86,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("diag_host_gpu: needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.model in BUILDERS:
-        model, inputs = BUILDERS[args.model]()
-    else:
-        model, inputs = models.build(args.model, args.size, dtype=torch.float16, device="cuda")
+    model, inputs = heldout.build(args.model, args.size)
     with torch.no_grad():
         for who in args.compilers.split(","):
             torch._dynamo.reset()

@@ -71,3 +71,12 @@ def timm_resnet50(batch: int = 64):
 
 BUILDERS = {"hf-gpt2": hf_gpt2, "hf-llama": hf_llama, "hf-bert": hf_bert, "hf-vit": hf_vit,
             "timm-resnet50": timm_resnet50}
+
+
+def build(name: str, size: str = "bench"):
+    """(module, inputs) in fp16 on the GPU: the held-out model ``name`` (``BUILDERS``), else the zoo's at ``size``."""
+    if name in BUILDERS:
+        return BUILDERS[name]()
+    from tilefuse import models
+
+    return models.build(name, size, dtype=torch.float16, device="cuda")

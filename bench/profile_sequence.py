@@ -21,11 +21,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heldout import BUILDERS
+import heldout
 from profile_kernels import category
 
 import tilefuse
-from tilefuse import models
 
 
 def kernel_sequence(fn, inputs, calls: int) -> list[list[tuple[str, float, float]]]:
@@ -80,10 +79,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("profile_sequence: needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.model in BUILDERS:
-        model, inputs = BUILDERS[args.model]()
-    else:
-        model, inputs = models.build(args.model, args.size, dtype=torch.float16, device="cuda")
+    model, inputs = heldout.build(args.model, args.size)
     out: dict = {"model": args.model, "size": args.size}
     with torch.no_grad():
         for who in [args.only] if args.only else ["tilefuse", "inductor"]:
