@@ -6,8 +6,9 @@
 # kernels 29.98 ms with 0.22 ms idle between them; the call 32.59 ms), against 0.10 ms in the CPU emulation of the same
 # runner (bench/host_overhead.py): part 11 says where, against Inductor's.
 #   part 11: bench/diag_host_gpu.py on the zoo LLaMA and GPT-2 (tilefuse and Inductor default).
-#   part 12: every zoo model with no options against Inductor default (#13's default bar, another sample), then the
-#            2:4 ws GEMM against cuSPARSELt (#20), whose epilogue still has the exact sigmoid.
+#   part 12: the ws GEMM's GPU numerics (their fp32-output residual case, added after session 28's last call), every
+#            zoo model with no options against Inductor default (#13's default bar, another sample), then the 2:4 ws
+#            GEMM against cuSPARSELt (#20), whose epilogue still has the exact sigmoid.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh 11|12   (logs and JSON under $OUT, tarred into one file)
 set -u
@@ -37,6 +38,9 @@ if [ "$part" = 11 ]; then
             | head -40
     done
 elif [ "$part" = 12 ]; then
+    timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "gemm_ws_gpu" \
+        > "$OUT/logs/gpu_tests_gemm_ws.log" 2>&1
+    tail -3 "$OUT/logs/gpu_tests_gemm_ws.log"
     zoo mlp,llama,bert,resnet,gpt2,vit 330 zoo_default
     timeout 140 python3 bench/proto_gemm_sp_ws.py --json "$OUT/logs/gemm_sp_ws.json" > "$OUT/logs/gemm_sp_ws.log" 2>&1
     grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_sp_ws.log" | tail -40

@@ -81,6 +81,8 @@ CASES = {
                                           "prefetch_extra": False}, [(1000, 1024)]),
     "residual_rounds": (4000, 4096, 320, {"trans_B": True, "epilogue": Acc() + Arg(0)}, [(4000, 4096)]),
     "residual_rounds_one_k_block": (4000, 2048, 64, {"trans_B": True, "epilogue": Acc() * Arg(0)}, [(4000, 2048)]),
+    "residual_fp32_out": (1000, 520, 512, {"trans_B": True, "epilogue": Acc() + Arg(0), "out_dtype": "float32"},
+                          [(1000, 520)]),
     "residual_gathered": (1000, 768, 512, {"trans_B": True, "epilogue": Acc() + Arg(0), "stage_extra": False},
                           [(1000, 768)]),
 }
@@ -99,11 +101,16 @@ def _configs(N, out_dtype="float16"):
     return out
 
 
+def _extra_dtypes(M, N, kw, extras, dtype):
+    """The operands' dtype, but the output's for a full-size extra (a residual of an fp32 output: staged, copied)."""
+    return [kw.get("out_dtype", dtype) if tuple(s) == (M, N) else dtype for s in extras]
+
+
 def _funcs(dtype="float16"):
     for name, (M, N, K, kw, extras) in sorted(CASES.items()):
         for cfg in _configs(N, kw.get("out_dtype", dtype)):
-            f = gemm.gemm(M, N, K, A_dtype=dtype, extra_shapes=extras, extra_dtypes=[dtype] * len(extras),
-                          ws=True, target=SM90, **kw, **cfg)
+            f = gemm.gemm(M, N, K, A_dtype=dtype, extra_shapes=extras,
+                          extra_dtypes=_extra_dtypes(M, N, kw, extras, dtype), ws=True, target=SM90, **kw, **cfg)
             yield f"{name} {cfg}", (M, N, K, kw, extras), f
 
 
@@ -175,7 +182,8 @@ def test_gemm_ws_gpu_matches_the_reference(dtype, rng):
         assert not isinstance(k, BaseException), f"{name}: {k}"
         A = torch.randn(M, K, generator=rng).to(tdt)
         B = torch.randn(*((N, K) if kw.get("trans_B") else (K, N)), generator=rng).to(tdt) / K ** 0.5
-        ex = [torch.randn(s, generator=rng).to(tdt) for s in extras]
+        ex = [torch.randn(s, generator=rng).to(getattr(torch, d)) for s, d in
+              zip(extras, _extra_dtypes(M, N, kw, extras, dtype))]
         A[M // 2, 3], A[M - 1, 0] = float("nan"), float("inf")
         got = k(A.cuda(), B.cuda(), *[e.cuda() for e in ex]).cpu()
         # (on the GPU, as the model's torch would run it: torch's CPU float32 gelu gives NaN for +inf, CUDA's +inf)
@@ -365,3 +373,13 @@ def test_the_c_target_keeps_the_exact_sigmoid():
     f = gemm.gemm(64, 64, 64, trans_B=True, epilogue=call("silu", Acc()), target={"kind": "c"})
     src = kernel_source(f, {"kind": "c"})
     assert "fast_rcp" not in src and "exp" in src
+
+
+def test_an_fp32_outputs_full_size_extra_is_copied_not_loaded_by_the_producer():
+    """The producer's TMA load of the staged extra is for fp16/bf16 outputs (measured and checked on the H200); an fp32
+    output's residual is copied into the output tile by the consumers (its GPU numerics: ``residual_fp32_out``)."""
+    def source(dt):
+        f = gemm.gemm(1000, 520, 512, trans_B=True, epilogue=Acc() + Arg(0), extra_shapes=[(1000, 520)],
+                      extra_dtypes=[dt], out_dtype=dt, ws=True, target=SM90, **SHORT)
+        return kernel_source(f, SM90)
+    assert "tma_load(extra0_desc" in source("float16") and "tma_load(extra0_desc" not in source("float32")
