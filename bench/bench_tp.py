@@ -279,6 +279,9 @@ def main() -> int:
                         "size": a.size, "iters": a.iters, "tolerance": tol}
                 Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
                 print(f"wrote {a.out}")
+        # both ranks done before either tears gloo down: rank 1, through first while rank 0 still wrote the results,
+        # once aborted in its teardown ("terminate called without an active exception", CI 2026-12-04)
+        dist.barrier()
     finally:
         faulthandler.cancel_dump_traceback_later()
         dist.destroy_process_group()
