@@ -49,11 +49,11 @@ def profiled(fn, inputs, calls: int) -> None:
     with torch.profiler.profile(activities=acts) as prof:
         for i in range(calls):
             torch.cuda.synchronize()
-            with torch.profiler.record_function(f"call{i}"):
+            with torch.profiler.record_function(f"diag_host_call{i}"):
                 fn(*inputs)
             torch.cuda.synchronize()
     events = prof.events()
-    marks = sorted((e.time_range.start, e.time_range.end) for e in events if e.name.startswith("call"))
+    marks = sorted((e.time_range.start, e.time_range.end) for e in events if e.name.startswith("diag_host_call"))
     kernels = sorted((e.time_range.start, e.time_range.end) for e in events
                      if e.device_type == torch.autograd.DeviceType.CUDA)
     leads, tails = [], []
@@ -66,7 +66,8 @@ def profiled(fn, inputs, calls: int) -> None:
     if leads:
         print(f"    first kernel starts {statistics.median(leads):.3f} ms after the call starts; the last kernel ends "
               f"{statistics.median(tails):.3f} ms after the call returns (medians of {len(leads)})")
-    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and not e.name.startswith("call")]
+    cpu = [e for e in events
+           if e.device_type == torch.autograd.DeviceType.CPU and not e.name.startswith("diag_host_call")]
     by: dict[str, list[float]] = {}
     for e in cpu:
         by.setdefault(e.name, []).append(e.self_cpu_time_total)
