@@ -388,4 +388,3 @@ FAST_EMITTERS: dict[str, Callable] = {
     "sigmoid": _unary(lambda T, x, at: _fast_sigmoid(T, x)),
     "gelu": _unary(lambda T, x, at: _fast_gelu_tanh(T, x) if at.get("approximate") == "tanh" else _gelu(T, x, at)),
 }
-

@@ -198,27 +198,24 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
 
     @T.macro
     def epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree):
-        if prefetch:  # the producer loaded the extra's tile into C_s (zero past M and N); the epilogue into the
-            T.mbarrier_wait_parity(xfull[0], t % 2)  # accumulator, the cast, the store, then C_s handed back
-            for i, j in T.Parallel(block_M, block_N):
+        if prefetch:  # the producer loaded the extra's tile into C_s (zero past M and N: never stored)
+            T.mbarrier_wait_parity(xfull[0], t % 2)
+        else:
+            T.tma_store_wait()  # (the issuing thread) the previous store from C_s has read it
+            if staged is not None:  # one coalesced copy of the extra's tile (zero past M and N)
+                T.copy(extras[staged][bm * block_M, bn * block_N], C_s)
+        if staged is not None:  # the epilogue into the accumulator, then the cast (C_s read and written in one loop
+            for i, j in T.Parallel(block_M, block_N):  # took a barrier each step)
                 C_f[i, j] = epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N, C_s)
             for i, j in T.Parallel(block_M, block_N):
                 C_s[i, j] = T.Cast(out_dtype, C_f[i, j])
-            T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
-            T.tma_store_wait()  # (the issuing thread) the store has read C_s
-            T.barrier_arrive(xfree[0])
         else:
-            T.tma_store_wait()  # (the issuing thread) the previous store from C_s has read it
-            if staged is not None:  # one coalesced copy of the extra's tile (zero past M and N: never stored);
-                T.copy(extras[staged][bm * block_M, bn * block_N], C_s)  # the epilogue into the accumulator, then
-                for i, j in T.Parallel(block_M, block_N):  # the cast (C_s read and written in one loop: a barrier
-                    C_f[i, j] = epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N, C_s)  # each step)
-                for i, j in T.Parallel(block_M, block_N):
-                    C_s[i, j] = T.Cast(out_dtype, C_f[i, j])
-            else:
-                for i, j in T.Parallel(block_M, block_N):
-                    C_s[i, j] = T.Cast(out_dtype, epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N))
-            T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
+            for i, j in T.Parallel(block_M, block_N):
+                C_s[i, j] = T.Cast(out_dtype, epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N))
+        T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
+        if prefetch:  # C_s handed back once the store has read it (the issuing thread waits)
+            T.tma_store_wait()
+            T.barrier_arrive(xfree[0])
 
     @T.macro
     def take_turns(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, w):
