@@ -6,9 +6,10 @@ Session 28 on the H200: the zoo LLaMA's call under tilefuse (no options) spent 1
 and the whole call took 32.59 ms against 29.98 ms of kernels with 0.22 ms idle between them, so about 2 ms went before
 the first kernel. ``bench/host_overhead.py``'s emulation of the same runner on the CPU spends 0.10 ms a call, so the
 rest is what only the GPU path does (the graph's launch, the eager tail's launch, the outputs). For each compiler this
-prints, per call (median of ``--calls``): the host time until the call returns, the time from the call's start to its
-first kernel's start and from the last kernel's end to the call's end (CUDA events and the profiler's clocks), and the
-host functions and CUDA runtime calls by self time (torch.profiler's CPU events, and a cProfile of the Python side).
+prints, per call (median of ``--calls``): the host time until the call returns; for tilefuse, the GPU's and the host's
+time from the call's start to the CUDA graph's launch, in the graph, and after it (CUDA events); the cudaMalloc calls
+a call makes and where from; the kernels' time and the host functions and CUDA runtime calls by self time
+(torch.profiler's CPU events, and a cProfile of the Python side).
 """
 
 from __future__ import annotations
@@ -43,31 +44,96 @@ def host_times(fn, inputs, calls: int) -> tuple[float, float]:
     return statistics.median(host), statistics.median(whole)
 
 
+def timeline(fn, inputs, calls: int) -> None:
+    """Per call (medians), where the GPU's time goes around the CUDA graph: CUDA events at the call's start, just
+    before and after the graph's launch (``CapturedGraph.replay`` patched) and at its end, and the host's clock at the
+    same points. The GPU is idle from the call's start until the graph's launch reaches it."""
+    from tilefuse.runtime import graphs
+
+    marks: dict[str, list] = {}
+    original = graphs.CapturedGraph.replay
+
+    def replay(self, args):
+        for i in self.copied:
+            self.inputs[i].copy_(args[i])
+        marks["pre"] = _mark()
+        self.graph.replay()
+        marks["post"] = _mark()
+        outs = list(self.outputs)
+        for k, i in self.aliases:
+            outs[k] = args[i]
+        return tuple(outs)
+
+    rows = []
+    graphs.CapturedGraph.replay = replay
+    try:
+        for _ in range(calls):
+            marks.clear()
+            torch.cuda.synchronize()
+            begin = _mark()
+            fn(*inputs)
+            end = _mark()
+            torch.cuda.synchronize()
+            pts = [begin, marks.get("pre"), marks.get("post"), end]
+            if None in pts:
+                rows.append(None)
+                continue
+            rows.append([(b[0].elapsed_time(a[0]), (a[1] - b[1]) * 1e3) for b, a in zip(pts, pts[1:])])
+    finally:
+        graphs.CapturedGraph.replay = original
+    if not rows or None in rows:
+        print("    (no CUDA graph replayed)")
+        return
+    names = ("call start -> graph launch", "the graph", "graph's end -> call's end")
+    for j, name in enumerate(names):
+        gpu = statistics.median(r[j][0] for r in rows)
+        host = statistics.median(r[j][1] for r in rows)
+        print(f"    {name:28s} GPU {gpu:8.3f} ms   host {host:7.3f} ms")
+
+
+def _mark():
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e, time.perf_counter()
+
+
+def mallocs(fn, inputs, calls: int) -> None:
+    """cudaMalloc/cudaFree per call (the allocator's counts) and, for each segment allocated during the calls, the
+    Python frames that asked for it."""
+    before = torch.cuda.memory_stats()
+    torch.cuda.memory._record_memory_history(max_entries=20000)
+    for _ in range(calls):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    after = torch.cuda.memory_stats()
+    n = {k: (after.get(k, 0) - before.get(k, 0)) / calls for k in ("num_device_alloc", "num_device_free")}
+    print(f"    cudaMalloc {n['num_device_alloc']:.1f} and cudaFree {n['num_device_free']:.1f} a call")
+    seen = 0
+    for trace in snap.get("device_traces", []):
+        for ev in trace:
+            if ev.get("action") not in ("segment_alloc", "segment_free") or seen >= 6:
+                continue
+            seen += 1
+            frames = [f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in ev.get("frames", [])
+                      if f.get("filename", "").endswith(".py")][:8]
+            print(f"    {ev['action']} {ev.get('size', 0) / 2**20:.1f} MiB stream {ev.get('stream')}: "
+                  + " <- ".join(frames))
+
+
 def profiled(fn, inputs, calls: int) -> None:
-    """One profiler pass: per call, the lead before the first kernel and the CPU events by self time."""
+    """One profiler pass: kernel time per call, and the CPU events by self time."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
-        for i in range(calls):
+        for _ in range(calls):
             torch.cuda.synchronize()
-            with torch.profiler.record_function(f"diag_host_call{i}"):
-                fn(*inputs)
+            fn(*inputs)
             torch.cuda.synchronize()
     events = prof.events()
-    marks = sorted((e.time_range.start, e.time_range.end) for e in events if e.name.startswith("diag_host_call"))
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
-                     if e.device_type == torch.autograd.DeviceType.CUDA)
-    leads, tails = [], []
-    for i, (s, e) in enumerate(marks):
-        nxt = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
-        mine = [k for k in kernels if s <= k[0] < nxt]
-        if mine:
-            leads.append((mine[0][0] - s) / 1e3)
-            tails.append((max(k[1] for k in mine) - e) / 1e3)
-    if leads:
-        print(f"    first kernel starts {statistics.median(leads):.3f} ms after the call starts; the last kernel ends "
-              f"{statistics.median(tails):.3f} ms after the call returns (medians of {len(leads)})")
-    cpu = [e for e in events
-           if e.device_type == torch.autograd.DeviceType.CPU and not e.name.startswith("diag_host_call")]
+    busy = sum(e.device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    print(f"    kernels {busy / calls / 1e3:.3f} ms a call (profiled)")
+    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
     by: dict[str, list[float]] = {}
     for e in cpu:
         by.setdefault(e.name, []).append(e.self_cpu_time_total)
@@ -96,14 +162,19 @@ def main() -> int:
                 fn(*inputs)
             host, whole = host_times(fn, inputs, max(args.calls, 5))
             print(f"{args.model} {who}: host {host:.3f} ms until the call returns, {whole:.3f} ms with its GPU work")
+            if who == "tilefuse":
+                timeline(fn, inputs, max(args.calls, 5))
+            mallocs(fn, inputs, args.calls)
             profiled(fn, inputs, args.calls)
             prof = cProfile.Profile()
             prof.enable()
-            for _ in range(args.calls):
+            for _ in range(4 * args.calls):
                 fn(*inputs)
             prof.disable()
             torch.cuda.synchronize()
-            pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(12)
+            stats = pstats.Stats(prof, stream=sys.stdout)
+            stats.sort_stats("tottime").print_stats(10)
+            stats.sort_stats("cumulative").print_stats(12)
             del fn
     return 0
 
