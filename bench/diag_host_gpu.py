@@ -57,6 +57,7 @@ def timeline(fn, inputs, calls: int) -> None:
         for i in self.copied:
             self.inputs[i].copy_(args[i])
         marks["pre"] = _mark()
+        marks["graph"] = self
         self.graph.replay()
         marks["post"] = _mark()
         outs = list(self.outputs)
@@ -89,6 +90,43 @@ def timeline(fn, inputs, calls: int) -> None:
         gpu = statistics.median(r[j][0] for r in rows)
         host = statistics.median(r[j][1] for r in rows)
         print(f"    {name:28s} GPU {gpu:8.3f} ms   host {host:7.3f} ms")
+    graph_gaps(marks["graph"].graph, calls)
+
+
+def graph_gaps(graph, calls: int) -> None:
+    """The captured graph alone: its GPU time a replay, back to back and one at a time (CUDA events), against its
+    kernels' time and span in the profiler, and the widest gaps between its kernels, with the kernels around them."""
+    for back_to_back in (True, False):
+        times = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(calls if back_to_back else 1):
+                graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / (calls if back_to_back else 1))
+        print(f"    graph replay {'back to back' if back_to_back else 'alone'}: {statistics.median(times):.3f} ms")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+    ks = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[0])
+    half = len(ks) // 2
+    ks = ks[half:]  # the second replay
+    if not ks:
+        return
+    busy = sum(e - s for s, e, _ in ks) / 1e3
+    span = (max(e for _, e, _ in ks) - ks[0][0]) / 1e3
+    gaps = sorted(((ks[i + 1][0] - ks[i][1], i) for i in range(len(ks) - 1)), reverse=True)
+    print(f"    profiled replay: {len(ks)} kernels, busy {busy:.3f} ms, span {span:.3f} ms, "
+          f"idle {sum(max(g, 0) for g, _ in gaps) / 1e3:.3f} ms")
+    for g, i in gaps[:8]:
+        print(f"      gap {g:8.1f} us after {ks[i][2][:60]} ({(ks[i][1] - ks[i][0]):.0f} us), "
+              f"before {ks[i + 1][2][:60]}")
 
 
 def _mark():

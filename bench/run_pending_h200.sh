@@ -5,8 +5,9 @@
 # Session 28 found the zoo LLaMA's call spending ~2 ms on the host before its first kernel (1.93 ms until it returns;
 # kernels 29.98 ms with 0.22 ms idle between them; the call 32.59 ms), against 0.10 ms in the CPU emulation of the same
 # runner (bench/host_overhead.py): part 11 says where, against Inductor's.
-#   part 11: bench/diag_host_gpu.py on the zoo LLaMA under tilefuse, with the eager tail and without (session 29's first
-#            call ran it on LLaMA and GPT-2 against Inductor: 1.68 ms of host time a call, a cudaMalloc each call).
+#   part 11: bench/diag_host_gpu.py on the zoo LLaMA under tilefuse: the graph's replay alone against its kernels, and
+#            the widest gaps between them (session 29's second call: the graph took 31.3 ms of GPU time, its kernels
+#            about 29); the ws GEMM's GPU numerics; LLaMA and the MLP with no options against Inductor default.
 #   part 12: the ws GEMM's GPU numerics (their fp32-output residual case, added after session 28's last call), every
 #            zoo model with no options against Inductor default (#13's default bar, another sample), then the 2:4 ws
 #            GEMM against cuSPARSELt (#20), whose epilogue still has the exact sigmoid.
@@ -33,12 +34,12 @@ zoo() {  # models, whole timeout, name
         | cut -c1-220 | head -60
 }
 if [ "$part" = 11 ]; then
-    for tail in 1 0; do
-        TILEFUSE_EAGER_TAIL=$tail timeout 200 python3 bench/diag_host_gpu.py --model llama --compilers tilefuse \
-            > "$OUT/logs/diag_host_llama_tail$tail.log" 2>&1
-        echo "== eager tail $tail"
-        grep -v -i "warn" "$OUT/logs/diag_host_llama_tail$tail.log" | grep -v "^ *$" | head -75
-    done
+    timeout 200 python3 bench/diag_host_gpu.py --model llama --compilers tilefuse > "$OUT/logs/diag_host_llama.log" 2>&1
+    grep -v -i "warn" "$OUT/logs/diag_host_llama.log" | grep -v "^ *$" | head -45
+    timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "gemm_ws_gpu" \
+        > "$OUT/logs/gpu_tests_gemm_ws.log" 2>&1
+    tail -3 "$OUT/logs/gpu_tests_gemm_ws.log"
+    zoo llama,mlp 200 zoo_default_llama_mlp
 elif [ "$part" = 12 ]; then
     timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "gemm_ws_gpu" \
         > "$OUT/logs/gpu_tests_gemm_ws.log" 2>&1

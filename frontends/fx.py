@@ -114,17 +114,22 @@ class FxProgram:
 
     def fx_outputs(self, args: Sequence[Any], results: Sequence[torch.Tensor]) -> Any:
         """Assemble what the fx graph returns from its arguments and the graph's results."""
-        def build(spec: Any) -> Any:
-            if isinstance(spec, (list, tuple)):
-                return type(spec)(build(s) for s in spec)
-            if spec.kind == "graph":
-                r = results[spec.index]
-                if spec.device is not None and r.device != spec.device:
-                    return r.to(spec.device)  # a host value (a position, a flag) the plan computed on the GPU
-                return r.clone() if spec.copy else r
-            return args[spec.index] if spec.kind == "input" else spec.value
+        return _assemble(self.outputs, args, results)
 
-        return build(self.outputs)
+
+def _assemble(spec: Any, args: Sequence[Any], results: Sequence[torch.Tensor]) -> Any:
+    """``FxProgram.fx_outputs`` for one output spec. A module-level function, not a closure that calls itself: such a
+    closure is a reference cycle holding the call's results until the garbage collector runs, so each call's outputs
+    outlived it and the allocator took fresh memory for the next (the zoo LLaMA's 500 MB logits: a cudaMalloc a call
+    on the H200)."""
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_assemble(s, args, results) for s in spec)
+    if spec.kind == "graph":
+        r = results[spec.index]
+        if spec.device is not None and r.device != spec.device:
+            return r.to(spec.device)  # a host value (a position, a flag) the plan computed on the GPU
+        return r.clone() if spec.copy else r
+    return args[spec.index] if spec.kind == "input" else spec.value
 
 
 def import_fx(gm: fx.GraphModule, example_inputs: Sequence[Any], name: str | None = None) -> Graph:
