@@ -63,22 +63,26 @@ LOG2E = 1.4426950408889634
 # --silu-forms: the epilogue's sigmoid built three ways (the ws configs' first two each): "exact" (expf and an IEEE
 # division, as before session 28), "rcp" (lowering.emitters.FAST_EMITTERS: ex2.approx and rcp.approx, opaque calls that
 # TileLang does not vectorize), "exp2div" (exp2f of x * -log2(e), then an IEEE division: vectorizable TIR ops)
-SILU_FORMS = {
-    "exact": None,
-    "exp2div": lambda T, a, at: a[0] / (T.FloatImm("float32", 1.0) + T.exp2(a[0] * T.FloatImm("float32", -LOG2E))),
+# --gelu-forms: the exact GELU's erf as erff ("exact", before session 29) against the default fast form.
+FORMS = {
+    "silu=exact": ("silu", None),
+    "silu=exp2div": ("silu", lambda T, a, at: a[0] / (T.FloatImm("float32", 1.0)
+                                                      + T.exp2(a[0] * T.FloatImm("float32", -LOG2E)))),
+    "gelu=exact": ("gelu", None),
 }
 
 
 def with_form(form: str, make):
-    """``make`` with the silu emitter's fast form replaced while it builds (the TIR is made in this process)."""
+    """``make`` with an emitter's fast form replaced (``FORMS``: op, the form or None for the exact one) while it
+    builds (the TIR is made in this process)."""
     from tilefuse.lowering import emitters
 
     def build(*shape, **c):
         saved = dict(emitters.FAST_EMITTERS)
-        if form in SILU_FORMS:
-            emitters.FAST_EMITTERS.pop("silu", None)
-            if SILU_FORMS[form] is not None:
-                emitters.FAST_EMITTERS["silu"] = SILU_FORMS[form]
+        op, fn = FORMS[form]
+        emitters.FAST_EMITTERS.pop(op, None)
+        if fn is not None:
+            emitters.FAST_EMITTERS[op] = fn
         try:
             return make(*shape, **c)
         finally:
@@ -151,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gathered", action="store_true", help="each ws config also with stage_extra=False")
     ap.add_argument("--copied", action="store_true", help="each ws config also with prefetch_extra=False")
     ap.add_argument("--silu-forms", action="store_true", help="the first two ws configs with each form of silu")
+    ap.add_argument("--gelu-forms", action="store_true", help="the first two ws configs with the exact GELU's erff")
     a = ap.parse_args(argv)
     global EPILOGUE, FULL
     EPILOGUE, FULL = EPILOGUES[a.epilogue], a.epilogue in ("silu_mul", "residual")
@@ -159,8 +164,9 @@ def main(argv=None) -> int:
     pingpong = [("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS)] if a.pingpong or not a.ws_only else []
     gathered = [("ws gathered", gemm_ws, [{**c, "stage_extra": False} for c in CONFIGS])] if a.gathered else []
     gathered += [("ws copied", gemm_ws, [{**c, "prefetch_extra": False} for c in CONFIGS])] if a.copied else []
-    gathered += [(f"ws silu={f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("exact", "exp2div")] \
+    gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("silu=exact", "silu=exp2div")] \
         if a.silu_forms else []
+    gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("gelu=exact",)] if a.gelu_forms else []
     builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:

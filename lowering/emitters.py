@@ -375,6 +375,27 @@ def _fast_sigmoid(T, x):
     return T.fast_rcp(_c(x, 1.0) + T.__exp(-x))
 
 
+# erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), for z >= 0: Numerical Recipes' Chebyshev fit (erfcc), P's
+# coefficients lowest first; relative error below 1.2e-7 at every z.
+_ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587,
+         -0.82215223, 0.17087277)
+
+
+def _fast_gelu_erf(T, x):
+    """The exact GELU, x Phi(x) = x erfc(-x / sqrt 2) / 2, with erfc by ``_ERFC``, ``rcp.approx`` and ``ex2.approx``:
+    erff gone from a GEMM's epilogue (BERT's, ViT's and the MLP's fc1; the MLP's took 0.11 ms over a bias epilogue at
+    8192 x 16384 on the H200). Relative error within 2e-5 at every x (checked in float32 against float64): more
+    accurate than ``0.5 x (1 + erff(x / sqrt 2))`` below x = -3, where 1 + erf cancels (torch: gelu(-5) = -1.19e-6
+    for -1.43e-6). NaN stays NaN, gelu(+inf) = inf and gelu(-inf) = NaN as torch's CUDA kernels give them."""
+    z = T.abs(x) * _c(x, math.sqrt(0.5))
+    t = T.fast_rcp(_c(x, 1.0) + _c(x, 0.5) * z)
+    p = _c(x, _ERFC[-1])
+    for a in reversed(_ERFC[:-1]):
+        p = p * t + _c(x, a)
+    erfc = t * T.__exp(p - z * z)  # erfc(|x| / sqrt 2)
+    return _c(x, 0.5) * x * T.Select(x < _c(x, 0.0), erfc, _c(x, 2.0) - erfc)
+
+
 def _fast_gelu_tanh(T, x):
     """GELU's tanh form, 0.5 x (1 + tanh(z)) = x sigmoid(2 z): tanhf gone from a GEMM's epilogue (GPT-2's fc1)."""
     z = _c(x, math.sqrt(2.0 / math.pi)) * (x + _c(x, 0.044715) * x * x * x)
@@ -386,5 +407,5 @@ def _fast_gelu_tanh(T, x):
 FAST_EMITTERS: dict[str, Callable] = {
     "silu": _unary(lambda T, x, at: x * _fast_sigmoid(T, x)),
     "sigmoid": _unary(lambda T, x, at: _fast_sigmoid(T, x)),
-    "gelu": _unary(lambda T, x, at: _fast_gelu_tanh(T, x) if at.get("approximate") == "tanh" else _gelu(T, x, at)),
+    "gelu": _unary(lambda T, x, at: _fast_gelu_tanh(T, x) if at.get("approximate") == "tanh" else _fast_gelu_erf(T, x)),
 }
