@@ -64,8 +64,10 @@ LOG2E = 1.4426950408889634
 # division, as before session 28), "rcp" (lowering.emitters.FAST_EMITTERS: ex2.approx and rcp.approx, opaque calls that
 # TileLang does not vectorize), "exp2div" (exp2f of x * -log2(e), then an IEEE division: vectorizable TIR ops)
 # --gelu-forms: the exact GELU's erf as erff ("exact", before session 29) against the default fast form.
+# "silu=rcp_volatile": session 28's fast silu, by TileLang's tl::fast_rcp (an asm volatile nvcc issues in order).
 FORMS = {
     "silu=exact": ("silu", None),
+    "silu=rcp_volatile": ("silu", lambda T, a, at: a[0] * T.fast_rcp(T.FloatImm("float32", 1.0) + T.__exp(-a[0]))),
     "silu=exp2div": ("silu", lambda T, a, at: a[0] / (T.FloatImm("float32", 1.0)
                                                       + T.exp2(a[0] * T.FloatImm("float32", -LOG2E)))),
     "gelu=exact": ("gelu", None),
@@ -164,7 +166,7 @@ def main(argv=None) -> int:
     pingpong = [("ws pingpong", gemm_ws_pingpong, PINGPONG_CONFIGS)] if a.pingpong or not a.ws_only else []
     gathered = [("ws gathered", gemm_ws, [{**c, "stage_extra": False} for c in CONFIGS])] if a.gathered else []
     gathered += [("ws copied", gemm_ws, [{**c, "prefetch_extra": False} for c in CONFIGS])] if a.copied else []
-    gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("silu=exact", "silu=exp2div")] \
+    gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("silu=exact", "silu=rcp_volatile")] \
         if a.silu_forms else []
     gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("gelu=exact",)] if a.gelu_forms else []
     builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])

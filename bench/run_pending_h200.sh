@@ -12,7 +12,8 @@
 #            zoo model with no options against Inductor default (#13's default bar, another sample), then the 2:4 ws
 #            GEMM against cuSPARSELt (#20), whose epilogue still has the exact sigmoid.
 #   part 13: the exact GELU's fast form (session 29's fourth call: erff cost the MLP's fc1 0.11 ms over a bias
-#            epilogue): the ws GEMM's GPU numerics, the two forms at the MLP's and BERT's fc1, and MLP, BERT, ViT.
+#            epilogue; the fifth: its reciprocal issued ten times an element, 2.2x slower, now bound once): the ws
+#            GEMM's GPU numerics, the forms at the MLP's and BERT's fc1 and LLaMA's gate, the zoo with GELUs.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh 11|12   (logs and JSON under $OUT, tarred into one file)
 set -u
@@ -53,9 +54,12 @@ elif [ "$part" = 13 ]; then
     timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "gemm_ws_gpu" \
         > "$OUT/logs/gpu_tests_gemm_ws.log" 2>&1
     tail -3 "$OUT/logs/gpu_tests_gemm_ws.log"
-    timeout 150 python3 bench/proto_gemm_ws.py --ws-only --shapes 8192x16384x4096,16384x3072x768 --epilogue gelu \
+    timeout 120 python3 bench/proto_gemm_ws.py --ws-only --shapes 8192x16384x4096,16384x3072x768 --epilogue gelu \
         --gelu-forms --json "$OUT/logs/gemm_ws_gelu_forms.json" > "$OUT/logs/gemm_ws_gelu_forms.log" 2>&1
-    grep -v -i "warn" "$OUT/logs/gemm_ws_gelu_forms.log" | tail -18
-    zoo mlp,bert,vit 200 zoo_default_gelu
+    grep -v -i "warn" "$OUT/logs/gemm_ws_gelu_forms.log" | tail -14
+    timeout 90 python3 bench/proto_gemm_ws.py --ws-only --shapes 8192x8192x2048 --epilogue silu_mul \
+        --silu-forms --json "$OUT/logs/gemm_ws_silu_forms.json" > "$OUT/logs/gemm_ws_silu_forms.log" 2>&1
+    grep -v -i "warn" "$OUT/logs/gemm_ws_silu_forms.log" | tail -9
+    zoo mlp,bert,gpt2,vit 200 zoo_default_gelu
 fi
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"

@@ -1,5 +1,5 @@
 """``lowering.emitters.FAST_EMITTERS``' arithmetic, evaluated in float32 with torch standing in for TileLang (its
-``rcp.approx`` and ``ex2.approx`` as exact float32 operations: their own error, ~1e-7 relative, is far below what is
+``__fdividef`` and ``ex2.approx`` as exact float32 operations: their own error, ~1e-7 relative, is far below what is
 checked here): every form against float64, its edge values as torch's CUDA kernels give them. Where each form is used,
 and its CUDA numerics, are in ``tests/test_gemm_ws.py``."""
 
@@ -18,7 +18,12 @@ from tilefuse.lowering import emitters
 def shim(monkeypatch):
     """A stand-in for ``tilelang.language`` over float32 tensors."""
     monkeypatch.setattr(emitters, "_c", lambda x, v: torch.tensor(v, dtype=x.dtype))
-    t = types.SimpleNamespace(abs=torch.abs, fast_rcp=torch.reciprocal, Select=torch.where)
+    monkeypatch.setattr(emitters, "_let", lambda T, value, body: body(value))
+    def pure(dtype, name, *args):
+        assert name == "__fdividef"
+        return torch.div(*args)
+
+    t = types.SimpleNamespace(abs=torch.abs, call_pure_extern=pure, Select=torch.where)
     setattr(t, "__exp", torch.exp)
     return t
 
