@@ -14,6 +14,7 @@
 #   part 13: the exact GELU's fast form (session 29's fourth call: erff cost the MLP's fc1 0.11 ms over a bias
 #            epilogue; the fifth: its reciprocal issued ten times an element, 2.2x slower, now bound once): the ws
 #            GEMM's GPU numerics, the forms at the MLP's and BERT's fc1 and LLaMA's gate, the zoo with GELUs.
+#   part 14: the TileLang-scheduled GEMM's fast GELU forms on the GPU; LLaMA with no options (its silu by __fdividef).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh 11|12   (logs and JSON under $OUT, tarred into one file)
 set -u
@@ -61,5 +62,10 @@ elif [ "$part" = 13 ]; then
         --silu-forms --json "$OUT/logs/gemm_ws_silu_forms.json" > "$OUT/logs/gemm_ws_silu_forms.log" 2>&1
     grep -v -i "warn" "$OUT/logs/gemm_ws_silu_forms.log" | tail -9
     zoo mlp,bert,gpt2,vit 200 zoo_default_gelu
+elif [ "$part" = 14 ]; then
+    timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_templates_gpu.py -k "gelu or elementwise" \
+        > "$OUT/logs/gpu_tests_templates_gelu.log" 2>&1
+    tail -3 "$OUT/logs/gpu_tests_templates_gelu.log"
+    zoo llama 200 zoo_default_llama
 fi
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
