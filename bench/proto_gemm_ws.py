@@ -34,13 +34,14 @@ EPILOGUE, FULL = EPILOGUES["bias"], False  # FULL: the extra input is (M, N), no
 
 
 def gemm_ws(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 256, block_K: int = 64, stages: int = 4,
-            pingpong: bool = False, dtype: str = "float16", stage_extra: bool = True, prefetch_extra: bool = True):
+            pingpong: bool = False, dtype: str = "float16", stage_extra: bool = True, prefetch_extra: bool = True,
+            cluster: int = 1):
     """``C (M, N) = A (M, K) @ W (N, K)^T + bias (N)`` through ``gemm(ws=True)`` (``lowering/templates/gemm_ws.py``,
     where the prototype of session 20 now lives); parameters ``A, W, bias, C``."""
     return gemm.gemm(M, N, K, trans_B=True, A_dtype=dtype, epilogue=EPILOGUE, extra_shapes=[(M, N) if FULL else (N,)],
                      extra_dtypes=[dtype], block_M=block_M, block_N=block_N, block_K=block_K, num_stages=stages,
                      ws=True, pingpong=pingpong, stage_extra=stage_extra, prefetch_extra=prefetch_extra,
-                     target=TARGET)
+                     cluster=cluster, target=TARGET)
 
 
 def gemm_ws_pingpong(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 128, block_K: int = 64,
@@ -183,6 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gathered", action="store_true", help="each ws config also with stage_extra=False")
     ap.add_argument("--copied", action="store_true", help="each ws config also with prefetch_extra=False")
     ap.add_argument("--silu-forms", action="store_true", help="the first two ws configs with each form of silu")
+    ap.add_argument("--cluster", action="store_true", help="each ws config also in 2-CTA clusters (B multicast)")
     ap.add_argument("--gelu-forms", action="store_true", help="the first two ws configs with the GELU by erfc")
     a = ap.parse_args(argv)
     global EPILOGUE, FULL
@@ -195,6 +197,7 @@ def main(argv=None) -> int:
     gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("silu=exact", "silu=rcp_volatile")] \
         if a.silu_forms else []
     gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("gelu=erfc",)] if a.gelu_forms else []
+    gathered += [("ws cluster 2", gemm_ws, [{**c, "cluster": 2} for c in CONFIGS])] if a.cluster else []
     builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:

@@ -50,7 +50,7 @@ def test_gemm_ws_refuses_what_it_cannot_build():
         gemm.gemm(256, 256, 128, prologue=Acc() * 2.0, target=SM90, ws=True, **COOP)
     with pytest.raises(ValueError, match="ws=True needs"):
         gemm.gemm(256, 256, 128, target={"kind": "cuda", "arch": "sm_80"}, ws=True, **COOP)
-    with pytest.raises(ValueError, match="pingpong=True is a schedule of ws=True"):
+    with pytest.raises(ValueError, match="pingpong=True and cluster=2 are schedules of ws=True"):
         gemm.gemm(256, 256, 128, target=SM90, pingpong=True)
     with pytest.raises(ValueError, match="shared memory"):
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "num_stages": 4})
@@ -168,13 +168,57 @@ def test_gemm_ws_wgmmas_are_not_serialized_by_ptxas(cfg, tmp_path):
     assert "serialized" not in log and "C7513" not in log and "C7514" not in log, log[-3000:]
 
 
+def test_gemm_ws_in_2_cta_clusters_multicasts_b_and_frees_each_stage_in_both(tmp_path):
+    """``cluster=2``: the first CTA's TMA multicasts each B stage to both (each CTA expects its bytes), every consumer
+    frees each stage in both CTAs (a barrier of 512 arrivals), the cluster synchronized before and after; cooperative
+    only, and the plain schedule (cluster 1) unchanged."""
+    f = gemm.gemm(1000, 4096, 1024, trans_B=True, epilogue=Acc() + Arg(0), extra_shapes=[(1000, 4096)],
+                  extra_dtypes=["float16"], ws=True, target=SM90, cluster=2, **COOP)
+    src = kernel_source(f, SM90)
+    assert src.count("tma_load_multicast(B_desc") == 1 and "tma_load(A_desc" in src
+    assert src.count(".init(512)") == COOP["num_stages"] and src.count(".arrive(r") == 2
+    assert src.count("cluster_sync()") >= 2
+    plain = kernel_source(gemm.gemm(1000, 4096, 1024, trans_B=True, ws=True, target=SM90, **COOP), SM90)
+    assert "multicast" not in plain and "cluster" not in plain
+    with pytest.raises(ValueError, match="cooperative"):
+        gemm.gemm(1000, 4096, 1024, trans_B=True, ws=True, target=SM90, cluster=2, **PP)
+    with pytest.raises(ValueError, match="cluster=2 are schedules of ws=True"):
+        gemm.gemm(1000, 4096, 1024, trans_B=True, target=SM90, cluster=2)
+    if shutil.which("nvcc"):
+        log = _ptxas_log(src, tmp_path)
+        assert "0 bytes spill stores" in log, log[-3000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gemm_ws_gpu_matches_the_reference(dtype, rng):
     """Every case and schedule, compiled in parallel first; fresh inputs, every element checked, with a NaN and an
     Inf in A (their rows NaN/Inf or NaN, as torch gives). A turn or a stage that never comes would hang: run it under
     a timeout."""
-    runs = list(_funcs(dtype))
+    _check_on_the_gpu(list(_funcs(dtype)), dtype, rng)
+
+
+# the 2-CTA cluster's cases: a lone row tile (its peer's is wholly past M), rounds of tiles a program, both epilogue
+# operand paths (the producer's load, and an fp32 output's copy), tails in M and N
+CLUSTER_CASES = ("one_tile", "rounds", "bias_gelu_tails", "silu_mul_staged", "residual_rounds", "residual_fp32_out")
+
+
+@pytest.mark.gpu
+def test_gemm_ws_in_2_cta_clusters_gpu_matches_the_reference(rng):
+    """``cluster=2``: B's stages multicast to both CTAs of a cluster, each stage freed by both CTAs' consumers (a stage
+    freed too early would give wrong numbers; one never freed, a hang: run it under a timeout)."""
+    runs = []
+    for name in CLUSTER_CASES:
+        M, N, K, kw, extras = CASES[name]
+        cfg = next(c for c in _configs(N, kw.get("out_dtype", "float16")) if not c.get("pingpong"))
+        f = gemm.gemm(M, N, K, A_dtype="float16", extra_shapes=extras, ws=True, target=SM90, cluster=2,
+                      extra_dtypes=_extra_dtypes(M, N, kw, extras, "float16"), **kw, **cfg)
+        runs.append((f"{name} cluster 2", (M, N, K, kw, extras), f))
+    _check_on_the_gpu(runs, "float16", rng)
+
+
+def _check_on_the_gpu(runs, dtype, rng):
+    """Each of ``runs`` (name, case, prim_func), compiled in parallel first, against the reference."""
     kernels = compile_many([(f, [-1]) for _, _, f in runs], default_target(), return_exceptions=True)
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == "bfloat16" else {"rtol": 1e-2, "atol": 1e-2}
     tdt = getattr(torch, dtype)

@@ -124,11 +124,15 @@ def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dt
 
 def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str, epilogue_elem, extra_shapes,
             extra_dtypes, block_M: int, block_N: int, block_K: int, num_stages: int, pingpong: bool = False,
-            group: int = 8, staged: int | None = None, prefetch_extra: bool = True, target: dict | str):
+            group: int = 8, staged: int | None = None, prefetch_extra: bool = True, cluster: int = 1,
+            target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
     passes ``epilogue_elem(C_f, extras, i, j, m0, n0, tile)``, the accumulator element through the epilogue (fp32).
     ``staged``: the extra input (of the output's shape and dtype) copied into the output tile before the epilogue, which
-    reads it there (``tile``) and overwrites it in place, element by element."""
+    reads it there (``tile``) and overwrites it in place, element by element. ``cluster=2`` (cooperative schedule;
+    written, not yet measured on the H200): programs run in 2-CTA clusters on two row tiles of one column tile, the
+    first CTA's TMA multicasting each B stage to both (cuBLAS's ``..._1x2_..._coopA`` kernels do the like), so each
+    stage is released to the producers by both CTAs' consumers."""
     accum = "float32"
     if num_stages < 2:  # (a consumer frees a stage only once the next one's WGMMA is issued)
         raise ValueError(f"gemm(ws=True): {num_stages} stage(s); the pipeline needs at least 2")
@@ -140,17 +144,31 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         raise ValueError(f"gemm(ws=True, pingpong=True): a {block_M}x{block_N} tile per warp group; at most 128 x 128")
     if not pingpong and block_M != 128:
         raise ValueError(f"gemm(ws=True): block_M={block_M}; the two consumer warp groups own 64 rows each")
+    if cluster not in (1, 2) or (cluster == 2 and pingpong):
+        raise ValueError(f"gemm(ws=True): cluster={cluster}; 1, or 2 with the cooperative schedule")
     tm, tn = -(-M // block_M), -(-N // block_N)
-    tiles = tm * tn
+    # work items: ``cluster`` row tiles (a row past the last one computes zeros and stores nothing) of one column tile
+    tiles = -(-tm // cluster) * tn
     # (fp16/bf16 outputs: the ones measured and checked on the H200; an fp32 output's extra is copied by the consumers)
     prefetch = staged is not None and not pingpong and prefetch_extra and ITEM[out_dtype] == 2
-    grid = min(device_facts(target).sms, tiles)
+    grid = min(device_facts(target).sms // cluster, tiles)  # programs: clusters of ``cluster`` CTAs
     rounds = -(-tiles // grid)
     nk = -(-K // block_K)
     B_tile = (block_N, block_K) if trans_B else (block_K, block_N)
 
-    def where(t):
-        return grouped(t, tm, tn, group)
+    def where(t, rank):
+        """(row tile, column tile) of work item ``t`` for the cluster's CTA ``rank``."""
+        bg, bn = grouped(t, -(-tm // cluster), tn, max(group // cluster, 1))
+        return bg * cluster + rank, bn
+
+    @T.macro
+    def release(empty, s):
+        """A consumer thread frees stage ``s``: in every CTA of the cluster, whose producers all write it."""
+        if cluster == 1:
+            T.barrier_arrive(empty[s])
+        else:
+            for r in T.unroll(cluster):
+                T.mbarrier_arrive(empty[s], r)
 
     def b_box(B, bn, k):
         if trans_B:
@@ -158,21 +176,24 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         return B[k * block_K:(k + 1) * block_K, bn * block_N:(bn + 1) * block_N]
 
     @T.macro
-    def produce(A, B, A_s, B_s, full, empty, pid, extras, C_s, xfull, xfree):
+    def produce(A, B, A_s, B_s, full, empty, pid, rank, extras, C_s, xfull, xfree):
         """The producer: each tile's k-blocks into the stage ring, in tile order (k-block ``t * nk + k``); with
         ``prefetch``, once a tile's first ``num_stages`` k-blocks are issued (the consumers are then at the previous
         tile's epilogue), its staged extra's tile into the output tile as soon as the previous store has read it."""
         T.dec_max_nreg(PRODUCER_REGS)
         for t in T.serial(rounds):
             if pid + t * grid < tiles:
-                bm, bn = where(pid + t * grid)
+                bm, bn = where(pid + t * grid, rank)
                 for k in T.serial(nk):
                     g = t * nk + k
                     s = g % num_stages
                     T.mbarrier_wait_parity(empty[s], ((g // num_stages) % 2) ^ 1)
                     T.tma_copy(A[bm * block_M:(bm + 1) * block_M, k * block_K:(k + 1) * block_K], A_s[s, :, :],
                                barrier=full[s])
-                    T.tma_copy(b_box(B, bn, k), B_s[s, :, :], barrier=full[s])
+                    if cluster == 1:
+                        T.tma_copy(b_box(B, bn, k), B_s[s, :, :], barrier=full[s])
+                    else:  # (issued by the first CTA, into both; each CTA's ``full`` expects its bytes)
+                        T.tma_copy(b_box(B, bn, k), B_s[s, :, :], barrier=full[s], cluster_mask=(1 << cluster) - 1)
                     T.barrier_arrive(full[s])
                     if prefetch:
                         if k == min(num_stages, nk) - 1:
@@ -194,7 +215,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             T.wgmma_gemm(A_s[g % num_stages, :, :], B_s[g % num_stages, :, :], C_f, transpose_B=trans_B,
                          policy=policy)
             T.wait_wgmma(1)
-            T.barrier_arrive(empty[(g - 1) % num_stages])
+            release(empty, (g - 1) % num_stages)
 
     @T.macro
     def epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree):
@@ -225,25 +246,25 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         for j in T.serial(-(-rounds // 2)):
             t = 2 * j + w
             if pid + t * grid < tiles:
-                bm, bn = where(pid + t * grid)
+                bm, bn = where(pid + t * grid, 0)
                 T.sync_threads(TURN_BARRIER + w, 256)
                 main_loop(A_s, B_s, C_f, full, empty, t, T.GemmWarpPolicy.FullRow)
                 T.named_barrier_arrive(TURN_BARRIER + 1 - w, 256)  # every product of the tile is issued
                 T.wait_wgmma(0)
-                T.barrier_arrive(empty[(t * nk + nk - 1) % num_stages])
+                release(empty, (t * nk + nk - 1) % num_stages)
                 epilogue(C, C_f, C_s, extras, bm, bn, t, None, None)
         T.tma_store_wait()
 
     @T.macro
-    def cooperate(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, xfull, xfree):
+    def cooperate(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, rank, xfull, xfree):
         """Both consumer groups on each tile, 64 rows each."""
         T.inc_max_nreg(CONSUMER_REGS)
         for t in T.serial(rounds):
             if pid + t * grid < tiles:
-                bm, bn = where(pid + t * grid)
+                bm, bn = where(pid + t * grid, rank)
                 main_loop(A_s, B_s, C_f, full, empty, t, T.GemmWarpPolicy.FullRow)
                 T.wait_wgmma(0)
-                T.barrier_arrive(empty[(t * nk + nk - 1) % num_stages])
+                release(empty, (t * nk + nk - 1) % num_stages)
                 epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree)
         T.tma_store_wait()
 
@@ -253,7 +274,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         B = param("B", (N, K) if trans_B else (K, N), dtype)
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
         C = param("C", (M, N), out_dtype)
-        with T.Kernel(grid, threads=384) as pid:
+        with T.Kernel(grid * cluster, threads=384, cluster_dims=cluster if cluster > 1 else None) as cta:
             A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
             B_s = T.alloc_shared((num_stages, *B_tile), dtype)
             C_s0 = T.alloc_shared((block_M, block_N), out_dtype)
@@ -261,12 +282,18 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             C_s1 = T.alloc_shared((block_M, block_N), out_dtype) if pingpong else None  # group 1's own tile
             C_f1 = T.alloc_fragment((block_M, block_N), accum) if pingpong else None
             full = T.alloc_barrier([128] * num_stages)
-            empty = T.alloc_barrier([128 if pingpong else 256] * num_stages)  # (ping-pong: each fill one group's)
+            if cluster == 1:
+                empty = T.alloc_barrier([128 if pingpong else 256] * num_stages)  # (ping-pong: each fill one group's)
+            else:  # every consumer of the cluster frees each stage
+                empty = T.alloc_cluster_barrier([256 * cluster] * num_stages)
+            pid, rank = cta // cluster, cta % cluster  # (a cluster is ``cluster`` consecutive CTAs)
             xfull = T.alloc_barrier([128]) if prefetch else None  # the staged extra's tile is in C_s
             xfree = T.alloc_barrier([256]) if prefetch else None  # the last store has read C_s
             tx = T.get_thread_binding()
+            if cluster > 1:  # every CTA's barriers set up before a peer arrives on them or multicasts into it
+                T.cluster_sync()
             if tx >= 256:
-                produce(A, B, A_s, B_s, full, empty, pid, extras, C_s0, xfull, xfree)
+                produce(A, B, A_s, B_s, full, empty, pid, rank, extras, C_s0, xfull, xfree)
             elif pingpong:
                 T.inc_max_nreg(CONSUMER_REGS)
                 if tx < 128:
@@ -274,6 +301,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                 else:
                     take_turns(A_s, B_s, C_f1, C_s1, full, empty, C, extras, pid, 1)
             else:
-                cooperate(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, xfull, xfree)
+                cooperate(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, rank, xfull, xfree)
+            if cluster > 1:  # no CTA leaves while a peer may still arrive on its barriers
+                T.cluster_sync()
 
     return gemm_ws_kernel
