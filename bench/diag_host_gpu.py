@@ -49,27 +49,19 @@ def host_times(fn, inputs, calls: int) -> tuple[float, float]:
 
 def timeline(fn, inputs, calls: int) -> None:
     """Per call (medians), where the GPU's time goes around the CUDA graph: CUDA events at the call's start, just
-    before and after the graph's launch (``CapturedGraph.replay`` patched) and at its end, and the host's clock at the
-    same points. The GPU is idle from the call's start until the graph's launch reaches it."""
-    from tilefuse.runtime import graphs
-
+    before and after the graph's launch (``torch.cuda.CUDAGraph.replay`` wrapped) and at its end, and the host's clock
+    at the same points. The GPU is idle from the call's start until the graph's launch reaches it."""
     marks: dict[str, list] = {}
-    original = graphs.CapturedGraph.replay
+    original = torch.cuda.CUDAGraph.replay
 
-    def replay(self, args):
-        for i in self.copied:
-            self.inputs[i].copy_(args[i])
+    def replay(graph):
         marks["pre"] = _mark()
-        marks["graph"] = self
-        self.graph.replay()
+        marks["graph"] = graph
+        original(graph)
         marks["post"] = _mark()
-        outs = list(self.outputs)
-        for k, i in self.aliases:
-            outs[k] = args[i]
-        return tuple(outs)
 
     rows = []
-    graphs.CapturedGraph.replay = replay
+    torch.cuda.CUDAGraph.replay = replay
     try:
         for _ in range(calls):
             marks.clear()
@@ -84,7 +76,7 @@ def timeline(fn, inputs, calls: int) -> None:
                 continue
             rows.append([(b[0].elapsed_time(a[0]), (a[1] - b[1]) * 1e3) for b, a in zip(pts, pts[1:])])
     finally:
-        graphs.CapturedGraph.replay = original
+        torch.cuda.CUDAGraph.replay = original
     if not rows or None in rows:
         print("    (no CUDA graph replayed)")
         return
@@ -93,7 +85,7 @@ def timeline(fn, inputs, calls: int) -> None:
         gpu = statistics.median(r[j][0] for r in rows)
         host = statistics.median(r[j][1] for r in rows)
         print(f"    {name:28s} GPU {gpu:8.3f} ms   host {host:7.3f} ms")
-    graph_gaps(marks["graph"].graph, calls)
+    graph_gaps(marks["graph"], calls)
 
 
 def graph_gaps(graph, calls: int) -> None:
