@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
 # What is written and not yet measured, in device calls of under 10 minutes each (the device README's limit), most
 # important first. Parts measured before are in git history at the commits their results name (session 29's:
-# bench/results/2026-12-04-h200-session29, parts 11-14).
-#   part 13: the ws GEMM in 2-CTA clusters with B multicast (gemm(cluster=2), written in session 29, never run): its GPU
-#            numerics, then at the zoo's GEMM-bound shapes against the plain schedule and cuBLAS (the MLP's fc2 runs
-#            at 0.93-0.99x cuBLAS, which uses 1x2 clusters there). If a cluster's time doubles, suspect residency: the
-#            persistent grid assumes 66 co-resident 2-CTA clusters (cudaOccupancyMaxActiveClusters may say fewer).
+# bench/results/2026-12-04-h200-session29, parts 11-14; session 30's: 2026-12-04-h200-session30, part 13).
+#   part 15: the ws GEMM's sliced epilogue (gemm(slice_N=), session 30): the GPU numerics of the schedule's options
+#            (2-CTA clusters, slices of 64 and 32 columns), then its configs (a 4th stage of 128 x 256, a 6th of
+#            128 x 128) beside the seeds at the zoo's GEMM shapes, against cuBLAS.
 #   part 11: the GPU tests this session's fast forms touch beyond the ws GEMM's (the templates', Hugging Face models'),
 #            then held-out Hugging Face models with no options (not sampled since the fast forms changed: session 29).
 #   part 12: the 2:4 ws GEMM against cuSPARSELt (#20; unchanged since session 27, its epilogue still exact), and
 #            LLaMA's and ResNet-50's compile time against Inductor's in fresh processes (#13's compile bar).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 13|11|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 15|11|12   (logs and JSON under $OUT, tarred into one file)
 set -u
-part=${1:-13}
+part=${1:-15}
 OUT=${OUT:-/tmp/pending}
 mkdir -p "$OUT/logs"
 export TILEFUSE_QUIET=1
@@ -46,14 +45,15 @@ elif [ "$part" = 12 ]; then
     timeout 140 python3 bench/proto_gemm_sp_ws.py --json "$OUT/logs/gemm_sp_ws.json" > "$OUT/logs/gemm_sp_ws.log" 2>&1
     grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_sp_ws.log" | tail -40
     compile_time llama,resnet 150 330 compile_time
-elif [ "$part" = 13 ]; then
-    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "clusters_gpu" \
-        > "$OUT/logs/gpu_tests_gemm_ws_cluster.log" 2>&1
-    tail -3 "$OUT/logs/gpu_tests_gemm_ws_cluster.log"
-    for ep in residual:8192x4096x16384,8192x2048x8192 gelu:8192x16384x4096 silu_mul:8192x8192x2048; do
-        timeout 110 python3 bench/proto_gemm_ws.py --ws-only --cluster --epilogue ${ep%%:*} --shapes ${ep#*:} \
-            --json "$OUT/logs/gemm_ws_cluster_${ep%%:*}.json" > "$OUT/logs/gemm_ws_cluster_${ep%%:*}.log" 2>&1
-        grep -v -i "warn" "$OUT/logs/gemm_ws_cluster_${ep%%:*}.log" | tail -18
+elif [ "$part" = 15 ]; then
+    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k "options_gpu" \
+        > "$OUT/logs/gpu_tests_gemm_ws_options.log" 2>&1
+    tail -3 "$OUT/logs/gpu_tests_gemm_ws_options.log"; grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_gemm_ws_options.log" | head -5
+    for ep in residual:8192x4096x16384,8192x2048x8192,16384x768x3072 gelu:8192x16384x4096,16384x3072x768 \
+              silu_mul:8192x8192x2048 bias:8192x8192x8192,8192x2304x768; do
+        timeout 100 python3 bench/proto_gemm_ws.py --ws-only --sliced --epilogue ${ep%%:*} --shapes ${ep#*:} \
+            --json "$OUT/logs/gemm_ws_sliced_${ep%%:*}.json" > "$OUT/logs/gemm_ws_sliced_${ep%%:*}.log" 2>&1
+        grep -v -i "warn" "$OUT/logs/gemm_ws_sliced_${ep%%:*}.log" | tail -27 | sed 's/"block_//g; s/  \+/ /g'
     done
 fi
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"

@@ -50,7 +50,7 @@ def test_gemm_ws_refuses_what_it_cannot_build():
         gemm.gemm(256, 256, 128, prologue=Acc() * 2.0, target=SM90, ws=True, **COOP)
     with pytest.raises(ValueError, match="ws=True needs"):
         gemm.gemm(256, 256, 128, target={"kind": "cuda", "arch": "sm_80"}, ws=True, **COOP)
-    with pytest.raises(ValueError, match="pingpong=True and cluster=2 are schedules of ws=True"):
+    with pytest.raises(ValueError, match="pingpong=True, cluster=2 and slice_N are options of ws=True"):
         gemm.gemm(256, 256, 128, target=SM90, pingpong=True)
     with pytest.raises(ValueError, match="shared memory"):
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "num_stages": 4})
@@ -182,11 +182,32 @@ def test_gemm_ws_in_2_cta_clusters_multicasts_b_and_frees_each_stage_in_both(tmp
     assert "multicast" not in plain and "cluster" not in plain
     with pytest.raises(ValueError, match="cooperative"):
         gemm.gemm(1000, 4096, 1024, trans_B=True, ws=True, target=SM90, cluster=2, **PP)
-    with pytest.raises(ValueError, match="cluster=2 are schedules of ws=True"):
+    with pytest.raises(ValueError, match="cluster=2 and slice_N are options of ws=True"):
         gemm.gemm(1000, 4096, 1024, trans_B=True, target=SM90, cluster=2)
     if shutil.which("nvcc"):
         log = _ptxas_log(src, tmp_path)
         assert "0 bytes spill stores" in log, log[-3000:]
+
+
+def test_gemm_ws_sliced_epilogue_stores_through_two_buffers_taking_turns(tmp_path):
+    """``slice_N``: the epilogue in column slices, each stored by TMA from one of two buffers once the store two slices
+    back has read it; the 128 x 256 tile's fourth stage fits (it does not with the whole output tile); a full-size
+    extra is read where it lies; refused where it cannot apply."""
+    f = gemm.gemm(1000, 4096, 1024, trans_B=True, epilogue=Acc() + Arg(0), extra_shapes=[(1000, 4096)],
+                  extra_dtypes=["float16"], ws=True, target=SM90, **SLICED)
+    src = kernel_source(f, SM90)
+    assert "tma_store_wait<1, true>()" in src and src.count("tl::tma_store(C_desc") == 1
+    assert "for (int c = 0; c < 4; ++c)" in src and "extra0_desc" not in src and "xfull" not in src
+    assert gemm_ws.smem_bytes(128, 256, 64, 4, "float16", False, 64) <= gemm_ws.SMEM_MAX \
+        < gemm_ws.smem_bytes(128, 256, 64, 4, "float16", False)
+    for bad in ({**SLICED, "slice_N": 96}, {**PP, "slice_N": 64}, {**SLICED, "slice_N": 4}):
+        with pytest.raises(ValueError, match="slice_N"):
+            gemm.gemm(1000, 4096, 1024, trans_B=True, ws=True, target=SM90, **bad)
+    with pytest.raises(ValueError, match="options of ws=True"):
+        gemm.gemm(1000, 4096, 1024, trans_B=True, target=SM90, slice_N=64)
+    if shutil.which("nvcc"):
+        log = _ptxas_log(src, tmp_path)
+        assert "0 bytes spill stores" in log and "C7513" not in log and "C7514" not in log, log[-3000:]
 
 
 @pytest.mark.gpu
@@ -198,22 +219,32 @@ def test_gemm_ws_gpu_matches_the_reference(dtype, rng):
     _check_on_the_gpu(list(_funcs(dtype)), dtype, rng)
 
 
-# the 2-CTA cluster's cases: a lone row tile (its peer's is wholly past M), rounds of tiles a program, both epilogue
-# operand paths (the producer's load, and an fp32 output's copy), tails in M and N
-CLUSTER_CASES = ("one_tile", "rounds", "bias_gelu_tails", "silu_mul_staged", "residual_rounds", "residual_fp32_out")
+# the schedule's options' cases: a lone row tile (a cluster's peer wholly past M), rounds of tiles a program, both
+# epilogue-operand paths (the producer's load, and an fp32 output's copy; sliced: read where they lie), tails in M, N
+VARIANT_CASES = ("one_tile", "rounds", "bias_gelu_tails", "silu_mul_staged", "residual_rounds", "residual_fp32_out")
+SLICED = {**COOP, "num_stages": 4, "slice_N": 64}  # (a fourth stage where the whole output tile left room for three)
 
 
 @pytest.mark.gpu
-def test_gemm_ws_in_2_cta_clusters_gpu_matches_the_reference(rng):
+@pytest.mark.parametrize("variant", [{"cluster": 2}, {"slice_N": 64}, {"slice_N": 32}])
+def test_gemm_ws_options_gpu_match_the_reference(variant, rng):
     """``cluster=2``: B's stages multicast to both CTAs of a cluster, each stage freed by both CTAs' consumers (a stage
-    freed too early would give wrong numbers; one never freed, a hang: run it under a timeout)."""
+    freed too early would give wrong numbers; one never freed, a hang: run it under a timeout). ``slice_N``: the
+    epilogue's slices through two buffers taking turns (a buffer rewritten before its store read it: wrong numbers)."""
     runs = []
-    for name in CLUSTER_CASES:
+    for name in VARIANT_CASES:
         M, N, K, kw, extras = CASES[name]
         cfg = next(c for c in _configs(N, kw.get("out_dtype", "float16")) if not c.get("pingpong"))
-        f = gemm.gemm(M, N, K, A_dtype="float16", extra_shapes=extras, ws=True, target=SM90, cluster=2,
+        if "slice_N" in variant:
+            cfg = {**SLICED, **variant}
+            while gemm_ws.smem_bytes(128, 256, 64, cfg["num_stages"], kw.get("out_dtype", "float16"), False,
+                                     cfg["slice_N"]) > gemm_ws.SMEM_MAX:
+                cfg["num_stages"] -= 1
+        else:
+            cfg = {**cfg, **variant}
+        f = gemm.gemm(M, N, K, A_dtype="float16", extra_shapes=extras, ws=True, target=SM90,
                       extra_dtypes=_extra_dtypes(M, N, kw, extras, "float16"), **kw, **cfg)
-        runs.append((f"{name} cluster 2", (M, N, K, kw, extras), f))
+        runs.append((f"{name} {cfg}", (M, N, K, kw, extras), f))
     _check_on_the_gpu(runs, "float16", rng)
 
 

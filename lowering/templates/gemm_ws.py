@@ -117,29 +117,39 @@ def grouped(t, tm: int, tn: int, group: int):
     return first + r % rows, r // rows
 
 
-def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dtype: str, pingpong: bool) -> int:
-    """Operand stages and the output tile(s)."""
-    return num_stages * (block_M + block_N) * block_K * 2 + (2 if pingpong else 1) * block_M * block_N * ITEM[out_dtype]
+def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dtype: str, pingpong: bool,
+               slice_N: int | None = None) -> int:
+    """Operand stages and the output tile(s), or the two output slices of ``slice_N`` columns."""
+    out = 2 * block_M * slice_N if slice_N else (2 if pingpong else 1) * block_M * block_N
+    return num_stages * (block_M + block_N) * block_K * 2 + out * ITEM[out_dtype]
 
 
 def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str, epilogue_elem, extra_shapes,
             extra_dtypes, block_M: int, block_N: int, block_K: int, num_stages: int, pingpong: bool = False,
             group: int = 8, staged: int | None = None, prefetch_extra: bool = True, cluster: int = 1,
-            target: dict | str):
+            slice_N: int | None = None, target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
     passes ``epilogue_elem(C_f, extras, i, j, m0, n0, tile)``, the accumulator element through the epilogue (fp32).
     ``staged``: the extra input (of the output's shape and dtype) copied into the output tile before the epilogue, which
     reads it there (``tile``) and overwrites it in place, element by element. ``cluster=2`` (cooperative schedule;
     written, not yet measured on the H200): programs run in 2-CTA clusters on two row tiles of one column tile, the
     first CTA's TMA multicasting each B stage to both (cuBLAS's ``..._1x2_..._coopA`` kernels do the like), so each
-    stage is released to the producers by both CTAs' consumers."""
+    stage is released to the producers by both CTAs' consumers (measured on the H200, 2026-12-04: 0-16% slower than
+    cluster 1 at the zoo's GEMM-bound shapes, bench/results/2026-12-04-h200-session30; no seed uses it).
+    ``slice_N`` (cooperative schedule): the epilogue runs and stores the tile in slices of that many columns through two
+    shared-memory buffers taking turns (each waits only for the store two slices back), not one whole output tile: a
+    128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged)."""
     accum = "float32"
+    if slice_N is not None and (pingpong or slice_N <= 0 or block_N % slice_N or slice_N * ITEM[out_dtype] % 16):
+        raise ValueError(f"gemm(ws=True): slice_N={slice_N}; a divisor of block_N={block_N} (16-byte rows), with the "
+                         "cooperative schedule")
+    staged = None if slice_N else staged
     if num_stages < 2:  # (a consumer frees a stage only once the next one's WGMMA is issued)
         raise ValueError(f"gemm(ws=True): {num_stages} stage(s); the pipeline needs at least 2")
-    if smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong) > SMEM_MAX:
-        raise ValueError(f"gemm(ws=True): {smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong)} "
-                         f"bytes of shared memory for {block_M}x{block_N}x{block_K}, {num_stages} stages"
-                         f"{', two output tiles' if pingpong else ''}; at most {SMEM_MAX}")
+    smem = smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong, slice_N)
+    if smem > SMEM_MAX:
+        raise ValueError(f"gemm(ws=True): {smem} bytes of shared memory for {block_M}x{block_N}x{block_K}, "
+                         f"{num_stages} stages{', two output tiles' if pingpong else ''}; at most {SMEM_MAX}")
     if pingpong and block_M * block_N > 128 * 128:  # (a warp group's accumulator: 128 registers a thread)
         raise ValueError(f"gemm(ws=True, pingpong=True): a {block_M}x{block_N} tile per warp group; at most 128 x 128")
     if not pingpong and block_M != 128:
@@ -218,6 +228,18 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             release(empty, (g - 1) % num_stages)
 
     @T.macro
+    def sliced_epilogue(C, C_f, C_s, extras, bm, bn):
+        """The tile in ``slice_N``-column slices, slice ``c`` through buffer ``c % 2`` once the store that last read it
+        (two slices back, maybe the previous tile's) has (the issuing thread waits; TileLang's sync follows)."""
+        for c in T.unroll(block_N // slice_N):
+            T.tma_store_wait(1)
+            for i, j in T.Parallel(block_M, slice_N):
+                C_s[c % 2, i, j] = T.Cast(out_dtype, epilogue_elem(C_f, extras, i, c * slice_N + j, bm * block_M,
+                                                                   bn * block_N))
+            T.tma_copy(C_s[c % 2, :, :], C[bm * block_M:(bm + 1) * block_M,
+                                           bn * block_N + c * slice_N:bn * block_N + (c + 1) * slice_N])
+
+    @T.macro
     def epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree):
         if prefetch:  # the producer loaded the extra's tile into C_s (zero past M and N: never stored)
             T.mbarrier_wait_parity(xfull[0], t % 2)
@@ -265,7 +287,10 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                 main_loop(A_s, B_s, C_f, full, empty, t, T.GemmWarpPolicy.FullRow)
                 T.wait_wgmma(0)
                 release(empty, (t * nk + nk - 1) % num_stages)
-                epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree)
+                if slice_N:
+                    sliced_epilogue(C, C_f, C_s, extras, bm, bn)
+                else:
+                    epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree)
         T.tma_store_wait()
 
     @T.prim_func
@@ -277,7 +302,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         with T.Kernel(grid * cluster, threads=384, cluster_dims=cluster if cluster > 1 else None) as cta:
             A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
             B_s = T.alloc_shared((num_stages, *B_tile), dtype)
-            C_s0 = T.alloc_shared((block_M, block_N), out_dtype)
+            C_s0 = T.alloc_shared((2, block_M, slice_N) if slice_N else (block_M, block_N), out_dtype)
             C_f0 = T.alloc_fragment((block_M, block_N), accum)
             C_s1 = T.alloc_shared((block_M, block_N), out_dtype) if pingpong else None  # group 1's own tile
             C_f1 = T.alloc_fragment((block_M, block_N), accum) if pingpong else None
