@@ -5,14 +5,17 @@
 #   part 15: the ws GEMM's sliced epilogue (gemm(slice_N=), session 30): the GPU numerics of the schedule's options
 #            (2-CTA clusters, slices of 64 and 32 columns), then its configs (a 4th stage of 128 x 256, a 6th of
 #            128 x 128) beside the seeds at the zoo's GEMM shapes, against cuBLAS.
+#   part 16: the sliced seed at short K (gemm_ws.seeds: 128 x 256 x 4, slice_N 64, where K <= 1024 and no full-size
+#            extra is staged; fitted to one shape, BERT's fc1): the sweep at the zoo's K <= 1024 shapes, GELU and bias
+#            epilogues, then BERT, GPT-2 and ViT with no options against Inductor default.
 #   part 11: the GPU tests this session's fast forms touch beyond the ws GEMM's (the templates', Hugging Face models'),
 #            then held-out Hugging Face models with no options (not sampled since the fast forms changed: session 29).
 #   part 12: the 2:4 ws GEMM against cuSPARSELt (#20; unchanged since session 27, its epilogue still exact), and
 #            LLaMA's and ResNet-50's compile time against Inductor's in fresh processes (#13's compile bar).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 15|11|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 16|11|12   (logs and JSON under $OUT, tarred into one file)
 set -u
-part=${1:-15}
+part=${1:-16}
 OUT=${OUT:-/tmp/pending}
 mkdir -p "$OUT/logs"
 export TILEFUSE_QUIET=1
@@ -55,5 +58,14 @@ elif [ "$part" = 15 ]; then
             --json "$OUT/logs/gemm_ws_sliced_${ep%%:*}.json" > "$OUT/logs/gemm_ws_sliced_${ep%%:*}.log" 2>&1
         grep -v -i "warn" "$OUT/logs/gemm_ws_sliced_${ep%%:*}.log" | tail -27 | sed 's/"block_//g; s/  \+/ /g'
     done
+elif [ "$part" = 16 ]; then
+    for ep in gelu:8192x3072x768,12608x3072x768,16384x3072x768,8192x4096x1024 \
+              bias:8192x3072x768,16384x2304x768,16384x768x768,8192x50264x768; do
+        timeout 120 python3 bench/proto_gemm_ws.py --ws-only --sliced --epilogue ${ep%%:*} --shapes ${ep#*:} \
+            --json "$OUT/logs/gemm_ws_sliced_k768_${ep%%:*}.json" > "$OUT/logs/gemm_ws_sliced_k768_${ep%%:*}.log" 2>&1
+        grep -v -i "warn" "$OUT/logs/gemm_ws_sliced_k768_${ep%%:*}.log" | tail -36 | sed 's/"block_//g; s/  \+/ /g' \
+            | sed 's/ x alone [0-9.]*//; s/ err .*//'
+    done
+    zoo bert,gpt2,vit 300 zoo_default_sliced
 fi
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"

@@ -79,7 +79,9 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     configs = space(target, arg) if arg else space(target)
     if spec.template == "gemm" and gemm_ws.eligible(target, **kw):  # (its seeds lead: the default pick)
         out = kw.get("out_dtype") or kw.get("B_dtype") or kw.get("A_dtype", "float16")
-        seeds = gemm_ws.seeds(out, kw["M"], kw["N"], kw["K"], gemm_configs.sm_count(target)) \
+        staged = any((kw.get("extra_dtypes") or ())[i] == out for i in gemm.staged_extras(
+            kw["M"], kw["N"], kw.get("epilogue"), kw.get("extra_shapes") or ()))  # (as gemm stages them)
+        seeds = gemm_ws.seeds(out, kw["M"], kw["N"], kw["K"], gemm_configs.sm_count(target), staged) \
             if kw["M"] >= gemm_ws.MIN_M else []
         return seeds + ([gemm_ws.seed(out, pingpong=True)] if "gemm_ws_pingpong" in trying else []) + configs
     return configs
