@@ -8,14 +8,16 @@
 #   part 16: the sliced seed at short K (gemm_ws.seeds: 128 x 256 x 4, slice_N 64, where K <= 1024 and no full-size
 #            extra is staged; fitted to one shape, BERT's fc1): the sweep at the zoo's K <= 1024 shapes, GELU and bias
 #            epilogues, then BERT, GPT-2 and ViT with no options against Inductor default.
+#   part 17: the sliced seed narrowed to epilogues with a special function (GELU): BERT, GPT-2, ViT with no options
+#            against Inductor default, then part 11's GPU tests (the templates', the Hugging Face models').
 #   part 11: the GPU tests this session's fast forms touch beyond the ws GEMM's (the templates', Hugging Face models'),
 #            then held-out Hugging Face models with no options (not sampled since the fast forms changed: session 29).
 #   part 12: the 2:4 ws GEMM against cuSPARSELt (#20; unchanged since session 27, its epilogue still exact), and
 #            LLaMA's and ResNet-50's compile time against Inductor's in fresh processes (#13's compile bar).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 16|11|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 17|11|12   (logs and JSON under $OUT, tarred into one file)
 set -u
-part=${1:-16}
+part=${1:-17}
 OUT=${OUT:-/tmp/pending}
 mkdir -p "$OUT/logs"
 export TILEFUSE_QUIET=1
@@ -34,7 +36,18 @@ zoo() {  # models, whole timeout, name
     grep -E "^  [a-z0-9]+: |^model |^[a-z0-9]+ +[0-9t]" "$OUT/logs/$3.log" \
         | cut -c1-220 | head -60
 }
-if [ "$part" = 11 ]; then
+gpu_tests() {
+    for t in tests/test_templates_gpu.py tests/test_hf_models.py; do
+        name=$(basename $t .py | sed 's/^test_//')
+        timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider $t > "$OUT/logs/gpu_tests_$name.log" 2>&1
+        echo "$name: $(tail -1 "$OUT/logs/gpu_tests_$name.log")"
+        grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_$name.log" | head -5
+    done
+}
+if [ "$part" = 17 ]; then
+    zoo bert,gpt2,vit 300 zoo_default_sliced_gelu
+    gpu_tests
+elif [ "$part" = 11 ]; then
     for t in tests/test_templates_gpu.py tests/test_hf_models.py; do
         name=$(basename $t .py | sed 's/^test_//')
         timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider $t > "$OUT/logs/gpu_tests_$name.log" 2>&1

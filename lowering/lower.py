@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tilefuse.lowering import func_cache
 from tilefuse.lowering.builders import KernelSpec, broadcast, numel
 from tilefuse.lowering.compile import compile_many
+from tilefuse.lowering.expr import ops_used
 from tilefuse.lowering.templates import (
     ascend,
     attention,
@@ -81,7 +82,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         out = kw.get("out_dtype") or kw.get("B_dtype") or kw.get("A_dtype", "float16")
         staged = any((kw.get("extra_dtypes") or ())[i] == out for i in gemm.staged_extras(
             kw["M"], kw["N"], kw.get("epilogue"), kw.get("extra_shapes") or ()))  # (as gemm stages them)
-        seeds = gemm_ws.seeds(out, kw["M"], kw["N"], kw["K"], gemm_configs.sm_count(target), staged) \
+        seeds = gemm_ws.seeds(out, kw["M"], kw["N"], kw["K"], gemm_configs.sm_count(target),
+                              ops_used(kw.get("epilogue")), staged) \
             if kw["M"] >= gemm_ws.MIN_M else []
         return seeds + ([gemm_ws.seed(out, pingpong=True)] if "gemm_ws_pingpong" in trying else []) + configs
     return configs

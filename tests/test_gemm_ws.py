@@ -291,6 +291,31 @@ def test_the_ws_seeds_rank_as_the_h200_measured(M, N, K, block_N):
     assert lower.default_config(spec, SM90) == first
 
 
+@pytest.mark.parametrize(("M", "N", "K", "ops", "staged", "sliced"), [
+    # the H200's sweeps (bench/results/2026-12-04-h200-session30): under the exact GELU at K <= 1024, 128 x 256 x 4 with
+    # the epilogue in 64-column slices (BERT's, GPT-2's and ViT's fc1; 8192 x 4096 x 1024)
+    (16384, 3072, 768, {"gelu"}, False, True), (8192, 3072, 768, {"gelu"}, False, True),
+    (12608, 3072, 768, {"erf"}, False, True), (8192, 4096, 1024, {"gelu"}, False, True),
+    (8192, 3072, 768, set(), False, False),  # a bias alone: 1.5-2.5% slower
+    (8192, 16384, 4096, {"gelu"}, False, False),  # long K: 256 x 3
+    (8192, 8192, 768, {"silu"}, True, False),  # a staged extra would be gathered (LLaMA's silu * up: 20% slower)
+    (8192, 768, 768, {"gelu"}, False, False),  # more padded waves than 192
+])
+def test_the_sliced_seed_leads_at_short_k_under_a_special_function(M, N, K, ops, staged, sliced):
+    from tilefuse.lowering import lower
+    from tilefuse.lowering.builders import KernelSpec
+    first = gemm_ws.seeds("float16", M, N, K, 132, frozenset(ops), staged)[0]
+    assert (first == gemm_ws.seed(block_N=256, slice_N=64)) is sliced
+    assert first["num_stages"] == (4 if sliced else first["num_stages"])
+    epilogue = {"gelu": call("gelu", Acc() + Arg(0)), "erf": Acc() * call("erf", Acc() + Arg(0)),
+                "silu": call("silu", Acc()) * Arg(0)}.get(next(iter(ops), ""), Acc() + Arg(0))
+    extra = (M, N) if staged else (N,)
+    kw = dict(M=M, N=N, K=K, trans_B=True, A_dtype="float16", epilogue=epilogue, extra_shapes=(extra,),
+              extra_dtypes=("float16",))
+    spec = KernelSpec("gemm", tuple(sorted(kw.items())), (-1,), (), ())
+    assert lower.default_config(spec, SM90) == first
+
+
 def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_theirs():
     from tilefuse.config import Options
     from tilefuse.lowering import lower

@@ -88,27 +88,32 @@ def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None
 #   K 3072 (16384x768x3072: 1.066 against 1.117), nor with more waves or deeper K (0.84-1.06 against 0.99-1.10).
 #   (In LLaMA the measured choice then gave 2048 x 2048 to cuBLAS, 0.102 ms a call in the model, where 256's kernel
 #   had been chosen and ran 0.119 ms: bench/results/2026-12-04-h200-session27.)
-# - 128 x 256 x 4 with its epilogue in slices of 64 columns (``slice_N``; session 30, bench/results/
-#   2026-12-04-h200-session30) where K <= SLICE_K and no full-size extra is staged (sliced, it would be read where it
-#   lies: LLaMA's silu * up 0.430 -> 0.516 ms): its cost scaled by SLICE_GAIN. BERT's fc1 with its GELU (16384 x 3072 x
-#   768): 0.1620 ms against 0.1742 (192) and 0.1869 (256 x 3); at K 4096-16384 it lost 2-6% to 256 x 3.
+# - 128 x 256 x 4 with its epilogue in slices of 64 columns (``slice_N``) where K <= SLICE_K, the epilogue evaluates a
+#   special function (SPECIAL_OPS) and no full-size extra is staged (sliced, it is read where it lies: LLaMA's silu * up
+#   0.430 -> 0.516 ms): its cost scaled by SLICE_GAIN. The H200 (bench/results/2026-12-04-h200-session30), exact GELU,
+#   against 128 x 192 x 4: 16384x3072x768 0.1657 / 0.1620 against 0.1715 / 0.1742 ms (two runs), 8192x4096x1024 0.1325
+#   against 0.1439 (256 x 3: 0.1413), 8192x3072x768 0.0814 against 0.0825, 12608x3072x768 0.1250 against 0.1233. Not
+#   with a bias alone (1.5-2.5% slower at four K-768 shapes), nor at K 4096-16384 (2-6% slower than 256 x 3).
 WIDE_GAIN, WIDE_K, WIDE_N = 0.96, 2048, 2048
 SHORT_K, SHORT_WAVES = range(2048, 3072), 4
-SLICE_GAIN, SLICE_K = 0.93, 1024
+SLICE_GAIN, SLICE_K = 0.97, 1024
+SPECIAL_OPS = frozenset({"gelu", "erf", "tanh", "exp", "sigmoid", "silu"})
 
 
-def seeds(out_dtype: str, M: int, N: int, K: int, sms: int, staged: bool = False) -> list[dict]:
-    """The cooperative schedule's seeds for an ``M`` x ``N`` x ``K`` GEMM over ``sms`` SMs (``staged``: its epilogue
-    reads a full-size extra of the output's dtype), the one to build with first: 128 x 192 x 4 stages, and where
-    shared memory holds 3 stages of 128 x 256, that, 128 x 128 x 5 and at short K 128 x 256 x 4 sliced, ranked as the
-    H200 measured (above)."""
+def seeds(out_dtype: str, M: int, N: int, K: int, sms: int, epilogue_ops: frozenset[str] = frozenset(),
+          staged: bool = False) -> list[dict]:
+    """The cooperative schedule's seeds for an ``M`` x ``N`` x ``K`` GEMM over ``sms`` SMs whose epilogue calls
+    ``epilogue_ops`` (``staged``: and reads a full-size extra of the output's dtype), the one to build with first:
+    128 x 192 x 4 stages, and where shared memory holds 3 stages of 128 x 256, that, 128 x 128 x 5 and, at short K
+    under a special function, 128 x 256 x 4 sliced, ranked as the H200 measured (above)."""
     narrow = seed(out_dtype)
     wide, short = seed(out_dtype, block_N=256), seed(out_dtype, block_N=128, stages=5)
     if wide["num_stages"] < 3:  # (fp32 outputs: 2 stages of the wide tile; none measured)
         return [narrow]
     if K in SHORT_K and gemm_configs.wave_cost(wide, M, N, 1, sms) <= SHORT_WAVES * 128 * 256:
         return [short, narrow, wide]
-    sliced = [seed(out_dtype, block_N=256, slice_N=64)] if K <= SLICE_K and not staged else []
+    sliced = [seed(out_dtype, block_N=256, slice_N=64)] if K <= SLICE_K and epilogue_ops & SPECIAL_OPS \
+        and not staged else []
 
     def cost(c: dict) -> float:
         gain = WIDE_GAIN if c is wide and K >= WIDE_K and N >= WIDE_N else SLICE_GAIN if c.get("slice_N") else 1.0
