@@ -10,14 +10,16 @@
 #            epilogues, then BERT, GPT-2 and ViT with no options against Inductor default.
 #   part 17: the sliced seed narrowed to epilogues with a special function (GELU): BERT, GPT-2, ViT with no options
 #            against Inductor default, then part 11's GPU tests (the templates', the Hugging Face models').
+#   part 18: held-out Hugging Face models with no options against eager and Inductor default (part 11's second half),
+#            then the 2:4 ws GEMM against cuSPARSELt (part 12's first half).
 #   part 11: the GPU tests this session's fast forms touch beyond the ws GEMM's (the templates', Hugging Face models'),
 #            then held-out Hugging Face models with no options (not sampled since the fast forms changed: session 29).
 #   part 12: the 2:4 ws GEMM against cuSPARSELt (#20; unchanged since session 27, its epilogue still exact), and
 #            LLaMA's and ResNet-50's compile time against Inductor's in fresh processes (#13's compile bar).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 17|11|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 18|11|12   (logs and JSON under $OUT, tarred into one file)
 set -u
-part=${1:-17}
+part=${1:-18}
 OUT=${OUT:-/tmp/pending}
 mkdir -p "$OUT/logs"
 export TILEFUSE_QUIET=1
@@ -47,6 +49,12 @@ gpu_tests() {
 if [ "$part" = 17 ]; then
     zoo bert,gpt2,vit 300 zoo_default_sliced_gelu
     gpu_tests
+elif [ "$part" = 18 ]; then
+    timeout 300 python3 bench/bench_models.py --models hf-gpt2,hf-bert,hf-vit,hf-llama --peers eager,default \
+        --no-warm --reps 30 --json "$OUT/logs/heldout_default.json" > "$OUT/logs/heldout_default.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/heldout_default.log" | cut -c1-220 | head -40
+    timeout 140 python3 bench/proto_gemm_sp_ws.py --json "$OUT/logs/gemm_sp_ws.json" > "$OUT/logs/gemm_sp_ws.log" 2>&1
+    grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_sp_ws.log" | tail -40
 elif [ "$part" = 11 ]; then
     for t in tests/test_templates_gpu.py tests/test_hf_models.py; do
         name=$(basename $t .py | sed 's/^test_//')
