@@ -12,14 +12,16 @@
 #            against Inductor default, then part 11's GPU tests (the templates', the Hugging Face models').
 #   part 18: held-out Hugging Face models with no options against eager and Inductor default (part 11's second half),
 #            then the 2:4 ws GEMM against cuSPARSELt (part 12's first half).
+#   part 19: the zoo's other three models (MLP, LLaMA, ResNet-50) with no options against Inductor default, at the
+#            sliced seed's commit (none of their GEMMs takes it: K > 1024 or a staged extra).
 #   part 11: the GPU tests this session's fast forms touch beyond the ws GEMM's (the templates', Hugging Face models'),
 #            then held-out Hugging Face models with no options (not sampled since the fast forms changed: session 29).
 #   part 12: the 2:4 ws GEMM against cuSPARSELt (#20; unchanged since session 27, its epilogue still exact), and
 #            LLaMA's and ResNet-50's compile time against Inductor's in fresh processes (#13's compile bar).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 18|11|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 19|11|12   (logs and JSON under $OUT, tarred into one file)
 set -u
-part=${1:-18}
+part=${1:-19}
 OUT=${OUT:-/tmp/pending}
 mkdir -p "$OUT/logs"
 export TILEFUSE_QUIET=1
@@ -55,6 +57,8 @@ elif [ "$part" = 18 ]; then
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/heldout_default.log" | cut -c1-220 | head -40
     timeout 140 python3 bench/proto_gemm_sp_ws.py --json "$OUT/logs/gemm_sp_ws.json" > "$OUT/logs/gemm_sp_ws.log" 2>&1
     grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_sp_ws.log" | tail -40
+elif [ "$part" = 19 ]; then
+    zoo mlp,llama,resnet 330 zoo_default_other3
 elif [ "$part" = 11 ]; then
     for t in tests/test_templates_gpu.py tests/test_hf_models.py; do
         name=$(basename $t .py | sed 's/^test_//')
