@@ -14,14 +14,16 @@
 #            then the 2:4 ws GEMM against cuSPARSELt (part 12's first half).
 #   part 19: the zoo's other three models (MLP, LLaMA, ResNet-50) with no options against Inductor default, at the
 #            sliced seed's commit (none of their GEMMs takes it: K > 1024 or a staged extra).
+#   part 20: compile time of the MLP and ResNet-50 (in-process 8.2 against 2.8 s, and 26.0 against 11.3 s for Inductor
+#            default in part 19, #13's bar is 2x) in fresh processes, cold and warm.
 #   part 11: the GPU tests this session's fast forms touch beyond the ws GEMM's (the templates', Hugging Face models'),
 #            then held-out Hugging Face models with no options (not sampled since the fast forms changed: session 29).
 #   part 12: the 2:4 ws GEMM against cuSPARSELt (#20; unchanged since session 27, its epilogue still exact), and
 #            LLaMA's and ResNet-50's compile time against Inductor's in fresh processes (#13's compile bar).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 19|11|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 20|11|12   (logs and JSON under $OUT, tarred into one file)
 set -u
-part=${1:-19}
+part=${1:-20}
 OUT=${OUT:-/tmp/pending}
 mkdir -p "$OUT/logs"
 export TILEFUSE_QUIET=1
@@ -59,6 +61,8 @@ elif [ "$part" = 18 ]; then
     grep -v "Warn\|WARN\|warn" "$OUT/logs/gemm_sp_ws.log" | tail -40
 elif [ "$part" = 19 ]; then
     zoo mlp,llama,resnet 330 zoo_default_other3
+elif [ "$part" = 20 ]; then
+    compile_time mlp,resnet 100 280 compile_time_mlp_resnet
 elif [ "$part" = 11 ]; then
     for t in tests/test_templates_gpu.py tests/test_hf_models.py; do
         name=$(basename $t .py | sed 's/^test_//')
