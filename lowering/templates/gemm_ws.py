@@ -148,8 +148,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     reads it there (``tile``) and overwrites it in place, element by element. ``cluster=2`` (cooperative schedule;
     written, not yet measured on the H200): programs run in 2-CTA clusters on two row tiles of one column tile, the
     first CTA's TMA multicasting each B stage to both (cuBLAS's ``..._1x2_..._coopA`` kernels do the like), so each
-    stage is released to the producers by both CTAs' consumers (measured on the H200, 2026-12-04: 0-16% slower than
-    cluster 1 at the zoo's GEMM-bound shapes, bench/results/2026-12-04-h200-session30; no seed uses it).
+    stage is released to the producers by both CTAs' consumers (on the H200, bench/results/2026-12-04-h200-session30:
+    its best config 2-8% slower than cluster 1's at four of the zoo's GEMM-bound shapes; no seed uses it).
     ``slice_N`` (cooperative schedule): the epilogue runs and stores the tile in slices of that many columns through two
     shared-memory buffers taking turns (each waits only for the store two slices back), not one whole output tile: a
     128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged)."""
