@@ -13,7 +13,8 @@ What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands of one dty
 transposed and no batch, and rows that TMA can address (16-byte multiples: A's and B's rows, C's). Tails: TMA loads
 zero-fill past M, N and K, the TMA store clips; the epilogue's operands are read at clamped coordinates. Where it
 applies to ``MIN_M`` rows or more, its cooperative seeds lead the config space, the first of ``seeds`` (128 x 192,
-128 x 256 or 128 x 128 tiles, ranked as measured) the default pick: on the H200
+128 x 256 or 128 x 128 tiles, and 128 x 256 with a sliced epilogue under a GELU at short K, ranked as measured) the
+default pick: on the H200
 (2026-12-03, bench/results/2026-12-03-h200-session22) every numerics case right (fp16/bf16, tails, NaN/Inf, both
 schedules), 1.00-1.08x cuBLAS at the zoo's linear shapes, zoo GPT-2 1.08 -> 1.12x and ViT 1.14 -> 1.17x Inductor.
 ``pingpong`` measured no better than cooperative; ``Options.experimental`` "gemm_ws_pingpong" offers it.
@@ -145,11 +146,11 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
     passes ``epilogue_elem(C_f, extras, i, j, m0, n0, tile)``, the accumulator element through the epilogue (fp32).
     ``staged``: the extra input (of the output's shape and dtype) copied into the output tile before the epilogue, which
-    reads it there (``tile``) and overwrites it in place, element by element. ``cluster=2`` (cooperative schedule;
-    written, not yet measured on the H200): programs run in 2-CTA clusters on two row tiles of one column tile, the
-    first CTA's TMA multicasting each B stage to both (cuBLAS's ``..._1x2_..._coopA`` kernels do the like), so each
-    stage is released to the producers by both CTAs' consumers (on the H200, bench/results/2026-12-04-h200-session30:
-    its best config 2-8% slower than cluster 1's at four of the zoo's GEMM-bound shapes; no seed uses it).
+    reads it there (``tile``) and overwrites it in place, element by element. ``cluster=2`` (cooperative schedule):
+    programs run in 2-CTA clusters on two row tiles of one column tile, the first CTA's TMA multicasting each B stage
+    to both (cuBLAS's ``..._1x2_..._coopA`` kernels do the like), so each stage is released to the producers by both
+    CTAs' consumers (on the H200, bench/results/2026-12-04-h200-session30: its best config 2-8% slower than cluster 1's
+    at four of the zoo's GEMM-bound shapes; no seed uses it).
     ``slice_N`` (cooperative schedule): the epilogue runs and stores the tile in slices of that many columns through two
     shared-memory buffers taking turns (each waits only for the store two slices back), not one whole output tile: a
     128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged)."""
