@@ -5,10 +5,13 @@
 #   part 21: the template GEMM's GPU tests whole (session 30's call ran out of time at 21 passed, no failure), then the
 #            sliced epilogue with a residual read where it lies against the staged one at long K (one sample in
 #            session 30: 8192x2048x8192 0.3837 against 0.4017 ms), at LLaMA's down projection and the MLP's fc2.
+#   part 22: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
+#            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
+#            compile_time.py's cProfile of tilefuse's cold and warm compiles.
 #   part 12: LLaMA's compile time against Inductor's in fresh processes (#13's compile bar; ResNet-50's and the MLP's
 #            were measured in session 30).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 21|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 21|22|12   (logs and JSON under $OUT, tarred into one file)
 set -u
 part=${1:-21}
 OUT=${OUT:-/tmp/pending}
@@ -38,6 +41,11 @@ if [ "$part" = 21 ]; then
         --shapes 8192x2048x5632,8192x2048x8192,8192x4096x16384 --json "$OUT/logs/gemm_ws_sliced_residual.json" \
         > "$OUT/logs/gemm_ws_sliced_residual.log" 2>&1
     grep -v -i "warn" "$OUT/logs/gemm_ws_sliced_residual.log" | tail -27 | sed 's/"block_//g; s/  \+/ /g'
+elif [ "$part" = 22 ]; then
+    timeout 200 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeout 120 \
+        --profile "$OUT/logs/compile_profile" --out "$OUT/logs/compile_time_mlp.json" > "$OUT/logs/compile_time_mlp.log" 2>&1
+    sed -n '/^model /,$p' "$OUT/logs/compile_time_mlp.log"
+    head -45 "$OUT/logs/compile_profile/mlp-tilefuse-cold.prof.txt" | cut -c1-200
 elif [ "$part" = 12 ]; then
     compile_time llama 150 330 compile_time_llama
 fi
