@@ -80,8 +80,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     configs = space(target, arg) if arg else space(target)
     if spec.template == "gemm" and gemm_ws.eligible(target, **kw):  # (its seeds lead: the default pick)
         out = kw.get("out_dtype") or kw.get("B_dtype") or kw.get("A_dtype", "float16")
-        staged = any((kw.get("extra_dtypes") or ())[i] == out for i in gemm.staged_extras(
-            kw["M"], kw["N"], kw.get("epilogue"), kw.get("extra_shapes") or ()))  # (as gemm stages them)
+        staged = gemm.ws_staged_extra(kw["M"], kw["N"], kw.get("epilogue"), kw.get("extra_shapes") or (),
+                                      kw.get("extra_dtypes") or (), out) is not None
         seeds = gemm_ws.seeds(out, kw["M"], kw["N"], kw["K"], gemm_configs.sm_count(target),
                               ops_used(kw.get("epilogue")), staged) \
             if kw["M"] >= gemm_ws.MIN_M else []

@@ -138,8 +138,7 @@ def gemm(
                              "A not transposed, no batch and rows of 16-byte multiples")
         # a full-size extra of the output's dtype (a residual; LLaMA's up under silu(gate) * up) is copied into the
         # output tile first, coalesced, and read there: at the accumulator's layout it is a strided gather
-        staged = next((k for k in staged_extras(M, N, epilogue, extra_shapes) if extra_dtypes[k] == out_dtype),
-                      None) if stage_extra else None
+        staged = ws_staged_extra(M, N, epilogue, extra_shapes, extra_dtypes, out_dtype) if stage_extra else None
         return gemm_ws.gemm_ws(
             M, N, K, trans_B=trans_B, dtype=mma_dtype, out_dtype=out_dtype, extra_shapes=extra_shapes,
             extra_dtypes=extra_dtypes, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
@@ -238,6 +237,12 @@ def staged_extras(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[
     shared-memory tile (``gemm_sp``; ``gemm_ws`` the first of the output's dtype, in its output tile), where read at the
     accumulator's layout it would be a strided gather."""
     return tuple(k for k in sorted(args_used(epilogue)) if tuple(extra_shapes[k]) == (M, N))
+
+
+def ws_staged_extra(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[Sequence[int]],
+                    extra_dtypes: Sequence[str], out_dtype: str) -> int | None:
+    """The extra input ``gemm(ws=True)`` stages in its output tile: the first full-size one of the output's dtype."""
+    return next((k for k in staged_extras(M, N, epilogue, extra_shapes) if extra_dtypes[k] == out_dtype), None)
 
 
 def epilogue_at(epilogue: Expr, acc, extras: Sequence, extra_shapes: Sequence[Sequence[int]], coords: Sequence,
