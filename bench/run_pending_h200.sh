@@ -2,7 +2,8 @@
 # What is written and not yet measured, in device calls of under 10 minutes each (the device README's limit), most
 # important first. Parts measured before are in git history at the commits their results name (session 30's:
 # bench/results/2026-12-04-h200-session30, parts 13 and 15-20).
-#   part 21: the template GEMM's GPU tests whole (session 30's call ran out of time at 21 passed, no failure), then the
+#   part 21: the 2:4 GEMM's GPU tests (session 30 gave its epilogue the dense template's fast sigmoid: the silu * up
+#            cases' numerics), the template GEMM's GPU tests whole (session 30's call ran out of time at 21 passed, no failure), then the
 #            sliced epilogue with a residual read where it lies against the staged one at long K (one sample in
 #            session 30: 8192x2048x8192 0.3837 against 0.4017 ms), at LLaMA's down projection and the MLP's fc2.
 #   part 22: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
@@ -33,6 +34,10 @@ zoo() {  # models, whole timeout, name
         | cut -c1-220 | head -60
 }
 if [ "$part" = 21 ]; then
+    timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_sparse.py tests/test_gemm_ws.py -k \
+        "sp_ or sparse or sparsity" > "$OUT/logs/gpu_tests_sparse.log" 2>&1
+    echo "sparse: $(tail -1 "$OUT/logs/gpu_tests_sparse.log")"
+    grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_sparse.log" | head -5
     timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_templates_gpu.py \
         > "$OUT/logs/gpu_tests_templates_gpu.log" 2>&1
     echo "templates_gpu: $(tail -1 "$OUT/logs/gpu_tests_templates_gpu.log")"

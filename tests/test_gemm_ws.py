@@ -470,6 +470,22 @@ def test_the_epilogues_sigmoid_is_fast_only_where_the_output_rounds_to_half_prec
     assert "fast_rcp" not in fast + tanh  # (an asm volatile: issued at every use, in order)
 
 
+@pytest.mark.parametrize("ws", [False, True])
+def test_the_sparse_epilogues_sigmoid_is_fast_as_the_dense_ones(ws):
+    """``gemm_sp`` (both schedules) takes the dense template's rule: silu by ``__fdividef`` where the output is fp16 on
+    CUDA, ``expf`` and the IEEE division for an fp32 output."""
+    from tilefuse.lowering.templates import gemm_sp
+    cfg = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2, "meta_k_major": True} if ws else {}
+
+    def source(out_dtype):
+        f = gemm_sp.gemm_sp(1024, 1024, 512, epilogue=call("silu", Acc()) * Arg(0), extra_shapes=[(1024, 1024)],
+                            extra_dtypes=[out_dtype], out_dtype=out_dtype, target=SM90, ws=ws, **cfg)
+        return kernel_source(f, SM90)
+    fast, exact = source("float16"), source("float32")
+    assert "__fdividef(" in fast and "expf(" not in fast.replace("__expf(", "") and "fast_rcp" not in fast
+    assert "__fdividef(" not in exact and "expf(" in exact
+
+
 def test_the_c_target_keeps_the_exact_sigmoid():
     f = gemm.gemm(64, 64, 64, trans_B=True, epilogue=call("silu", Acc()), target={"kind": "c"})
     src = kernel_source(f, {"kind": "c"})
