@@ -111,9 +111,7 @@ def gemm(
     swizzle = bool(enable_rasterization) and not d.cpu
     simt = mma_dtype == "float32" and not allow_tf32 and not d.cpu
     metal_mma = d.metal and not simt  # the accumulator is simdgroup matrices: staged before the epilogue
-    # the epilogue's sigmoid/silu in their fast forms where the output rounds to fp16/bf16 on CUDA (``FAST_EMITTERS``):
-    # exact, they made a ws GEMM's silu epilogue compute-bound (bench/results/2026-12-04-h200-session28)
-    fast = target_kind(target) == "cuda" and out_dtype in ("float16", "bfloat16")
+    fast = fast_epilogue(target, out_dtype)
 
     def A_elem(A, bcoords, m, k):
         """One A element through the prologue; 0 outside the matrix (the prologue of 0 need not be 0)."""
@@ -237,6 +235,13 @@ def staged_extras(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[
     shared-memory tile (``gemm_sp``; ``gemm_ws`` the first of the output's dtype, in its output tile), where read at the
     accumulator's layout it would be a strided gather."""
     return tuple(k for k in sorted(args_used(epilogue)) if tuple(extra_shapes[k]) == (M, N))
+
+
+def fast_epilogue(target: dict | str, out_dtype: str) -> bool:
+    """Whether a GEMM-family template's epilogue takes the fast forms (``FAST_EMITTERS``: sigmoid, silu, GELU's tanh
+    form): where its output rounds to fp16/bf16 on CUDA. Exact, they made a ws GEMM's silu epilogue compute-bound
+    (bench/results/2026-12-04-h200-session28)."""
+    return target_kind(target) == "cuda" and out_dtype in ("float16", "bfloat16")
 
 
 def ws_staged_extra(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[Sequence[int]],

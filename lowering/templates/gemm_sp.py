@@ -25,8 +25,8 @@ import torch
 
 from tilefuse.lowering.expr import Expr, evaluate
 from tilefuse.lowering.templates import gemm_sp_ws
-from tilefuse.lowering.templates.common import check_dtype, dialect, normalize_shapes, param, target_kind
-from tilefuse.lowering.templates.gemm import epilogue_at, staged_extras
+from tilefuse.lowering.templates.common import check_dtype, dialect, normalize_shapes, param
+from tilefuse.lowering.templates.gemm import epilogue_at, fast_epilogue, staged_extras
 from tilefuse.lowering.templates.gemm_configs import SMEM_LIMIT, wave_cost
 from tilefuse.ops.sparse_layout import E_FACTOR, K_ALIGN, SPARSE_DTYPES, decompress_2_4, padded_k
 
@@ -98,9 +98,7 @@ def gemm_sp(
     # shared memory with one coalesced tile copy: read at the accumulator's (weight row, token) layout they would be
     # a strided gather (8192 x 8192 x 2048: 0.85 ms against 0.34 ms without the epilogue, H200 2026-12-01).
     staged = staged_extras(M, N, epilogue, extra_shapes)
-    # the epilogue's sigmoid/silu in their fast forms where the output rounds to fp16/bf16 on CUDA, as the dense
-    # template's (``gemm.gemm``: exact, they made its ws epilogue compute-bound)
-    fast = target_kind(target) == "cuda" and out_dtype in ("float16", "bfloat16")
+    fast = fast_epilogue(target, out_dtype)  # (the dense template's rule)
 
     def Y_elem(C_f, extras, tiles, i, j, m0, n0):
         """Accumulator element (weight row i, token j) -> Y[m0 + j, n0 + i] through the epilogue."""
