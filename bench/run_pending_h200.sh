@@ -2,7 +2,7 @@
 # What is written and not yet measured, in device calls of under 10 minutes each (the device README's limit), most
 # important first. Parts measured before are in git history at the commits their results name (session 30's:
 # bench/results/2026-12-04-h200-session30, parts 13 and 15-20).
-#   part 21: the 2:4 GEMM's GPU tests (session 30 gave its epilogue the dense template's fast sigmoid: the silu * up
+#   part 21 (pytest-xdist is on the device: -n spreads the compiles over its 16 cores): the 2:4 GEMM's GPU tests (session 30 gave its epilogue the dense template's fast sigmoid: the silu * up
 #            cases' numerics), the template GEMM's GPU tests whole (session 30's call ran out of time at 21 passed, no failure), then the
 #            sliced epilogue with a residual read where it lies against the staged one at long K (one sample in
 #            session 30: 8192x2048x8192 0.3837 against 0.4017 ms), at LLaMA's down projection and the MLP's fc2.
@@ -34,15 +34,15 @@ zoo() {  # models, whole timeout, name
         | cut -c1-220 | head -60
 }
 if [ "$part" = 21 ]; then
-    timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_sparse.py tests/test_gemm_ws.py -k \
+    timeout 200 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/test_sparse.py tests/test_gemm_ws.py -k \
         "sp_ or sparse or sparsity" > "$OUT/logs/gpu_tests_sparse.log" 2>&1
     echo "sparse: $(tail -1 "$OUT/logs/gpu_tests_sparse.log")"
     grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_sparse.log" | head -5
-    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_templates_gpu.py \
+    timeout 230 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_templates_gpu.py \
         > "$OUT/logs/gpu_tests_templates_gpu.log" 2>&1
     echo "templates_gpu: $(tail -1 "$OUT/logs/gpu_tests_templates_gpu.log")"
     grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_templates_gpu.log" | head -5
-    timeout 150 python3 bench/proto_gemm_ws.py --ws-only --sliced --epilogue residual \
+    timeout 120 python3 bench/proto_gemm_ws.py --ws-only --sliced --epilogue residual \
         --shapes 8192x2048x5632,8192x2048x8192,8192x4096x16384 --json "$OUT/logs/gemm_ws_sliced_residual.json" \
         > "$OUT/logs/gemm_ws_sliced_residual.log" 2>&1
     grep -v -i "warn" "$OUT/logs/gemm_ws_sliced_residual.log" | tail -27 | sed 's/"block_//g; s/  \+/ /g'
