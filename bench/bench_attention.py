@@ -1,7 +1,7 @@
 """Benchmark the flash-attention template against PyTorch SDPA (cuDNN and flash backends) on a GPU.
 
 Usage (on the device machine):  python bench/bench_attention.py [--json out.json] [--reps 30]
-    [--shapes issue|llm|all] [--configs all|seeds]
+    [--shapes issue|llm|zoo|sweep|all] [--configs all|seeds|variants|chain]
 
 For each shape every config in the template's config space is compiled (in parallel), checked
 against SDPA on the same inputs and timed (median of ``--reps`` CUDA-event runs after warm-up); the
@@ -58,6 +58,17 @@ def variants(D: int, causal: bool = False) -> list[dict]:
                   for m, n, st, t in ws for x in extra]
 
 
+def chain_variants(D: int, causal: bool = False) -> list[dict]:
+    """The chained schedule (``chain``: each tile's first scores under the previous tile's last ``P V``) against the
+    plain one, on the ws seeds and, at head dim 64, a 192-key tile (lowers without spills; not yet measured), with the
+    causal default (``pair_rows``) on causal shapes: plain, chained, chained with two Q buffers."""
+    tiles = attention_ws.seeds(D) + ([(128, 192, 2, 256)] if D <= 64 else [])
+    base = {"ws": True, **({"pair_rows": True} if causal else {})}
+    extra = [{}, {"chain": True}, {"chain": True, "double_q": True}]
+    return [{"block_M": m, "block_N": n, "num_stages": st, "threads": t, **base, **x}
+            for m, n, st, t in tiles for x in extra]
+
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -112,7 +123,7 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph"):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "all"])
-    p.add_argument("--configs", default="all", choices=["all", "seeds", "variants"])
+    p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timing", default="graph", choices=["graph", "events"])
     p.add_argument("--json")
@@ -132,7 +143,8 @@ def main(argv=None) -> int:
         if a.configs == "seeds":
             configs = attention.get_configs(target, D, ws, causal)
         else:
-            configs = variants(D, causal) if a.configs == "variants" else attention.config_space(target, D, ws=ws, causal=causal)
+            pick = {"variants": variants, "chain": chain_variants}.get(a.configs)
+            configs = pick(D, causal) if pick else attention.config_space(target, D, ws=ws, causal=causal)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing)
         result["rows"].append(row)
         ok = [e for e in row["tilefuse"] if "ms" in e]
@@ -141,7 +153,7 @@ def main(argv=None) -> int:
         for e in row["tilefuse"]:
             if "error" in e:
                 print(f"  config {e['config']}: {e['error']}", flush=True)
-            elif a.configs == "variants":
+            elif a.configs in ("variants", "chain"):
                 print(f"  config {e['config']}: {e['ms']:.4f} ms, x cuDNN {cudnn / e['ms'] if cudnn else float('nan'):.3f}",
                       flush=True)
 
@@ -150,7 +162,8 @@ def main(argv=None) -> int:
         cu, fl = cell(row["sdpa"].get("cudnn")), cell(row["sdpa"].get("flash"))
         bc = "/".join(str(best["config"][k]) for k in ("block_M", "block_N", "num_stages", "threads")) if best else "-"
         bc += "/ws" if best and best["config"].get("ws") else ""
-        bc += "".join(f"/{k}" for k in ("pingpong", "pair_rows", "late_store", "double_q") if best and best["config"].get(k))
+        bc += "".join(f"/{k}" for k in ("pingpong", "pair_rows", "late_store", "double_q", "chain")
+                      if best and best["config"].get(k))
         print(f"| {B} | {Hq}/{Hkv} | {S} | {D} | {causal} | {bc} | {best['ms'] if best else float('nan'):.3f} | "
               f"{best['tflops'] if best else float('nan'):.0f} | {cu[0]} | {cu[1]} | {fl[0]} | {fl[1]} |", flush=True)
     if a.json:

@@ -70,7 +70,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
         configs = space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
                         ws=attention_ws.eligible(target, **kw), causal=kw.get("is_causal", False), **_decode_shape(kw))
-        options = {o: True for o in ("pingpong", "late_store", "double_q") if f"attention_{o}" in trying}
+        options = {o: True for o in ("pingpong", "late_store", "double_q", "chain")
+                   if f"attention_{o}" in trying}
         return [{**c, **options} if c.get("ws") else c for c in configs]
     if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
         return module.get_configs(target, kw.get("B_dtype"), paired=True)

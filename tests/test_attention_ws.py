@@ -130,7 +130,8 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("variant", [{}, {"pingpong": True}, {"pair_rows": True}, {"late_store": True},
-                                     {"double_q": True}])
+                                     {"double_q": True}, {"chain": True}, {"chain": True, "pair_rows": True,
+                                                                           "double_q": True}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
 def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_path):
     """ptxas keeps the two products' WGMMAs asynchronous: it serializes them (warnings C7513/C7514, "wgmma.mma_async
@@ -170,7 +171,7 @@ def test_pingpong_takes_turns_through_named_barriers(cfg):
     assert pp.count(turn) == 3 and pp.count(f"tl::__named_barrier_arrive(({passes}), 256);") == 3
     assert f"if ((((int)threadIdx.x) >> 7) == {groups - 1}) {{\n      tl::__named_barrier_arrive(12, 256);" in pp
     assert pp.count("wgmma_ss") == plain.count("wgmma_ss") and pp.count("wgmma_rs") == plain.count("wgmma_rs")
-    with pytest.raises(ValueError, match="pingpong, pair_rows, late_store and double_q are schedules of ws=True"):
+    with pytest.raises(ValueError, match="pingpong, pair_rows, late_store, double_q and chain are schedules of ws=True"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, pingpong=True)
 
 
@@ -205,6 +206,37 @@ def test_tile_order_computes_every_tile_once_and_pairs_balance_causal_work(nbx, 
         assert after <= rounds / (paired.slots / paired.grid) + 1e-9, (before, after)
     if (nbx, Hq, B, is_causal) == (4, 16, 32, True):  # 512 tokens, BERT-large-like heads: 1.65x -> 1.03x
         assert round(before, 2) == 1.65 and after < 1.04
+    for order in (plain, paired):  # the chained schedule walks the first live_steps(pid) steps: no gaps before them
+        assert order.gaps == (order.pair and nbx % 2 == 1 and Hq * B % 2 == 1)
+        if order.gaps:
+            continue
+        for pid in range(order.grid):
+            lives = [order.at(pid, t, select=lambda c, a, z: a if c else z, both=lambda a, z: a and z)[0]
+                     for t in range(order.steps)]
+            n = order.live_steps(pid)
+            assert n >= 1 and lives == [True] * n + [False] * (order.steps - n), (pid, lives)
+
+
+def test_chain_issues_each_next_tiles_first_scores_under_the_last_p_v():
+    def source(S=512, causal=False, **kw):
+        return kernel_source(attention.flash_attention(32, 16, S, S, 64, is_causal=causal, dtype="float16",
+                                                       target=SM90, **_ws_configs(64, **kw)[0]), SM90)
+    chain, plain = source(chain=True), source()
+    body, plain_body = (k[k.index("tl::warpgroup_reg_alloc"):] for k in (chain, plain))
+    # one overlapped wait per key-tile loop (the tile loop's and the last tile's) and one in the tail between tiles;
+    # the plain schedule's only one is its key-tile loop's
+    assert body.count("tl::wait_wgmma<1>();") == 3 and plain_body.count("tl::wait_wgmma<1>();") == 1
+    # the tile loop runs over the program's live steps but the last (512 rows: 4 row tiles x 16 heads x 32 = 2048
+    # tiles over 132 programs), and stores each tile's O once the next tile's first scores are in
+    assert "< (((2179 - ((int)blockIdx.x)) / 132) - 1); ++t" in body
+    tail = body[body.index("q_full[0].wait(((t_1 + 1) & 1));"):]
+    assert tail.index("tl::wait_wgmma<1>();") < tail.index("tl::wait_wgmma<0>();") < tail.index("tl::tma_store(")
+    # paired steps of an odd head count over odd row tiles have gaps: the chained schedule takes them unpaired
+    odd = dict(block_M=128, block_N=128, num_stages=2, threads=256, ws=True, chain=True, is_causal=True,
+               dtype="float16", target=SM90)
+    assert (kernel_source(attention.flash_attention(1, 3, 640, 640, 64, pair_rows=True, **odd), SM90)
+            == kernel_source(attention.flash_attention(1, 3, 640, 640, 64, **odd), SM90))
+    assert source(640, True, chain=True, pair_rows=True) != source(640, True, chain=True)  # (even heads: paired)
 
 
 def test_pair_rows_counts_q_loads_and_leaves_other_kernels_alone():
@@ -212,7 +244,8 @@ def test_pair_rows_counts_q_loads_and_leaves_other_kernels_alone():
         return kernel_source(attention.flash_attention(2, 8, S, S, 64, is_causal=causal, dtype="float16",
                                                        target=SM90, **_ws_configs(64, **kw)[0]), SM90)
     paired = source(640, True, pair_rows=True)  # 5 row tiles: the middle one has no second step
-    assert "qn = (qn + 1);" in paired and "q_full[0].wait((qn & 1));" in paired
+    # (the consumers' wait, in the tile's macro: its count argument)
+    assert "qn = (qn + 1);" in paired and "int count = qn;" in paired and "q_full[0].wait((count & 1));" in paired
     assert "qn" not in source(640, True)
     assert source(640, False, pair_rows=True) == source(640, False)  # (no causal work to balance)
 
@@ -273,8 +306,9 @@ def test_ws_gpu_fused_qkv_rows_and_nan(D, rng):
 
 
 VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True}, "late_store": {"late_store": True},
-            "double_q": {"double_q": True},
-            "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True}}
+            "double_q": {"double_q": True}, "chain": {"chain": True},
+            "chain_pairs": {"chain": True, "pair_rows": True, "double_q": True},
+            "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True, "chain": True}}
 
 
 @pytest.mark.gpu
@@ -285,7 +319,7 @@ def test_schedule_variants_gpu_match_sdpa(variant, rng):
     parallel first. A turn or a Q buffer that never comes would hang here: run it under a timeout."""
     runs = []
     for name, (B, Hq, Hkv, Sq, Skv, D, kw) in sorted(CASES.items()):
-        if variant == "pair_rows" and not kw.get("is_causal"):
+        if variant in ("pair_rows", "chain_pairs") and not kw.get("is_causal"):
             continue
         for i, cfg in enumerate(_ws_configs(D, **VARIANTS[variant])):
             runs.append(((B, Hq, Hkv, Sq, Skv, D, torch.float16, cfg), kw))

@@ -343,13 +343,15 @@ def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_the
     assert lower.default_config(attn, plain.target)["pair_rows"] is True  # causal: the measured default
     assert lower.default_config(attn, both.target) == {**lower.default_config(attn, plain.target),
                                                        "double_q": True, "late_store": True}
+    chained = Options(target=SM90, experimental="attention_chain")
+    assert lower.default_config(attn, chained.target) == {**lower.default_config(attn, plain.target), "chain": True}
     assert gemm_ws.seed()["block_N"] == 192 and gemm_ws.seed()["num_stages"] == 4
     assert gemm_ws.seeds("float32", 4096, 3072, 768, 132) == [gemm_ws.seed("float32")]  # (256 wide: 2 stages)
     assert gemm_ws.seed("float32")["num_stages"] == 3 and gemm_ws.seed("float32", True)["num_stages"] == 3
     assert lower.func_key(linear, both.target, first) != lower.func_key(linear, SM90, first)  # cached apart
     assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws_pingpong").target
     for gone in ("gemm_ws", "attention_pair_rows", "gemm_wsx"):  # (defaults now, or never known)
-        with pytest.raises(ValueError, match=f"unknown experimental schedule.*{gone}.*known: attention_double_q"):
+        with pytest.raises(ValueError, match=f"unknown experimental schedule.*{gone}.*known: attention_chain, "):
             Options(target=SM90, experimental=gone)
 
 

@@ -129,6 +129,7 @@ def flash_attention(
     pair_rows: bool = False,
     late_store: bool = False,
     double_q: bool = False,
+    chain: bool = False,
     bound_keys: bool = False,
     splits: int = 1,
     split_max: int | None = None,
@@ -161,7 +162,8 @@ def flash_attention(
     ``ws``: the hand-written warp-specialized, persistent schedule (``attention_ws``; an error where it does not apply),
     with ``pingpong`` its consumer warp groups taking turns at the tensor cores, with ``pair_rows`` (causal) each program's
     row tiles in heavy/light pairs (``attention_ws.TileOrder``), with ``late_store`` O's TMA store waited for only before
-    the next tile's, with ``double_q`` two Q buffers.
+    the next tile's, with ``double_q`` two Q buffers, with ``chain`` each tile's first scores under the previous tile's
+    last ``P V``.
     """
     Hkv = Hkv or Hq
     out_dtype = out_dtype or dtype
@@ -194,8 +196,9 @@ def flash_attention(
     if bound_keys and d.metal:
         raise NotImplementedError("flash_attention: bound_keys has no Metal form")
     bound = bool(bound_keys)
-    if (pingpong or pair_rows or late_store or double_q) and not ws:
-        raise ValueError("flash_attention: pingpong, pair_rows, late_store and double_q are schedules of ws=True")
+    if (pingpong or pair_rows or late_store or double_q or chain) and not ws:
+        raise ValueError("flash_attention: pingpong, pair_rows, late_store, double_q and chain are schedules of "
+                         "ws=True")
     if ws:
         if not attention_ws.eligible(target, D=D, dtype=dtype, mask_shape=mask_shape, scale=scale, window=window,
                                      pack=pack, splits=splits, bound_keys=bound_keys, q_layout=q_layout,
@@ -208,7 +211,7 @@ def flash_attention(
             block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads, target=target,
             shapes=(q_shape, k_shape, v_shape, o_shape), layouts=(q_layout, k_layout, v_layout, o_layout),
             pingpong=bool(pingpong), pair_rows=bool(pair_rows), late_store=bool(late_store),
-            double_q=bool(double_q))
+            double_q=bool(double_q), chain=bool(chain))
     stage_out = (bool(stage_out) and target_kind(target) == "cuda" and not (pack or int(splits) > 1)
                  and Sq % block_M == 0)
     rows = groups * Sq if pack else Sq  # a program's rows run over these

@@ -19,6 +19,7 @@ Measured: see ``WS_SEEDS``.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import tilelang.language as T
@@ -110,6 +111,18 @@ class TileOrder(NamedTuple):
         return -(-heads // self.group) * (self.group * self.nbx // 2) if self.pair else self.nbx * heads
 
     @property
+    def gaps(self) -> bool:
+        """Whether a program may meet a step with no tile before one with a tile (paired steps of an odd head count
+        over an odd row tile count: the missing second head's)."""
+        return self.pair and self.group > 1 and (self.Hq * self.B) % self.group != 0
+
+    def live_steps(self, pid):
+        """How many steps of program ``pid`` hold a tile (the first ones, without ``gaps``); ``pid`` a TIR
+        expression or an int."""
+        rounds = (self.slots - pid + self.grid - 1) // self.grid
+        return rounds * 2 if self.pair else rounds
+
+    @property
     def steps(self) -> int:
         return -(-self.slots // self.grid) * (2 if self.pair else 1)
 
@@ -149,7 +162,8 @@ def _region(buf, layout, b, h, s, rows: int, D: int):
 def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, is_causal: bool, scale: float,
                        dtype: str, out_dtype: str, block_M: int, block_N: int, num_stages: int, threads: int,
                        target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False,
-                       pair_rows: bool = False, late_store: bool = False, double_q: bool = False):
+                       pair_rows: bool = False, late_store: bool = False, double_q: bool = False,
+                       chain: bool = False):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
@@ -161,9 +175,14 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     memory only before the next tile writes there (TileLang's ``T.copy`` waits right after issuing, holding the first
     consumer warp group, and with it the next tile's first WGMMA, for the store's read). ``double_q``: two Q buffers,
     so the producer loads the next tile's Q as soon as it has issued this tile's K/V, not only once every ``Q K^T`` of
-    this tile is done. ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on the H200
-    (2026-12-03, within +-3% of the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles); no seed offers
-    them, ``Options.experimental`` and ``bench_attention.py``'s variants do."""
+    this tile is done. ``chain``: a program's tiles run as one pipeline: each tile's first ``Q K^T`` is issued with
+    the previous tile's last ``P V`` and its softmax runs while that product does, where otherwise the tensor cores
+    wait for every tile's first softmax (a quarter of a tile's key tiles at 512 tokens, half at ViT's 197). It walks
+    a program's live steps (``TileOrder.live_steps``), so paired steps with gaps fall back to unpaired. Written
+    without a GPU (2026-12-04): it lowers for sm_90a without spills or serialized WGMMAs; its numerics and speed are
+    ``run_pending_h200.sh`` part 23's. ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on
+    the H200 (2026-12-03, within +-3% of the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed
+    offers these four; ``Options.experimental`` and ``bench_attention.py``'s variants do."""
     consumers = threads // 128
     if threads % 128 or consumers not in CONSUMER_REGS or block_M != 64 * consumers:
         raise ValueError(f"flash_attention(ws=True): {threads} consumer threads with {block_M}-row tiles; the "
@@ -178,6 +197,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     if tiles == 0 or Skv == 0:  # (the planner hands empty outputs to torch before a template sees them)
         raise ValueError(f"flash_attention(ws=True): nothing to compute for B={B}, Hq={Hq}, Sq={Sq}, Skv={Skv}")
     order = TileOrder.make(nbx, Hq, B, is_causal, device_facts(target).sms, pair_rows)
+    if chain and order.gaps:  # (the chained schedule walks a program's live steps, which then must come first)
+        order = TileOrder.make(nbx, Hq, B, is_causal, device_facts(target).sms, False)
     grid = order.grid
     tail_n = Skv % block_N != 0
     stage_out = Sq % block_M == 0  # a row tail: the bulk store would write past the rows (guarded copy instead)
@@ -223,6 +244,90 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             S_f[i, j] = T.exp2(S_f[i, j] * c - m_cur[i] * c)
         T.reduce_sum(S_f, r_sum, dim=1)
 
+    def q_buffer(count):
+        """The Q buffer of the ``count``-th tile a program computes (``double_q``: two take turns)."""
+        return count % 2 if double_q else 0
+
+    @T.macro
+    def wait_q(b, qi, count):
+        """Wait for the ``count``-th tile's Q, in buffer ``qi``."""
+        if double_q:
+            T.mbarrier_wait_parity(b.q_full[qi], (count // 2) % 2)
+        else:
+            T.mbarrier_wait_parity(b.q_full, count % 2)
+
+    @T.macro
+    def begin_tile(b, it, wg, m0, count):
+        """A tile's first key tile alone: its scores, waited for, to probabilities in ``b.P_c``; O cleared."""
+        qi = q_buffer(count)
+        T.fill(b.O_f, 0)
+        T.fill(b.m_cur, neg_inf)
+        wait_q(b, qi, count)
+        # (peeled: a branch on k around the waits made ptxas serialize the WGMMAs)
+        T.mbarrier_wait_parity(b.k_full[it % num_stages], (it // num_stages) % 2)
+        my_turn(wg)
+        scores(b.Q_s, b.K_s, b.S_f, it % num_stages, qi)
+        pass_turn(wg)
+        T.wait_wgmma(0)
+        T.barrier_arrive(b.k_empty[it % num_stages])
+        online_softmax(b.S_f, b.m_prev, b.m_cur, b.r_scale, b.r_sum, 0, m0)
+        T.copy(b.r_sum, b.l_sum)
+        T.copy(b.S_f, b.P_c)
+
+    @T.macro
+    def rest_of_tile(b, it, wg, m0, n, qi):
+        """Key tiles 1 .. n-1: tile k's scores and softmax beside tile k-1's P V; then Q's buffer is free."""
+        for k in T.serial(1, n):
+            s = (it + k) % num_stages
+            sp = (it + k - 1) % num_stages  # tile k - 1's stage
+            T.mbarrier_wait_parity(b.k_full[s], ((it + k) // num_stages) % 2)
+            if pingpong:  # both operands in before the turn
+                T.mbarrier_wait_parity(b.v_full[sp], ((it + k - 1) // num_stages) % 2)
+            my_turn(wg)
+            scores(b.Q_s, b.K_s, b.S_f, s, qi)
+            # tile k - 1's P V runs beside this tile's scores and softmax
+            if not pingpong:
+                T.mbarrier_wait_parity(b.v_full[sp], ((it + k - 1) // num_stages) % 2)
+            T.wgmma_gemm(b.P_c, b.V_s[sp, :, :], b.O_f, policy=T.GemmWarpPolicy.FullRow)
+            pass_turn(wg)
+            T.wait_wgmma(1)
+            T.barrier_arrive(b.k_empty[s])
+            online_softmax(b.S_f, b.m_prev, b.m_cur, b.r_scale, b.r_sum, k, m0)
+            T.wait_wgmma(0)
+            T.barrier_arrive(b.v_empty[sp])
+            for i in T.Parallel(block_M):
+                b.l_sum[i] = b.l_sum[i] * b.r_scale[i] + b.r_sum[i]
+            for i, j in T.Parallel(block_M, D):
+                b.O_f[i, j] = b.O_f[i, j] * b.r_scale[i]
+            T.copy(b.S_f, b.P_c)
+        T.barrier_arrive(b.q_empty[qi] if double_q else b.q_empty)  # every Q K^T of this tile is done
+
+    @T.macro
+    def last_pv(b, it, wg, n):
+        """The tile's last P V, waited for."""
+        sl = (it + n - 1) % num_stages
+        T.mbarrier_wait_parity(b.v_full[sl], ((it + n - 1) // num_stages) % 2)
+        my_turn(wg)
+        T.wgmma_gemm(b.P_c, b.V_s[sl, :, :], b.O_f, policy=T.GemmWarpPolicy.FullRow)
+        pass_turn(wg)
+        T.wait_wgmma(0)
+        T.barrier_arrive(b.v_empty[sl])
+
+    @T.macro
+    def store_o(b, m0, by, bz):
+        """O normalized and stored (``late_store``: the previous store waited for only now)."""
+        for i, j in T.Parallel(block_M, D):
+            b.O_f[i, j] = b.O_f[i, j] / b.l_sum[i]
+        if stage_out and late_store:
+            T.tma_store_wait()  # (the issuing thread) the previous tile's store has read b.O_sh
+            T.copy(b.O_f, b.O_sh)
+            T.tma_copy(b.O_sh, _region(b.O, o_lay, bz, by, m0, block_M, D))
+        elif stage_out:
+            T.copy(b.O_f, b.O_sh)
+            T.copy(b.O_sh, _region(b.O, o_lay, bz, by, m0, block_M, D))
+        else:
+            T.copy(b.O_f, _region(b.O, o_lay, bz, by, m0, block_M, D))
+
     @T.prim_func
     def flash_attention_ws_kernel():
         Q = param("Q", shapes[0], dtype)
@@ -251,6 +356,9 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             it = T.alloc_var("int32", init=0)  # key tiles this warp group walked in earlier tiles (the stage ring)
             # Q buffers filled so far (the Q barriers' phase): the step count, unless paired steps skip some
             qn = T.alloc_var("int32", init=0) if order.pair else None
+            b = SimpleNamespace(Q_s=Q_s, K_s=K_s, V_s=V_s, O_sh=O_sh, S_f=S_f, P_c=P_c, O_f=O_f, m_prev=m_prev,
+                                m_cur=m_cur, r_scale=r_scale, r_sum=r_sum, l_sum=l_sum, q_full=q_full, q_empty=q_empty,
+                                k_full=k_full, v_full=v_full, k_empty=k_empty, v_empty=v_empty, O=O)  # (the macros')
             if T.get_thread_binding() >= threads:  # the producer
                 T.dec_max_nreg(PRODUCER_REGS)
                 for t in T.serial(order.steps):
@@ -287,73 +395,63 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                 if pingpong:  # noqa: SIM102 -- (Python decides this one) the first turn is the first group's: the last one opens it
                     if wg == consumers - 1:
                         T.named_barrier_arrive(TURN_BARRIER, 256)
-                for t in T.serial(order.steps):
-                    if order.at(pid, t)[0]:
+                if chain:
+                    # the program's first tile's first key tile alone; every later tile's comes under its predecessor's
+                    # last P V, in the tail
+                    live = order.live_steps(pid)
+                    _, bx, by, bz = order.at(pid, 0)
+                    begin_tile(b, it, wg, bx * block_M, 0)
+                    for t in T.serial(live - 1):
                         _, bx, by, bz = order.at(pid, t)
                         m0 = bx * block_M
                         n = key_tiles(m0)
-                        T.fill(O_f, 0)
-                        T.fill(m_cur, neg_inf)
-                        qi = (qn if order.pair else t) % 2 if double_q else 0
-                        if double_q:
-                            T.mbarrier_wait_parity(q_full[qi], ((qn if order.pair else t) // 2) % 2)
-                        else:
-                            T.mbarrier_wait_parity(q_full, (qn if order.pair else t) % 2)
-                        # key tile 0 alone (peeled: a branch on k around the waits made ptxas serialize the WGMMAs)
-                        T.mbarrier_wait_parity(k_full[it % num_stages], (it // num_stages) % 2)
-                        my_turn(wg)
-                        scores(Q_s, K_s, S_f, it % num_stages, qi)
-                        pass_turn(wg)
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(k_empty[it % num_stages])
-                        online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, 0, m0)
-                        T.copy(r_sum, l_sum)
-                        T.copy(S_f, P_c)
-                        for k in T.serial(1, n):
-                            s = (it + k) % num_stages
-                            sp = (it + k - 1) % num_stages  # tile k - 1's stage
-                            T.mbarrier_wait_parity(k_full[s], ((it + k) // num_stages) % 2)
-                            if pingpong:  # both operands in before the turn
-                                T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
-                            my_turn(wg)
-                            scores(Q_s, K_s, S_f, s, qi)
-                            # tile k - 1's P V runs beside this tile's scores and softmax
-                            if not pingpong:
-                                T.mbarrier_wait_parity(v_full[sp], ((it + k - 1) // num_stages) % 2)
-                            T.wgmma_gemm(P_c, V_s[sp, :, :], O_f, policy=T.GemmWarpPolicy.FullRow)
-                            pass_turn(wg)
-                            T.wait_wgmma(1)
-                            T.barrier_arrive(k_empty[s])
-                            online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, k, m0)
-                            T.wait_wgmma(0)
-                            T.barrier_arrive(v_empty[sp])
-                            for i in T.Parallel(block_M):
-                                l_sum[i] = l_sum[i] * r_scale[i] + r_sum[i]
-                            for i, j in T.Parallel(block_M, D):
-                                O_f[i, j] = O_f[i, j] * r_scale[i]
-                            T.copy(S_f, P_c)
-                        T.barrier_arrive(q_empty[qi] if double_q else q_empty)  # every Q K^T of this tile is done
+                        rest_of_tile(b, it, wg, m0, n, q_buffer(t))
+                        _, bx1, _, _ = order.at(pid, t + 1)
+                        qj = q_buffer(t + 1)
+                        wait_q(b, qj, t + 1)
+                        s1 = (it + n) % num_stages  # the next tile's first key tile's stage
                         sl = (it + n - 1) % num_stages
-                        T.mbarrier_wait_parity(v_full[sl], ((it + n - 1) // num_stages) % 2)
+                        T.mbarrier_wait_parity(k_full[s1], ((it + n) // num_stages) % 2)
+                        if pingpong:  # both operands in before the turn
+                            T.mbarrier_wait_parity(v_full[sl], ((it + n - 1) // num_stages) % 2)
                         my_turn(wg)
+                        scores(Q_s, K_s, S_f, s1, qj)
+                        if not pingpong:
+                            T.mbarrier_wait_parity(v_full[sl], ((it + n - 1) // num_stages) % 2)
                         T.wgmma_gemm(P_c, V_s[sl, :, :], O_f, policy=T.GemmWarpPolicy.FullRow)
                         pass_turn(wg)
+                        T.wait_wgmma(1)
+                        T.barrier_arrive(k_empty[s1])
+                        T.fill(m_cur, neg_inf)
+                        online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, 0, bx1 * block_M)
                         T.wait_wgmma(0)
                         T.barrier_arrive(v_empty[sl])
+                        store_o(b, m0, by, bz)
+                        T.fill(O_f, 0)
+                        T.copy(r_sum, l_sum)
+                        T.copy(S_f, P_c)
                         it = it + n
-                        if order.pair:
-                            qn = qn + 1
-                        for i, j in T.Parallel(block_M, D):
-                            O_f[i, j] = O_f[i, j] / l_sum[i]
-                        if stage_out and late_store:
-                            T.tma_store_wait()  # (the issuing thread) the previous tile's store has read O_sh
-                            T.copy(O_f, O_sh)
-                            T.tma_copy(O_sh, _region(O, o_lay, bz, by, m0, block_M, D))
-                        elif stage_out:
-                            T.copy(O_f, O_sh)
-                            T.copy(O_sh, _region(O, o_lay, bz, by, m0, block_M, D))
-                        else:
-                            T.copy(O_f, _region(O, o_lay, bz, by, m0, block_M, D))
+                    _, bx, by, bz = order.at(pid, live - 1)
+                    m0 = bx * block_M
+                    n = key_tiles(m0)
+                    rest_of_tile(b, it, wg, m0, n, q_buffer(live - 1))
+                    last_pv(b, it, wg, n)
+                    it = it + n
+                    store_o(b, m0, by, bz)
+                else:
+                    for t in T.serial(order.steps):
+                        if order.at(pid, t)[0]:
+                            _, bx, by, bz = order.at(pid, t)
+                            m0 = bx * block_M
+                            n = key_tiles(m0)
+                            qc = qn if order.pair else t  # (paired steps may skip some)
+                            begin_tile(b, it, wg, m0, qc)
+                            rest_of_tile(b, it, wg, m0, n, q_buffer(qc))
+                            last_pv(b, it, wg, n)
+                            it = it + n
+                            if order.pair:
+                                qn = qn + 1
+                            store_o(b, m0, by, bz)
                 if stage_out and late_store:
                     T.tma_store_wait()  # the last store has read O_sh before the program ends
 
