@@ -1,7 +1,7 @@
 """Benchmark the flash-attention template against PyTorch SDPA (cuDNN and flash backends) on a GPU.
 
 Usage (on the device machine):  python bench/bench_attention.py [--json out.json] [--reps 30]
-    [--shapes issue|llm|zoo|sweep|all] [--configs all|seeds|variants|chain]
+    [--shapes issue|llm|zoo|sweep|masked|all] [--configs all|seeds|variants|chain]
 
 For each shape every config in the template's config space is compiled (in parallel), checked
 against SDPA on the same inputs and timed (median of ``--reps`` CUDA-event runs after warm-up); the
@@ -42,6 +42,20 @@ SWEEP = [(32, 16, 16, 512, 64, c) for c in (False, True)] + [(8, 16, 16, 2048, 6
     [(4, 32, 8, 4096, 128, c) for c in (False, True)]
 
 
+# BERT's attention with its padding mask (B, 1, 1, S) as the zoo builds it: batch 0 sees every key, the others a
+# random prefix; --shapes masked (the ws schedule takes it under Options.experimental "attention_masked")
+MASKED = [(32, 12, 12, 512, 64, False), (8, 16, 16, 2048, 64, False), (8, 16, 16, 2048, 64, True)]
+
+
+def padding_mask(B: int, S: int, gen) -> torch.Tensor:
+    """The zoo BERT's additive mask: 0 where seen, fp16's most negative value past each batch's random length."""
+    lengths = torch.randint(1, S + 1, (B,), generator=gen, device="cuda")
+    lengths[0] = S
+    hidden = torch.arange(S, device="cuda")[None, :] >= lengths[:, None]
+    return torch.zeros(B, S, device="cuda", dtype=torch.float16).masked_fill(hidden, torch.finfo(torch.float16).min
+                                                                              ).view(B, 1, 1, S)
+
+
 def variants(D: int, causal: bool = False) -> list[dict]:
     """The TileLang-scheduled template's leading tiles beside the hand-written warp-specialized, persistent schedule's
     seeds (``ws``, ``attention_ws``), each also with each of its schedule options alone and all of them: consumer warp
@@ -61,12 +75,14 @@ def variants(D: int, causal: bool = False) -> list[dict]:
 def chain_variants(D: int, causal: bool = False) -> list[dict]:
     """The chained schedule (``chain``: each tile's first scores under the previous tile's last ``P V``) against the
     plain one, on the ws seeds and, at head dim 64, a 192-key tile (lowers without spills; not yet measured), with the
-    causal default (``pair_rows``) on causal shapes: plain, chained, chained with two Q buffers."""
+    causal default (``pair_rows``) on causal shapes: plain, chained, chained with two Q buffers; first, the
+    TileLang-scheduled template's default pick (what a masked attention runs without ``attention_masked``)."""
     tiles = attention_ws.seeds(D) + ([(128, 192, 2, 256)] if D <= 64 else [])
     base = {"ws": True, **({"pair_rows": True} if causal else {})}
     extra = [{}, {"chain": True}, {"chain": True, "double_q": True}]
-    return [{"block_M": m, "block_N": n, "num_stages": st, "threads": t, **base, **x}
-            for m, n, st, t in tiles for x in extra]
+    template = attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, causal=causal)[0]  # (TileLang's schedule)
+    return [template] + [{"block_M": m, "block_N": n, "num_stages": st, "threads": t, **base, **x}
+                         for m, n, st, t in tiles for x in extra]
 
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
@@ -82,39 +98,45 @@ def timed(fn, *args, reps: int, how: str) -> float:
     return device_time(fn, args, "cuda") * 1e3 if how == "graph" else cuda_time_ms(fn, *args, reps=reps)
 
 
-def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph"):
+def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph", masked=False):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, Hq, S, D, device="cuda", dtype=torch.float16, generator=gen)
     k = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.float16, generator=gen)
     v = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.float16, generator=gen)
-    row = {"B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "causal": causal, "sdpa": {}, "tilefuse": []}
+    operands = (q, k, v) + ((padding_mask(B, S, gen),) if masked else ())
+    row = {"B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "causal": causal, "masked": masked, "sdpa": {},
+           "tilefuse": []}
     want = None
-    for name, backend in BACKENDS.items():
+    for name, backend in (BACKENDS | ({"efficient": SDPBackend.EFFICIENT_ATTENTION} if masked else {})).items():
         try:
             with sdpa_kernel(backend):
                 # (the operands as arguments, so that the timing rotates copies of them as it does for ours: a
                 # closure over q, k, v found them in L2 at the zoo's shapes)
-                fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hkv != Hq)
-                out = fn(q, k, v)
+                def fn(q, k, v, mask=None):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                          enable_gqa=Hkv != Hq)
+                out = fn(*operands)
                 want = out if want is None else want
-                row["sdpa"][name] = timed(fn, q, k, v, reps=reps, how=how)
+                row["sdpa"][name] = timed(fn, *operands, reps=reps, how=how)
         except Exception as e:  # noqa: BLE001  (a backend may not take a shape: flash + GQA on some builds)
             row["sdpa"][name] = None
             print(f"  sdpa {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-    funcs = [attention.flash_attention(B, Hq, S, S, D, Hkv=Hkv, is_causal=causal, target=target, **c) for c in configs]
+    mask_kw = {"mask_shape": (B, 1, 1, S), "mask_dtype": "float16"} if masked else {}
+    funcs = [attention.flash_attention(B, Hq, S, S, D, Hkv=Hkv, is_causal=causal, target=target, **mask_kw, **c)
+             for c in configs]
     kernels = compile_many([(f, [-1]) for f in funcs], target, return_exceptions=True)
     for cfg, kern in zip(configs, kernels):
         entry = {"config": cfg}
         if isinstance(kern, BaseException):
             entry["error"] = f"{type(kern).__name__}: {str(kern)[:200]}"
         else:
-            got = kern(q, k, v)
+            got = kern(*operands)
             err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
             entry["max_rel_err"] = err
             if err > 2e-2:
                 entry["error"] = f"wrong result (max rel err {err:.2e})"
             else:
-                entry["ms"] = timed(kern, q, k, v, reps=reps, how=how)
+                entry["ms"] = timed(kern, *operands, reps=reps, how=how)
                 entry["tflops"] = flops(B, Hq, S, D, causal) / entry["ms"] / 1e9
         row["tilefuse"].append(entry)
     return row
@@ -122,7 +144,7 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph"):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "all"])
+    p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "masked", "all"])
     p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timing", default="graph", choices=["graph", "events"])
@@ -130,7 +152,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     major, minor = torch.cuda.get_device_capability()
     target = {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
-    shapes = {"issue": ISSUE, "llm": LLM, "zoo": ZOO, "sweep": ZOO + SWEEP, "all": ISSUE + ZOO + LLM}[a.shapes]
+    shapes = {"issue": ISSUE, "llm": LLM, "zoo": ZOO, "sweep": ZOO + SWEEP, "masked": MASKED,
+              "all": ISSUE + ZOO + LLM}[a.shapes]
+    masked = a.shapes == "masked"
     import tilelang
 
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
@@ -139,13 +163,13 @@ def main(argv=None) -> int:
     print("| B | Hq/Hkv | S | D | causal | best config | tilefuse ms | TFLOP/s | cuDNN ms | x cuDNN | flash ms | x flash |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for B, Hq, Hkv, S, D, causal in shapes:
-        ws = attention_ws.eligible(target, D=D)  # (no mask, fp16: the hand-written schedule applies)
+        ws = attention_ws.eligible(target, D=D)  # (fp16, no mask or a padding mask: the ws schedule applies)
         if a.configs == "seeds":
             configs = attention.get_configs(target, D, ws, causal)
         else:
             pick = {"variants": variants, "chain": chain_variants}.get(a.configs)
             configs = pick(D, causal) if pick else attention.config_space(target, D, ws=ws, causal=causal)
-        row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing)
+        row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing, masked)
         result["rows"].append(row)
         ok = [e for e in row["tilefuse"] if "ms" in e]
         best = min(ok, key=lambda e: e["ms"]) if ok else None
@@ -166,8 +190,8 @@ def main(argv=None) -> int:
                       if best and best["config"].get(k))
         print(f"| {B} | {Hq}/{Hkv} | {S} | {D} | {causal} | {bc} | {best['ms'] if best else float('nan'):.3f} | "
               f"{best['tflops'] if best else float('nan'):.0f} | {cu[0]} | {cu[1]} | {fl[0]} | {fl[1]} |", flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1))
+        if a.json:  # (after every shape: a run cut off by its time limit keeps what it measured)
+            Path(a.json).write_text(json.dumps(result, indent=1))
     return 0
 
 

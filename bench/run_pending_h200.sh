@@ -11,6 +11,9 @@
 #            plain, chained and chained + two Q buffers schedules on the ws seeds and a
 #            192-key tile at head dim 64 (bench_attention.py --configs chain), cuDNN and flash in the same process.
 #            If chain wins, it goes into the seeds (attention_configs.get_configs); if a test fails, it stays out.
+#            Then BERT's padding mask (bench_attention.py --shapes masked): the ws schedule with a padding mask (also
+#            session 31's, offered only under Options.experimental "attention_masked") against the TileLang-scheduled
+#            template (what masked attention runs today) and SDPA's cuDNN and efficient backends.
 #   part 22: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
 #            compile_time.py's cProfile of tilefuse's cold and warm compiles.
@@ -52,23 +55,29 @@ if [ "$part" = 21 ]; then
         > "$OUT/logs/gemm_ws_sliced_residual.log" 2>&1
     grep -v -i "warn" "$OUT/logs/gemm_ws_sliced_residual.log" | tail -27 | sed 's/"block_//g; s/  \+/ /g'
 elif [ "$part" = 23 ]; then
-    timeout 220 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_attention_ws.py \
+    timeout 150 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_attention_ws.py \
         > "$OUT/logs/gpu_tests_attention_ws.log" 2>&1
     echo "attention_ws: $(tail -1 "$OUT/logs/gpu_tests_attention_ws.log")"
     grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_attention_ws.log" | head -8
-    timeout 320 python3 bench/bench_attention.py --shapes sweep --configs chain --json "$OUT/logs/attn_chain.json" \
+    timeout 290 python3 bench/bench_attention.py --shapes sweep --configs chain --json "$OUT/logs/attn_chain.json" \
         > "$OUT/logs/attn_chain.log" 2>&1
-    grep -E "^\|" "$OUT/logs/attn_chain.log"
-    python3 - "$OUT/logs/attn_chain.json" <<'PY'  # per shape: x cuDNN of each config (tile: plain, chain, chain + double_q)
+    timeout 90 python3 bench/bench_attention.py --shapes masked --configs chain --json "$OUT/logs/attn_masked.json" \
+        > "$OUT/logs/attn_masked.log" 2>&1
+    grep -E "^\|" "$OUT/logs/attn_chain.log" "$OUT/logs/attn_masked.log"
+    python3 - "$OUT/logs/attn_chain.json" "$OUT/logs/attn_masked.json" <<'PY'  # per shape: x cuDNN of each config
+#   (tl: the TileLang-scheduled template; tile alone: ws plain; c: chained; c+dq: chained, two Q buffers)
 import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
+import os
+rows = [r for f in sys.argv[1:] if os.path.exists(f) for r in json.load(open(f))["rows"]]
+for r in rows:
     cu, cells = r["sdpa"].get("cudnn"), []
     for e in r["tilefuse"]:
         c = e["config"]
-        tag = "" if not c.get("chain") else "c+dq" if c.get("double_q") else "c"
+        tag = "tl" if not c.get("ws") else "" if not c.get("chain") else "c+dq" if c.get("double_q") else "c"
         cells.append(f"{c['block_M']}x{c['block_N']}{'/' + tag if tag else ''} "
                      + (f"{cu / e['ms']:.3f}" if "ms" in e and cu else e.get("error", "?")[:40]))
-    print(r["B"], r["Hq"], r["S"], r["D"], "c" if r["causal"] else "-", "|", " ".join(cells))
+    print(r["B"], r["Hq"], r["S"], r["D"], "c" if r["causal"] else "-", "m" if r.get("masked") else "-", "|",
+          " ".join(cells))
 PY
 elif [ "$part" = 22 ]; then
     timeout 200 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeout 120 \

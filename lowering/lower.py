@@ -68,8 +68,12 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     space = getattr(module, "config_space", module.get_configs)
     trying = experimental(target)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
+        # a padding mask takes the ws schedule only when asked for ("attention_masked": not yet run on a GPU), and
+        # never a decode step's few queries
+        ws = attention_ws.eligible(target, **kw) and (kw.get("mask_shape") is None or (
+            "attention_masked" in trying and not attention.decodes(target, kw["Sq"], _groups(kw))))
         configs = space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
-                        ws=attention_ws.eligible(target, **kw), causal=kw.get("is_causal", False), **_decode_shape(kw))
+                        ws=ws, causal=kw.get("is_causal", False), **_decode_shape(kw))
         options = {o: True for o in ("pingpong", "late_store", "double_q", "chain")
                    if f"attention_{o}" in trying}
         return [{**c, **options} if c.get("ws") else c for c in configs]

@@ -5,13 +5,14 @@ and NaN inputs."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
 import pytest
 import torch
 
-from tilefuse.config import default_target
+from tilefuse.config import Options, default_target
 from tilefuse.lowering import lower
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import compile_kernel, compile_many, kernel_source
@@ -27,7 +28,12 @@ C = {"kind": "c"}
     (SM90, {"dtype": "bfloat16"}, True),
     (SM90, {"D": 128}, True),
     (SM90, {"scale": 0.1}, True),
-    (SM90, {"mask_shape": (1, 1, 1, 64)}, False),
+    (SM90, {"mask_shape": (1, 1, 1, 64)}, True),  # a padding mask: one value per key (and batch)
+    (SM90, {"mask_shape": (4, 1, 1, 64), "mask_dtype": "float32"}, True),
+    (SM90, {"mask_shape": (64,), "mask_dtype": "bfloat16"}, True),
+    (SM90, {"mask_shape": (4, 1, 64, 64)}, False),  # one per query too
+    (SM90, {"mask_shape": (4, 2, 1, 64)}, False),  # one per head
+    (SM90, {"mask_shape": (4, 1, 1, 64), "mask_dtype": "bool"}, False),  # (additive masks only)
     (SM90, {"scale": -0.1}, False),
     (SM90, {"window": 8}, False),
     (SM90, {"pack": True}, False),
@@ -51,7 +57,7 @@ def test_eligible(target, kw, ok):
 
 def test_flash_attention_ws_refuses_what_it_cannot_build():
     with pytest.raises(ValueError, match="ws=True needs"):
-        attention.flash_attention(1, 2, 64, 64, 64, mask_shape=(1, 1, 1, 64), dtype="float16", target=SM90,
+        attention.flash_attention(1, 2, 64, 64, 64, mask_shape=(1, 1, 64, 64), dtype="float16", target=SM90,
                                   block_M=128, block_N=128, num_stages=2, threads=256, ws=True)
     with pytest.raises(ValueError, match="ws=True needs"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM80, ws=True)
@@ -75,10 +81,17 @@ def test_configs_offer_ws_only_where_it_applies():
     assert lower.default_config(_spec(), SM90).get("ws")
     assert lower.default_config(_spec(is_causal=True, Hkv=2), SM90).get("ws")
     odd_rows = {"q_layout": attention.TokenRows(4 * 64 + 4, 2)}
-    for kw in ({"mask_shape": (2, 1, 1, 256)}, {"scale": -1.0}, {"is_causal": True, "window": 16}, odd_rows):
+    for kw in ({"mask_shape": (2, 1, 1, 256)}, {"mask_shape": (2, 1, 256, 256)}, {"scale": -1.0},
+               {"is_causal": True, "window": 16}, odd_rows):
         assert not any(c.get("ws") for c in lower.config_space(_spec(**kw), SM90)), kw
     for target in (SM80, C):
         assert not any(c.get("ws") for c in lower.config_space(_spec(), target))
+    # a padding mask takes the ws schedule where asked for (not yet run on a GPU), and never for a decode step
+    masked = Options(target=SM90, experimental="attention_masked").target
+    assert lower.default_config(_spec(mask_shape=(2, 1, 1, 256)), masked) == {**lower.default_config(_spec(), SM90)}
+    assert not lower.default_config(_spec(mask_shape=(2, 1, 256, 256)), masked).get("ws")
+    decode = _spec(Sq=1, Skv=512, Hkv=1, mask_shape=(2, 1, 1, 512))
+    assert not any(c.get("ws") for c in lower.config_space(decode, masked))
 
 
 # (B, Hq, Hkv, Sq, Skv, D, kwargs): tails in rows and keys, GQA, causal with Sq != Skv, fused-QKV token rows, and
@@ -335,6 +348,70 @@ def test_schedule_variants_gpu_match_sdpa(variant, rng):
     for (a, kw), k in zip(runs, kernels):
         assert not isinstance(k, BaseException), f"{a[:6]} {kw}: {k}"
         _check(rng, *a, **kw, kernel=k)
+
+
+def _padding_mask(rng, B, Skv, dtype, shape=None, fill=None, empty=None):
+    """An additive padding mask, ``(B, 1, 1, Skv)`` unless ``shape``: batch 0 sees every key, the others a random
+    prefix of at least one (BERT's); ``fill`` for the hidden keys (the dtype's most negative value by default);
+    ``empty``: a batch that sees no key."""
+    keep = torch.ones(B, Skv, dtype=torch.bool)
+    for b in range(1, B):
+        keep[b, int(torch.randint(1, Skv + 1, (1,), generator=rng)):] = False
+    if empty is not None:
+        keep[empty] = False
+    mask = torch.zeros(B, Skv, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min if fill is None else fill)
+    return mask.reshape(shape or (B, 1, 1, Skv)).cuda()
+
+
+# (B, Hq, Hkv, Sq, Skv, D, q/k/v dtype, mask dtype, mask shape (None: (B, 1, 1, Skv)), fill, empty batch, kwargs)
+MASKED = {
+    "bert": (4, 12, 12, 512, 512, 64, torch.float16, torch.float16, None, None, None, {}),
+    "tails_gqa_causal": (2, 8, 2, 333, 333, 64, torch.float16, torch.float16, None, None, None, {"is_causal": True}),
+    "d128_inf_empty_batch": (3, 4, 4, 200, 200, 128, torch.float16, torch.float32, None, float("-inf"), 1, {}),
+    "one_row_bf16": (1, 4, 4, 100, 257, 64, torch.bfloat16, torch.bfloat16, (257,), None, None, {"scale": 0.3}),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [{}, {"chain": True}])
+def test_ws_gpu_padding_mask_matches_sdpa(variant, rng):
+    """A padding mask added to every key tile's scores, in each layout of the mask, with the chained schedule too; a
+    batch that sees no key gives 0 (the template's and torch's fused kernels' convention), the others match SDPA."""
+    runs = []
+    for name, (B, Hq, Hkv, Sq, Skv, D, dt, mdt, shape, fill, empty, kw) in sorted(MASKED.items()):
+        mask = _padding_mask(rng, B, Skv, mdt, shape, fill, empty)
+        f = attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, dtype=str(dt).split(".")[1], target=SM90,
+                                      mask_shape=tuple(mask.shape), mask_dtype=str(mdt).split(".")[1], **kw,
+                                      **_ws_configs(D, **variant)[0])
+        runs.append((name, f, (B, Hq, Hkv, Sq, Skv, D, dt), mask, empty, kw))
+    kernels = compile_many([(f, [-1]) for _, f, *_ in runs], default_target(), return_exceptions=True)
+    for (name, _, (B, Hq, Hkv, Sq, Skv, D, dt), mask, empty, kw), kernel in zip(runs, kernels):
+        assert not isinstance(kernel, BaseException), f"{name}: {kernel}"
+        assert "Mask" in kernel.get_kernel_source(), name
+        q, k, v = (torch.randn(B, h, s, D, generator=rng).to(dt).cuda() for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
+        got = kernel(q, k, v, mask)
+        want = attention.reference(q, k, v, mask, **kw)
+        if empty is not None:
+            assert (got[empty] == 0).all(), name
+            keep = [b for b in range(B) if b != empty]
+            got, want = got[keep], want[keep]
+        tol = {"rtol": 2e-2, "atol": 2e-2} if dt == torch.bfloat16 else {"rtol": 1e-2, "atol": 1e-2}
+        torch.testing.assert_close(got, want, **tol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_a_padding_mask_is_added_to_every_key_tile():
+    def source(**kw):
+        return kernel_source(attention.flash_attention(4, 12, 512, 512, 64, dtype="float16", target=SM90,
+                                                       **_ws_configs(64)[0], **kw), SM90)
+    masked, plain = source(mask_shape=(4, 1, 1, 512), mask_dtype="float16"), source()
+    body = masked[masked.index("tl::warpgroup_reg_alloc<240>"):]
+    loop = body[body.index("for (int k_1 = 1; k_1 < 4; ++k_1)"):]
+    # read in the key-tile loop (not only at the edges: 512 keys fill four tiles), the scores then in the log2 domain
+    assert "Mask" in loop[:loop.index("tl::wait_wgmma<0>();")]
+    assert "const half_t* __restrict__ Mask" in masked and "Mask" not in plain
+    # a row that sees nothing: 0 stands in for its max and its output is 0, not 0 / 0
+    assert re.search(r"if \(\(m_cur\[i_\d+\] == -CUDART_INF_F\)\)", body)
+    assert re.search(r"if \(\(l_sum\[[^]]+\] == 0x0p\+0f", body)
 
 
 def test_late_store_waits_for_the_store_before_the_next_tile_writes_o():

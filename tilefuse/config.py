@@ -118,7 +118,7 @@ def _on(v: str) -> bool:
 # (Measured wins left this list for the defaults: the ws GEMM, lowering/lower.py config_space, and attention_ws's
 # pair_rows, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain")
+                "attention_chain", "attention_masked")
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,9 @@ class Options:
     # "attention_pingpong", "attention_late_store" and "attention_double_q" add those options to the warp-specialized
     # attention's seeds (measured 2026-12-03: none of them a consistent win; bench/results/2026-12-03-h200-session22);
     # "attention_chain" adds ``chain`` (each tile's first scores under the previous tile's last P V: written
-    # 2026-12-04 without a GPU, its numerics and speed not yet measured, run_pending_h200.sh part 23).
+    # 2026-12-04 without a GPU, its numerics and speed not yet measured, run_pending_h200.sh part 23);
+    # "attention_masked" lets an attention with a padding mask (one value per key and batch: BERT's) take the
+    # warp-specialized schedule (the same session and state).
     experimental: str = _read("EXPERIMENTAL", "")
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)

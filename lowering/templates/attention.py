@@ -200,10 +200,12 @@ def flash_attention(
         raise ValueError("flash_attention: pingpong, pair_rows, late_store, double_q and chain are schedules of "
                          "ws=True")
     if ws:
-        if not attention_ws.eligible(target, D=D, dtype=dtype, mask_shape=mask_shape, scale=scale, window=window,
+        if not attention_ws.eligible(target, D=D, dtype=dtype, mask_shape=mask_shape, mask_dtype=mask_dtype,
+                                     scale=scale, window=window,
                                      pack=pack, splits=splits, bound_keys=bound_keys, q_layout=q_layout,
                                      k_layout=k_layout, v_layout=v_layout, out_dtype=out_dtype):
-            raise ValueError("flash_attention: ws=True needs a CUDA sm_90 target, fp16/bf16, no mask, a positive scale, "
+            raise ValueError("flash_attention: ws=True needs a CUDA sm_90 target, fp16/bf16, at most a padding mask "
+                             "(one float per key and batch), a positive scale, "
                              "no window, packed rows or split keys, a head dim of 16-128 in steps of 16, token "
                              "rows in 16-byte units and the output in the operands' dtype")
         return attention_ws.flash_attention_ws(
@@ -211,7 +213,7 @@ def flash_attention(
             block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads, target=target,
             shapes=(q_shape, k_shape, v_shape, o_shape), layouts=(q_layout, k_layout, v_layout, o_layout),
             pingpong=bool(pingpong), pair_rows=bool(pair_rows), late_store=bool(late_store),
-            double_q=bool(double_q), chain=bool(chain))
+            double_q=bool(double_q), chain=bool(chain), mask_shape=mask_shape, mask_dtype=mask_dtype)
     stage_out = (bool(stage_out) and target_kind(target) == "cuda" and not (pack or int(splits) > 1)
                  and Sq % block_M == 0)
     rows = groups * Sq if pack else Sq  # a program's rows run over these

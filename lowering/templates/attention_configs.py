@@ -57,10 +57,7 @@ DECODE_TILE = (64, 128, 2, 128)
 def per_key_mask(mask_shape: Sequence[int] | None, is_causal: bool = False) -> bool:
     """Whether a mask of ``mask_shape`` is one value per key (and batch), the same for every head and query, with no
     causal test beside it: what ``bound_keys`` reads (a decode step's mask over a static cache)."""
-    if mask_shape is None or is_causal:
-        return False
-    padded = (1,) * (4 - len(mask_shape)) + tuple(int(s) for s in mask_shape)
-    return padded[1] == 1 and padded[2] == 1
+    return not is_causal and attention_ws.key_mask(mask_shape)
 
 
 def decode_configs(target: dict | str, Sq: int, groups: int, keys_masked: bool = False, B: int = 0, Hkv: int = 0,

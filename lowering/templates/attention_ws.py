@@ -9,12 +9,16 @@ together with ``T.wgmma_gemm``, the softmax of tile ``k`` runs as soon as its sc
 while ``P V`` still runs, and only the rescale of O waits for it. TileLang's automatic warp specialization cannot
 express this: it refuses a deferred WGMMA wait (see ``attention_configs.config_space``).
 
-What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands, no mask, a positive scale (it rides in exp2's
-multiply-add, as ``flash_attention``'s fold does), no sliding window, packed rows or split keys, and a head dim that
-is a multiple of 16 up to 128. Tails: TMA loads zero-fill rows past ``Sq``/``Skv``; scores past ``Skv`` and above the
-causal diagonal (top-left aligned, as torch) are ``-inf``, tested only in the tiles that hold such keys; the output
-goes through shared memory with a TMA store for whole row tiles, else from the fragment with a guarded store.
-Measured: see ``WS_SEEDS``.
+What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands, a positive scale (it rides in exp2's
+multiply-add, as ``flash_attention``'s fold does), no sliding window, packed rows or split keys, a head dim that is a
+multiple of 16 up to 128, and no mask but a padding mask (``key_mask``: one float per key and batch, BERT's). A
+padding mask is read from global memory (L1 serves a tile's rows) and added to every key tile's scores, which are then
+scaled into the log2 domain before the row max; as in ``flash_attention``, a row that sees no key yet uses 0 for its
+max and a row that sees none gives 0 (written 2026-12-04 without a GPU: offered only under ``Options.experimental``
+"attention_masked" until ``run_pending_h200.sh`` part 23 has run its tests). Tails: TMA loads zero-fill rows past
+``Sq``/``Skv``; scores past ``Skv`` and above the causal diagonal (top-left aligned, as torch) are ``-inf``, tested
+only in the tiles that hold such keys; the output goes through shared memory with a TMA store for whole row tiles,
+else from the fragment with a guarded store. Measured: see ``WS_SEEDS``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import NamedTuple
 import tilelang.language as T
 
 from tilefuse.config import device_facts
-from tilefuse.lowering.templates.common import param, target_kind
+from tilefuse.lowering.templates.common import broadcast_index, param, target_kind
 
 LOG2E = 1.4426950408889634
 PRODUCER_REGS, CONSUMER_REGS = 24, {2: 240, 3: 160}  # setmaxnreg per warp group: 24 + consumers' within 64K
@@ -38,18 +42,30 @@ TURN_BARRIER = 12  # ping-pong: consumer warp group w waits on named barrier 12 
 WS_SEEDS = {64: [(128, 128, 2, 256), (192, 128, 2, 384)], 128: [(128, 128, 2, 256)]}
 
 
-def eligible(target: dict | str, *, D: int, dtype: str = "float16", mask_shape=None, scale: float | None = None,
-             window: int | None = None, pack: bool = False, splits: int = 1, bound_keys: bool = False,
-             q_layout=None, k_layout=None, v_layout=None, out_dtype: str | None = None, **_: object) -> bool:
+def key_mask(mask_shape) -> bool:
+    """Whether a mask of ``mask_shape`` (rank <= 4, right-aligned to ``(B, H, Sq, Skv)``) holds one value per key (and
+    batch), the same for every head and query: a padding mask."""
+    if mask_shape is None:
+        return False
+    padded = (1,) * (4 - len(mask_shape)) + tuple(int(s) for s in mask_shape)
+    return padded[1] == 1 and padded[2] == 1
+
+
+def eligible(target: dict | str, *, D: int, dtype: str = "float16", mask_shape=None, mask_dtype: str | None = None,
+             scale: float | None = None, window: int | None = None, pack: bool = False, splits: int = 1,
+             bound_keys: bool = False, q_layout=None, k_layout=None, v_layout=None, out_dtype: str | None = None,
+             **_: object) -> bool:
     """Whether ``flash_attention_ws`` builds this attention (legality only; which schedule wins is measured). Q, K and
     V are TMA loads: a token-row operand's row width and column offset must be whole 16-byte units (TileLang refuses
     the descriptor otherwise; the template then copies without TMA). The output is in the operands' dtype (the one
-    measured and tested)."""
+    measured and tested). A mask must be a padding mask (``key_mask``) of floats, added to the scores."""
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     rows_ok = all(lay is None or (int(lay[0]) % 8 == 0 and int(lay[1]) % 8 == 0)
                   for lay in (q_layout, k_layout, v_layout))
+    mask_ok = mask_shape is None or (key_mask(mask_shape)
+                                     and (mask_dtype or dtype) in ("float16", "bfloat16", "float32"))
     return (target_kind(target) == "cuda" and arch.startswith("sm_90") and dtype in ("float16", "bfloat16")
-            and mask_shape is None and (scale is None or scale > 0) and window is None and not pack
+            and mask_ok and (scale is None or scale > 0) and window is None and not pack
             and int(splits) <= 1 and not bound_keys and D % 16 == 0 and 16 <= D <= 128 and rows_ok
             and out_dtype in (None, dtype))
 
@@ -163,7 +179,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                        dtype: str, out_dtype: str, block_M: int, block_N: int, num_stages: int, threads: int,
                        target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False,
                        pair_rows: bool = False, late_store: bool = False, double_q: bool = False,
-                       chain: bool = False):
+                       chain: bool = False, mask_shape=None, mask_dtype: str | None = None):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
@@ -196,6 +212,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     tiles = nbx * Hq * B
     if tiles == 0 or Skv == 0:  # (the planner hands empty outputs to torch before a template sees them)
         raise ValueError(f"flash_attention(ws=True): nothing to compute for B={B}, Hq={Hq}, Sq={Sq}, Skv={Skv}")
+    masked = mask_shape is not None
     order = TileOrder.make(nbx, Hq, B, is_causal, device_facts(target).sms, pair_rows)
     if chain and order.gaps:  # (the chained schedule walks a program's live steps, which then must come first)
         order = TileOrder.make(nbx, Hq, B, is_causal, device_facts(target).sms, False)
@@ -228,21 +245,34 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             T.named_barrier_arrive(TURN_BARRIER + (wg + 1) % consumers, 256)
 
     @T.macro
-    def online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, k, m0):
-        """Key tile ``k``'s scores to probabilities: hidden keys -inf (tiles past ``Skv`` or on the diagonal only),
-        the running max, the old sums' rescale ``r_scale`` and this tile's row sums ``r_sum``."""
+    def online_softmax(b, k, m0, bz):
+        """Key tile ``k``'s scores to probabilities: with a mask, its values added (every tile; the scores then in
+        the log2 domain); hidden keys -inf (tiles past ``Skv`` or on the diagonal only); the running max, the old sums'
+        rescale ``r_scale`` and this tile's row sums ``r_sum``."""
+        if masked:
+            for i, j in T.Parallel(block_M, block_N):
+                n = k * block_N + j
+                key = T.min(n, Skv - 1) if tail_n else n
+                value = T.Cast(accum, b.Mask[broadcast_index(mask_shape, (bz, 0, 0, key))])
+                b.S_f[i, j] = b.S_f[i, j] * c + value * LOG2E
         if edge_tile(k, m0, block_N, Skv, is_causal):
             for i, j in T.Parallel(block_M, block_N):
-                S_f[i, j] = T.if_then_else(visible(m0 + i, k * block_N + j, Skv, is_causal, tail_n), S_f[i, j],
-                                                neg_inf)
-        # every row sees key 0 in tile 0, so the running max is finite from then on
-        T.copy(m_cur, m_prev)
-        T.reduce_max(S_f, m_cur, dim=1, clear=False)
-        for i in T.Parallel(block_M):
-            r_scale[i] = T.exp2(m_prev[i] * c - m_cur[i] * c)
-        for i, j in T.Parallel(block_M, block_N):
-            S_f[i, j] = T.exp2(S_f[i, j] * c - m_cur[i] * c)
-        T.reduce_sum(S_f, r_sum, dim=1)
+                b.S_f[i, j] = T.if_then_else(visible(m0 + i, k * block_N + j, Skv, is_causal, tail_n), b.S_f[i, j],
+                                             neg_inf)
+        T.copy(b.m_cur, b.m_prev)
+        T.reduce_max(b.S_f, b.m_cur, dim=1, clear=False)
+        if masked:  # a row with no visible score yet keeps max -inf; 0 stands in, so no exponent is NaN
+            for i in T.Parallel(block_M):
+                b.m_use[i] = T.if_then_else(b.m_cur[i] == neg_inf, T.Cast(accum, 0), b.m_cur[i])
+                b.r_scale[i] = T.exp2(b.m_prev[i] - b.m_use[i])
+            for i, j in T.Parallel(block_M, block_N):
+                b.S_f[i, j] = T.exp2(b.S_f[i, j] - b.m_use[i])
+        else:  # every row sees key 0 in tile 0, so the running max is finite from then on
+            for i in T.Parallel(block_M):
+                b.r_scale[i] = T.exp2(b.m_prev[i] * c - b.m_cur[i] * c)
+            for i, j in T.Parallel(block_M, block_N):
+                b.S_f[i, j] = T.exp2(b.S_f[i, j] * c - b.m_cur[i] * c)
+        T.reduce_sum(b.S_f, b.r_sum, dim=1)
 
     def q_buffer(count):
         """The Q buffer of the ``count``-th tile a program computes (``double_q``: two take turns)."""
@@ -257,7 +287,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             T.mbarrier_wait_parity(b.q_full, count % 2)
 
     @T.macro
-    def begin_tile(b, it, wg, m0, count):
+    def begin_tile(b, it, wg, m0, bz, count):
         """A tile's first key tile alone: its scores, waited for, to probabilities in ``b.P_c``; O cleared."""
         qi = q_buffer(count)
         T.fill(b.O_f, 0)
@@ -270,12 +300,12 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
         pass_turn(wg)
         T.wait_wgmma(0)
         T.barrier_arrive(b.k_empty[it % num_stages])
-        online_softmax(b.S_f, b.m_prev, b.m_cur, b.r_scale, b.r_sum, 0, m0)
+        online_softmax(b, 0, m0, bz)
         T.copy(b.r_sum, b.l_sum)
         T.copy(b.S_f, b.P_c)
 
     @T.macro
-    def rest_of_tile(b, it, wg, m0, n, qi):
+    def rest_of_tile(b, it, wg, m0, bz, n, qi):
         """Key tiles 1 .. n-1: tile k's scores and softmax beside tile k-1's P V; then Q's buffer is free."""
         for k in T.serial(1, n):
             s = (it + k) % num_stages
@@ -292,7 +322,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             pass_turn(wg)
             T.wait_wgmma(1)
             T.barrier_arrive(b.k_empty[s])
-            online_softmax(b.S_f, b.m_prev, b.m_cur, b.r_scale, b.r_sum, k, m0)
+            online_softmax(b, k, m0, bz)
             T.wait_wgmma(0)
             T.barrier_arrive(b.v_empty[sp])
             for i in T.Parallel(block_M):
@@ -317,7 +347,10 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     def store_o(b, m0, by, bz):
         """O normalized and stored (``late_store``: the previous store waited for only now)."""
         for i, j in T.Parallel(block_M, D):
-            b.O_f[i, j] = b.O_f[i, j] / b.l_sum[i]
+            if masked:  # (a row masked entirely gives 0, as the template and torch's fused kernels do)
+                b.O_f[i, j] = T.if_then_else(b.l_sum[i] == 0, T.Cast(accum, 0), b.O_f[i, j] / b.l_sum[i])
+            else:
+                b.O_f[i, j] = b.O_f[i, j] / b.l_sum[i]
         if stage_out and late_store:
             T.tma_store_wait()  # (the issuing thread) the previous tile's store has read b.O_sh
             T.copy(b.O_f, b.O_sh)
@@ -333,6 +366,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
         Q = param("Q", shapes[0], dtype)
         K = param("K", shapes[1], dtype)
         V = param("V", shapes[2], dtype)
+        Mask = param("Mask", mask_shape, mask_dtype) if masked else None
         O = param("O", shapes[3], out_dtype)
         with T.Kernel(grid, threads=threads + 128) as pid:
             Q_s = T.alloc_shared((2, block_M, D) if double_q else (block_M, D), dtype)
@@ -347,6 +381,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             r_scale = T.alloc_fragment((block_M,), accum)
             r_sum = T.alloc_fragment((block_M,), accum)
             l_sum = T.alloc_fragment((block_M,), accum)
+            m_use = T.alloc_fragment((block_M,), accum) if masked else None
             q_full = T.alloc_barrier([128, 128] if double_q else 128)
             q_empty = T.alloc_barrier([threads, threads] if double_q else threads)
             k_full = T.alloc_barrier([128] * num_stages)
@@ -358,7 +393,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             qn = T.alloc_var("int32", init=0) if order.pair else None
             b = SimpleNamespace(Q_s=Q_s, K_s=K_s, V_s=V_s, O_sh=O_sh, S_f=S_f, P_c=P_c, O_f=O_f, m_prev=m_prev,
                                 m_cur=m_cur, r_scale=r_scale, r_sum=r_sum, l_sum=l_sum, q_full=q_full, q_empty=q_empty,
-                                k_full=k_full, v_full=v_full, k_empty=k_empty, v_empty=v_empty, O=O)  # (the macros')
+                                k_full=k_full, v_full=v_full, k_empty=k_empty, v_empty=v_empty, O=O, Mask=Mask,
+                                m_use=m_use)  # (the macros')
             if T.get_thread_binding() >= threads:  # the producer
                 T.dec_max_nreg(PRODUCER_REGS)
                 for t in T.serial(order.steps):
@@ -400,13 +436,13 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                     # last P V, in the tail
                     live = order.live_steps(pid)
                     _, bx, by, bz = order.at(pid, 0)
-                    begin_tile(b, it, wg, bx * block_M, 0)
+                    begin_tile(b, it, wg, bx * block_M, bz, 0)
                     for t in T.serial(live - 1):
                         _, bx, by, bz = order.at(pid, t)
                         m0 = bx * block_M
                         n = key_tiles(m0)
-                        rest_of_tile(b, it, wg, m0, n, q_buffer(t))
-                        _, bx1, _, _ = order.at(pid, t + 1)
+                        rest_of_tile(b, it, wg, m0, bz, n, q_buffer(t))
+                        _, bx1, _, bz1 = order.at(pid, t + 1)
                         qj = q_buffer(t + 1)
                         wait_q(b, qj, t + 1)
                         s1 = (it + n) % num_stages  # the next tile's first key tile's stage
@@ -423,7 +459,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         T.wait_wgmma(1)
                         T.barrier_arrive(k_empty[s1])
                         T.fill(m_cur, neg_inf)
-                        online_softmax(S_f, m_prev, m_cur, r_scale, r_sum, 0, bx1 * block_M)
+                        online_softmax(b, 0, bx1 * block_M, bz1)
                         T.wait_wgmma(0)
                         T.barrier_arrive(v_empty[sl])
                         store_o(b, m0, by, bz)
@@ -434,7 +470,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                     _, bx, by, bz = order.at(pid, live - 1)
                     m0 = bx * block_M
                     n = key_tiles(m0)
-                    rest_of_tile(b, it, wg, m0, n, q_buffer(live - 1))
+                    rest_of_tile(b, it, wg, m0, bz, n, q_buffer(live - 1))
                     last_pv(b, it, wg, n)
                     it = it + n
                     store_o(b, m0, by, bz)
@@ -445,8 +481,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                             m0 = bx * block_M
                             n = key_tiles(m0)
                             qc = qn if order.pair else t  # (paired steps may skip some)
-                            begin_tile(b, it, wg, m0, qc)
-                            rest_of_tile(b, it, wg, m0, n, q_buffer(qc))
+                            begin_tile(b, it, wg, m0, bz, qc)
+                            rest_of_tile(b, it, wg, m0, bz, n, q_buffer(qc))
                             last_pv(b, it, wg, n)
                             it = it + n
                             if order.pair:
