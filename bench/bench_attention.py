@@ -72,12 +72,15 @@ def variants(D: int, causal: bool = False) -> list[dict]:
                   for m, n, st, t in ws for x in extra]
 
 
-def chain_variants(D: int, causal: bool = False) -> list[dict]:
+def chain_variants(D: int, causal: bool = False, S: int | None = None) -> list[dict]:
     """The chained schedule (``chain``: each tile's first scores under the previous tile's last ``P V``) against the
-    plain one, on the ws seeds and, at head dim 64, a 192-key tile (lowers without spills; not yet measured), with the
-    causal default (``pair_rows``) on causal shapes: plain, chained, chained with two Q buffers; first, the
-    TileLang-scheduled template's default pick (what a masked attention runs without ``attention_masked``)."""
+    plain one, on the ws seeds and, at head dim 64, a 192-key tile and, for at most 224 keys, one key tile for them
+    all (both lower without spills; not yet measured), with the causal default (``pair_rows``) on causal shapes:
+    plain, chained, chained with two Q buffers; first, the TileLang-scheduled template's default pick (what a masked
+    attention runs without ``attention_masked``)."""
     tiles = attention_ws.seeds(D) + ([(128, 192, 2, 256)] if D <= 64 else [])
+    if D <= 64 and S is not None and S <= 224:  # one key tile holds them all (ViT's 197 in 208: no spills either)
+        tiles.append((128, -(-S // 16) * 16, 2, 256))
     base = {"ws": True, **({"pair_rows": True} if causal else {})}
     extra = [{}, {"chain": True}, {"chain": True, "double_q": True}]
     template = attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, causal=causal)[0]  # (TileLang's schedule)
@@ -167,8 +170,12 @@ def main(argv=None) -> int:
         if a.configs == "seeds":
             configs = attention.get_configs(target, D, ws, causal)
         else:
-            pick = {"variants": variants, "chain": chain_variants}.get(a.configs)
-            configs = pick(D, causal) if pick else attention.config_space(target, D, ws=ws, causal=causal)
+            if a.configs == "chain":
+                configs = chain_variants(D, causal, S)
+            elif a.configs == "variants":
+                configs = variants(D, causal)
+            else:
+                configs = attention.config_space(target, D, ws=ws, causal=causal)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing, masked)
         result["rows"].append(row)
         ok = [e for e in row["tilefuse"] if "ms" in e]
