@@ -8,7 +8,7 @@
 #            session 30: 8192x2048x8192 0.3837 against 0.4017 ms), at LLaMA's down projection and the MLP's fc2.
 #   part 23: the chained attention schedule (flash_attention(ws=True, chain=True), written in session 31 without a
 #            GPU): the ws attention's GPU tests (every variant, chain included), then the sweep's 13 shapes with the
-#            plain, chained and chained + two Q buffers schedules on the ws seeds and a
+#            plain and chained (+ late store, + two Q buffers) schedules on the ws seeds and a
 #            192-key tile at head dim 64 (bench_attention.py --configs chain), cuDNN and flash in the same process.
 #            If chain wins, it goes into the seeds (attention_configs.get_configs); if a test fails, it stays out.
 #            Then BERT's padding mask (bench_attention.py --shapes masked): the ws schedule with a padding mask (also
@@ -65,7 +65,7 @@ elif [ "$part" = 23 ]; then
         > "$OUT/logs/attn_masked.log" 2>&1
     grep -E "^\|" "$OUT/logs/attn_chain.log" "$OUT/logs/attn_masked.log"
     python3 - "$OUT/logs/attn_chain.json" "$OUT/logs/attn_masked.json" <<'PY'  # per shape: x cuDNN of each config
-#   (tl: the TileLang-scheduled template; tile alone: ws plain; c: chained; c+dq: chained, two Q buffers)
+#   (tl: the TileLang-scheduled template; a tile alone: the ws schedule, plain; else its options)
 import json, sys
 import os
 rows = [r for f in sys.argv[1:] if os.path.exists(f) for r in json.load(open(f))["rows"]]
@@ -73,7 +73,7 @@ for r in rows:
     cu, cells = r["sdpa"].get("cudnn"), []
     for e in r["tilefuse"]:
         c = e["config"]
-        tag = "tl" if not c.get("ws") else "" if not c.get("chain") else "c+dq" if c.get("double_q") else "c"
+        tag = "tl" if not c.get("ws") else "+".join(k for k in ("chain", "late_store", "double_q") if c.get(k))
         cells.append(f"{c['block_M']}x{c['block_N']}{'/' + tag if tag else ''} "
                      + (f"{cu / e['ms']:.3f}" if "ms" in e and cu else e.get("error", "?")[:40]))
     print(r["B"], r["Hq"], r["S"], r["D"], "c" if r["causal"] else "-", "m" if r.get("masked") else "-", "|",
