@@ -414,6 +414,51 @@ def test_a_padding_mask_is_added_to_every_key_tile():
     assert re.search(r"if \(\(l_sum\[[^]]+\] == 0x0p\+0f", body)
 
 
+def test_the_zoo_berts_padding_mask_takes_the_ws_schedule_where_asked_for():
+    """The zoo BERT's attention, planned for sm_90a: a (B, 1, 1, S) fp16 mask and token-row operands; under
+    ``attention_masked`` its default config is the ws schedule, which lowers with the mask as a parameter."""
+    from tilefuse import models
+    from tilefuse.capture import capture_graphs
+    from tilefuse.lowering.dispatch import build
+    from tilefuse.pipeline import plan
+
+    (graph,) = capture_graphs(*models.build("bert", "tiny", dtype=torch.float16))
+    masked = Options(target=SM90, experimental="attention_masked").target
+    p = plan(graph, masked)
+    specs = [build(r, p.graph, masked) for r in p.regions if r.kind == "attention"]
+    assert specs
+    for spec in specs:
+        kw = spec.factory_kwargs()
+        assert attention_ws.key_mask(kw["mask_shape"]) and kw["mask_dtype"] == "float16"
+        assert not lower.default_config(spec, SM90).get("ws")  # (not asked for: the template)
+        cfg = lower.default_config(spec, masked)
+        assert cfg.get("ws"), cfg
+    src = kernel_source(attention.flash_attention(**kw, **cfg, target=masked), masked)
+    assert "const half_t* __restrict__ Mask" in src and "tma_load" in src
+
+
+@pytest.mark.gpu
+def test_zoo_bert_with_the_masked_ws_schedule_matches_eager_gpu():
+    """The zoo BERT (batch 4 x 100 tokens, D 32, random padding past row 0) through torch.compile with the masked and
+    chained ws schedule, every region its kernel (no measured choice): against eager, fp16 tolerances."""
+    from tilefuse import models
+    from tilefuse.backend import make_backend
+
+    torch._dynamo.reset()
+    model, inputs = models.build("bert", "small", dtype=torch.float16, device="cuda")
+    runners = []
+    backend = make_backend(Options(measure=False, experimental="attention_masked,attention_chain",
+                                   observer=runners.append))
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for seed in (1, 2):  # fresh inputs each call
+            inputs = models.example_inputs("bert", "small", device="cuda", seed=seed)
+            torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-2, atol=1e-2)
+    torch._dynamo.reset()
+    assert backend.failures == []
+    assert any(r.kind == "attention" for runner in runners for r in runner.plan.regions)
+
+
 def test_late_store_waits_for_the_store_before_the_next_tile_writes_o():
     def source(S, **kw):
         return kernel_source(attention.flash_attention(32, 16, S, S, 64, dtype="float16", target=SM90,
