@@ -174,6 +174,8 @@ def main(argv=None) -> int:
         else:
             if a.configs == "chain":
                 configs = chain_variants(D, causal, S)
+                if masked:  # each ws config also bounded by the padding (bound_keys: no key tile past the last kept)
+                    configs += [{**c, "bound_keys": True} for c in configs if c.get("ws")]
             elif a.configs == "variants":
                 configs = variants(D, causal)
             else:

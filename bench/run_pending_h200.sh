@@ -6,21 +6,23 @@
 #            cases' numerics), the template GEMM's GPU tests whole (session 30's call ran out of time at 21 passed, no failure), then the
 #            sliced epilogue with a residual read where it lies against the staged one at long K (one sample in
 #            session 30: 8192x2048x8192 0.3837 against 0.4017 ms), at LLaMA's down projection and the MLP's fc2.
-#   part 23: the chained attention schedule (flash_attention(ws=True, chain=True), written in session 31 without a
-#            GPU): the ws attention's GPU tests (every variant, chain included), then the sweep's 13 shapes with the
-#            plain and chained (+ late store, + two Q buffers) schedules on the ws seeds and a
-#            192-key tile at head dim 64 (bench_attention.py --configs chain), cuDNN and flash in the same process.
-#            If chain wins, it goes into the seeds (attention_configs.get_configs); if a test fails, it stays out.
-#            Then BERT's padding mask (bench_attention.py --shapes masked): the ws schedule with a padding mask (also
-#            session 31's, offered only under Options.experimental "attention_masked") against the TileLang-scheduled
-#            template (what masked attention runs today) and SDPA's cuDNN and efficient backends.
+#   part 23: session 31's attention schedules, written without a GPU (both opt-in until measured): the ws attention's
+#            GPU tests (every variant: chain, the padding mask, the zoo BERT end to end), then BERT's padding mask
+#            (bench_attention.py --shapes masked): the ws schedule with the mask (Options.experimental
+#            "attention_masked"), with and without bound_keys (each batch's keys walked up to its last kept one),
+#            plain and chained, against the TileLang-scheduled template (what masked attention runs today) and SDPA's
+#            cuDNN and efficient backends. If a test fails, the schedule stays out of every default.
+#   part 24: the chained schedule (flash_attention(ws=True, chain=True)) over the sweep's 13 shapes: plain and
+#            chained (+ late store, + two Q buffers) on the ws seeds, a 192-key tile and, at ViT's 197 tokens, one key
+#            tile (bench_attention.py --configs chain), cuDNN and flash in the same process. If chain wins, it goes
+#            into the seeds (attention_configs.get_configs).
 #   part 22: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
 #            compile_time.py's cProfile of tilefuse's cold and warm compiles.
 #   part 12: LLaMA's compile time against Inductor's in fresh processes (#13's compile bar; ResNet-50's and the MLP's
 #            were measured in session 30).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 21|23|22|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 21|23|24|22|12   (logs and JSON under $OUT, tarred into one file)
 set -u
 part=${1:-21}
 OUT=${OUT:-/tmp/pending}
@@ -55,30 +57,19 @@ if [ "$part" = 21 ]; then
         > "$OUT/logs/gemm_ws_sliced_residual.log" 2>&1
     grep -v -i "warn" "$OUT/logs/gemm_ws_sliced_residual.log" | tail -27 | sed 's/"block_//g; s/  \+/ /g'
 elif [ "$part" = 23 ]; then
-    timeout 150 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_attention_ws.py \
+    timeout 170 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_attention_ws.py \
         > "$OUT/logs/gpu_tests_attention_ws.log" 2>&1
     echo "attention_ws: $(tail -1 "$OUT/logs/gpu_tests_attention_ws.log")"
     grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_attention_ws.log" | head -8
-    timeout 290 python3 bench/bench_attention.py --shapes sweep --configs chain --json "$OUT/logs/attn_chain.json" \
-        > "$OUT/logs/attn_chain.log" 2>&1
-    timeout 90 python3 bench/bench_attention.py --shapes masked --configs chain --json "$OUT/logs/attn_masked.json" \
+    timeout 200 python3 bench/bench_attention.py --shapes masked --configs chain --json "$OUT/logs/attn_masked.json" \
         > "$OUT/logs/attn_masked.log" 2>&1
-    grep -E "^\|" "$OUT/logs/attn_chain.log" "$OUT/logs/attn_masked.log"
-    python3 - "$OUT/logs/attn_chain.json" "$OUT/logs/attn_masked.json" <<'PY'  # per shape: x cuDNN of each config
-#   (tl: the TileLang-scheduled template; a tile alone: the ws schedule, plain; else its options)
-import json, sys
-import os
-rows = [r for f in sys.argv[1:] if os.path.exists(f) for r in json.load(open(f))["rows"]]
-for r in rows:
-    cu, cells = r["sdpa"].get("cudnn"), []
-    for e in r["tilefuse"]:
-        c = e["config"]
-        tag = "tl" if not c.get("ws") else "+".join(k for k in ("chain", "late_store", "double_q") if c.get(k))
-        cells.append(f"{c['block_M']}x{c['block_N']}{'/' + tag if tag else ''} "
-                     + (f"{cu / e['ms']:.3f}" if "ms" in e and cu else e.get("error", "?")[:40]))
-    print(r["B"], r["Hq"], r["S"], r["D"], "c" if r["causal"] else "-", "m" if r.get("masked") else "-", "|",
-          " ".join(cells))
-PY
+    grep -E "^\|" "$OUT/logs/attn_masked.log"
+    python3 bench/summarize_attention.py "$OUT/logs/attn_masked.json"
+elif [ "$part" = 24 ]; then
+    timeout 400 python3 bench/bench_attention.py --shapes sweep --configs chain --json "$OUT/logs/attn_chain.json" \
+        > "$OUT/logs/attn_chain.log" 2>&1
+    grep -E "^\|" "$OUT/logs/attn_chain.log"
+    python3 bench/summarize_attention.py "$OUT/logs/attn_chain.json"
 elif [ "$part" = 22 ]; then
     timeout 200 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeout 120 \
         --profile "$OUT/logs/compile_profile" --out "$OUT/logs/compile_time_mlp.json" > "$OUT/logs/compile_time_mlp.log" 2>&1

@@ -34,6 +34,7 @@ C = {"kind": "c"}
     (SM90, {"mask_shape": (4, 1, 64, 64)}, False),  # one per query too
     (SM90, {"mask_shape": (4, 2, 1, 64)}, False),  # one per head
     (SM90, {"mask_shape": (4, 1, 1, 64), "mask_dtype": "bool"}, False),  # (additive masks only)
+    (SM90, {"mask_shape": (4, 1, 1, 64), "bound_keys": True}, True),
     (SM90, {"scale": -0.1}, False),
     (SM90, {"window": 8}, False),
     (SM90, {"pack": True}, False),
@@ -88,7 +89,8 @@ def test_configs_offer_ws_only_where_it_applies():
         assert not any(c.get("ws") for c in lower.config_space(_spec(), target))
     # a padding mask takes the ws schedule where asked for (not yet run on a GPU), and never for a decode step
     masked = Options(target=SM90, experimental="attention_masked").target
-    assert lower.default_config(_spec(mask_shape=(2, 1, 1, 256)), masked) == {**lower.default_config(_spec(), SM90)}
+    assert lower.default_config(_spec(mask_shape=(2, 1, 1, 256)), masked) == {**lower.default_config(_spec(), SM90),
+                                                                              "bound_keys": True}
     assert not lower.default_config(_spec(mask_shape=(2, 1, 256, 256)), masked).get("ws")
     decode = _spec(Sq=1, Skv=512, Hkv=1, mask_shape=(2, 1, 1, 512))
     assert not any(c.get("ws") for c in lower.config_space(decode, masked))
@@ -369,29 +371,32 @@ MASKED = {
     "tails_gqa_causal": (2, 8, 2, 333, 333, 64, torch.float16, torch.float16, None, None, None, {"is_causal": True}),
     "d128_inf_empty_batch": (3, 4, 4, 200, 200, 128, torch.float16, torch.float32, None, float("-inf"), 1, {}),
     "one_row_bf16": (1, 4, 4, 100, 257, 64, torch.bfloat16, torch.bfloat16, (257,), None, None, {"scale": 0.3}),
+    # every key of batch 2 hidden by a finite fill: its rows weigh the keys evenly, as SDPA does (no bound there)
+    "finite_empty_batch": (3, 4, 2, 300, 300, 64, torch.float16, torch.float16, None, None, 2, {"is_causal": True}),
 }
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [{}, {"chain": True}])
+@pytest.mark.parametrize("variant", [{}, {"chain": True}, {"bound_keys": True}, {"chain": True, "bound_keys": True}])
 def test_ws_gpu_padding_mask_matches_sdpa(variant, rng):
-    """A padding mask added to every key tile's scores, in each layout of the mask, with the chained schedule too; a
-    batch that sees no key gives 0 (the template's and torch's fused kernels' convention), the others match SDPA."""
+    """A padding mask added to every key tile's scores, in each layout of the mask, with the chained schedule and the
+    key bound too; a batch whose keys are all -inf gives 0 (the template's and torch's fused kernels' convention),
+    the others match SDPA (a batch hidden by a finite fill weighs its keys evenly)."""
     runs = []
     for name, (B, Hq, Hkv, Sq, Skv, D, dt, mdt, shape, fill, empty, kw) in sorted(MASKED.items()):
         mask = _padding_mask(rng, B, Skv, mdt, shape, fill, empty)
         f = attention.flash_attention(B, Hq, Sq, Skv, D, Hkv=Hkv, dtype=str(dt).split(".")[1], target=SM90,
                                       mask_shape=tuple(mask.shape), mask_dtype=str(mdt).split(".")[1], **kw,
                                       **_ws_configs(D, **variant)[0])
-        runs.append((name, f, (B, Hq, Hkv, Sq, Skv, D, dt), mask, empty, kw))
+        runs.append((name, f, (B, Hq, Hkv, Sq, Skv, D, dt), mask, fill, empty, kw))
     kernels = compile_many([(f, [-1]) for _, f, *_ in runs], default_target(), return_exceptions=True)
-    for (name, _, (B, Hq, Hkv, Sq, Skv, D, dt), mask, empty, kw), kernel in zip(runs, kernels):
+    for (name, _, (B, Hq, Hkv, Sq, Skv, D, dt), mask, fill, empty, kw), kernel in zip(runs, kernels):
         assert not isinstance(kernel, BaseException), f"{name}: {kernel}"
         assert "Mask" in kernel.get_kernel_source(), name
         q, k, v = (torch.randn(B, h, s, D, generator=rng).to(dt).cuda() for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
         got = kernel(q, k, v, mask)
         want = attention.reference(q, k, v, mask, **kw)
-        if empty is not None:
+        if empty is not None and fill == float("-inf"):  # (SDPA's math form gives NaN there)
             assert (got[empty] == 0).all(), name
             keep = [b for b in range(B) if b != empty]
             got, want = got[keep], want[keep]
@@ -412,6 +417,27 @@ def test_a_padding_mask_is_added_to_every_key_tile():
     # a row that sees nothing: 0 stands in for its max and its output is 0, not 0 / 0
     assert re.search(r"if \(\(m_cur\[i_\d+\] == -CUDART_INF_F\)\)", body)
     assert re.search(r"if \(\(l_sum\[[^]]+\] == 0x0p\+0f", body)
+
+
+def test_bound_keys_scans_each_batchs_mask_before_the_warp_groups_part():
+    def source(**kw):
+        return kernel_source(attention.flash_attention(32, 12, 512, 512, 64, dtype="float16", target=SM90,
+                                                       mask_shape=(32, 1, 1, 512), mask_dtype="float16",
+                                                       **_ws_configs(64)[0], **kw), SM90)
+    bounded, plain = source(bound_keys=True), source()
+    split = bounded.index("tl::warpgroup_reg_dealloc")
+    head, body = bounded[:split], bounded[split:]
+    # the scan (the largest value, then the last key above it minus the gap), a bound per batch, then one more
+    # block-wide barrier before the warp groups part (and none after)
+    assert "__shfl_xor_sync" in head and "0x1.388p+13f" in head and "bound_s" in head
+    assert head.count("__syncthreads()") == 2 and "__syncthreads()" not in body and plain.count("__syncthreads()") == 1
+    # producer and consumers walk the same bounded count: the batch's bound read into a register first
+    assert body.count("kn[0] = min(4, ((int*)bound_s)[") == 2 and "bound_s" not in plain
+    with pytest.raises(ValueError, match="bound_keys reads a padding mask"):
+        attention_ws.flash_attention_ws(2, 4, 256, 256, 64, Hkv=4, is_causal=False, scale=0.125, dtype="float16",
+                                        out_dtype="float16", block_M=128, block_N=128, num_stages=2, threads=256,
+                                        target=SM90, shapes=((2, 4, 256, 64),) * 4, layouts=(None,) * 4,
+                                        bound_keys=True)
 
 
 def test_the_zoo_berts_padding_mask_takes_the_ws_schedule_where_asked_for():

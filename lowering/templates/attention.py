@@ -47,7 +47,7 @@ from tilefuse.lowering.templates.attention_configs import (  # noqa: F401 -- the
     get_configs,
     per_key_mask,
 )
-from tilefuse.lowering.templates.attention_ws import LOG2E
+from tilefuse.lowering.templates.attention_ws import HIDDEN_GAP, LOG2E
 from tilefuse.lowering.templates.common import (
     broadcast_index,
     broadcast_shapes,
@@ -57,11 +57,6 @@ from tilefuse.lowering.templates.common import (
     target_kind,
 )
 
-# ``bound_keys``: a key whose mask is at least this far below its row's largest mask value is skipped. Its softmax
-# weight, relative to the row's key with the largest mask, is below exp(-HIDDEN_GAP + their score difference): 0 in
-# fp32 unless two scaled scores of a row differ by more than ~9,900. Hugging Face fills hidden keys with finfo.min
-# (-65504 in fp16), older models with -10000 (tilefuse.planner.attention_mask.NEG_FILL is the same bound).
-HIDDEN_GAP = 1e4
 SCAN_RUN = 8  # keys a lane reads a step of the bound's scan of the mask
 # scan steps a lane issues together (unrolled, runs in registers): 32 x 8 x 16 = 4096 keys one trip a pass, not 16.
 # H200, L2 flushed (bench_decode_attention.py, 2026-12-02): batch 1 x 4096 filled 300, 0.0159 -> 0.0130 ms unsplit,
@@ -213,7 +208,8 @@ def flash_attention(
             block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads, target=target,
             shapes=(q_shape, k_shape, v_shape, o_shape), layouts=(q_layout, k_layout, v_layout, o_layout),
             pingpong=bool(pingpong), pair_rows=bool(pair_rows), late_store=bool(late_store),
-            double_q=bool(double_q), chain=bool(chain), mask_shape=mask_shape, mask_dtype=mask_dtype)
+            double_q=bool(double_q), chain=bool(chain), mask_shape=mask_shape, mask_dtype=mask_dtype,
+            bound_keys=bool(bound_keys))
     stage_out = (bool(stage_out) and target_kind(target) == "cuda" and not (pack or int(splits) > 1)
                  and Sq % block_M == 0)
     rows = groups * Sq if pack else Sq  # a program's rows run over these

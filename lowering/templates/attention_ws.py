@@ -32,6 +32,12 @@ from tilefuse.config import device_facts
 from tilefuse.lowering.templates.common import broadcast_index, param, target_kind
 
 LOG2E = 1.4426950408889634
+# ``bound_keys`` (both schedules): a key whose mask is at least this far below its row's largest mask value is skipped.
+# Its softmax weight, relative to the row's key with the largest mask, is below exp(-HIDDEN_GAP + their score
+# difference): 0 in fp32 unless two scaled scores of a row differ by more than ~9,900. Hugging Face fills hidden keys
+# with finfo.min (-65504 in fp16), older models with -10000 (tilefuse.planner.attention_mask.NEG_FILL is the same
+# bound).
+HIDDEN_GAP = 1e4
 PRODUCER_REGS, CONSUMER_REGS = 24, {2: 240, 3: 160}  # setmaxnreg per warp group: 24 + consumers' within 64K
 TURN_BARRIER = 12  # ping-pong: consumer warp group w waits on named barrier 12 + w (TileLang numbers its own from 3)
 
@@ -58,7 +64,8 @@ def eligible(target: dict | str, *, D: int, dtype: str = "float16", mask_shape=N
     """Whether ``flash_attention_ws`` builds this attention (legality only; which schedule wins is measured). Q, K and
     V are TMA loads: a token-row operand's row width and column offset must be whole 16-byte units (TileLang refuses
     the descriptor otherwise; the template then copies without TMA). The output is in the operands' dtype (the one
-    measured and tested). A mask must be a padding mask (``key_mask``) of floats, added to the scores."""
+    measured and tested). A mask must be a padding mask (``key_mask``) of floats, added to the scores; ``bound_keys``
+    needs one."""
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     rows_ok = all(lay is None or (int(lay[0]) % 8 == 0 and int(lay[1]) % 8 == 0)
                   for lay in (q_layout, k_layout, v_layout))
@@ -66,7 +73,8 @@ def eligible(target: dict | str, *, D: int, dtype: str = "float16", mask_shape=N
                                      and (mask_dtype or dtype) in ("float16", "bfloat16", "float32"))
     return (target_kind(target) == "cuda" and arch.startswith("sm_90") and dtype in ("float16", "bfloat16")
             and mask_ok and (scale is None or scale > 0) and window is None and not pack
-            and int(splits) <= 1 and not bound_keys and D % 16 == 0 and 16 <= D <= 128 and rows_ok
+            and int(splits) <= 1 and (not bound_keys or mask_shape is not None) and D % 16 == 0 and 16 <= D <= 128
+            and rows_ok
             and out_dtype in (None, dtype))
 
 
@@ -179,7 +187,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                        dtype: str, out_dtype: str, block_M: int, block_N: int, num_stages: int, threads: int,
                        target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False,
                        pair_rows: bool = False, late_store: bool = False, double_q: bool = False,
-                       chain: bool = False, mask_shape=None, mask_dtype: str | None = None):
+                       chain: bool = False, mask_shape=None, mask_dtype: str | None = None,
+                       bound_keys: bool = False):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
@@ -213,6 +222,10 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     if tiles == 0 or Skv == 0:  # (the planner hands empty outputs to torch before a template sees them)
         raise ValueError(f"flash_attention(ws=True): nothing to compute for B={B}, Hq={Hq}, Sq={Sq}, Skv={Skv}")
     masked = mask_shape is not None
+    if bound_keys and not masked:
+        raise ValueError("flash_attention(ws=True): bound_keys reads a padding mask; there is none")
+    mask_batches = ((1,) * (4 - len(mask_shape)) + tuple(mask_shape))[0] if masked else 0
+    warps = (threads + 128) // 32
     order = TileOrder.make(nbx, Hq, B, is_causal, device_facts(target).sms, pair_rows)
     if chain and order.gaps:  # (the chained schedule walks a program's live steps, which then must come first)
         order = TileOrder.make(nbx, Hq, B, is_causal, device_facts(target).sms, False)
@@ -222,6 +235,47 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
 
     def key_tiles(m0):
         return T.ceildiv(T.min(Skv, m0 + block_M), block_N) if is_causal else T.ceildiv(Skv, block_N)
+
+    @T.macro
+    def bounded_count(b, m0, bz):
+        """``bound_keys``: the key tiles of the tile at row ``m0`` of batch ``bz``, none past its batch's last kept
+        key (``key_bounds``), read into ``b.kn`` first (TileLang's thread-sync pass refuses a shared-memory read in a
+        loop's extent)."""
+        b.kn[0] = T.min(key_tiles(m0), b.bound_s[bz if mask_batches > 1 else 0])
+        return b.kn[0]
+
+    def key_count(b, m0, bz):
+        """The key tiles of the tile at row ``m0`` of batch ``bz``: causal or all (bounded with ``bound_keys``)."""
+        return bounded_count(b, m0, bz) if bound_keys else key_tiles(m0)
+
+    @T.macro
+    def key_bounds(b):
+        """``bound_s[batch]``: the key tiles up to the batch's last kept key (its mask above the batch's largest minus
+        ``HIDDEN_GAP``, or NaN: as the template's ``bound_keys``), all of them where none is kept. Before the warp
+        groups part: each warp of the program scans whole batches, its lanes a key each a step (two passes: the
+        largest value, then the last kept key), so every program holds every batch's bound."""
+        lane = T.get_lane_idx(32)
+        for r in T.serial(-(-mask_batches // warps)):
+            mb = T.get_thread_binding() // 32 + r * warps
+            if mb < mask_batches:
+                b.scan[0] = neg_inf
+                for e in T.serial(-(-Skv // 32)):
+                    key = T.min(e * 32 + lane, Skv - 1)  # (lanes past the keys read the last one again)
+                    b.scan[0] = T.max(b.scan[0], T.Cast(accum, b.Mask[broadcast_index(mask_shape, (mb, 0, 0, key))]))
+                for off in T.unroll(5):
+                    b.scan[0] = T.max(b.scan[0], T.shfl_xor(b.scan[0], 1 << off))
+                b.scan[1] = -1.0
+                for e in T.serial(-(-Skv // 32)):
+                    key = T.min(e * 32 + lane, Skv - 1)
+                    value = T.Cast(accum, b.Mask[broadcast_index(mask_shape, (mb, 0, 0, key))])
+                    if T.Or(T.isnan(value), value > b.scan[0] - HIDDEN_GAP):
+                        b.scan[1] = T.max(b.scan[1], T.Cast(accum, key))
+                for off in T.unroll(5):
+                    b.scan[1] = T.max(b.scan[1], T.shfl_xor(b.scan[1], 1 << off))
+                if lane == 0:
+                    b.bound_s[mb] = T.if_then_else(b.scan[1] < 0, T.ceildiv(Skv, block_N),
+                                                   T.ceildiv(T.Cast("int32", b.scan[1]) + 1, block_N))
+        T.sync_threads()
 
     @T.macro
     def scores(Q_s, K_s, S_f, s, qi):
@@ -382,6 +436,9 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             r_sum = T.alloc_fragment((block_M,), accum)
             l_sum = T.alloc_fragment((block_M,), accum)
             m_use = T.alloc_fragment((block_M,), accum) if masked else None
+            bound_s = T.alloc_shared((mask_batches,), "int32") if bound_keys else None
+            scan = T.alloc_local((2,), accum) if bound_keys else None
+            kn = T.alloc_local((1,), "int32") if bound_keys else None
             q_full = T.alloc_barrier([128, 128] if double_q else 128)
             q_empty = T.alloc_barrier([threads, threads] if double_q else threads)
             k_full = T.alloc_barrier([128] * num_stages)
@@ -394,14 +451,16 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             b = SimpleNamespace(Q_s=Q_s, K_s=K_s, V_s=V_s, O_sh=O_sh, S_f=S_f, P_c=P_c, O_f=O_f, m_prev=m_prev,
                                 m_cur=m_cur, r_scale=r_scale, r_sum=r_sum, l_sum=l_sum, q_full=q_full, q_empty=q_empty,
                                 k_full=k_full, v_full=v_full, k_empty=k_empty, v_empty=v_empty, O=O, Mask=Mask,
-                                m_use=m_use)  # (the macros')
+                                m_use=m_use, bound_s=bound_s, scan=scan, kn=kn)  # (the macros')
+            if bound_keys:
+                key_bounds(b)
             if T.get_thread_binding() >= threads:  # the producer
                 T.dec_max_nreg(PRODUCER_REGS)
                 for t in T.serial(order.steps):
                     if order.at(pid, t)[0]:
                         _, bx, by, bz = order.at(pid, t)
                         m0 = bx * block_M
-                        n = key_tiles(m0)
+                        n = key_count(b, m0, bz)
                         if double_q:  # Q buffer (count % 2), its phase (count // 2) % 2
                             qi = (qn if order.pair else t) % 2
                             T.mbarrier_wait_parity(q_empty[qi], (((qn if order.pair else t) // 2) % 2) ^ 1)
@@ -440,7 +499,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                     for t in T.serial(live - 1):
                         _, bx, by, bz = order.at(pid, t)
                         m0 = bx * block_M
-                        n = key_tiles(m0)
+                        n = key_count(b, m0, bz)
                         rest_of_tile(b, it, wg, m0, bz, n, q_buffer(t))
                         _, bx1, _, bz1 = order.at(pid, t + 1)
                         qj = q_buffer(t + 1)
@@ -469,7 +528,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         it = it + n
                     _, bx, by, bz = order.at(pid, live - 1)
                     m0 = bx * block_M
-                    n = key_tiles(m0)
+                    n = key_count(b, m0, bz)
                     rest_of_tile(b, it, wg, m0, bz, n, q_buffer(live - 1))
                     last_pv(b, it, wg, n)
                     it = it + n
@@ -479,7 +538,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                         if order.at(pid, t)[0]:
                             _, bx, by, bz = order.at(pid, t)
                             m0 = bx * block_M
-                            n = key_tiles(m0)
+                            n = key_count(b, m0, bz)
                             qc = qn if order.pair else t  # (paired steps may skip some)
                             begin_tile(b, it, wg, m0, bz, qc)
                             rest_of_tile(b, it, wg, m0, bz, n, q_buffer(qc))
