@@ -15,7 +15,10 @@ multiple of 16 up to 128, and no mask but a padding mask (``key_mask``: one floa
 padding mask is read from global memory (L1 serves a tile's rows) and added to every key tile's scores, which are then
 scaled into the log2 domain before the row max; as in ``flash_attention``, a row that sees no key yet uses 0 for its
 max and a row that sees none gives 0 (written 2026-12-04 without a GPU: offered only under ``Options.experimental``
-"attention_masked" until ``run_pending_h200.sh`` part 23 has run its tests). Tails: TMA loads zero-fill rows past
+"attention_masked" until ``run_pending_h200.sh`` part 23 has run its tests). With ``bound_keys`` (which
+"attention_masked" adds), every warp of a program first scans whole batches' masks (``key_bounds``) into a per-batch
+count of key tiles, up to the last key not hidden (``HIDDEN_GAP``); producer and consumers then walk only those: a
+right-padded batch's padding is never loaded or multiplied. Tails: TMA loads zero-fill rows past
 ``Sq``/``Skv``; scores past ``Skv`` and above the causal diagonal (top-left aligned, as torch) are ``-inf``, tested
 only in the tiles that hold such keys; the output goes through shared memory with a TMA store for whole row tiles,
 else from the fragment with a guarded store. Measured: see ``WS_SEEDS``.
