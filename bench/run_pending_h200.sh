@@ -16,13 +16,18 @@
 #            chained (+ late store, + two Q buffers) on the ws seeds, a 192-key tile and, at ViT's 197 tokens, one key
 #            tile (bench_attention.py --configs chain), cuDNN and flash in the same process. If chain wins, it goes
 #            into the seeds (attention_configs.get_configs).
+#   part 25: the zoo's BERT (its padding mask: masked, bounded, chained), GPT-2 and ViT (chained), then held-out HF
+#            BERT and GPT-2 (ids only, no mask: chained), with no options but
+#            TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain, against Inductor default in the same process
+#            (session 30 without them: BERT 1.07-1.08x, GPT-2 1.08-1.12x, ViT 1.16-1.26x; HF BERT 1.61x, GPT-2 1.40x
+#            the best peer). The measured choice still picks kernel or torch per region.
 #   part 22: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
 #            compile_time.py's cProfile of tilefuse's cold and warm compiles.
 #   part 12: LLaMA's compile time against Inductor's in fresh processes (#13's compile bar; ResNet-50's and the MLP's
 #            were measured in session 30).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 21|23|24|22|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh 21|23|24|25|22|12   (logs and JSON under $OUT, tarred into one file)
 set -u
 part=${1:-21}
 OUT=${OUT:-/tmp/pending}
@@ -70,6 +75,12 @@ elif [ "$part" = 24 ]; then
         > "$OUT/logs/attn_chain.log" 2>&1
     grep -E "^\|" "$OUT/logs/attn_chain.log"
     python3 bench/summarize_attention.py "$OUT/logs/attn_chain.json"
+elif [ "$part" = 25 ]; then  # (after 23 and 24: the schedules, asked for, in whole models)
+    TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain zoo bert,gpt2,vit 330 zoo_masked_chain
+    TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain timeout 200 python3 bench/bench_models.py \
+        --models hf-bert,hf-gpt2 --peers default --no-warm --reps 30 --json "$OUT/logs/heldout_masked_chain.json" \
+        > "$OUT/logs/heldout_masked_chain.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/heldout_masked_chain.log" | cut -c1-220 | head -30
 elif [ "$part" = 22 ]; then
     timeout 200 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeout 120 \
         --profile "$OUT/logs/compile_profile" --out "$OUT/logs/compile_time_mlp.json" > "$OUT/logs/compile_time_mlp.log" 2>&1
