@@ -59,6 +59,7 @@ import tvm
 
 from tilefuse.config import VERSION as __version__
 from tilefuse.ir import dtype_name, torch_dtype
+from tilefuse.lowering import func_cache
 from tilefuse.lowering.compile import compile_kernel
 from tilefuse.lowering.lower import make_prim_func
 from tilefuse.runtime.integrity import (
@@ -428,7 +429,7 @@ class KernelStore:
             m = FUNC_MEMBER.fullmatch(name)
             if m:
                 with _blame(contents.path, name):
-                    self.funcs[m[1]] = tvm.ir.load_json(blob.decode())
+                    self.funcs[m[1]] = func_cache.load_func(blob.decode())
 
     def prebuilt(self, tuning: dict) -> Any:
         """``lower``'s ``prebuilt(spec, config)`` for one plan's ``tuning``."""
