@@ -23,7 +23,8 @@
 #            the best peer). The measured choice still picks kernel or torch per region.
 #   part 22: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
-#            compile_time.py's cProfile of tilefuse's cold and warm compiles.
+#            compile_time.py's cProfile of tilefuse's cold and warm compiles. Then ResNet-50's cold and warm compile
+#            against Inductor's (session 31's load_func: warm 3.01 -> 2.54 s on the 2-core CPU; 3.26 s here before).
 #   part 12: LLaMA's compile time against Inductor's in fresh processes (#13's compile bar; ResNet-50's and the MLP's
 #            were measured in session 30).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -86,6 +87,7 @@ elif [ "$part" = 22 ]; then
         --profile "$OUT/logs/compile_profile" --out "$OUT/logs/compile_time_mlp.json" > "$OUT/logs/compile_time_mlp.log" 2>&1
     sed -n '/^model /,$p' "$OUT/logs/compile_time_mlp.log"
     head -45 "$OUT/logs/compile_profile/mlp-tilefuse-cold.prof.txt" | cut -c1-200
+    compile_time resnet 120 220 compile_time_resnet  # (warm, after session 31's load_func: 3.26 s in session 30)
 elif [ "$part" = 12 ]; then
     compile_time llama 150 330 compile_time_llama
 fi
