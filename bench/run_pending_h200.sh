@@ -63,11 +63,11 @@ if [ "$part" = 21 ]; then
         > "$OUT/logs/gemm_ws_sliced_residual.log" 2>&1
     grep -v -i "warn" "$OUT/logs/gemm_ws_sliced_residual.log" | tail -27 | sed 's/"block_//g; s/  \+/ /g'
 elif [ "$part" = 23 ]; then
-    timeout 170 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_attention_ws.py \
+    timeout 220 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_attention_ws.py \
         > "$OUT/logs/gpu_tests_attention_ws.log" 2>&1
     echo "attention_ws: $(tail -1 "$OUT/logs/gpu_tests_attention_ws.log")"
     grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_attention_ws.log" | head -8
-    timeout 200 python3 bench/bench_attention.py --shapes masked --configs chain --json "$OUT/logs/attn_masked.json" \
+    timeout 190 python3 bench/bench_attention.py --shapes masked --configs chain --json "$OUT/logs/attn_masked.json" \
         > "$OUT/logs/attn_masked.log" 2>&1
     grep -E "^\|" "$OUT/logs/attn_masked.log"
     python3 bench/summarize_attention.py "$OUT/logs/attn_masked.json"
