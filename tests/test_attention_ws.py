@@ -146,7 +146,9 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("variant", [{}, {"pingpong": True}, {"pair_rows": True}, {"late_store": True},
                                      {"double_q": True}, {"chain": True}, {"chain": True, "pair_rows": True,
-                                                                           "double_q": True}])
+                                                                           "double_q": True},
+                                     {"chain": True, "late_store": True, "mask_shape": (2, 1, 1, 1024),
+                                      "mask_dtype": "float16", "bound_keys": True}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
 def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_path):
     """ptxas keeps the two products' WGMMAs asynchronous: it serializes them (warnings C7513/C7514, "wgmma.mma_async
