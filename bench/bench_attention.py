@@ -76,18 +76,19 @@ def chain_variants(D: int, causal: bool = False, S: int | None = None) -> list[d
     """The chained schedule (``chain``: each tile's first scores under the previous tile's last ``P V``) against the
     plain one, on the ws seeds and, at head dim 64, a 192-key tile and, for at most 224 keys, one key tile for them
     all (both lower without spills; not yet measured), with the causal default (``pair_rows``) on causal shapes:
-    plain and chained with the late store on each tile, and on the first seed also chained alone and chained with the
-    late store and two Q buffers; first, the TileLang-scheduled template's default pick (what a masked attention
-    runs without ``attention_masked``)."""
+    plain, and chained with the late store and nvcc's fast math (``fast_math``) on each tile; on the first seed also
+    fast math alone, chained alone and chained with the late store. First, the TileLang-scheduled template's default
+    pick (what a masked attention runs without ``attention_masked``)."""
     tiles = attention_ws.seeds(D) + ([(128, 192, 2, 256)] if D <= 64 else [])
     if D <= 64 and S is not None and S <= 224:  # one key tile holds them all (ViT's 197 in 208: no spills either)
         tiles.append((128, -(-S // 16) * 16, 2, 256))
     base = {"ws": True, **({"pair_rows": True} if causal else {})}
     chained = {"chain": True, "late_store": True}  # (a tile's store is in the chained tail: its read waited late)
-    extra = [{}, {"chain": True}, chained, {**chained, "double_q": True}]
+    fast = {**chained, "fast_math": True}  # (ex2.approx.ftz: one instruction an exponent)
+    extra = [{}, {"fast_math": True}, {"chain": True}, chained, fast]
     template = attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, causal=causal)[0]  # (TileLang's schedule)
     return [template] + [{"block_M": m, "block_N": n, "num_stages": st, "threads": t, **base, **x}
-                         for i, (m, n, st, t) in enumerate(tiles) for x in (extra if i == 0 else [{}, chained])]
+                         for i, (m, n, st, t) in enumerate(tiles) for x in (extra if i == 0 else [{}, fast])]
 
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}

@@ -12,10 +12,10 @@
 #            "attention_masked"), with and without bound_keys (each batch's keys walked up to its last kept one),
 #            plain and chained, against the TileLang-scheduled template (what masked attention runs today) and SDPA's
 #            cuDNN and efficient backends. If a test fails, the schedule stays out of every default.
-#   part 24: the chained schedule (flash_attention(ws=True, chain=True)) over the sweep's 13 shapes: plain and
-#            chained (+ late store, + two Q buffers) on the ws seeds, a 192-key tile and, at ViT's 197 tokens, one key
-#            tile (bench_attention.py --configs chain), cuDNN and flash in the same process. If chain wins, it goes
-#            into the seeds (attention_configs.get_configs).
+#   part 24: the chained schedule (flash_attention(ws=True, chain=True)) and nvcc's fast math (fast_math: each
+#            exponent one ex2.approx.ftz) over the sweep's 13 shapes: plain, fast math, chained (+ late store, + fast
+#            math) on the ws seeds, a 192-key tile and, at ViT's 197 tokens, one key tile (bench_attention.py --configs
+#            chain), cuDNN and flash in the same process. What wins goes into the seeds (attention_configs.get_configs).
 #   part 25: the zoo's BERT (its padding mask: masked, bounded, chained), GPT-2 and ViT (chained), then held-out HF
 #            BERT and GPT-2 (ids only, no mask: chained), with no options but
 #            TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain, against Inductor default in the same process
@@ -67,12 +67,12 @@ elif [ "$part" = 23 ]; then
         > "$OUT/logs/gpu_tests_attention_ws.log" 2>&1
     echo "attention_ws: $(tail -1 "$OUT/logs/gpu_tests_attention_ws.log")"
     grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_attention_ws.log" | head -8
-    timeout 190 python3 bench/bench_attention.py --shapes masked --configs chain --json "$OUT/logs/attn_masked.json" \
+    timeout 200 python3 bench/bench_attention.py --shapes masked --configs chain --json "$OUT/logs/attn_masked.json" \
         > "$OUT/logs/attn_masked.log" 2>&1
     grep -E "^\|" "$OUT/logs/attn_masked.log"
     python3 bench/summarize_attention.py "$OUT/logs/attn_masked.json"
 elif [ "$part" = 24 ]; then
-    timeout 400 python3 bench/bench_attention.py --shapes sweep --configs chain --json "$OUT/logs/attn_chain.json" \
+    timeout 480 python3 bench/bench_attention.py --shapes sweep --configs chain --json "$OUT/logs/attn_chain.json" \
         > "$OUT/logs/attn_chain.log" 2>&1
     grep -E "^\|" "$OUT/logs/attn_chain.log"
     python3 bench/summarize_attention.py "$OUT/logs/attn_chain.json"

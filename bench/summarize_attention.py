@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-OPTIONS = ("pair_rows", "chain", "late_store", "double_q", "bound_keys")
+OPTIONS = ("pair_rows", "chain", "late_store", "double_q", "bound_keys", "fast_math")
 
 
 def tag(config: dict) -> str:

@@ -25,7 +25,7 @@ import torch
 from tilefuse.config import setting
 from tilefuse.lowering import cpu_parallel
 from tilefuse.lowering.exact_constants import exact_float_constants
-from tilefuse.lowering.templates.common import CPU_KINDS, target_kind
+from tilefuse.lowering.templates.common import CPU_KINDS, FAST_MATH_ATTR, target_kind
 
 # TileLang logs every compile at INFO; tilefuse reports compile counts and times itself.
 if setting("VERBOSE", "0") == "0":
@@ -96,6 +96,8 @@ def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int |
         raise NotImplementedError(
             f"target {kind!r} needs its vendor toolchain to compile; use kernel_source() to get the source")
     flags = list(compile_flags) if compile_flags is not None else (list(C_FLAGS) if kind in CPU_KINDS else None)
+    if kind == "cuda" and asks_fast_math(prim_func):
+        pass_configs = {"tl.enable_fast_math": True, **(pass_configs or {})}
     if kind in CPU_KINDS:
         pass_configs = {**C_PASS_CONFIGS, **(pass_configs or {})}
         prim_func = exact_float_constants(prim_func)  # the C source prints float32 constants to 7 digits
@@ -105,6 +107,12 @@ def compile_kernel(prim_func, target: dict | str, out_idx: Sequence[int] | int |
                               pass_configs=pass_configs, compile_flags=flags)
     link_now(kernel)
     return kernel
+
+
+def asks_fast_math(prim_func) -> bool:
+    """Whether the template marked ``prim_func`` for nvcc's fast math (``templates.common.fast_math``)."""
+    attrs = getattr(prim_func, "attrs", None)
+    return bool(attrs is not None and FAST_MATH_ATTR in attrs and attrs[FAST_MATH_ATTR])
 
 
 def link_now(kernel) -> None:

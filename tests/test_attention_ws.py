@@ -15,7 +15,7 @@ import torch
 from tilefuse.config import Options, default_target
 from tilefuse.lowering import lower
 from tilefuse.lowering.builders import KernelSpec
-from tilefuse.lowering.compile import compile_kernel, compile_many, kernel_source
+from tilefuse.lowering.compile import asks_fast_math, compile_kernel, compile_many, kernel_source
 from tilefuse.lowering.templates import attention, attention_ws
 
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
@@ -148,7 +148,8 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
                                      {"double_q": True}, {"chain": True}, {"chain": True, "pair_rows": True,
                                                                            "double_q": True},
                                      {"chain": True, "late_store": True, "mask_shape": (2, 1, 1, 1024),
-                                      "mask_dtype": "float16", "bound_keys": True}])
+                                      "mask_dtype": "float16", "bound_keys": True},
+                                     {"chain": True, "late_store": True, "fast_math": True}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
 def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_path):
     """ptxas keeps the two products' WGMMAs asynchronous: it serializes them (warnings C7513/C7514, "wgmma.mma_async
@@ -162,7 +163,7 @@ def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_p
     src.write_text(kernel_source(f, SM90))
     cmd = [tl_nvcc.get_nvcc_compiler(), "-std=c++17", "-O3", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
            f"-I{tl_nvcc.TILELANG_TEMPLATE_PATH}", f"-I{tl_nvcc.CUTLASS_INCLUDE_DIR}", "-DENABLE_BF16", str(src), "-o",
-           str(tmp_path / "k.cubin")]
+           str(tmp_path / "k.cubin")] + (["--use_fast_math"] if asks_fast_math(f) else [])
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     log = done.stdout + done.stderr
@@ -188,7 +189,7 @@ def test_pingpong_takes_turns_through_named_barriers(cfg):
     assert pp.count(turn) == 3 and pp.count(f"tl::__named_barrier_arrive(({passes}), 256);") == 3
     assert f"if ((((int)threadIdx.x) >> 7) == {groups - 1}) {{\n      tl::__named_barrier_arrive(12, 256);" in pp
     assert pp.count("wgmma_ss") == plain.count("wgmma_ss") and pp.count("wgmma_rs") == plain.count("wgmma_rs")
-    with pytest.raises(ValueError, match="pingpong, pair_rows, late_store, double_q and chain are schedules of ws=True"):
+    with pytest.raises(ValueError, match="late_store, double_q, chain and fast_math are options of ws=True"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, pingpong=True)
 
 
@@ -324,8 +325,9 @@ def test_ws_gpu_fused_qkv_rows_and_nan(D, rng):
 
 VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True}, "late_store": {"late_store": True},
             "double_q": {"double_q": True}, "chain": {"chain": True},
-            "chain_pairs": {"chain": True, "pair_rows": True, "double_q": True},
-            "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True, "chain": True}}
+            "chain_pairs": {"chain": True, "pair_rows": True, "double_q": True}, "fast_math": {"fast_math": True},
+            "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True, "chain": True,
+                    "fast_math": True}}
 
 
 @pytest.mark.gpu
@@ -379,7 +381,8 @@ MASKED = {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [{}, {"chain": True}, {"bound_keys": True}, {"chain": True, "bound_keys": True}])
+@pytest.mark.parametrize("variant", [{}, {"chain": True}, {"bound_keys": True},
+                                     {"chain": True, "bound_keys": True, "fast_math": True}])
 def test_ws_gpu_padding_mask_matches_sdpa(variant, rng):
     """A padding mask added to every key tile's scores, in each layout of the mask, with the chained schedule and the
     key bound too; a batch whose keys are all -inf gives 0 (the template's and torch's fused kernels' convention),
@@ -419,6 +422,31 @@ def test_a_padding_mask_is_added_to_every_key_tile():
     # a row that sees nothing: 0 stands in for its max and its output is 0, not 0 / 0
     assert re.search(r"if \(\(m_cur\[i_\d+\] == -CUDART_INF_F\)\)", body)
     assert re.search(r"if \(\(l_sum\[[^]]+\] == 0x0p\+0f", body)
+
+
+def test_fast_math_marks_the_kernel_for_nvccs_fast_math(monkeypatch):
+    """``fast_math``: the PrimFunc carries the mark (through the function cache's JSON too), and ``compile_kernel``
+    asks TileLang for ``--use_fast_math`` (``tl.enable_fast_math``) for it alone."""
+    import tilelang
+    import tvm
+
+    from tilefuse.lowering import compile as compile_mod
+    from tilefuse.lowering import func_cache
+
+    def func(**kw):
+        return attention.flash_attention(2, 4, 256, 256, 64, dtype="float16", target=SM90, **_ws_configs(64)[0], **kw)
+    fast, plain = func(fast_math=True), func()
+    assert compile_mod.asks_fast_math(fast) and not compile_mod.asks_fast_math(plain)
+    assert compile_mod.asks_fast_math(func_cache.load_func(tvm.ir.save_json(fast)))
+    assert kernel_source(fast, SM90) == kernel_source(plain, SM90)  # (the source is the same; nvcc's flags differ)
+    seen = []
+    monkeypatch.setattr(tilelang, "compile", lambda f, **kw: seen.append(kw.get("pass_configs")) or object())
+    monkeypatch.setattr(compile_mod, "link_now", lambda kernel: None)
+    compile_kernel(fast, SM90, [-1])
+    compile_kernel(plain, SM90, [-1])
+    assert seen[0] == {"tl.enable_fast_math": True} and not seen[1]
+    with pytest.raises(ValueError, match="options of ws=True"):
+        attention.flash_attention(2, 4, 256, 256, 64, dtype="float16", target=SM90, fast_math=True)
 
 
 def test_bound_keys_scans_each_batchs_mask_before_the_warp_groups_part():

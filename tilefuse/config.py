@@ -118,7 +118,7 @@ def _on(v: str) -> bool:
 # (Measured wins left this list for the defaults: the ws GEMM, lowering/lower.py config_space, and attention_ws's
 # pair_rows, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain", "attention_masked")
+                "attention_chain", "attention_masked", "attention_fast_math")
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,8 @@ class Options:
     # "attention_chain" adds ``chain`` (each tile's first scores under the previous tile's last P V: written
     # 2026-12-04 without a GPU, its numerics and speed not yet measured, run_pending_h200.sh part 23);
     # "attention_masked" lets an attention with a padding mask (one value per key and batch: BERT's) take the
-    # warp-specialized schedule (the same session and state).
+    # warp-specialized schedule (the same session and state); "attention_fast_math" compiles that schedule with
+    # nvcc's fast math (ex2.approx.ftz: one instruction an exponent where the IEEE form takes about four; same state).
     experimental: str = _read("EXPERIMENTAL", "")
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)

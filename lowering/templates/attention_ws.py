@@ -32,6 +32,7 @@ from typing import NamedTuple
 import tilelang.language as T
 
 from tilefuse.config import device_facts
+from tilefuse.lowering.templates import common
 from tilefuse.lowering.templates.common import broadcast_index, param, target_kind
 
 LOG2E = 1.4426950408889634
@@ -191,7 +192,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                        target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False,
                        pair_rows: bool = False, late_store: bool = False, double_q: bool = False,
                        chain: bool = False, mask_shape=None, mask_dtype: str | None = None,
-                       bound_keys: bool = False):
+                       bound_keys: bool = False, fast_math: bool = False):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
@@ -208,7 +209,11 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     wait for every tile's first softmax (a quarter of a tile's key tiles at 512 tokens, half at ViT's 197). It walks
     a program's live steps (``TileOrder.live_steps``), so paired steps with gaps fall back to unpaired. Written
     without a GPU (2026-12-04): it lowers for sm_90a without spills or serialized WGMMAs; its numerics and speed are
-    ``run_pending_h200.sh`` part 23's. ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on
+    ``run_pending_h200.sh`` part 23's. ``fast_math``: nvcc's fast math for the kernel (``common.fast_math``): each
+    ``T.exp2`` one ``ex2.approx.ftz`` (MUFU) where the IEEE form, ``ex2.approx`` without ``.ftz``, also rescales
+    subnormal results (about three more instructions a score; what FlashAttention-3 compiles with), O's division
+    approximate; written 2026-12-04 without a GPU, measured by part 24. ``pingpong``, ``late_store`` and ``double_q``
+    measured no consistent win on
     the H200 (2026-12-03, within +-3% of the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed
     offers these four; ``Options.experimental`` and ``bench_attention.py``'s variants do."""
     consumers = threads // 128
@@ -553,4 +558,4 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                 if stage_out and late_store:
                     T.tma_store_wait()  # the last store has read O_sh before the program ends
 
-    return flash_attention_ws_kernel
+    return common.fast_math(flash_attention_ws_kernel) if fast_math else flash_attention_ws_kernel

@@ -39,6 +39,15 @@ from tilefuse.config import CPU_KINDS, cuda_arch
 Shape = tuple[int, ...]
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+# A PrimFunc attribute by which a template asks nvcc's fast math for its kernel (``compile.compile_kernel``):
+# ``ex2.approx.ftz`` for ``T.exp2`` (one MUFU instruction where the IEEE form adds a subnormal fix-up) and approximate
+# division. Set by ``fast_math`` (``attention_ws``).
+FAST_MATH_ATTR = "tilefuse_fast_math"
+
+
+def fast_math(prim_func):
+    """``prim_func`` compiled with nvcc's ``--use_fast_math`` on CUDA targets (``FAST_MATH_ATTR``)."""
+    return prim_func.with_attr(FAST_MATH_ATTR, True)
 
 
 def target_kind(target: dict | str) -> str:
