@@ -16,10 +16,10 @@
 #            exponent one ex2.approx.ftz) over the sweep's 13 shapes: plain, fast math, chained (+ late store, + fast
 #            math) on the ws seeds, a 192-key tile and, at ViT's 197 tokens, one key tile (bench_attention.py --configs
 #            chain), cuDNN and flash in the same process. What wins goes into the seeds (attention_configs.get_configs).
-#   part 25: the zoo's BERT (its padding mask: masked, bounded, chained), GPT-2 and ViT (chained), then held-out HF
-#            BERT and GPT-2 (ids only, no mask: chained), with no options but
-#            TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain, against Inductor default in the same process
-#            (session 30 without them: BERT 1.07-1.08x, GPT-2 1.08-1.12x, ViT 1.16-1.26x; HF BERT 1.61x, GPT-2 1.40x
+#   part 25: the zoo's BERT (its padding mask: masked, bounded, chained, fast math), GPT-2 and ViT (chained, fast
+#            math), then held-out HF BERT and GPT-2 (ids only, no mask), with no options but
+#            TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain,attention_fast_math, against Inductor default in
+#            the same process (session 30 without them: BERT 1.07-1.08x, GPT-2 1.08-1.12x, ViT 1.16-1.26x; HF BERT 1.61x, GPT-2 1.40x
 #            the best peer). The measured choice still picks kernel or torch per region.
 #   part 22: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
@@ -77,8 +77,8 @@ elif [ "$part" = 24 ]; then
     grep -E "^\|" "$OUT/logs/attn_chain.log"
     python3 bench/summarize_attention.py "$OUT/logs/attn_chain.json"
 elif [ "$part" = 25 ]; then  # (after 23 and 24: the schedules, asked for, in whole models)
-    TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain zoo bert,gpt2,vit 330 zoo_masked_chain
-    TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain timeout 200 python3 bench/bench_models.py \
+    TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain,attention_fast_math zoo bert,gpt2,vit 330 zoo_masked_chain
+    TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain,attention_fast_math timeout 200 python3 bench/bench_models.py \
         --models hf-bert,hf-gpt2 --peers default --no-warm --reps 30 --json "$OUT/logs/heldout_masked_chain.json" \
         > "$OUT/logs/heldout_masked_chain.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/heldout_masked_chain.log" | cut -c1-220 | head -30
