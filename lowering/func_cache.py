@@ -3,9 +3,10 @@
 Note: building a template's PrimFunc (tracing the TileLang DSL) costs 0.05-0.2 s per kernel and was most
 of a warm compile once TileLang's kernel cache answers the compile itself (gpt2 small on ``c``: 0.96 of
 2.5 s). The PrimFunc is stored as TVM JSON (``tvm.ir.save_json``, as artifacts store them; it hashes to
-the same TileLang cache key as a freshly built one) and read back by TVM's loader directly (``load_func``). The key covers everything the function is built
-from: the template, its parameters and tile config, the target, the TileLang version and a digest of the
-lowering package's own source, so editing a template never reuses a stale function. Writes are atomic
+the same TileLang cache key as a freshly built one) and read back by TVM's loader directly (``load_func``).
+The key covers everything the function is built from: the template, its parameters and tile config, the
+target, the TileLang version and a digest of the lowering package's own source, so editing a template never
+reuses a stale function. Writes are atomic
 (temporary file, ``os.replace``); an unreadable entry is rebuilt. ``TILEFUSE_FUNC_CACHE=0`` turns the
 cache off, ``TILEFUSE_FUNC_CACHE_DIR`` moves it (default ``~/.cache/tilefuse/funcs``).
 """
