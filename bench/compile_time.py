@@ -7,7 +7,7 @@ default ``torch.compile(model)``), a child process imports torch, builds the mod
 cuBLAS and cuDNN initialized for both alike), then times ``torch.compile`` and the first call, synchronized: the
 compile a user waits for, dynamo's first use included. Both libraries are imported before the timer in both children
 (tilefuse, with TileLang, for the zoo; ``torch._inductor.compile_fx``). It runs twice per compiler: "cold" with empty
-caches of its own (tilefuse: tuning database, PrimFunc cache, TileLang's kernel cache; Inductor: its cache and
+caches of its own (tilefuse: tuning database, PrimFunc cache, graph cache, TileLang's kernel cache; Inductor: its cache and
 triton's), "warm" in a new process with the caches the cold run filled. Tilefuse's children also print where the time
 went (``PlanRunner.compile_phases``: import, plan, lower, the first call's splits and decide, the CUDA graphs'
 capture; the rest is dynamo and AOTAutograd). In-process comparisons (``bench_models.py``) favour whichever compiler
@@ -93,7 +93,8 @@ def _env(compiler: str, cache: str) -> dict:
     env = dict(os.environ, TILEFUSE_QUIET="1")
     if compiler.startswith("tilefuse"):
         env.update(TILEFUSE_TUNING_DB=os.path.join(cache, "tuning.json"), TILEFUSE_FUNC_CACHE_DIR=os.path.join(
-            cache, "funcs"), TILELANG_CACHE_DIR=os.path.join(cache, "tilelang"))
+            cache, "funcs"), TILEFUSE_GRAPH_CACHE_DIR=os.path.join(cache, "graphs"),
+            TILELANG_CACHE_DIR=os.path.join(cache, "tilelang"))
     else:
         env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
                    TRITON_CACHE_DIR=os.path.join(cache, "triton"))

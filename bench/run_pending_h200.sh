@@ -24,7 +24,8 @@
 #   part 22: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
 #            compile_time.py's cProfile of tilefuse's cold and warm compiles. Then ResNet-50's cold and warm compile
-#            against Inductor's (session 31's load_func: warm 3.01 -> 2.54 s on the 2-core CPU; 3.26 s here before).
+#            against Inductor's and dynamo's alone (session 31's load_func, session 32's graph cache: warm 1.29 -> 1.04 s
+#            on the 2-core CPU, where dynamo alone takes 0.89 s and Inductor 2.01 s; 3.26 s here in session 30).
 #   part 12: LLaMA's compile time against Inductor's in fresh processes (#13's compile bar; ResNet-50's and the MLP's
 #            were measured in session 30).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -38,8 +39,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/logs/de
 python3 -c "import torch, tilelang, transformers; print(torch.__version__, tilelang.__version__, transformers.__version__)" \
     >> "$OUT/logs/device.txt" 2>/dev/null
 cat COMMIT >> "$OUT/logs/device.txt" 2>/dev/null  # (the snapshot's commit, written beside it)
-compile_time() {  # models, timeout per child, whole timeout, name
-    timeout "$3" python3 bench/compile_time.py --models "$1" --compilers tilefuse,inductor --timeout "$2" \
+compile_time() {  # models, timeout per child, whole timeout, name[, compilers]
+    timeout "$3" python3 bench/compile_time.py --models "$1" --compilers "${5:-tilefuse,inductor}" --timeout "$2" \
         --out "$OUT/logs/$4.json" > "$OUT/logs/$4.log" 2>&1
     sed -n '/^model /,$p' "$OUT/logs/$4.log"; grep '^{' "$OUT/logs/$4.log" | cut -c1-260
 }
@@ -87,7 +88,8 @@ elif [ "$part" = 22 ]; then
         --profile "$OUT/logs/compile_profile" --out "$OUT/logs/compile_time_mlp.json" > "$OUT/logs/compile_time_mlp.log" 2>&1
     sed -n '/^model /,$p' "$OUT/logs/compile_time_mlp.log"
     head -45 "$OUT/logs/compile_profile/mlp-tilefuse-cold.prof.txt" | cut -c1-200
-    compile_time resnet 120 220 compile_time_resnet  # (warm, after session 31's load_func: 3.26 s in session 30)
+    # warm, after session 31's load_func and session 32's graph cache (3.26 s in session 30); dynamo alone: the floor
+    compile_time resnet 120 260 compile_time_resnet tilefuse,inductor,dynamo
 elif [ "$part" = 12 ]; then
     compile_time llama 150 330 compile_time_llama
 fi

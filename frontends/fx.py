@@ -174,7 +174,7 @@ def is_symbolic(gm: fx.GraphModule) -> bool:
 _WARNED: set[str] = set()
 
 
-def _warn_fallback(target: str, node: str, why: str) -> None:
+def warn_fallback(target: str, node: str, why: str) -> None:
     if target not in _WARNED:
         _WARNED.add(target)
         log.warning("tilefuse: %s (node %s) runs through torch as torch_fallback: %s; add a converter to "
@@ -350,7 +350,7 @@ class _Importer:
         target = fallback.qualified_name(op)
         collective = is_collective(op)  # (runs through torch by design: no warning)
         if warn and not collective:
-            _warn_fallback(target, node.name, why)
+            warn_fallback(target, node.name, why)
         log.debug("tilefuse: node %s (%s) runs through torch: %s", node.name, target, why)
         inputs: list[str] = []
         position: dict[str, int] = {}

@@ -30,7 +30,7 @@ def _type_from(doc: Mapping) -> TensorType:
     return TensorType(None if shape is None else tuple(shape), str(doc["dtype"]))
 
 
-def _attr_json(v: Any, where: str) -> Any:
+def attr_json(v: Any, where: str) -> Any:
     if v is None or isinstance(v, (bool, str)):
         return v
     if isinstance(v, int):
@@ -38,15 +38,15 @@ def _attr_json(v: Any, where: str) -> Any:
     if isinstance(v, float):
         return v if math.isfinite(v) else {"$float": repr(v)}  # strict JSON has no inf/nan
     if isinstance(v, (tuple, list)):
-        return [_attr_json(x, where) for x in v]
+        return [attr_json(x, where) for x in v]
     if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # a numpy/torch scalar
-        return _attr_json(v.item(), where)
+        return attr_json(v.item(), where)
     raise ValueError(f"{where} holds a {type(v).__name__}, which graph.json cannot store")
 
 
-def _attr_from(v: Any) -> Any:
+def attr_from(v: Any) -> Any:
     if isinstance(v, list):
-        return tuple(_attr_from(x) for x in v)
+        return tuple(attr_from(x) for x in v)
     if isinstance(v, dict):
         if set(v) != {"$float"} or v["$float"] not in ("inf", "-inf", "nan"):
             raise ValueError(f"bad attribute value {v!r}")
@@ -58,7 +58,7 @@ def graph_to_json(graph: Graph) -> dict:
     """A lossless JSON form of ``graph`` (constants by name, dtype and shape; their data goes elsewhere)."""
     nodes = [{"name": n.name, "op": n.op, "inputs": list(n.inputs),
               "outputs": [{"name": o.name, **type_json(o.type)} for o in n.outputs],
-              "attrs": [[k, _attr_json(v, f"node {n.name!r} ({n.op}) attribute {k!r}")] for k, v in n.attrs]}
+              "attrs": [[k, attr_json(v, f"node {n.name!r} ({n.op}) attribute {k!r}")] for k, v in n.attrs]}
              for n in graph.nodes]
     return {"name": graph.name, "inputs": [{"name": v.name, **type_json(v.type)} for v in graph.inputs],
             "outputs": list(graph.outputs),
@@ -85,7 +85,7 @@ def graph_from_json(doc: Mapping, constants: Mapping[str, torch.Tensor]) -> Grap
         consts[name] = t
     nodes = tuple(Node(str(n["name"]), str(n["op"]), tuple(str(i) for i in n["inputs"]),
                        tuple(Value(str(o["name"]), _type_from(o)) for o in n["outputs"]),
-                       tuple((str(k), _attr_from(v)) for k, v in n["attrs"]))
+                       tuple((str(k), attr_from(v)) for k, v in n["attrs"]))
                   for n in doc["nodes"])
     return Graph(str(doc["name"]), tuple(Value(str(v["name"]), _type_from(v)) for v in doc["inputs"]),
                  tuple(str(o) for o in doc["outputs"]), nodes, consts).verify()

@@ -1,6 +1,6 @@
 """Shared test setup: GPU tests are skipped visibly where there is no CUDA device; ``slow`` tests are skipped
 visibly unless selected (``-m slow``, or any ``-m`` expression naming ``slow``) or ``TILEFUSE_SLOW=1``; the measured
-choice is off unless ``TILEFUSE_MEASURE`` is set."""
+choice and the graph cache are off unless ``TILEFUSE_MEASURE`` / ``TILEFUSE_GRAPH_CACHE`` is set."""
 
 import os
 import sys
@@ -17,6 +17,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # for the session unless TILEFUSE_MEASURE is set; tests of the choice opt in (measure=True or monkeypatch the env)
 # and inject the timing (tests/test_measure_cpu.py).
 os.environ.setdefault("TILEFUSE_MEASURE", "0")
+# The graph cache (tilefuse/graph_cache.py) plans a graph compiled before from its cached ATen import: a test that
+# patches the importer or AOTAutograd's compilers would not reach them. It is off for the session unless
+# TILEFUSE_GRAPH_CACHE is set; tests/test_graph_cache.py turns it on, each test with a folder of its own.
+os.environ.setdefault("TILEFUSE_GRAPH_CACHE", "0")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -27,9 +27,9 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from tilefuse import ops
+from tilefuse import graph_cache, ops
 from tilefuse.config import Options, parse_target
-from tilefuse.frontends.fx import FxProgram, import_fx_program, is_symbolic
+from tilefuse.frontends.fx import FxProgram, import_fx_program, is_symbolic, warn_fallback
 from tilefuse.lowering.tuning_db import TuningDB, TuningDBError
 from tilefuse.pipeline import build_runner
 from tilefuse.planner.sparsity import SparsityLog, freeze_linear_weights
@@ -80,6 +80,7 @@ class TilefuseBackend:
         self.param_names: dict[int, str] = {}  # id(parameter) -> its name in the module: frozen weights' names
         self._ids = itertools.count()
         self.graph_choices: dict[str, str] = {}  # dynamo graph -> "tilefuse" or "torch" (_WholeGraphChoice), with times
+        self.cached: list[str] = []  # dynamo graphs compiled from the graph cache's import, without AOTAutograd
         self.__name__ = "tilefuse"
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **kw: Any) -> Callable:
@@ -88,7 +89,14 @@ class TilefuseBackend:
         from torch._dynamo.backends.common import aot_autograd
 
         graph_id = next(self._ids)
+        # a graph compiled before (this process or another) is planned from its cached import, without AOTAutograd
+        cache_key = None if self.options.sparsity else graph_cache.key(gm, example_inputs)
+        if cache_key is not None:
+            fn = self._from_cache(cache_key, gm, graph_id)
+            if fn is not None:
+                return fn
         compiled: list[tuple[str, Any]] = []  # (kind, what compile_graph returned) for this dynamo graph
+        plain: list[frozenset[int]] = []  # an inference graph's static inputs, where it may be cached (plain_inference)
         # Sparsity prunes constant weights: the inference graph's parameters are frozen into constants, so
         # keep the real tensors dynamo passes here (AOTAutograd hands the compilers fake ones).
         real = [list(example_inputs)] if self.options.sparsity else []
@@ -98,6 +106,8 @@ class TilefuseBackend:
                 frozen = real.pop() if real else None
                 frozen = frozen if kind == "inference" else None
                 static = _static_input_indices() if kind != "backward" else frozenset()
+                if kind == "inference" and cache_key is not None and graph_cache.plain_inference(g, example_inputs):
+                    plain.append(static)
                 fn = self.compile_graph(g, ex, f"graph{graph_id}_{kind}", frozen, static)
                 compiled.append((kind, fn))
                 return fn
@@ -116,12 +126,40 @@ class TilefuseBackend:
                 raise
             self._fail(f"graph{graph_id}: AOTAutograd failed ({type(e).__name__}: {_first_line(e)})")
             return gm.forward
+        if plain and len(compiled) == 1 and isinstance(compiled[0][1], _Compiled) \
+                and not compiled[0][1].program.mutations:
+            graph_cache.store(cache_key, compiled[0][1].program, plain[0])
         runners = [c.runner for kind, c in compiled if kind == "inference" and isinstance(c, _Compiled)
                    and not c.program.mutations]
+        return self._whole_graph(fn, gm, graph_id, runners, len(compiled))
+
+    def _whole_graph(self, fn: Callable, gm: fx.GraphModule, graph_id: int, runners: list, graphs: int) -> Callable:
+        """``fn``, or where the target weighs whole graphs (``WHOLE_GRAPH_TARGETS``) and dynamo's graph became one
+        inference plan, the faster of that plan and dynamo's graph (``_WholeGraphChoice``)."""
         if self.options.measure and self.options.target.get("kind") in WHOLE_GRAPH_TARGETS \
-                and len(runners) == len(compiled) == 1:
+                and len(runners) == graphs == 1:
             return _WholeGraphChoice(fn, gm, f"graph{graph_id}", runners[0], self.graph_choices, self.options.target)
         return fn
+
+    def _from_cache(self, cache_key: str, gm: fx.GraphModule, graph_id: int) -> Callable | None:
+        """Dynamo's graph ``gm`` compiled from the import the graph cache kept under ``cache_key`` (``graph_cache``),
+        called as AOTAutograd's wrapper calls an inference graph; None on a miss, or where the cached program does
+        not plan (the compile then takes the whole path, which reports why)."""
+        t0, name = time.perf_counter(), f"graph{graph_id}"
+        got = graph_cache.load(cache_key, f"{name}_inference")
+        if got is None:
+            return None
+        program, static = got
+        try:
+            compiled = self._plan(program, static, None, t0)
+        except Exception as e:  # noqa: BLE001
+            log.debug("tilefuse: %s: the cached import does not plan (%s); compiling the graph anew", name, e)
+            return None
+        for op in program.fallback_ops:
+            warn_fallback(op, "(cached)", "as when this graph was first imported")
+        self.cached.append(name)
+        fn = torch._dynamo.disable(_Inference(compiled), reason="do not trace tilefuse's compiled graph")
+        return self._whole_graph(fn, gm, graph_id, [compiled.runner], 1)
 
     def compile_graph(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
                       real_inputs: Sequence[Any] | None = None, static_inputs: Collection[int] = ()) -> Callable:
@@ -138,21 +176,7 @@ class TilefuseBackend:
             self._fail(f"{name}: cannot import ({type(e).__name__}: {_first_line(e)})")
             return _boxed(gm)
         try:
-            inputs = None
-            with unset_fake_temporarily():
-                if self.options.sparsity:
-                    program, inputs = self._freeze(gm, program, real_inputs, name)
-                # inputs updated in place are read in place by CUDA graphs too: the update must land in them
-                mutated = set(program.mutated_inputs)
-                static = [j for j, i in enumerate(program.input_indices) if i in static_inputs or j in mutated]
-                # dynamo's guards check the inputs' shapes and dtypes before every call: the runner need not
-                # (about 1 us an input on the hot path, 150 inputs for GPT-2)
-                t1 = time.perf_counter()
-                runner = build_runner(program.graph, self.options, inputs, static, check=False,
-                                      updates=program.input_updates)
-                runner.phases = {"import": t1 - t0, **runner.phases}  # (the ATen graph into tilefuse's)
-            if getattr(runner, "sparsity_report", None) is not None:
-                self.sparsity.reports.append(runner.sparsity_report)
+            compiled = self._plan(program, static_inputs, (gm, real_inputs) if self.options.sparsity else None, t0)
         except Exception as e:
             if world_size() > 1 and _exchanges(program):
                 raise RankAlone(f"tilefuse: {name}: cannot plan on rank {rank()} ({type(e).__name__}: "
@@ -161,6 +185,27 @@ class TilefuseBackend:
                                 "alone could hang them all, so the compile stops here") from e
             self._fail(f"{name}: cannot plan ({type(e).__name__}: {_first_line(e)})")
             return _boxed(gm)
+        return compiled
+
+    def _plan(self, program: FxProgram, static_inputs: Collection[int], freeze: tuple | None, t0: float) -> _Compiled:
+        """``program`` planned and lowered (``build_runner``); ``freeze``: the ATen graph and real inputs whose linear
+        weights sparsity freezes; ``t0``: when its import began (the runner's "import" phase)."""
+        name = program.graph.name
+        inputs = None
+        with unset_fake_temporarily():
+            if freeze is not None:
+                program, inputs = self._freeze(freeze[0], program, freeze[1], name)
+            # inputs updated in place are read in place by CUDA graphs too: the update must land in them
+            mutated = set(program.mutated_inputs)
+            static = [j for j, i in enumerate(program.input_indices) if i in static_inputs or j in mutated]
+            # dynamo's guards check the inputs' shapes and dtypes before every call: the runner need not
+            # (about 1 us an input on the hot path, 150 inputs for GPT-2)
+            t1 = time.perf_counter()
+            runner = build_runner(program.graph, self.options, inputs, static, check=False,
+                                  updates=program.input_updates)
+            runner.phases = {"import": t1 - t0, **runner.phases}  # (the ATen graph into tilefuse's)
+        if getattr(runner, "sparsity_report", None) is not None:
+            self.sparsity.reports.append(runner.sparsity_report)
         self.programs.append(program)
         if self.options.verbose:
             log.info("tilefuse: %s", getattr(runner, "summary", lambda: name)())
@@ -202,6 +247,24 @@ def _unbox(args: tuple) -> list:
         args[0].clear()
         return fx_args
     return list(args)
+
+
+class _Inference:
+    """A cached inference graph (``graph_cache``) called as AOTAutograd's runtime wrapper calls it: dynamo's arguments
+    as they are, autograd off for the call (no input mutated, every output fresh: nothing else to do)."""
+
+    def __init__(self, compiled: _Compiled):
+        self.compiled = compiled
+
+    def __call__(self, *args: Any) -> Any:
+        grad = torch.is_grad_enabled()
+        if grad:
+            torch._C._set_grad_enabled(False)
+        try:
+            return self.compiled(list(args))
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
 
 
 class _Compiled:
