@@ -260,7 +260,24 @@ def _is_float(x) -> bool:
 
 
 def _floor_divide(T, a, b):
-    return T.floor(a / b) if _is_float(a) else T.floordiv(a, b)
+    """torch.floor_divide. Integers: floored. Floats as torch and Python compute them: the exact
+    ``(a - fmod(a, b)) / b``, one less where the remainder and ``b`` differ in sign, rounded to the nearest integer,
+    a zero quotient signed as ``a / b``; a zero divisor gives ``a / b``. ``floor(a / b)`` was off where ``a / b``
+    rounds up to an integer (1 // 0.1 is 9) and for infinities (inf // 2 is NaN, -2 // inf is -1)."""
+    if not _is_float(a):
+        return T.floordiv(a, b)
+    dtype = str(a.dtype)
+    wide = dtype in ("float32", "float64")
+    x, y = (a, b) if wide else (T.Cast("float32", a), T.Cast("float32", b))
+    ct = str(x.dtype)
+    zero, one, half = T.Cast(ct, 0), T.Cast(ct, 1), T.Cast(ct, 0.5)
+    m = T.call_pure_extern(ct, "fmodf" if ct == "float32" else "fmod", x, y)
+    q = (x - m) / y
+    q = T.Select((m != zero) & ((y < zero) != (m < zero)), q - one, q)
+    f = T.floor(q)
+    f = T.Select(q - f > half, f + one, f)
+    r = T.Select(y == zero, x / y, T.Select(q != zero, f, T.copysign(zero, x / y)))
+    return r if wide else T.Cast(dtype, r)
 
 
 def _remainder(T, a, b):

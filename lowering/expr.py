@@ -25,6 +25,7 @@ The emitter of each op, and the NaN and constant-folding rules they keep, are in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,6 +171,22 @@ def walk(expr: Expr):
             yield from walk(i)
 
 
+def _children(e: Expr) -> tuple[Expr, ...]:
+    return e.args if isinstance(e, Call) else e.index if isinstance(e, Load) else ()
+
+
+def tree_size(exprs: Sequence[Expr]) -> int:
+    """Nodes of ``exprs`` unfolded as trees (what an emitter without ``Env.bind`` walks), counted without unfolding."""
+    memo: dict[int, int] = {}
+
+    def count(e: Expr) -> int:
+        if id(e) not in memo:
+            memo[id(e)] = 1 + sum(count(k) for k in _children(e))
+        return memo[id(e)]
+
+    return sum(count(e) for e in exprs)
+
+
 def args_used(expr: Expr | None) -> frozenset[int]:
     """Indices of the extra inputs that ``expr`` reads."""
     if expr is None:
@@ -204,6 +221,15 @@ class Env:
     coord: Callable[[int], Any] | None = None
     load: Callable[[int, list], Any] | None = None
     fast: bool = False
+    # A template may bind values to locals (``bind``: a PrimExpr computed once into a local, that local's read
+    # returned), so that TileLang's passes see one op a statement: TVM's simplifier and the passes after it slow
+    # down steeply on deep selects (a bilinear resize's fused gathers: 54 s in TileLang's passes, and a bicubic's
+    # index, 17 kB of TIR from 100 nodes, never got through LegalizeNegativeIndex). With ``bind_all`` every ``Call``'s
+    # value (bool ones aside) is bound; without it, those of an index read from data (a gather's). ``memo`` holds
+    # what was bound, by node id: a node read by several parents is computed once.
+    bind: Callable[[Any], Any] | None = None
+    bind_all: bool = False
+    memo: dict = field(default_factory=dict)
 
 
 def emit(expr: Expr, env: Env):
@@ -227,8 +253,14 @@ def emit(expr: Expr, env: Env):
     if isinstance(expr, Load):
         if env.load is None:
             raise ValueError(f"expression reads {expr} but the template binds no indexed loads here")
-        return widen(T, prim(env.load(expr.arg, [emit(i, env) for i in expr.index])))
+        at = env
+        if env.bind is not None and not env.bind_all and any(isinstance(n, (Load, Arg, Acc)) for i in expr.index
+                                                            for n in walk(i)):
+            at = dataclasses.replace(env, bind_all=True)  # (the same memo)
+        return widen(T, prim(env.load(expr.arg, [emit(i, at) for i in expr.index])))
     if isinstance(expr, Call):
+        if env.bind_all and id(expr) in env.memo:
+            return env.memo[id(expr)]
         fn = (env.fast and FAST_EMITTERS.get(expr.op)) or EMITTERS.get(expr.op)
         if fn is None:
             raise NotImplementedError(
@@ -237,8 +269,21 @@ def emit(expr: Expr, env: Env):
         args = [emit(a, env) for a in expr.args]
         if expr.op in FLOAT_ONLY:
             args = [as_float(T, a) for a in args]
-        return prim(fn(T, args, dict(expr.attrs)))
+        value = prim(fn(T, args, dict(expr.attrs)))
+        if env.bind_all:
+            if str(value.dtype) != "bool" and not _leaf(value):
+                value = env.bind(value)
+            env.memo[id(expr)] = value
+        return value
     raise TypeError(f"not an expression node: {expr!r}")
+
+
+def _leaf(value) -> bool:
+    """A PrimExpr not worth a local: a constant, a variable or a load."""
+    from tilelang import tvm
+
+    tir = tvm.tirx
+    return isinstance(value, (tir.IntImm, tir.FloatImm, tir.Var, tir.BufferLoad))
 
 
 # ---- torch evaluation (the reference) ---------------------------------------------------------------

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tilefuse import ops
 from tilefuse.ir import Node, TensorType
-from tilefuse.lowering.expr import Call, Const, Coord, Expr, Load
+from tilefuse.lowering.expr import Call, Const, Coord, Expr, tree_size
 from tilefuse.lowering.templates.common import broadcast_shapes
 
 INDEX_DTYPE = "int32"
@@ -172,19 +172,8 @@ def reshape(in_shape: Sequence[int], out_shape: Sequence[int], idx: Sequence[Exp
 
 
 def size(exprs: Sequence[Expr]) -> int:
-    """Nodes of ``exprs`` unfolded as trees (what the emitter walks), counted without unfolding."""
-    memo: dict[int, int] = {}
-
-    def count(e: Expr) -> int:
-        if id(e) not in memo:
-            memo[id(e)] = 1 + sum(count(k) for k in _children(e))
-        return memo[id(e)]
-
-    return sum(count(e) for e in exprs)
-
-
-def _children(e: Expr) -> tuple[Expr, ...]:
-    return e.args if isinstance(e, Call) else e.index if isinstance(e, Load) else ()
+    """Nodes of ``exprs`` unfolded as trees (``expr.tree_size``)."""
+    return tree_size(exprs)
 
 
 # ---- the builder ----------------------------------------------------------------------------------

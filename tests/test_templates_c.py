@@ -336,3 +336,19 @@ def test_source_only_targets(target, marker):
     assert marker in kernel_source(f, target)
     with pytest.raises(NotImplementedError, match="kernel_source"):
         compile_kernel(f, target, out_idx=[-1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_floor_divide_is_torchs_at_the_edges(dtype):
+    """torch's floor division: exact where a / b rounds up to an integer (1 // 0.1 is 9), NaN for an infinite
+    dividend, -1 for a negative finite one over +inf, a zero divisor's IEEE quotient, signed zeros."""
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([1.0, inf, -inf, -2.0, -2.0, 2.0, 0.0, -0.0, 5.0, -5.0, 0.0, nan, 7.0, 1e30, -7.5, 3.0, 0.3])
+    b = torch.tensor([0.1, 2.0, 3.0, inf, -inf, -inf, 0.0, 1.0, 0.0, 0.0, -3.0, 1.0, nan, 3.0, 2.0, -0.0, -0.1])
+    a, b = a.to(dt(dtype)), b.to(dt(dtype))
+    f = elementwise.elementwise([(17,), (17,)], [dtype, dtype], [call("floor_divide", Acc(), Arg(1))], [dtype],
+                                target=C)
+    out, ref = compile_kernel(f, C, out_idx=[-1])(a, b), torch.floor_divide(a, b)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+    real = ~ref.isnan()
+    assert torch.equal(torch.signbit(out[real]), torch.signbit(ref[real]))

@@ -19,12 +19,13 @@ with 0 and stores cast the bool to int8, on every target alike.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import tilelang.language as T
 import torch
 
-from tilefuse.lowering.expr import Acc, Arg, Env, Expr, Load, emit, evaluate, walk
+from tilefuse.lowering.expr import Acc, Arg, Env, Expr, Load, emit, evaluate, tree_size, walk
 from tilefuse.lowering.templates.common import (
     PDL_MAX_ELEMENTS,
     broadcast_index,
@@ -139,7 +140,10 @@ def elementwise(
     # A gather (an index read from data) broadcasts its index load across TileLang's vector lanes,
     # and int64 vectors have no CUDA type: such kernels walk their block SIMT-style instead
     # (thread t takes elements t, t + threads, ...: still coalesced, never vectorized).
-    simt = not d.cpu and (any(_gathers(e) for e in exprs) or any(dt in _WIDE_INTS for dt in (*in_dtypes, *out_dtypes)))
+    # Large expressions compute every op once, into a local of its own; gathers their indices (``Env.bind``). On GPUs
+    # those kernels walk their block SIMT-style too.
+    bound, gathers = tree_size(exprs) > BIND_LARGER_THAN, any(_gathers(e) for e in exprs)
+    simt = not d.cpu and (bound or gathers or any(dt in _WIDE_INTS for dt in (*in_dtypes, *out_dtypes)))
     steps = -(-block // threads)
 
     def read(buf, dtype):
@@ -148,6 +152,8 @@ def elementwise(
     def store_one(ins, flats, out, k, idx):
         """Output k at flat index idx."""
         env = element_env(exprs[k], ins, flats, in_shapes, in_dtypes, out_shapes[k], idx, read)
+        if bound or gathers:
+            env = dataclasses.replace(env, bind=_local, bind_all=bound)
         v = emit(exprs[k], env)
         if out_dtypes[k] == "bool":
             v = T.Cast("int8", v if str(v.dtype) == "bool" else v != T.Cast(str(v.dtype), 0))
@@ -202,6 +208,16 @@ def elementwise(
 
 
 _WIDE_INTS = ("int64", "uint64")
+# Expressions larger than this (nodes, unfolded as trees) bind every op to a local (``expr.Env.bind_all``). The zoo's
+# largest is 66 nodes (2026-12-05): their kernels are emitted as before.
+BIND_LARGER_THAN = 256
+
+
+def _local(value):
+    """``value`` computed into a local of its own dtype; the local's read."""
+    v = T.alloc_local((1,), str(value.dtype))
+    T.buffer_store(v, value, [0])
+    return v[0]
 
 
 def _gathers(e: Expr) -> bool:
