@@ -21,7 +21,9 @@
 #            TILEFUSE_EXPERIMENTAL=attention_masked,attention_chain,attention_fast_math, against Inductor default in
 #            the same process (session 30 without them: BERT 1.07-1.08x, GPT-2 1.08-1.12x, ViT 1.16-1.26x; HF BERT 1.61x, GPT-2 1.40x
 #            the best peer). The measured choice still picks kernel or torch per region.
-#   part 22: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
+#   part 22: session 32's GPU tests (the graph cache's warm compile of the zoo's ResNet and GPT-2 in fp16 with CUDA
+#            graphs; elementwise expressions bound to locals, every op against the reference); then where the MLP's
+#            cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
 #            compile_time.py's cProfile of tilefuse's cold and warm compiles. Then ResNet-50's cold and warm compile
 #            against Inductor's and dynamo's alone (session 31's load_func, session 32's graph cache: warm 1.29 -> 1.04 s
@@ -84,12 +86,16 @@ elif [ "$part" = 25 ]; then  # (after 23 and 24: the schedules, asked for, in wh
         > "$OUT/logs/heldout_masked_chain.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/heldout_masked_chain.log" | cut -c1-220 | head -30
 elif [ "$part" = 22 ]; then
-    timeout 200 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeout 120 \
+    timeout 120 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/test_graph_cache.py \
+        tests/test_bound_expressions.py > "$OUT/logs/gpu_tests_graph_cache_bound.log" 2>&1
+    echo "graph cache, bound expressions: $(tail -1 "$OUT/logs/gpu_tests_graph_cache_bound.log")"
+    grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_graph_cache_bound.log" | head -5
+    timeout 150 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeout 120 \
         --profile "$OUT/logs/compile_profile" --out "$OUT/logs/compile_time_mlp.json" > "$OUT/logs/compile_time_mlp.log" 2>&1
     sed -n '/^model /,$p' "$OUT/logs/compile_time_mlp.log"
     head -45 "$OUT/logs/compile_profile/mlp-tilefuse-cold.prof.txt" | cut -c1-200
     # warm, after session 31's load_func and session 32's graph cache (3.26 s in session 30); dynamo alone: the floor
-    compile_time resnet 120 260 compile_time_resnet tilefuse,inductor,dynamo
+    compile_time resnet 100 240 compile_time_resnet tilefuse,inductor,dynamo
 elif [ "$part" = 12 ]; then
     compile_time llama 150 330 compile_time_llama
 fi

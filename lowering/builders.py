@@ -173,6 +173,23 @@ def check_static(region: Region, types: dict[str, TensorType], target: dict) -> 
                  f"{v} is bool, which the {region.kind} template cannot take on the c target")
 
 
+# Integer divisions that trap on a zero divisor in a kernel's C (the c target's process dies of SIGFPE), where torch
+# raises ZeroDivisionError on the CPU.
+INT_DIVISIONS = frozenset({"floor_divide", "trunc_divide", "remainder", "fmod"})
+
+
+def check_divisors(region: Region, nodes: dict[str, Node], types: dict[str, TensorType],
+                   constants: dict[str, torch.Tensor]) -> None:
+    """An integer division in ``region`` by anything but a constant without zeros runs through torch."""
+    for name in region.nodes:
+        n = nodes[name]
+        if n.op in INT_DIVISIONS and len(n.inputs) > 1 and not types[n.inputs[1]].dtype.startswith(("float", "bfloat")):
+            c = constants.get(n.inputs[1])
+            require(c is not None and bool((c != 0).all()),
+                    f"{n.name}: an integer {n.op} by a tensor runs through torch (a zero divisor raises there; a "
+                    "kernel's division would trap)")
+
+
 # ---- per kind ---------------------------------------------------------------------------------
 
 def check_dtypes(dtypes, target: dict, what: str) -> None:

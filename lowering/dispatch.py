@@ -26,6 +26,7 @@ from tilefuse.lowering.builders import (
     build_elementwise,
     build_gemm,
     build_reduction,
+    check_divisors,
     check_static,
     is_global_pool,
 )
@@ -90,6 +91,7 @@ def build(region: Region, graph: Graph, target: dict, facts: tuple | None = None
     anchor = nodes[region.anchor] if region.anchor else None
     try:
         check_static(region, types, target)
+        check_divisors(region, nodes, types, graph.constants)
         empty = [v for v in region.outputs if types[v].numel == 0]
         if empty:  # (TileLang allocates an empty output with strides its own wrapper then refuses)
             return f"empty output {', '.join(empty)}: nothing to compute, torch makes it"

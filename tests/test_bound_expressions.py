@@ -137,3 +137,4 @@ def test_resizes_compile_and_match_eager(rng, mode, align, size, scale):
         torch.testing.assert_close(got, model(x, skip), **FP32)
     assert backend.failures == []
     torch._dynamo.reset()
+

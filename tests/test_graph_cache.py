@@ -245,3 +245,22 @@ def test_a_fresh_process_takes_the_graph_from_the_cache(cache):
                                       timeout=300).stdout.strip().splitlines()[-1]) for _ in range(2)]
     assert runs[0] == {"cached": [], "aot": 1, "ok": True}
     assert runs[1] == {"cached": ["graph0"], "aot": 0, "ok": True}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["resnet", "gpt2"])
+def test_zoo_models_warm_from_the_cache_on_the_gpu(cache, name):
+    """fp16 on CUDA (static inputs read in place by CUDA graphs, the measured choice on): the cached graph computes
+    what the cold one did."""
+    model, inputs = models.build(name, "tiny", dtype=torch.float16, device="cuda")
+    outs, cached = [], []
+    for _ in range(2):
+        torch._dynamo.reset()
+        backend = make_backend(Options(measure=True))
+        with torch.no_grad():
+            outs.append(torch.compile(model, backend=backend)(*inputs))
+        cached.append(backend.cached)
+    assert cached == [[], ["graph0"]]
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(outs[1], model(*inputs), rtol=1e-2, atol=1e-2)

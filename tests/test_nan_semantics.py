@@ -362,3 +362,33 @@ def test_layer_norm_overflow_is_nan_in_cuda_kernels():
         src = k.get_kernel_source()
         assert "< CUDART_INF_F" in src and "CUDART_NAN_F" in src, name  # M2 < inf (false for NaN) or NaN
         assert src.count("rsqrtf(") == 1, name  # once per row, not per element
+
+
+def test_integer_division_by_a_tensor_raises_as_torch_does(rng):
+    """Integer floor/trunc division and remainder by a tensor run through torch: a zero divisor raises torch's
+    ZeroDivisionError (a kernel's C division trapped: SIGFPE killed the process). A constant divisor without zeros
+    stays in the kernel."""
+    from tilefuse.backend import make_backend
+    from tilefuse.config import Options, parse_target
+
+    x = torch.randint(-50, 50, (64,), generator=rng, dtype=torch.int32)
+    y = torch.randint(1, 4, (64,), generator=rng, dtype=torch.int32) * (1 - 2 * (torch.arange(64) % 2)).int()
+    for fn in (lambda a, b: a // b + 1, lambda a, b: torch.remainder(a, b) * 2, lambda a, b: torch.fmod(a, b) - 1,
+               lambda a, b: torch.div(a, b, rounding_mode="trunc") + a):
+        torch._dynamo.reset()
+        backend = make_backend(Options(target=parse_target("c")))
+        compiled = torch.compile(fn, backend=backend)
+        assert torch.equal(compiled(x, y), fn(x, y))
+        zeros = y.clone()
+        zeros[5] = 0
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            fn(x, zeros)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            compiled(x, zeros)
+    torch._dynamo.reset()
+    runners = []
+    backend = make_backend(Options(target=parse_target("c"), observer=runners.append))
+    out = torch.compile(lambda a: a // 3 + 1, backend=backend)(x)
+    assert torch.equal(out, x // 3 + 1)
+    assert [r.backend for r in runners[0].plan.regions] == ["tilelang"]
+    torch._dynamo.reset()
