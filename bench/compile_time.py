@@ -7,8 +7,8 @@ default ``torch.compile(model)``), a child process imports torch, builds the mod
 cuBLAS and cuDNN initialized for both alike), then times ``torch.compile`` and the first call, synchronized: the
 compile a user waits for, dynamo's first use included. Both libraries are imported before the timer in both children
 (tilefuse, with TileLang, for the zoo; ``torch._inductor.compile_fx``). It runs twice per compiler: "cold" with empty
-caches of its own (tilefuse: tuning database, PrimFunc cache, graph cache, TileLang's kernel cache; Inductor: its cache and
-triton's), "warm" in a new process with the caches the cold run filled. Tilefuse's children also print where the time
+caches of its own (tilefuse: tuning database, PrimFunc cache, graph cache, TileLang's kernel cache; Inductor: its cache
+and triton's), "warm" in a new process with the caches the cold run filled. Tilefuse's children also print where the time
 went (``PlanRunner.compile_phases``: import, plan, lower, the first call's splits and decide, the CUDA graphs'
 capture; the rest is dynamo and AOTAutograd). In-process comparisons (``bench_models.py``) favour whichever compiler
 runs second: the first pays dynamo's first use (about 1.3 s on a 2-core CPU) and lazy CUDA module loads.
