@@ -113,10 +113,13 @@ def test_tensor_ops(rng):
         helper.make_node("Cast", ["ti"], ["yi"], to=T.INT32),
     ]
     inits = [i64("st", [5, 0]), i64("en", [-100, 4]), i64("ax", [1, 2]), i64("sp", [-2, 1]),
-             i64("pads", [0, 1, 1, 0, 1, 1]), i64("rax", [-1]), i64("cax", 2), i64("k", [3]),
+             i64("pads", [0, 1, 1, 0, 1, 1]), i64("rax", [-1]), i64("cax", 1), i64("k", [3]),
              i64("reps", [1, 2, 1]), init("zero", np.float32(0.25))]
     m = model(nodes, [vi("x", T.FLOAT, [2, 5, 7]), vi("cond", T.BOOL, [2, 1, 3])],
               [vi("y", T.FLOAT, 3), vi("yi", T.INT32, 3)], inits)
+    # The cumulative sum runs along axis 1, not the mean's axis: along that one its first (reversed) element is the
+    # sum of the deviations from their mean, exactly 0, and the two runtimes' rounding noise there (1.4e-6 apart on
+    # values of 1.3) failed the comparison in about 3% of fresh inputs.
     against_ort(m, {"x": randn(rng, 2, 5, 7), "cond": rng.random((2, 1, 3)) > 0.5})
 
 
