@@ -30,10 +30,11 @@
 #            on the 2-core CPU, where dynamo alone takes 0.89 s and Inductor 2.01 s; 3.26 s here in session 30).
 #   part 12: LLaMA's compile time against Inductor's in fresh processes (#13's compile bar; ResNet-50's and the MLP's
 #            were measured in session 30).
+#   Part 22 runs in pieces too: 22a its GPU tests, 22b the MLP's compile profile, 22c ResNet-50's compile times.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh 21|23|24|25|22|12   (logs and JSON under $OUT, tarred into one file)
+#                  bash bench/run_pending_h200.sh PART...   (PART: 21|23|24|25|22|22a|22b|22c|12; several run in order;
+#                  logs and JSON under $OUT, tarred into one file)
 set -u
-part=${1:-21}
 OUT=${OUT:-/tmp/pending}
 mkdir -p "$OUT/logs"
 export TILEFUSE_QUIET=1
@@ -52,6 +53,8 @@ zoo() {  # models, whole timeout, name
     grep -E "^  [a-z0-9]+: |^model |^[a-z0-9]+ +[0-9t]" "$OUT/logs/$3.log" \
         | cut -c1-220 | head -60
 }
+for part in "${@:-21}"; do
+echo "== part $part (at ${SECONDS} s)"
 if [ "$part" = 21 ]; then
     timeout 200 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/test_sparse.py tests/test_gemm_ws.py -k \
         "sp_ or sparse or sparsity" > "$OUT/logs/gpu_tests_sparse.log" 2>&1
@@ -85,18 +88,25 @@ elif [ "$part" = 25 ]; then  # (after 23 and 24: the schedules, asked for, in wh
         --models hf-bert,hf-gpt2 --peers default --no-warm --reps 30 --json "$OUT/logs/heldout_masked_chain.json" \
         > "$OUT/logs/heldout_masked_chain.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/heldout_masked_chain.log" | cut -c1-220 | head -30
-elif [ "$part" = 22 ]; then
+fi
+if [ "$part" = 22 ] || [ "$part" = 22a ]; then
     timeout 120 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/test_graph_cache.py \
         tests/test_bound_expressions.py > "$OUT/logs/gpu_tests_graph_cache_bound.log" 2>&1
     echo "graph cache, bound expressions: $(tail -1 "$OUT/logs/gpu_tests_graph_cache_bound.log")"
     grep -E "^FAILED|Error" "$OUT/logs/gpu_tests_graph_cache_bound.log" | head -5
+fi
+if [ "$part" = 22 ] || [ "$part" = 22b ]; then
     timeout 150 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeout 120 \
         --profile "$OUT/logs/compile_profile" --out "$OUT/logs/compile_time_mlp.json" > "$OUT/logs/compile_time_mlp.log" 2>&1
     sed -n '/^model /,$p' "$OUT/logs/compile_time_mlp.log"
     head -45 "$OUT/logs/compile_profile/mlp-tilefuse-cold.prof.txt" | cut -c1-200
+fi
+if [ "$part" = 22 ] || [ "$part" = 22c ]; then
     # warm, after session 31's load_func and session 32's graph cache (3.26 s in session 30); dynamo alone: the floor
     compile_time resnet 100 240 compile_time_resnet tilefuse,inductor,dynamo
 elif [ "$part" = 12 ]; then
     compile_time llama 150 330 compile_time_llama
 fi
+done
+echo "== end (at ${SECONDS} s)"
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
