@@ -43,7 +43,7 @@ SWEEP = [(32, 16, 16, 512, 64, c) for c in (False, True)] + [(8, 16, 16, 2048, 6
 
 
 # BERT's attention with its padding mask (B, 1, 1, S) as the zoo builds it: batch 0 sees every key, the others a
-# random prefix; --shapes masked (the ws schedule takes it under Options.experimental "attention_masked")
+# random prefix; --shapes masked (the ws schedule's default for it since 2026-12-05, bounded by the mask)
 MASKED = [(32, 12, 12, 512, 64, False), (8, 16, 16, 2048, 64, False), (8, 16, 16, 2048, 64, True)]
 
 
@@ -78,7 +78,7 @@ def chain_variants(D: int, causal: bool = False, S: int | None = None) -> list[d
     all (both lower without spills; not yet measured), with the causal default (``pair_rows``) on causal shapes:
     plain, and chained with the late store and nvcc's fast math (``fast_math``) on each tile; on the first seed also
     fast math alone, chained alone and chained with the late store. First, the TileLang-scheduled template's default
-    pick (what a masked attention runs without ``attention_masked``)."""
+    pick (what a masked attention ran before 2026-12-05)."""
     tiles = attention_ws.seeds(D) + ([(128, 192, 2, 256)] if D <= 64 else [])
     if D <= 64 and S is not None and S <= 224:  # one key tile holds them all (ViT's 197 in 208: no spills either)
         tiles.append((128, -(-S // 16) * 16, 2, 256))

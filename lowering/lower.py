@@ -68,13 +68,14 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     space = getattr(module, "config_space", module.get_configs)
     trying = experimental(target)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
-        # a padding mask takes the ws schedule only when asked for ("attention_masked": not yet run on a GPU), and
-        # never a decode step's few queries; it then walks each batch's keys up to its last kept one (bound_keys)
-        ws = attention_ws.eligible(target, **kw) and (kw.get("mask_shape") is None or (
-            "attention_masked" in trying and not attention.decodes(target, kw["Sq"], _groups(kw))))
+        # a padding mask takes the ws schedule too (never a decode step's few queries), which then walks each batch's
+        # keys up to its last kept one (bound_keys): BERT's masks on the H200, 2026-12-05, 1.43-2.03x cuDNN where the
+        # TileLang-scheduled template ran 0.67-1.07x (bench/results/2026-12-05-h200-session33)
+        ws = attention_ws.eligible(target, **kw) and (
+            kw.get("mask_shape") is None or not attention.decodes(target, kw["Sq"], _groups(kw)))
         configs = space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
                         ws=ws, causal=kw.get("is_causal", False), **_decode_shape(kw))
-        options = {o: True for o in ("pingpong", "late_store", "double_q", "chain", "fast_math")
+        options = {o: True for o in ("pingpong", "late_store", "double_q", "chain")
                    if f"attention_{o}" in trying}
         if ws and kw.get("mask_shape") is not None:  # the padding mask's bound: no key tile past the last kept key
             options["bound_keys"] = True

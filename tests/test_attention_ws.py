@@ -82,18 +82,18 @@ def test_configs_offer_ws_only_where_it_applies():
     assert lower.default_config(_spec(), SM90).get("ws")
     assert lower.default_config(_spec(is_causal=True, Hkv=2), SM90).get("ws")
     odd_rows = {"q_layout": attention.TokenRows(4 * 64 + 4, 2)}
-    for kw in ({"mask_shape": (2, 1, 1, 256)}, {"mask_shape": (2, 1, 256, 256)}, {"scale": -1.0},
+    for kw in ({"mask_shape": (2, 1, 256, 256)}, {"scale": -1.0},
                {"is_causal": True, "window": 16}, odd_rows):
         assert not any(c.get("ws") for c in lower.config_space(_spec(**kw), SM90)), kw
     for target in (SM80, C):
         assert not any(c.get("ws") for c in lower.config_space(_spec(), target))
-    # a padding mask takes the ws schedule where asked for (not yet run on a GPU), and never for a decode step
-    masked = Options(target=SM90, experimental="attention_masked").target
-    assert lower.default_config(_spec(mask_shape=(2, 1, 1, 256)), masked) == {**lower.default_config(_spec(), SM90),
-                                                                              "bound_keys": True}
-    assert not lower.default_config(_spec(mask_shape=(2, 1, 256, 256)), masked).get("ws")
+    # a padding mask takes the ws schedule (measured on the H200, 2026-12-05), bounded by it, never for a decode step
+    default = lower.default_config(_spec(), SM90)
+    assert default["fast_math"] is True  # (the measured default of the ws seeds)
+    assert lower.default_config(_spec(mask_shape=(2, 1, 1, 256)), SM90) == {**default, "bound_keys": True}
+    assert not lower.default_config(_spec(mask_shape=(2, 1, 256, 256)), SM90).get("ws")
     decode = _spec(Sq=1, Skv=512, Hkv=1, mask_shape=(2, 1, 1, 512))
-    assert not any(c.get("ws") for c in lower.config_space(decode, masked))
+    assert not any(c.get("ws") for c in lower.config_space(decode, SM90))
 
 
 # (B, Hq, Hkv, Sq, Skv, D, kwargs): tails in rows and keys, GQA, causal with Sq != Skv, fused-QKV token rows, and
@@ -434,8 +434,9 @@ def test_fast_math_marks_the_kernel_for_nvccs_fast_math(monkeypatch):
     from tilefuse.lowering import func_cache
 
     def func(**kw):
-        return attention.flash_attention(2, 4, 256, 256, 64, dtype="float16", target=SM90, **_ws_configs(64)[0], **kw)
-    fast, plain = func(fast_math=True), func()
+        return attention.flash_attention(2, 4, 256, 256, 64, dtype="float16", target=SM90,
+                                         **{**_ws_configs(64)[0], **kw})
+    fast, plain = func(fast_math=True), func(fast_math=False)
     assert compile_mod.asks_fast_math(fast) and not compile_mod.asks_fast_math(plain)
     assert compile_mod.asks_fast_math(func_cache.load_func(tvm.ir.save_json(fast)))
     assert kernel_source(fast, SM90) == kernel_source(plain, SM90)  # (the source is the same; nvcc's flags differ)
@@ -470,40 +471,40 @@ def test_bound_keys_scans_each_batchs_mask_before_the_warp_groups_part():
                                         bound_keys=True)
 
 
-def test_the_zoo_berts_padding_mask_takes_the_ws_schedule_where_asked_for():
-    """The zoo BERT's attention, planned for sm_90a: a (B, 1, 1, S) fp16 mask and token-row operands; under
-    ``attention_masked`` its default config is the ws schedule, which lowers with the mask as a parameter."""
+def test_the_zoo_berts_padding_mask_takes_the_ws_schedule():
+    """The zoo BERT's attention, planned for sm_90a: a (B, 1, 1, S) fp16 mask and token-row operands; its default
+    config is the ws schedule bounded by the mask, which lowers with the mask as a parameter."""
     from tilefuse import models
     from tilefuse.capture import capture_graphs
     from tilefuse.lowering.dispatch import build
     from tilefuse.pipeline import plan
 
     (graph,) = capture_graphs(*models.build("bert", "tiny", dtype=torch.float16))
-    masked = Options(target=SM90, experimental="attention_masked").target
-    p = plan(graph, masked)
-    specs = [build(r, p.graph, masked) for r in p.regions if r.kind == "attention"]
+    p = plan(graph, SM90)
+    specs = [build(r, p.graph, SM90) for r in p.regions if r.kind == "attention"]
     assert specs
     for spec in specs:
         kw = spec.factory_kwargs()
         assert attention_ws.key_mask(kw["mask_shape"]) and kw["mask_dtype"] == "float16"
-        assert not lower.default_config(spec, SM90).get("ws")  # (not asked for: the template)
-        cfg = lower.default_config(spec, masked)
-        assert cfg.get("ws"), cfg
-    src = kernel_source(attention.flash_attention(**kw, **cfg, target=masked), masked)
+        cfg = lower.default_config(spec, SM90)
+        assert cfg.get("ws") and cfg.get("bound_keys"), cfg
+    src = kernel_source(attention.flash_attention(**kw, **cfg, target=SM90), SM90)
     assert "const half_t* __restrict__ Mask" in src and "tma_load" in src
 
 
 @pytest.mark.gpu
-def test_zoo_bert_with_the_masked_ws_schedule_matches_eager_gpu():
-    """The zoo BERT (batch 4 x 100 tokens, D 32, random padding past row 0) through torch.compile with the masked and
-    chained ws schedule, every region its kernel (no measured choice): against eager, fp16 tolerances."""
+@pytest.mark.parametrize("experimental", ["", "attention_chain"])
+def test_zoo_bert_with_the_masked_ws_schedule_matches_eager_gpu(experimental):
+    """The zoo BERT (batch 4 x 100 tokens, D 32, random padding past row 0) through torch.compile with the masked ws
+    schedule (the default; chained where asked), every region its kernel (no measured choice): against eager, fp16
+    tolerances."""
     from tilefuse import models
     from tilefuse.backend import make_backend
 
     torch._dynamo.reset()
     model, inputs = models.build("bert", "small", dtype=torch.float16, device="cuda")
     runners = []
-    backend = make_backend(Options(measure=False, experimental="attention_masked,attention_chain",
+    backend = make_backend(Options(measure=False, experimental=experimental,
                                    observer=runners.append))
     compiled = torch.compile(model, backend=backend)
     with torch.no_grad():

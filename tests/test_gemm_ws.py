@@ -350,7 +350,7 @@ def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_the
     assert gemm_ws.seed("float32")["num_stages"] == 3 and gemm_ws.seed("float32", True)["num_stages"] == 3
     assert lower.func_key(linear, both.target, first) != lower.func_key(linear, SM90, first)  # cached apart
     assert "experimental" not in Options(target={"kind": "c"}, experimental="gemm_ws_pingpong").target
-    for gone in ("gemm_ws", "attention_pair_rows", "gemm_wsx"):  # (defaults now, or never known)
+    for gone in ("gemm_ws", "attention_pair_rows", "attention_masked", "attention_fast_math", "gemm_wsx"):
         with pytest.raises(ValueError, match=f"unknown experimental schedule.*{gone}.*known: attention_chain, "):
             Options(target=SM90, experimental=gone)
 

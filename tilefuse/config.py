@@ -115,10 +115,10 @@ def _on(v: str) -> bool:
 
 
 # Options.experimental's names (what each does: lowering/lower.py config_space).
-# (Measured wins left this list for the defaults: the ws GEMM, lowering/lower.py config_space, and attention_ws's
-# pair_rows, attention_configs.get_configs.)
+# (Measured wins left this list for the defaults: the ws GEMM and the ws attention with a padding mask,
+# lowering/lower.py config_space; attention_ws's pair_rows and fast_math, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain", "attention_masked", "attention_fast_math")
+                "attention_chain")
 
 
 @dataclass(frozen=True)
@@ -165,11 +165,10 @@ class Options:
     # puts gemm(ws=True, pingpong=True)'s seed first where it applies;
     # "attention_pingpong", "attention_late_store" and "attention_double_q" add those options to the warp-specialized
     # attention's seeds (measured 2026-12-03: none of them a consistent win; bench/results/2026-12-03-h200-session22);
-    # "attention_chain" adds ``chain`` (each tile's first scores under the previous tile's last P V: written
-    # 2026-12-04 without a GPU, its numerics and speed not yet measured, run_pending_h200.sh part 23);
-    # "attention_masked" lets an attention with a padding mask (one value per key and batch: BERT's) take the
-    # warp-specialized schedule (the same session and state); "attention_fast_math" compiles that schedule with
-    # nvcc's fast math (ex2.approx.ftz: one instruction an exponent where the IEEE form takes about four; same state).
+    # "attention_chain" adds ``chain`` (each tile's first scores under the previous tile's last P V; measured
+    # 2026-12-05: slower than without at all 13 of the sweep's shapes; with late_store and fast math on 192x128 tiles
+    # it led one, 2x32/8 heads x 8192 D 64, 1.06x cuDNN against 0.96x: bench/results/2026-12-05-h200-session33).
+    # (The ws attention with a padding mask and with nvcc's fast math, opt-in until then, are now the defaults.)
     experimental: str = _read("EXPERIMENTAL", "")
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)

@@ -14,9 +14,8 @@ multiply-add, as ``flash_attention``'s fold does), no sliding window, packed row
 multiple of 16 up to 128, and no mask but a padding mask (``key_mask``: one float per key and batch, BERT's). A
 padding mask is read from global memory (L1 serves a tile's rows) and added to every key tile's scores, which are then
 scaled into the log2 domain before the row max; as in ``flash_attention``, a row that sees no key yet uses 0 for its
-max and a row that sees none gives 0 (written 2026-12-04 without a GPU: offered only under ``Options.experimental``
-"attention_masked" until ``run_pending_h200.sh`` part 23 has run its tests). With ``bound_keys`` (which
-"attention_masked" adds), every warp of a program first scans whole batches' masks (``key_bounds``) into a per-batch
+max and a row that sees none gives 0 (its GPU tests passed on the H200, 2026-12-05). With ``bound_keys`` (which
+``lower.config_space`` adds for a padding mask), every warp of a program first scans whole batches' masks (``key_bounds``) into a per-batch
 count of key tiles, up to the last key not hidden (``HIDDEN_GAP``); producer and consumers then walk only those: a
 right-padded batch's padding is never loaded or multiplied. Tails: TMA loads zero-fill rows past
 ``Sq``/``Skv``; scores past ``Skv`` and above the causal diagonal (top-left aligned, as torch) are ``-inf``, tested
@@ -208,11 +207,11 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     the previous tile's last ``P V`` and its softmax runs while that product does, where otherwise the tensor cores
     wait for every tile's first softmax (a quarter of a tile's key tiles at 512 tokens, half at ViT's 197). It walks
     a program's live steps (``TileOrder.live_steps``), so paired steps with gaps fall back to unpaired. Written
-    without a GPU (2026-12-04): it lowers for sm_90a without spills or serialized WGMMAs; its numerics and speed are
-    ``run_pending_h200.sh`` part 23's. ``fast_math``: nvcc's fast math for the kernel (``common.fast_math``): each
+    without a GPU (2026-12-04): it lowers for sm_90a without spills or serialized WGMMAs; its tests passed on the H200
+    (2026-12-05), where it ran slower than without at every shape of the sweep. ``fast_math``: nvcc's fast math for the kernel (``common.fast_math``): each
     ``T.exp2`` one ``ex2.approx.ftz`` (MUFU) where the IEEE form, ``ex2.approx`` without ``.ftz``, also rescales
     subnormal results (about three more instructions a score; what FlashAttention-3 compiles with), O's division
-    approximate; written 2026-12-04 without a GPU, measured by part 24. ``pingpong``, ``late_store`` and ``double_q``
+    approximate; the default of the ws seeds since the H200's sweep of 2026-12-05 (``attention_configs.get_configs``). ``pingpong``, ``late_store`` and ``double_q``
     measured no consistent win on
     the H200 (2026-12-03, within +-3% of the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed
     offers these four; ``Options.experimental`` and ``bench_attention.py``'s variants do."""
