@@ -232,6 +232,11 @@ class Env:
     memo: dict = field(default_factory=dict)
 
 
+def indexed_by_data(load: Load) -> bool:
+    """Whether ``load``'s index reads data (an input, an extra or the accumulator): an embedding's, a gather's."""
+    return any(isinstance(n, (Load, Arg, Acc)) for i in load.index for n in walk(i))
+
+
 def emit(expr: Expr, env: Env):
     """Lower ``expr`` to a TIR PrimExpr (fp32 compute for floating values, see the module note)."""
     from tilelang import language as T  # tilelang loads only where a kernel is built
@@ -254,8 +259,7 @@ def emit(expr: Expr, env: Env):
         if env.load is None:
             raise ValueError(f"expression reads {expr} but the template binds no indexed loads here")
         at = env
-        if env.bind is not None and not env.bind_all and any(isinstance(n, (Load, Arg, Acc)) for i in expr.index
-                                                            for n in walk(i)):
+        if env.bind is not None and not env.bind_all and indexed_by_data(expr):
             at = dataclasses.replace(env, bind_all=True)  # (the same memo)
         return widen(T, prim(env.load(expr.arg, [emit(i, at) for i in expr.index])))
     if isinstance(expr, Call):

@@ -8,42 +8,27 @@ The key covers everything the function is built from: the template, its paramete
 target, the TileLang version and a digest of the lowering package's own source, so editing a template never
 reuses a stale function. Writes are atomic
 (temporary file, ``os.replace``); an unreadable entry is rebuilt. ``TILEFUSE_FUNC_CACHE=0`` turns the
-cache off, ``TILEFUSE_FUNC_CACHE_DIR`` moves it (default ``~/.cache/tilefuse/funcs``).
+cache off, ``TILEFUSE_FUNC_CACHE_DIR`` moves it (default ``~/.cache/tilefuse/funcs``); its size is bounded
+(``tilefuse/disk_cache.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from tilefuse.config import setting
-from tilefuse.fileio import write_atomic
+from tilefuse import disk_cache
 
 _log = logging.getLogger("tilefuse")
+CACHE = disk_cache.DiskCache("FUNC_CACHE", "funcs")
 
 
-def enabled() -> bool:
-    return setting("FUNC_CACHE", "1") != "0"
-
-
-def cache_dir() -> Path:
-    return Path(setting("FUNC_CACHE_DIR") or Path.home() / ".cache" / "tilefuse" / "funcs")
-
-
-@functools.cache
 def source_digest() -> str:
     """sha256 of every ``.py`` file of the lowering package (templates, expressions, index maps, builders)."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
-        h.update(p.relative_to(root).as_posix().encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
+    return disk_cache.source_digest(Path(__file__).resolve().parent)
 
 
 def key(template: str, params, out_idx, config: dict, target: dict) -> str:
@@ -71,20 +56,20 @@ def load_func(text: str):
 
 def cached(k: str, build: Callable[[], object]):
     """The PrimFunc stored under ``k``, or ``build()`` stored there."""
-    if not enabled():
+    if not CACHE.enabled():
         return build()
     import tvm
 
-    path = cache_dir() / f"{k}.json"
-    with contextlib.suppress(OSError):
-        text = path.read_text()
+    text = CACHE.read(k)
+    if text is not None:
         try:
             return load_func(text)
         except Exception as e:  # noqa: BLE001 -- a damaged entry is rebuilt and rewritten
-            _log.warning("prim func cache entry %s is unreadable (%s); rebuilding it", path, type(e).__name__)
+            _log.warning("prim func cache entry %s is unreadable (%s); rebuilding it", CACHE.path(k),
+                         type(e).__name__)
     func = build()
     try:
-        write_atomic(path, tvm.ir.save_json(func))
+        CACHE.write(k, tvm.ir.save_json(func))
     except OSError as e:  # a read-only home must not fail the compile
-        _log.debug("prim func cache %s: not written (%s)", path, e)
+        _log.debug("prim func cache %s: not written (%s)", CACHE.path(k), e)
     return func

@@ -23,13 +23,12 @@ kept.
 
 An entry is one JSON file (constants as base64 safetensors) written atomically; an unreadable one is a miss, and the
 compile rewrites it. ``TILEFUSE_GRAPH_CACHE=0`` turns the cache off, ``TILEFUSE_GRAPH_CACHE_DIR`` moves it (default
-``~/.cache/tilefuse/graphs``).
+``~/.cache/tilefuse/graphs``); its size is bounded (``tilefuse/disk_cache.py``).
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import logging
@@ -40,8 +39,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from tilefuse.config import setting
-from tilefuse.fileio import write_atomic
+from tilefuse import disk_cache
 from tilefuse.frontends import fx as fx_import
 from tilefuse.frontends.fx import FxProgram, OutSpec
 from tilefuse.runtime.distributed import world_size
@@ -54,24 +52,13 @@ FORMAT = 1
 HELD_NUMEL = 1 << 16
 
 
-def enabled() -> bool:
-    return setting("GRAPH_CACHE", "1") != "0"
+CACHE = disk_cache.DiskCache("GRAPH_CACHE", "graphs")
 
 
-def cache_dir() -> Path:
-    return Path(setting("GRAPH_CACHE_DIR") or Path.home() / ".cache" / "tilefuse" / "graphs")
-
-
-@functools.cache
 def source_digest() -> str:
     """sha256 of every ``.py`` file of the ``tilefuse`` package and its frontends (the backend, its decompositions,
     the importer, the op registry)."""
-    h = hashlib.sha256()
-    for root in (Path(__file__).resolve().parent, Path(fx_import.__file__).resolve().parent):
-        for p in sorted(root.rglob("*.py")):
-            h.update(p.relative_to(root.parent).as_posix().encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
+    return disk_cache.source_digest(Path(__file__).resolve().parent, Path(fx_import.__file__).resolve().parent)
 
 
 def _tensor_digest(t: torch.Tensor) -> str:
@@ -92,7 +79,7 @@ def _global_state() -> Any:
 def key(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
     """The cache key of dynamo's graph ``gm`` called on ``example_inputs``; None where it is not kept (the cache is
     off, several ranks, autocast on, an input that is not a plain tensor, symbolic shapes, a submodule)."""
-    if not enabled() or world_size() > 1 or torch._C._is_any_autocast_enabled():
+    if not CACHE.enabled() or world_size() > 1 or torch._C._is_any_autocast_enabled():
         return None
     inputs, storages = [], {}
     for t in example_inputs:
@@ -179,7 +166,7 @@ def store(k: str, program: FxProgram, static: Sequence[int]) -> None:
                "devices": {n: str(t.device) for n, t in graph.constants.items()},
                "input_indices": list(program.input_indices), "outputs": _spec_json(program.outputs),
                "fallback_ops": list(program.fallback_ops), "static": sorted(static)}
-        write_atomic(cache_dir() / f"{k}.json", json.dumps(doc))
+        CACHE.write(k, json.dumps(doc))
     except (ValueError, TypeError, OSError) as e:
         _log.debug("tilefuse: graph cache: %s not kept (%s: %s)", graph.name, type(e).__name__, e)
 
@@ -187,10 +174,8 @@ def store(k: str, program: FxProgram, static: Sequence[int]) -> None:
 def load(k: str, name: str) -> tuple[FxProgram, frozenset[int]] | None:
     """The program kept under ``k`` (its graph named ``name``) and its static inputs' positions; None on a miss. A
     damaged entry is a miss, with a warning (the compile then rewrites it)."""
-    path = cache_dir() / f"{k}.json"
-    try:
-        text = path.read_text()
-    except OSError:
+    text = CACHE.read(k)
+    if text is None:
         return None
     try:
         doc = json.loads(text)
@@ -205,6 +190,6 @@ def load(k: str, name: str) -> tuple[FxProgram, frozenset[int]] | None:
             raise ValueError("its input positions do not match its graph's inputs")
         return program, frozenset(int(i) for i in doc["static"])
     except Exception as e:  # noqa: BLE001 -- a damaged entry: compiled anew and rewritten
-        _log.warning("tilefuse: graph cache entry %s is unreadable (%s: %s); compiling the graph anew", path,
+        _log.warning("tilefuse: graph cache entry %s is unreadable (%s: %s); compiling the graph anew", CACHE.path(k),
                      type(e).__name__, str(e)[:200])
         return None

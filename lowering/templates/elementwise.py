@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import tilelang.language as T
 import torch
 
-from tilefuse.lowering.expr import Acc, Arg, Env, Expr, Load, emit, evaluate, tree_size, walk
+from tilefuse.lowering.expr import Acc, Arg, Env, Expr, Load, emit, evaluate, indexed_by_data, tree_size, walk
 from tilefuse.lowering.templates.common import (
     PDL_MAX_ELEMENTS,
     broadcast_index,
@@ -222,8 +222,7 @@ def _local(value):
 
 def _gathers(e: Expr) -> bool:
     """Whether ``e`` reads an input at an index computed from data (an embedding, a gather)."""
-    return any(isinstance(n, Load) and any(isinstance(m, (Load, Arg, Acc)) for i in n.index for m in walk(i))
-               for n in walk(e))
+    return any(isinstance(n, Load) and indexed_by_data(n) for n in walk(e))
 
 
 def reference(inputs: Sequence[torch.Tensor], exprs: Sequence[Expr], out_dtypes: Sequence[str],
