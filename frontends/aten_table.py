@@ -425,7 +425,9 @@ REDUCTIONS: dict[Any, Converter] = {
     aten.var.dim: _var,
     aten.std.correction: lambda cx, a: cx.op("sqrt", _var(cx, a)),
     aten.var_mean.correction: _var_mean,
-    aten.cumsum.default: lambda cx, a: cx.op("cumsum", _cast(cx, a["self"], a["dtype"]), dim=a["dim"]),
+    # (with ``dtype`` torch sums in it; the op sums integers in int64: the same bits, wrapped back by the cast)
+    aten.cumsum.default: lambda cx, a: _cast(cx, cx.op("cumsum", _cast(cx, a["self"], a["dtype"]), dim=a["dim"]),
+                                             a["dtype"]),
     aten.topk.default: lambda cx, a: cx.ops("topk", a["self"], k=a["k"], dim=a["dim"], largest=a["largest"],
                                             sorted=a["sorted"]),
     aten._softmax.default: _softmax("softmax"),

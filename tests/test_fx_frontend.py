@@ -179,6 +179,21 @@ def test_reductions_and_norms(rng):
     assert p.fallback_ops == () and "layer_norm" in ops_of(p)
 
 
+def test_cumsum_in_the_dtype_asked_for(rng):
+    """``cumsum(dtype=)`` sums in that dtype (Mixtral's expert counts: int32 of a bool mask); without it integers
+    sum in int64. Overflow wraps as torch's does."""
+    x = torch.randint(-3, 4, (4, 9), generator=rng, dtype=torch.int32)
+    big = torch.full((3, 5), 2**30, dtype=torch.int32)
+    m = x > 0
+
+    def f(x, big, m):
+        return x.cumsum(1), x.cumsum(0, dtype=torch.int32), big.cumsum(1, dtype=torch.int32), \
+            m.cumsum(1, dtype=torch.int32), m.cumsum(0), x.cumsum(1, dtype=torch.float64)
+
+    p = imported(f, x, big, m)
+    assert p.fallback_ops == ()
+
+
 def test_slice_and_select_backward_are_pads(rng):
     g1, g2, g3 = randn(rng, 5, 5, 3), randn(rng, 5, 7, 2), randn(rng, 5, 3)
 
