@@ -282,6 +282,31 @@ def _select_backward(cx: Ctx, a: dict) -> str:
     return _pad_dim(cx, cx.op("unsqueeze", a["grad_output"], dims=(dim,)), dim, i, size - i - 1)
 
 
+def _scatter_slice(cx: Ctx, x: str, src: str, dim: int, start: int, end: int) -> str:
+    """``x`` with its unit-step slice ``start:end`` along ``dim`` replaced by ``src``: the parts around it
+    concatenated."""
+    if end <= start:  # (an empty slice: ``src`` is empty along ``dim``)
+        return x
+    size = cx.type(x).shape[dim]
+    parts = ([cx.op("slice", x, dim=dim, start=0, end=start, step=1)] if start > 0 else []) + [src] + \
+        ([cx.op("slice", x, dim=dim, start=end, end=None, step=1)] if end < size else [])
+    return parts[0] if len(parts) == 1 else cx.op("concat", *parts, dim=dim)
+
+
+def _slice_scatter(cx: Ctx, a: dict) -> str | None:
+    x = a["self"]
+    dim = a["dim"] % cx.type(x).rank
+    start, end, step = slice(a["start"], a["end"], a["step"]).indices(cx.type(x).shape[dim])
+    return _scatter_slice(cx, x, a["src"], dim, start, end) if step == 1 else None
+
+
+def _select_scatter(cx: Ctx, a: dict) -> str:
+    x = a["self"]
+    dim = a["dim"] % cx.type(x).rank
+    i = a["index"] % cx.type(x).shape[dim]
+    return _scatter_slice(cx, x, cx.op("unsqueeze", a["src"], dims=(dim,)), dim, i, i + 1)
+
+
 VIEWS: dict[Any, Converter] = {
     aten.view.default: _reshape,
     aten._unsafe_view.default: _reshape,
@@ -311,6 +336,11 @@ VIEWS: dict[Any, Converter] = {
     aten._unsafe_index.Tensor: _index,
     aten.slice_backward.default: _slice_backward,
     aten.select_backward.default: _select_backward,
+    aten.slice_scatter.default: _slice_scatter,
+    aten.select_scatter.default: _select_scatter,
+    # a tensor of ``self``'s shape and dtype, every element the 0-d ``value``
+    aten.fill.Tensor: lambda cx, a: cx.op("expand", _cast(cx, a["value"], cx.out_type().dtype),
+                                          shape=cx.out_type().shape),
 }
 
 

@@ -194,6 +194,24 @@ def test_cumsum_in_the_dtype_asked_for(rng):
     assert p.fallback_ops == ()
 
 
+def test_slice_and_select_scatters_and_fill_with_a_tensor(rng):
+    """BEiT's relative-position index and Funnel's pooling write slices of a tensor (``slice_scatter``,
+    ``select_scatter``, ``fill.Tensor`` under functionalization): concatenations of the parts, no fallback."""
+    x, s1, s2, s3, v = randn(rng, 5, 7, 3), randn(rng, 5, 2, 3), randn(rng, 5, 3), randn(rng, 5, 7, 3), randn(rng)
+
+    def f(x, s1, s2, s3, v):
+        return aten.slice_scatter(x, s1, 1, 2, 4), aten.slice_scatter(x, s1, -2, -2), \
+            aten.slice_scatter(x, s1, 1, 0, 2), aten.slice_scatter(x, s3, 1), \
+            aten.slice_scatter(x, s1[:, :0], 1, 3, 3), \
+            aten.select_scatter(x, s2, 1, 0), aten.select_scatter(x, s2, 1, -1), aten.select_scatter(x, s2, 1, 3), \
+            aten.fill(x, v), aten.fill(x.to(torch.int64), v)
+
+    p = imported(f, x, s1, s2, s3, v)
+    assert p.fallback_ops == () and "concat" in ops_of(p)
+    strided = imported(lambda x, s: aten.slice_scatter(x, s, 1, 0, 7, 3), x, s3[:, ::3])
+    assert strided.fallback_ops != ()  # (a step: through torch)
+
+
 def test_slice_and_select_backward_are_pads(rng):
     g1, g2, g3 = randn(rng, 5, 5, 3), randn(rng, 5, 7, 2), randn(rng, 5, 3)
 

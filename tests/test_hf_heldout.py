@@ -2,7 +2,8 @@
 torch.compile on the CPU, every output element against eager. Chosen for what the zoo lacks: a bilinear resize inside
 a network (MobileViT: its fused gathers once hung TileLang's passes), shifted windows (Swin), depthwise convolutions
 with channels-last norms (ConvNeXt), overlapping patches and reduced keys (SegFormer), relative-position attention
-(DeBERTa-v2), cross attention (BART) and parallel attention (Falcon)."""
+(DeBERTa-v2), cross attention (BART), parallel attention (Falcon), a bias table written by scatters (BEiT), pooled
+queries (Funnel) and sparse experts (Mixtral)."""
 
 from __future__ import annotations
 
@@ -47,10 +48,20 @@ def build(name: str):
     if name == "falcon":
         cfg = t.FalconConfig(**TEXT, num_hidden_layers=2, hidden_size=64, num_attention_heads=4)
         return t.FalconForCausalLM._from_config(cfg, attn_implementation="sdpa"), "text"
+    if name == "beit":  # a relative-position bias table written by slice and select scatters
+        cfg = t.BeitConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=32, patch_size=8, use_relative_position_bias=True)
+        return t.BeitModel._from_config(cfg), "image"
+    if name == "funnel":  # pooled queries, slice scatters
+        cfg = t.FunnelConfig(vocab_size=V, block_sizes=[1, 1], d_model=64, n_head=4, d_head=16, d_inner=128)
+        return t.FunnelModel._from_config(cfg), "text"
+    if name == "mixtral":  # sparse experts: top-k routing, one-hot, an int32 cumsum, sort and histc (through torch)
+        cfg = t.MixtralConfig(**TEXT, **LAYERS, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+        return t.MixtralModel._from_config(cfg, attn_implementation="sdpa"), "text"
     raise ValueError(name)
 
 
-NAMES = ("mobilevit", "swin", "convnext", "segformer", "deberta_v2", "bart", "falcon")
+NAMES = ("mobilevit", "swin", "convnext", "segformer", "deberta_v2", "bart", "falcon", "beit", "funnel", "mixtral")
 
 
 def randomize(model: torch.nn.Module, rng: torch.Generator) -> None:
@@ -97,7 +108,7 @@ def test_heldout_architecture_matches_eager_cpu(name, rng, caplog):
         kw = {"input_ids": ids, "attention_mask": mask}
         if name == "bart":
             kw["decoder_input_ids"] = ids[:, :5]
-        if name == "falcon":
+        if name in ("falcon", "mixtral"):
             kw["use_cache"] = False
     backend = make_backend(Options(target=parse_target("c")))
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tilefuse"):
