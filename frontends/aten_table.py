@@ -407,6 +407,16 @@ def _softmax(name: str) -> Converter:
     return conv
 
 
+def _weight_norm(cx: Ctx, a: dict) -> list:
+    """``v * (g / ||v||)`` and ``||v||``, the norm over every dim of ``v`` but ``dim``, kept (its shape is ``g``'s;
+    torch's fused op takes ``dim`` 0 or the last)."""
+    v, g = a["v"], a["g"]
+    rank = cx.type(v).rank
+    dims = tuple(d for d in range(rank) if d != a["dim"] % rank)
+    norm = cx.op("sqrt", cx.op("sum", cx.op("mul", v, v), dims=dims, keepdim=True))
+    return [cx.op("mul", v, cx.op("div", g, norm)), norm]
+
+
 def _layer_norm(cx: Ctx, a: dict) -> list:
     """Output 0 is ``layer_norm``; mean and rstd (training graphs) are computed where they are used."""
     x, n = a["input"], len(a["normalized_shape"])
@@ -469,6 +479,7 @@ REDUCTIONS: dict[Any, Converter] = {
                                                          groups=a["group"], eps=a["eps"]), None, None],
     aten._native_batch_norm_legit_no_training.default: _batch_norm,
     aten.native_batch_norm.default: _batch_norm,
+    aten._weight_norm_interface.default: _weight_norm,
 }
 
 

@@ -223,6 +223,17 @@ def test_slice_and_select_backward_are_pads(rng):
     assert p.fallback_ops == () and "pad" in ops_of(p)
 
 
+def test_weight_norm(rng):
+    """``torch.nn.utils.weight_norm``'s op (wav2vec2's positional convolution): the weight and the norms, along the
+    first dim and the last (torch's fused op takes no other)."""
+    v, g0, g2 = randn(rng, 6, 4, 5), randn(rng, 6, 1, 1), randn(rng, 1, 1, 5)
+
+    def f(v, g0, g2):
+        return aten._weight_norm_interface(v, g0, 0) + aten._weight_norm_interface(v, g2, 2)
+
+    assert imported(f, v, g0, g2).fallback_ops == ()
+
+
 def test_layer_norm_statistics_when_used(rng):
     x, w, b = randn(rng, 3, 5, 16), randn(rng, 16), randn(rng, 16)
     p = imported(lambda x, w, b: aten.native_layer_norm(x, [16], w, b, 1e-5), x, w, b, rtol=1e-4)
