@@ -509,10 +509,11 @@ def _addmm(cx: Ctx, a: dict) -> str:
 
 def _convolution(cx: Ctx, a: dict) -> str:
     x, w, b = a["input"], a["weight"], a["bias"]
-    conv = {"stride": tuple(a["stride"]), "padding": tuple(a["padding"]), "dilation": tuple(a["dilation"]),
-            "groups": a["groups"]}
+    n = cx.type(w).rank - 2  # (torch takes one value for every spatial dim too: SigLIP's padding="valid" is [0])
+    conv = {"stride": _ntuple(a["stride"], n), "padding": _ntuple(a["padding"], n),
+            "dilation": _ntuple(a["dilation"], n), "groups": a["groups"]}
     if a["transposed"]:
-        return cx.op("conv_transpose", x, w, b, output_padding=tuple(a["output_padding"]), **conv)
+        return cx.op("conv_transpose", x, w, b, output_padding=_ntuple(a["output_padding"], n), **conv)
     return cx.op("conv", x, w, b, **conv)
 
 

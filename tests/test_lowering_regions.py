@@ -468,3 +468,27 @@ def test_pointwise_conv_is_a_batched_gemm(side, rng):
     args = [torch.randn(t, generator=rng) for t in ((2, 8, 5, 7), (2, 6, 5, 7), side)]
     (got,), (want,) = compiled(*args), Executor(graph, "cpu")(*args)
     torch.testing.assert_close(got, want, **EXACT)
+
+
+class OneValueConvs(torch.nn.Module):
+    """Convolutions whose ATen op holds one value for every spatial dim (``padding="valid"``: SigLIP's patches,
+    ``padding=[0]``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, 8, kernel_size=4, stride=4, padding="valid")
+        self.same = torch.nn.Conv2d(8, 8, kernel_size=3, padding="same")
+
+    def forward(self, x):
+        return torch.relu(self.same(self.patch(x)))
+
+
+def test_convolutions_with_one_value_for_every_dim_are_kernels(rng):
+    model = OneValueConvs().eval()
+    runners = []
+    compiled = tilefuse.compile(model, target="c", observer=runners.append, measure=False)
+    x = torch.randn(2, 3, 16, 12, generator=rng)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **FP32)
+    assert runners and all(torch_regions(r.plan) == [] for r in runners), runners[0].plan.to_text(reasons=False)
+    assert any("conv" in r.ops for r in runners[0].plan.regions)
