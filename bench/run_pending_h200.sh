@@ -14,7 +14,8 @@
 #            1.09x, 1.33x, 1.20x), then HF BERT against eager (1.10x with them; #14 asks for 1.2x).
 #   part 22b: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
-#            compile_time.py's cProfile of tilefuse's cold and warm compiles.
+#            compile_time.py's cProfile of tilefuse's cold and warm compiles; then ResNet-50's warm compile profiled
+#            (3.39 s in session 33, where dynamo alone took 2.23 s and tilefuse's own phases 0.52 s: the rest unknown).
 #   part 12: LLaMA's compile time against Inductor's in fresh processes (#13's compile bar; ResNet-50's and the MLP's
 #            were measured in session 30).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -70,6 +71,11 @@ if [ "$part" = 22b ]; then
         --profile "$OUT/logs/compile_profile" --out "$OUT/logs/compile_time_mlp.json" > "$OUT/logs/compile_time_mlp.log" 2>&1
     sed -n '/^model /,$p' "$OUT/logs/compile_time_mlp.log"
     head -45 "$OUT/logs/compile_profile/mlp-tilefuse-cold.prof.txt" | cut -c1-200
+    timeout 200 python3 bench/compile_time.py --models resnet --compilers tilefuse --timeout 150 \
+        --profile "$OUT/logs/compile_profile" --out "$OUT/logs/compile_time_resnet_profiled.json" \
+        > "$OUT/logs/compile_time_resnet_profiled.log" 2>&1
+    sed -n '/^model /,$p' "$OUT/logs/compile_time_resnet_profiled.log"
+    head -60 "$OUT/logs/compile_profile/resnet-tilefuse-warm.prof.txt" | cut -c1-200
 fi
 if [ "$part" = 12 ]; then
     compile_time llama 150 330 compile_time_llama
