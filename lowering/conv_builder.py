@@ -7,6 +7,7 @@ channels last.
 from __future__ import annotations
 
 from tilefuse.ir import Node, TensorType
+from tilefuse.lowering import index
 from tilefuse.lowering.builders import (
     TEMPLATE_DTYPES,
     Builder,
@@ -20,8 +21,13 @@ from tilefuse.lowering.builders import (
     require,
     result_operand,
 )
-from tilefuse.lowering.expr import Acc
+from tilefuse.lowering.expr import Acc, Call, Const, Expr, Load, substitute
 from tilefuse.lowering.templates import pool
+
+# A grouped convolution (depthwise: one input channel per group) runs as an elementwise kernel that sums each output's
+# taps (input channels per group x KH x KW) when there are at most this many: MobileNet's and MobileViT's 3x3 (9),
+# ConvNeXt's 7x7 (49). More taps would unfold past the expression limit; such convolutions run through torch.
+MAX_TAPS = 64
 
 
 def build_pool(b: Builder, anchor: Node, target: dict) -> KernelSpec:
@@ -86,7 +92,7 @@ def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     x, w = anchor.inputs[0], anchor.inputs[1]
     require(b.members.index(anchor) == 0, "a prologue before the convolution")
     xt, wt = b.types[x], b.types[w]
-    require(len(wt.shape) == 4 and anchor.attr.get("groups", 1) == 1, "only 2-D convolutions with groups=1")
+    require(len(wt.shape) == 4, "only 2-D convolutions")
     require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
     exprs, mapping = epilogue_exprs(b, anchor, anchor.inputs[2] if len(anchor.inputs) > 2 else None, b.members[1:],
                                "convolution")
@@ -99,6 +105,8 @@ def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
         t = tuple(b.types[e].shape)
         nchw_vector = not last and len(t) == 1 and len(out_shape) == 4 and t[0] == out_shape[1]
         extra_shapes.append((t[0], 1, 1) if nchw_vector else t)
+    if a.get("groups", 1) != 1:
+        return _grouped_conv(b, anchor, x, w, exprs[0], mapping, extra, extra_shapes, last, target)
     if _pointwise_conv(xt.shape, wt.shape, a):
         return (_conv_1x1_nhwc if last else _conv_1x1_as_gemm)(b, x, w, xt, wt, exprs, mapping, extra, extra_shapes)
     params = {"x_shape": tuple(xt.shape), "w_shape": tuple(wt.shape), "stride": tuple(a.get("stride", (1, 1))),
@@ -143,3 +151,68 @@ def _conv_1x1_nhwc(b: Builder, x: str, w: str, xt, wt, exprs, mapping, extra, ex
     O, M = wt.shape[0], Nb * H * W
     shapes = tuple(domain_shape(TensorType(tuple(s), "float32"), M, O) for s in extra_shapes)
     return gemm_spec(b, M, O, C, (x, (M, C)), (w, (O, C)), exprs[0], mapping, extra, shapes, trans_B=True)
+
+
+def _grouped_conv(b: Builder, anchor: Node, x: str, w: str, epilogue: Expr, mapping, extra: list, extra_shapes: list,
+                  last: bool, target: dict) -> KernelSpec:
+    """A grouped convolution and its epilogue as one ``elementwise`` kernel: each output element sums its taps,
+    ``x`` at the input position a tap reads (0 where that lies in the padding) times the tap's weight, in the
+    epilogue's place of the accumulator. Inputs: the epilogue's operands (``Arg`` i as ``epilogue_exprs`` numbers
+    them), then ``x`` and ``w``. Padding is never read: a tap's index is clamped into the input and its value
+    selected away (TIR's ``Select`` may evaluate both sides)."""
+    xs, ws = tuple(b.types[x].shape), tuple(b.types[w].shape)
+    out_shape = tuple(anchor.outputs[0].type.shape)
+    a = anchor.attr
+    O, Cg, KH, KW = ws
+    groups = a["groups"]
+    require(len(xs) == 4 and O % groups == 0, f"a grouped convolution of {xs} by {ws}")
+    require(Cg * KH * KW <= MAX_TAPS, f"a grouped convolution with {Cg * KH * KW} taps an output (at most {MAX_TAPS})")
+    stride, pad, dil = (tuple(a.get(k, d)) for k, d in (("stride", (1, 1)), ("padding", (0, 0)),
+                                                      ("dilation", (1, 1))))
+    if last:
+        (n, oh, ow, o), (H, W) = index.coords(out_shape), xs[1:3]
+        OH, OW = out_shape[1:3]
+    else:
+        (n, o, oh, ow), (H, W) = index.coords(out_shape), xs[2:]
+        OH, OW = out_shape[2:]
+    xi, wi = len(extra), len(extra) + 1
+    zero = Const(0.0, "float32")
+
+    def taps(out: Expr, size: int, n_out: int, k: int, dim: int) -> list[tuple[Expr, Expr | None]]:
+        """For each tap along one spatial dim: the input index it reads (clamped) and when it lies inside."""
+        found = []
+        for t in range(k):
+            off = t * dil[dim] - pad[dim]
+            at = index.add(index.mul(out, stride[dim]), index.lit(off))
+            lo, hi = off < 0, (n_out - 1) * stride[dim] + off > size - 1
+            inside = [index.cmp("ge", at, 0)] if lo else []
+            inside += [index.cmp("lt", at, size)] if hi else []
+            cond = inside[0] if len(inside) == 1 else Call("logical_and", tuple(inside)) if inside else None
+            found.append((index.clamp(at, 0 if lo else None, size - 1 if hi else None), cond))
+        return found
+
+    rows, cols = taps(oh, H, OH, KH, 0), taps(ow, W, OW, KW, 1)
+    first = index.mul(index.floordiv(o, O // groups), Cg)  # the group's first input channel
+    total: Expr | None = None
+    for c in range(Cg):
+        ch = index.add(first, index.lit(c))
+        for i, (hi, hin) in enumerate(rows):
+            for j, (wj, win) in enumerate(cols):
+                v: Expr = Load(xi, (n, hi, wj, ch) if last else (n, ch, hi, wj))
+                inside = [e for e in (hin, win) if e is not None]
+                if inside:
+                    v = Call("where", (inside[0] if len(inside) == 1 else Call("logical_and", tuple(inside)), v,
+                                       zero))
+                term = Call("mul", (v, Load(wi, (o, index.lit(c), index.lit(i), index.lit(j)))))
+                total = term if total is None else Call("add", (total, term))
+    expr = substitute(epilogue, {Acc(): total})
+    n_nodes = index.size([expr])
+    require(n_nodes <= index.MAX_EXPR_NODES, f"the convolution unfolds to {n_nodes} nodes")
+    in_shapes = (*(tuple(s) for s in extra_shapes), xs, ws)
+    in_dtypes = (*(b.types[e].dtype for e in extra), b.types[x].dtype, b.types[w].dtype)
+    out_dtype = b.types[b.region.outputs[0]].dtype
+    check_dtypes((*in_dtypes, out_dtype), target, "elementwise")
+    params = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "exprs": (expr,), "out_dtypes": (out_dtype,),
+              "out_shapes": (out_shape,)}
+    inputs = (*zip(extra, (tuple(s) for s in extra_shapes)), (x, None), (w, None))
+    return KernelSpec("elementwise", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))

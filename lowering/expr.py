@@ -171,6 +171,25 @@ def walk(expr: Expr):
             yield from walk(i)
 
 
+def substitute(expr: Expr, table: Mapping[Expr, Expr]) -> Expr:
+    """``expr`` with every node equal to a key of ``table`` replaced by its value; a node shared stays shared."""
+    memo: dict[int, Expr] = {}
+
+    def go(e: Expr) -> Expr:
+        if id(e) not in memo:
+            if e in table:
+                memo[id(e)] = table[e]
+            elif isinstance(e, Call):
+                memo[id(e)] = Call(e.op, tuple(go(a) for a in e.args), e.attrs)
+            elif isinstance(e, Load):
+                memo[id(e)] = Load(e.arg, tuple(go(i) for i in e.index))
+            else:
+                memo[id(e)] = e
+        return memo[id(e)]
+
+    return go(expr)
+
+
 def _children(e: Expr) -> tuple[Expr, ...]:
     return e.args if isinstance(e, Call) else e.index if isinstance(e, Load) else ()
 

@@ -69,7 +69,7 @@ def test_rewrite_keeps_values_names_and_layout(rng, keepdim):
 
 
 def test_concat_depthwise_and_biased_convolutions_stay_channels_last(rng):
-    """A UNet-like skip (channel concat), a depthwise convolution (groups = channels, through torch) and
+    """A UNet-like skip (channel concat), a depthwise convolution (groups = channels: an elementwise kernel) and
     convolutions with a bias: one transpose in, one out."""
     b = GraphBuilder("unet")
     x = b.input("x", TensorType((2, 4, 9, 8), "float32"))
