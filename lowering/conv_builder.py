@@ -1,7 +1,7 @@
 """The convolution and pooling region builders (``dispatch.build`` calls them for ``gemm`` regions anchored on a
 convolution and ``reduction`` regions anchored on a pool): a region -> one ``conv2d``, ``gemm`` (a 1x1
-convolution) or ``pool2d`` template instance. NCHW, or NHWC where ``planner.layout`` made the region
-channels last.
+convolution), ``elementwise`` (a grouped convolution: ``_grouped_conv``) or ``pool2d`` template instance. NCHW, or
+NHWC where ``planner.layout`` made the region channels last.
 """
 
 from __future__ import annotations
