@@ -69,8 +69,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     trying = experimental(target)
     if spec.template == "flash_attention":  # the head dim; a decode step's few queries (packed rows)
         # a padding mask takes the ws schedule too (never a decode step's few queries), which then walks each batch's
-        # keys up to its last kept one (bound_keys): BERT's masks on the H200, 2026-12-05, 1.43-2.03x cuDNN where the
-        # TileLang-scheduled template ran 0.67-1.07x (bench/results/2026-12-05-h200-session33)
+        # keys up to its last kept one (bound_keys): BERT's masks on the H200, 2026-12-05, 1.30-2.03x cuDNN (1.50-2.20x
+        # with fast math) where the TileLang-scheduled template ran 0.67-1.07x (bench/results/2026-12-05-h200-session33)
         ws = attention_ws.eligible(target, **kw) and (
             kw.get("mask_shape") is None or not attention.decodes(target, kw["Sq"], _groups(kw)))
         configs = space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
