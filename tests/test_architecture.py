@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"tilefuse": "tilefuse", "tilefuse.frontends": "frontends", "tilefuse.lowering": "lowering",
             "tilefuse.runtime": "runtime", "tilefuse.models": "models"}
 LAYERS = {"util": 0, "ir": 1, "planner": 2, "frontends": 2, "lowering": 3, "runtime": 4, "api": 5, "models": -1}
-UTIL = {"tilefuse.config", "tilefuse.fileio", "tilefuse.progress"}
+UTIL = {"tilefuse.config", "tilefuse.fileio", "tilefuse.progress", "tilefuse.disk_cache"}
 
 MAX_LOCAL_IMPORTS = 12
 MAX_LINES = 600
