@@ -16,7 +16,7 @@ import torch
 
 from tilefuse.ir import Graph, Node, TensorType
 from tilefuse.lowering import index
-from tilefuse.lowering.expr import Acc, Arg, Call, Const, Coord, Expr, Load, ops_supported
+from tilefuse.lowering.expr import Acc, Arg, Call, Const, Coord, Expr, Load, ops_supported, tree_size
 from tilefuse.lowering.index import NotLowerable
 from tilefuse.lowering.templates import gemv, reduction
 from tilefuse.lowering.templates.common import broadcast_shapes, check_dtype, dialect
@@ -253,7 +253,7 @@ def build_elementwise(b: Builder, target: dict) -> KernelSpec:
         else:
             exprs.append(ib.at(v, index.coords(shape)))
             scatters.append(None)
-    n_nodes = index.size(exprs)
+    n_nodes = tree_size(exprs)
     require(n_nodes <= index.MAX_EXPR_NODES,
              f"the region's expressions unfold to {n_nodes} nodes (limit {index.MAX_EXPR_NODES})")
     in_dtypes = tuple(types[a].dtype for a in b.args)

@@ -21,7 +21,7 @@ from tilefuse.lowering.builders import (
     require,
     result_operand,
 )
-from tilefuse.lowering.expr import Acc, Call, Const, Expr, Load, substitute
+from tilefuse.lowering.expr import Acc, Call, Const, Expr, Load, substitute, tree_size
 from tilefuse.lowering.templates import pool
 
 # A grouped convolution (depthwise: one input channel per group) runs as an elementwise kernel that sums each output's
@@ -185,10 +185,8 @@ def _grouped_conv(b: Builder, anchor: Node, x: str, w: str, epilogue: Expr, mapp
             off = t * dil[dim] - pad[dim]
             at = index.add(index.mul(out, stride[dim]), index.lit(off))
             lo, hi = off < 0, (n_out - 1) * stride[dim] + off > size - 1
-            inside = [index.cmp("ge", at, 0)] if lo else []
-            inside += [index.cmp("lt", at, size)] if hi else []
-            cond = inside[0] if len(inside) == 1 else Call("logical_and", tuple(inside)) if inside else None
-            found.append((index.clamp(at, 0 if lo else None, size - 1 if hi else None), cond))
+            inside = _all_of(([index.cmp("ge", at, 0)] if lo else []) + ([index.cmp("lt", at, size)] if hi else []))
+            found.append((index.clamp(at, 0 if lo else None, size - 1 if hi else None), inside))
         return found
 
     rows, cols = taps(oh, H, OH, KH, 0), taps(ow, W, OW, KW, 1)
@@ -199,14 +197,13 @@ def _grouped_conv(b: Builder, anchor: Node, x: str, w: str, epilogue: Expr, mapp
         for i, (hi, hin) in enumerate(rows):
             for j, (wj, win) in enumerate(cols):
                 v: Expr = Load(xi, (n, hi, wj, ch) if last else (n, ch, hi, wj))
-                inside = [e for e in (hin, win) if e is not None]
-                if inside:
-                    v = Call("where", (inside[0] if len(inside) == 1 else Call("logical_and", tuple(inside)), v,
-                                       zero))
+                inside = _all_of([e for e in (hin, win) if e is not None])
+                if inside is not None:
+                    v = Call("where", (inside, v, zero))
                 term = Call("mul", (v, Load(wi, (o, index.lit(c), index.lit(i), index.lit(j)))))
                 total = term if total is None else Call("add", (total, term))
     expr = substitute(epilogue, {Acc(): total})
-    n_nodes = index.size([expr])
+    n_nodes = tree_size([expr])
     require(n_nodes <= index.MAX_EXPR_NODES, f"the convolution unfolds to {n_nodes} nodes")
     in_shapes = (*(tuple(s) for s in extra_shapes), xs, ws)
     in_dtypes = (*(b.types[e].dtype for e in extra), b.types[x].dtype, b.types[w].dtype)
@@ -216,3 +213,8 @@ def _grouped_conv(b: Builder, anchor: Node, x: str, w: str, epilogue: Expr, mapp
               "out_shapes": (out_shape,)}
     inputs = (*zip(extra, (tuple(s) for s in extra_shapes)), (x, None), (w, None))
     return KernelSpec("elementwise", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+def _all_of(conds: list[Expr]) -> Expr | None:
+    """The conjunction of ``conds`` (None for none)."""
+    return None if not conds else conds[0] if len(conds) == 1 else Call("logical_and", tuple(conds))

@@ -163,12 +163,8 @@ def _lift(x) -> Expr:
 def walk(expr: Expr):
     """Every node of ``expr``, pre-order."""
     yield expr
-    if isinstance(expr, Call):
-        for a in expr.args:
-            yield from walk(a)
-    elif isinstance(expr, Load):
-        for i in expr.index:
-            yield from walk(i)
+    for k in _children(expr):
+        yield from walk(k)
 
 
 def substitute(expr: Expr, table: Mapping[Expr, Expr]) -> Expr:

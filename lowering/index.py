@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tilefuse import ops
 from tilefuse.ir import Node, TensorType
-from tilefuse.lowering.expr import Call, Const, Coord, Expr, tree_size
+from tilefuse.lowering.expr import Call, Const, Coord, Expr
 from tilefuse.lowering.templates.common import broadcast_shapes
 
 INDEX_DTYPE = "int32"
@@ -169,11 +169,6 @@ def reshape(in_shape: Sequence[int], out_shape: Sequence[int], idx: Sequence[Exp
         for k, c in zip(gi, unravel(flat, [in_shape[k] for k in gi])):
             result[k] = c
     return tuple(result)
-
-
-def size(exprs: Sequence[Expr]) -> int:
-    """Nodes of ``exprs`` unfolded as trees (``expr.tree_size``)."""
-    return tree_size(exprs)
 
 
 # ---- the builder ----------------------------------------------------------------------------------
