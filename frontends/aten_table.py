@@ -409,12 +409,14 @@ def _softmax(name: str) -> Converter:
 
 def _weight_norm(cx: Ctx, a: dict) -> list:
     """``v * (g / ||v||)`` and ``||v||``, the norm over every dim of ``v`` but ``dim``, kept (its shape is ``g``'s;
-    torch's fused op takes ``dim`` 0 or the last)."""
-    v, g = a["v"], a["g"]
+    torch's fused op takes ``dim`` 0 or the last). Half weights are computed in float32 as torch's kernel does; the
+    norm keeps the traced dtype (``g``'s: torch's meta function says so, though its CPU kernel returns float32)."""
+    out = cx.type(a["v"]).dtype
+    v, g = (_cast(cx, a[k], torch.float32) for k in ("v", "g"))
     rank = cx.type(v).rank
     dims = tuple(d for d in range(rank) if d != a["dim"] % rank)
     norm = cx.op("sqrt", cx.op("sum", cx.op("mul", v, v), dims=dims, keepdim=True))
-    return [cx.op("mul", v, cx.op("div", g, norm)), norm]
+    return [_cast(cx, cx.op("mul", v, cx.op("div", g, norm)), out), _cast(cx, norm, cx.type(a["g"]).dtype)]
 
 
 def _layer_norm(cx: Ctx, a: dict) -> list:

@@ -232,6 +232,13 @@ def test_weight_norm(rng):
         return aten._weight_norm_interface(v, g0, 0) + aten._weight_norm_interface(v, g2, 2)
 
     assert imported(f, v, g0, g2).fallback_ops == ()
+    # half weights, squares past fp16's range (300**2 summed): computed in float32 (the weights compared; torch's
+    # CPU kernel returns the norm in float32 where its trace says float16)
+    def weights(v, g0, g2):
+        return aten._weight_norm_interface(v, g0, 0)[0], aten._weight_norm_interface(v, g2, 2)[0]
+
+    half = imported(weights, (v * 300).half(), g0.half(), g2.half())
+    assert half.fallback_ops == ()
 
 
 def test_layer_norm_statistics_when_used(rng):
