@@ -6,9 +6,12 @@ NHWC where ``planner.layout`` made the region channels last.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from tilefuse.ir import Node, TensorType
 from tilefuse.lowering import index
 from tilefuse.lowering.builders import (
+    PASS_VIEWS,
     TEMPLATE_DTYPES,
     Builder,
     KernelSpec,
@@ -90,50 +93,122 @@ def build_pool(b: Builder, anchor: Node, target: dict) -> KernelSpec:
 
 def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     x, w = anchor.inputs[0], anchor.inputs[1]
-    require(b.members.index(anchor) == 0, "a prologue before the convolution")
     xt, wt = b.types[x], b.types[w]
-    require(len(wt.shape) == 4, "only 2-D convolutions")
-    require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
-    exprs, mapping = epilogue_exprs(b, anchor, anchor.inputs[2] if len(anchor.inputs) > 2 else None, b.members[1:],
-                               "convolution")
-    out_shape = tuple(anchor.outputs[0].type.shape)
     a = anchor.attr
     last = bool(a.get("channels_last", False))
+    g = conv_geometry(tuple(xt.shape), tuple(wt.shape), tuple(anchor.outputs[0].type.shape), a)
+    x, w, g = _through_views(b, anchor, g)
+    require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
+    exprs, mapping = epilogue_exprs(b, anchor, anchor.inputs[2] if len(anchor.inputs) > 2 else None,
+                                    b.members[b.members.index(anchor) + 1:], "convolution")
     extra = list(b.args)
-    extra_shapes = []
-    for e in extra:  # a (C,) vector (batch norm's) broadcasts as is against NHWC, as (C, 1, 1) against NCHW
-        t = tuple(b.types[e].shape)
-        nchw_vector = not last and len(t) == 1 and len(out_shape) == 4 and t[0] == out_shape[1]
-        extra_shapes.append((t[0], 1, 1) if nchw_vector else t)
-    if a.get("groups", 1) != 1:
-        return _grouped_conv(b, anchor, x, w, exprs[0], mapping, extra, extra_shapes, last, target)
-    if _pointwise_conv(xt.shape, wt.shape, a):
-        return (_conv_1x1_nhwc if last else _conv_1x1_as_gemm)(b, x, w, xt, wt, exprs, mapping, extra, extra_shapes)
-    params = {"x_shape": tuple(xt.shape), "w_shape": tuple(wt.shape), "stride": tuple(a.get("stride", (1, 1))),
-              "padding": tuple(a.get("padding", (0, 0))), "dilation": tuple(a.get("dilation", (1, 1))),
-              "in_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
+    extra_shapes = [_epilogue_shape(b, anchor, e, g, last) for e in extra]
+    if g.groups != 1:
+        return _grouped_conv(b, x, w, g, exprs[0], mapping, extra, extra_shapes, last, target)
+    if _pointwise_conv(g):
+        if last:
+            return _conv_1x1_nhwc(b, x, w, g, exprs, mapping, extra, extra_shapes)
+        return _conv_1x1_as_gemm(b, x, w, g, exprs, mapping, extra, extra_shapes)
+    params = {"x_shape": g.x_shape, "w_shape": g.w_shape, "stride": g.stride, "padding": g.padding,
+              "dilation": g.dilation, "in_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
               "epilogue": exprs[0] if exprs[0] != Acc() else None, "extra_shapes": tuple(extra_shapes),
               "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
     if last:  # NHWC activations, the model's (O, C, KH, KW) weight
         params.update(layout="NHWC", weight_layout="OIHW")
-    inputs = ((x, None), (w, None), *zip(extra, extra_shapes))
+    inputs = ((x, g.x_view), (w, g.w_view), *zip(extra, extra_shapes))
     return KernelSpec("conv2d", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
 
-def _pointwise_conv(x_shape, w_shape, attr) -> bool:
-    """A 1x1 convolution with unit stride, no padding or dilation on an NCHW batch: a batched GEMM."""
-    return (len(x_shape) == 4 and tuple(w_shape[2:]) == (1, 1) and tuple(attr.get("stride", (1, 1))) == (1, 1)
-            and tuple(attr.get("padding", (0, 0))) == (0, 0) and tuple(attr.get("dilation", (1, 1))) == (1, 1))
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A convolution as the 2-D templates see it. A 1-D one, ``(N, C, L)`` by ``(O, C/g, K)``, is the 2-D
+    convolution of ``(N, C, 1, L)`` by ``(O, C/g, 1, K)`` with unit stride, no padding and no dilation along the
+    new H; ``x_view`` and ``w_view`` are those shapes (None for a 2-D convolution, whose tensors are read as they
+    are). ``out_shape`` is the output as the kernel writes it; the region's outputs are reshaped from it."""
+
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    one_d: bool = False
+    x_view: tuple[int, ...] | None = None
+    w_view: tuple[int, ...] | None = None
 
 
-def _conv_1x1_as_gemm(b: Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
+def conv_geometry(x_shape: tuple, w_shape: tuple, out_shape: tuple, attr: dict) -> ConvGeometry:
+    """``ConvGeometry`` of a ``conv`` node's shapes and attributes; NotLowerable for 3-D convolutions and 1-D
+    ones channels last (``planner.layout`` makes none)."""
+    groups = int(attr.get("groups", 1))
+    if len(w_shape) == 4:
+        require(len(x_shape) == 4, f"an unbatched convolution of {x_shape}")
+        return ConvGeometry(x_shape, w_shape, out_shape, tuple(attr.get("stride", (1, 1))),
+                            tuple(attr.get("padding", (0, 0))), tuple(attr.get("dilation", (1, 1))), groups)
+    require(len(w_shape) == 3, "only 1-D and 2-D convolutions")
+    require(len(x_shape) == 3, f"an unbatched convolution of {x_shape}")
+    require(not attr.get("channels_last", False), "a 1-D convolution channels last")
+    (s,), (p,), (d,) = (tuple(attr.get(k, (v,))) for k, v in (("stride", 1), ("padding", 0), ("dilation", 1)))
+    x4, w4 = (x_shape[0], x_shape[1], 1, x_shape[2]), (w_shape[0], w_shape[1], 1, w_shape[2])
+    return ConvGeometry(x4, w4, (out_shape[0], out_shape[1], 1, out_shape[2]), (1, s), (0, p), (1, d), groups,
+                        True, x4, w4)
+
+
+def _through_views(b: Builder, anchor: Node, g: ConvGeometry) -> tuple[str, str, ConvGeometry]:
+    """The values the kernel reads for the convolution's input and weight: where the region's prologue reshapes
+    them (torch's unbatched convolution unsqueezes its input), the values before those views, read at the shapes
+    the convolution sees."""
+    pro = b.members[:b.members.index(anchor)]
+    require(all(n.op in PASS_VIEWS for n in pro), "a prologue before the convolution")
+    by_out = {v.name: n for n in pro for v in n.outputs}
+    roots, seen = [], set()
+    for v in anchor.inputs[:2]:
+        while v in by_out:
+            seen.add(by_out[v].name)
+            v = by_out[v].inputs[0]
+        roots.append(v)
+    require(seen == {n.name for n in pro}, "a prologue before the convolution")
+    x, w = roots
+    if x != anchor.inputs[0]:
+        g = replace(g, x_view=g.x_shape)
+    if w != anchor.inputs[1]:
+        g = replace(g, w_view=g.w_shape)
+    return x, w, g
+
+
+def _epilogue_shape(b: Builder, anchor: Node, e: str, g: ConvGeometry, last: bool) -> tuple[int, ...]:
+    """The shape an epilogue operand is read at against the kernel's 4-D output (right-aligned broadcasting): a
+    per-channel (C,) vector (the convolution's bias, a batch norm's) as ``(C, 1, 1)`` channels first (as it is
+    channels last); another operand of a 1-D convolution with the new H put in; any other as it is."""
+    t = tuple(b.types[e].shape)
+
+    def per_channel(n: Node) -> bool:
+        return (n is anchor or n.op == "batch_norm") and e in n.inputs[1:] and e != n.inputs[0]
+
+    if any(per_channel(n) for n in b.members):
+        require(all(per_channel(n) for n in b.members if e in n.inputs),
+                f"{e} is a per-channel vector and read otherwise too")
+        require(t == (g.out_shape[-1 if last else 1],), f"a batch norm vector of shape {t}")
+        return t if last else (t[0], 1, 1)
+    if g.one_d and len(t) >= 2:  # (..., O, L') -> (..., O, 1, L')
+        return (*t[:-1], 1, t[-1])
+    return t
+
+
+def _pointwise_conv(g: ConvGeometry) -> bool:
+    """A 1x1 convolution with unit stride, no padding or dilation: a (batched) GEMM."""
+    return g.w_shape[2:] == (1, 1) and g.stride == (1, 1) and g.padding == (0, 0) and g.dilation == (1, 1)
+
+
+def _conv_1x1_as_gemm(b: Builder, x: str, w: str, g: ConvGeometry, exprs, mapping, extra, extra_shapes) -> KernelSpec:
     """``out[n] = W (O, C) @ x[n] (C, H*W)``: the NCHW output is the GEMM's (N, O, H*W) output as it lies in
     memory, and x is read as (N, C, H*W) with H*W contiguous (the tensor-core GEMM template's TMA loads), where
     the implicit-GEMM convolution gathers element by element. Epilogue operands broadcast against
     (N, O, H, W) are read as (N, O, H*W); one that broadcasts along only one of H and W cannot be, and the
     region keeps the convolution template."""
-    Nb, C, H, W = xt.shape
-    O = wt.shape[0]
+    Nb, C, H, W = g.x_shape
+    O = g.w_shape[0]
     gemm_shapes = []
     for s in extra_shapes:
         d0, d1, d2, d3 = (1,) * (4 - len(s)) + tuple(s)
@@ -143,32 +218,28 @@ def _conv_1x1_as_gemm(b: Builder, x: str, w: str, xt, wt, exprs, mapping, extra,
                       batch_B=(Nb,))
 
 
-def _conv_1x1_nhwc(b: Builder, x: str, w: str, xt, wt, exprs, mapping, extra, extra_shapes) -> KernelSpec:
+def _conv_1x1_nhwc(b: Builder, x: str, w: str, g: ConvGeometry, exprs, mapping, extra, extra_shapes) -> KernelSpec:
     """``out (N*H*W, O) = x (N*H*W, C) @ W (O, C)^T``: on NHWC data a 1x1 convolution is one plain GEMM, a
     linear layer over the pixels. Epilogue operands read in its (rows, cols) domain: the full output, a
     per-channel vector or a scalar."""
-    Nb, H, W, C = xt.shape
-    O, M = wt.shape[0], Nb * H * W
+    Nb, H, W, C = g.x_shape
+    O, M = g.w_shape[0], Nb * H * W
     shapes = tuple(domain_shape(TensorType(tuple(s), "float32"), M, O) for s in extra_shapes)
     return gemm_spec(b, M, O, C, (x, (M, C)), (w, (O, C)), exprs[0], mapping, extra, shapes, trans_B=True)
 
 
-def _grouped_conv(b: Builder, anchor: Node, x: str, w: str, epilogue: Expr, mapping, extra: list, extra_shapes: list,
-                  last: bool, target: dict) -> KernelSpec:
+def _grouped_conv(b: Builder, x: str, w: str, g: ConvGeometry, epilogue: Expr, mapping, extra: list,
+                  extra_shapes: list, last: bool, target: dict) -> KernelSpec:
     """A grouped convolution and its epilogue as one ``elementwise`` kernel: each output element sums its taps,
     ``x`` at the input position a tap reads (0 where that lies in the padding) times the tap's weight, in the
     epilogue's place of the accumulator. Inputs: the epilogue's operands (``Arg`` i as ``epilogue_exprs`` numbers
     them), then ``x`` and ``w``. Padding is never read: a tap's index is clamped into the input and its value
     selected away (TIR's ``Select`` may evaluate both sides)."""
-    xs, ws = tuple(b.types[x].shape), tuple(b.types[w].shape)
-    out_shape = tuple(anchor.outputs[0].type.shape)
-    a = anchor.attr
+    xs, ws, out_shape = g.x_shape, g.w_shape, g.out_shape
     O, Cg, KH, KW = ws
-    groups = a["groups"]
-    require(len(xs) == 4 and O % groups == 0, f"a grouped convolution of {xs} by {ws}")
+    require(O % g.groups == 0, f"a grouped convolution of {xs} by {ws}")
     require(Cg * KH * KW <= MAX_TAPS, f"a grouped convolution with {Cg * KH * KW} taps an output (at most {MAX_TAPS})")
-    stride, pad, dil = (tuple(a.get(k, d)) for k, d in (("stride", (1, 1)), ("padding", (0, 0)),
-                                                      ("dilation", (1, 1))))
+    stride, pad, dil = g.stride, g.padding, g.dilation
     if last:
         (n, oh, ow, o), (H, W) = index.coords(out_shape), xs[1:3]
         OH, OW = out_shape[1:3]
@@ -190,7 +261,7 @@ def _grouped_conv(b: Builder, anchor: Node, x: str, w: str, epilogue: Expr, mapp
         return found
 
     rows, cols = taps(oh, H, OH, KH, 0), taps(ow, W, OW, KW, 1)
-    first = index.mul(index.floordiv(o, O // groups), Cg)  # the group's first input channel
+    first = index.mul(index.floordiv(o, O // g.groups), Cg)  # the group's first input channel
     total: Expr | None = None
     for c in range(Cg):
         ch = index.add(first, index.lit(c))
@@ -211,7 +282,7 @@ def _grouped_conv(b: Builder, anchor: Node, x: str, w: str, epilogue: Expr, mapp
     check_dtypes((*in_dtypes, out_dtype), target, "elementwise")
     params = {"in_shapes": in_shapes, "in_dtypes": in_dtypes, "exprs": (expr,), "out_dtypes": (out_dtype,),
               "out_shapes": (out_shape,)}
-    inputs = (*zip(extra, (tuple(s) for s in extra_shapes)), (x, None), (w, None))
+    inputs = (*zip(extra, (tuple(s) for s in extra_shapes)), (x, g.x_view), (w, g.w_view))
     return KernelSpec("elementwise", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
 

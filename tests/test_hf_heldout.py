@@ -3,7 +3,7 @@ torch.compile on the CPU, every output element against eager. Chosen for what th
 a network (MobileViT: its fused gathers once hung TileLang's passes), shifted windows (Swin), depthwise convolutions
 with channels-last norms (ConvNeXt), overlapping patches and reduced keys (SegFormer), relative-position attention
 (DeBERTa-v2), cross attention (BART), parallel attention (Falcon), a bias table written by scatters (BEiT), pooled
-queries (Funnel) and sparse experts (Mixtral)."""
+queries (Funnel), sparse experts (Mixtral) and 1-D convolutions (Whisper, wav2vec2)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ LAYERS = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "
 
 
 def build(name: str):
-    """(model in eval mode, its keyword inputs' kind): ``"text"`` or ``"image"`` (32x32)."""
+    """(model in eval mode, its keyword inputs' kind): ``"text"``, ``"image"`` (32x32) or ``"audio"``."""
     if name == "mobilevit":
         cfg = t.MobileViTConfig(image_size=32, neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 48], hidden_sizes=[32, 48, 64])
         return t.MobileViTModel._from_config(cfg), "image"
@@ -58,10 +58,21 @@ def build(name: str):
     if name == "mixtral":  # sparse experts: top-k routing, one-hot, an int32 cumsum, sort and histc (through torch)
         cfg = t.MixtralConfig(**TEXT, **LAYERS, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
         return t.MixtralModel._from_config(cfg, attn_implementation="sdpa"), "text"
+    if name == "whisper":  # 1-D convolutions with GELU in front of the encoder
+        cfg = t.WhisperConfig(**TEXT, num_mel_bins=16, encoder_layers=1, decoder_layers=1, d_model=64,
+                              encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                              decoder_ffn_dim=128, max_source_positions=16, max_target_positions=32,
+                              decoder_start_token_id=0)
+        return t.WhisperModel._from_config(cfg, attn_implementation="sdpa"), "audio"
+    if name == "wav2vec2":  # a strided 1-D convolution stack, a group norm, a grouped positional convolution
+        cfg = t.Wav2Vec2Config(vocab_size=32, **LAYERS, conv_dim=(16, 16, 16), conv_stride=(5, 2, 2),
+                               conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+        return t.Wav2Vec2Model._from_config(cfg), "audio"
     raise ValueError(name)
 
 
-NAMES = ("mobilevit", "swin", "convnext", "segformer", "deberta_v2", "bart", "falcon", "beit", "funnel", "mixtral")
+NAMES = ("mobilevit", "swin", "convnext", "segformer", "deberta_v2", "bart", "falcon", "beit", "funnel", "mixtral",
+         "whisper", "wav2vec2")
 
 
 def randomize(model: torch.nn.Module, rng: torch.Generator) -> None:
@@ -101,6 +112,11 @@ def test_heldout_architecture_matches_eager_cpu(name, rng, caplog):
     randomize(model, rng)
     if kind == "image":
         kw = {"pixel_values": torch.randn(2, 3, 32, 32, generator=rng), "output_hidden_states": True}
+    elif name == "whisper":
+        kw = {"input_features": torch.randn(2, 16, 32, generator=rng),
+              "decoder_input_ids": torch.randint(1, V, (2, 5), generator=rng)}
+    elif kind == "audio":
+        kw = {"input_values": torch.randn(2, 800, generator=rng)}
     else:
         ids = torch.randint(1, V, (2, 11), generator=rng)
         mask = torch.ones(2, 11, dtype=torch.long)
