@@ -437,10 +437,11 @@ def loaded_operand(b: Builder, x: str, before: list[Node], fits, why: str) -> tu
     return loaded, b.pointwise(before, env)
 
 
-def _reduced_from(anchor: Node, rank: int) -> int:
+def _reduced_from(anchor: Node, shape: tuple) -> int:
     """The first reduced dim ``k``: the anchor reduces dims ``k..rank-1``, a row reduction over
-    their product (rows = the product of the dims before)."""
-    a = anchor.attr
+    their product (rows = the product of the dims before). Dims of size 1 reduce nothing, so they may lie
+    anywhere (an instance norm's statistics: ``var_mean`` over dims 0, 2 and 3 of a (1, N*C, H, W) view)."""
+    a, rank = anchor.attr, len(shape)
     require(rank > 0, "a reduction of a 0-d tensor")
     if anchor.op in ("softmax", "log_softmax"):
         require(a.get("dim", -1) % rank == rank - 1, "softmax over another axis than the last")
@@ -449,8 +450,10 @@ def _reduced_from(anchor: Node, rank: int) -> int:
         return a.get("axis", -1) % rank
     dims = a.get("dims")
     dims = sorted({d % rank for d in dims}) if dims is not None else list(range(rank))
-    require(bool(dims) and dims == list(range(dims[0], rank)), f"a reduction over dims {dims}, not trailing ones")
-    return dims[0]
+    wide = [d for d in dims if shape[d] != 1] or dims
+    require(bool(dims) and all(shape[d] == 1 or d in dims for d in range(wide[0], rank)),
+            f"a reduction over dims {dims}, not trailing ones")
+    return wide[0]
 
 
 def _row_operand(shape: tuple, x_shape: tuple, k: int, flat: bool) -> tuple | None:
@@ -510,7 +513,7 @@ def build_reduction(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     x = anchor.inputs[0]
     xt = b.types[x]
     xs = tuple(xt.shape)
-    k = len(xs) - len(anchor.attr["output_size"]) if is_global_pool(anchor) else _reduced_from(anchor, len(xs))
+    k = len(xs) - len(anchor.attr["output_size"]) if is_global_pool(anchor) else _reduced_from(anchor, xs)
     rows, cols = numel(xs[:k]), numel(xs[k:])
     norm = anchor.op in ("layer_norm", "rms_norm")
     a = anchor.attr

@@ -33,6 +33,7 @@ from tilefuse.lowering.builders import (
 from tilefuse.lowering.conv_builder import build_conv, build_pool
 from tilefuse.lowering.gemv_group_builder import build_gemv_group
 from tilefuse.lowering.index import NotLowerable
+from tilefuse.lowering.norm_builder import build_group_norm
 from tilefuse.lowering.sparse_builder import build_gemm_sp
 from tilefuse.lowering.templates.ascend import ASCEND_KINDS, ascend_spec
 from tilefuse.ops import POOL_OPS
@@ -61,6 +62,8 @@ BUILDERS: dict[tuple[str, str | None], Builds] = {
     ("gemv_group", None): build_gemv_group,  # a decode step's linears of one input (planner.grouping)
     ("gemm_sp", None): build_gemm_sp,  # a 2:4 sparse weight (lowering/sparse_builder.py)
     **{("reduction", op): _pool for op in sorted(POOL_OPS)},
+    ("reduction", "group_norm"): build_group_norm,  # lowering/norm_builder.py
+    ("reduction", "instance_norm"): build_group_norm,
     ("reduction", None): build_reduction,
     ("attention", "sdpa"): build_attention,
 }

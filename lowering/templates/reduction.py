@@ -96,7 +96,8 @@ def row_reduction(
     ``kind``: softmax, log_softmax, layer_norm (weight, bias optional, ``eps``), rms_norm (weight
     optional, ``eps``), sum, mean, amax, amin, var (``correction``). Parameters: ``X``, weight and
     bias if present (shape (cols,)), ``extra_0..``, ``Out`` (``output_shape``), then ``Pre`` (the
-    producer's result, X's shape) if ``write_pre``. ``Arg(i)`` is ``extra_i``: in ``producer``
+    producer's result, X's shape) if ``write_pre``. ``Arg(i)`` is ``extra_i`` (``Load(i, index)`` extra ``i`` at
+    ``index``, over ``Coord(d)``, the element's coordinates in ``shape``): in ``producer``
     broadcast against X's shape, in ``consumer`` against Out's shape.
     """
     kind = _ALIASES.get(kind, kind)
@@ -134,7 +135,8 @@ def row_reduction(
         """Producer of X[row, col]; the reduction's identity outside the matrix."""
         coords = [*unravel(row, lead), col]
         x = X[row, col] if x_dtype != "bool" else X[row, col] != T.int8(0)  # bool is stored as int8
-        val = emit(producer, Env(acc=x, arg=arg_loader(extras, extra_shapes, coords)))
+        val = emit(producer, Env(acc=x, arg=arg_loader(extras, extra_shapes, coords),
+                                 **indexed(extras, T.min(row, rows - 1), T.min(col, cols - 1))))
         return T.if_then_else(T.And(in_row(row), col < cols), T.Cast(f32, val), T.float32(fill))
 
     def finished(v, extras, row, col):
@@ -144,8 +146,17 @@ def row_reduction(
             coords = [*unravel(r, lead), col]
         else:
             coords = [*unravel(r, lead), 0] if keepdim else (unravel(r, lead) or [0])
-        val = emit(consumer, Env(acc=v, arg=arg_loader(extras, extra_shapes, coords)))
+        val = emit(consumer, Env(acc=v, arg=arg_loader(extras, extra_shapes, coords),
+                                 **indexed(extras, r, T.min(col, cols - 1))))
         return T.Cast(storage_dtype(out_dtype), val)
+
+    def indexed(extras, row, col) -> dict:
+        """``Env``'s ``coord`` (the element's coordinates in ``shape``, clamped into it) and ``load`` (extra ``i`` at
+        an index the expression computes: a group norm's per-channel weight, ``lowering/norm_builder.py``)."""
+        at = [*unravel(row, lead), col]
+        return {"coord": lambda dim: at[dim],
+                "load": lambda i, index: extras[i][tuple(x if str(x.dtype) == "int32" else T.Cast("int32", x)
+                                                         for x in index)]}
 
     def normalized(x, st, W, Bias, r, col):
         """One normalized element from the row statistics ``st`` (fp32)."""
@@ -300,7 +311,7 @@ def reference(x: torch.Tensor, kind: str, *, weight: torch.Tensor | None = None,
     kind = _ALIASES.get(kind, kind)
     out_dtype = getattr(torch, out_dtype) if out_dtype else x.dtype
     pre_dtype = getattr(torch, pre_dtype) if pre_dtype else x.dtype
-    pre = evaluate(producer, x, list(extras)).float() if producer is not None else x.float()
+    pre = evaluate(producer, x, list(extras), x.shape).float() if producer is not None else x.float()
     w = weight.float() if weight is not None else None
     b = bias.float() if bias is not None else None
     if kind == "softmax":
@@ -321,7 +332,7 @@ def reference(x: torch.Tensor, kind: str, *, weight: torch.Tensor | None = None,
     if y.dim() == 0:
         y = y.reshape(1)
     if consumer is not None:
-        y = evaluate(consumer, y, list(extras)).float()
+        y = evaluate(consumer, y, list(extras), y.shape).float()
     return y.to(out_dtype), pre.to(pre_dtype)
 
 

@@ -1,0 +1,126 @@
+"""Group and instance norms (diffusion U-Nets, wav2vec2's feature extractor, BiT) as row-reduction kernels with
+their producers and consumers fused (``lowering/norm_builder.py``): a group a row of ``(N, G, C/G * prod(S))``, the
+per-channel affine map and every other operand read where the element lies in ``(N, C, *S)``. Every element against
+torch: NaN, infinities, a constant group, no affine map, 1-D and 0-D spatial shapes, through dynamo and ONNX."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tilefuse
+from tilefuse.capture import capture_graphs
+from tilefuse.lowering.compile import compile_kernel
+from tilefuse.lowering.dispatch import build
+from tilefuse.lowering.templates import reduction
+from tilefuse.pipeline import plan
+
+FP32 = {"rtol": 1e-4, "atol": 1e-4}
+
+
+class Block(nn.Module):
+    """A U-Net's GroupNorm + SiLU after a scale and shift, a group norm without affine map plus a residual, and an
+    instance norm (dynamo traces it as ``var_mean`` over dims 0, 2 and 3 of a (1, N*C, H, W) view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gn = nn.GroupNorm(4, 16)
+        self.plain = nn.GroupNorm(8, 16, affine=False)
+        self.inorm = nn.InstanceNorm2d(16, affine=True)
+
+    def forward(self, x, r):
+        y = F.silu(self.gn(x * 2 + 1))
+        y = self.plain(y) + r
+        return torch.relu(self.inorm(y))
+
+
+def _randomized(m: nn.Module, rng) -> nn.Module:
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=rng))
+    return m.eval()
+
+
+def _inputs(rng, n=2, c=16, *spatial):
+    return torch.randn(n, c, *spatial, generator=rng)
+
+
+def test_group_and_instance_norms_are_kernels_and_match_torch(rng):
+    m = _randomized(Block(), rng)
+    torch._dynamo.reset()
+    runners = []
+    compiled = tilefuse.compile(m, target="c", observer=runners.append, measure=False)
+    edgy = _inputs(rng, 2, 16, 5, 7)
+    edgy[0, 0, 1, 1] = float("nan")  # group 0 of sample 0: NaN through the whole group, and on
+    edgy[1, 5, 2, 3] = float("inf")  # group 1 of sample 1
+    edgy[1, 12:16] = 3.0  # a constant group: variance 0, the output is the shift alone
+    with torch.no_grad():
+        for x in (_inputs(rng, 2, 16, 5, 7), edgy):
+            r = _inputs(rng, 2, 16, 5, 7)
+            torch.testing.assert_close(compiled(x, r), m(x, r), equal_nan=True, **FP32)
+    p = runners[0].plan
+    assert all(r.backend == "tilelang" for r in p.regions), p.to_text()
+    assert any("group_norm" in r.ops and "silu" in r.ops and "mul" in r.ops for r in p.regions), p.to_text()
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("spatial", [(), (23,), (3, 4, 5)])
+def test_group_norms_of_other_ranks(rng, spatial):
+    m = _randomized(nn.Sequential(nn.GroupNorm(3, 12), nn.GELU()), rng)
+    torch._dynamo.reset()
+    runners = []
+    compiled = tilefuse.compile(m, target="c", observer=runners.append, measure=False)
+    x = _inputs(rng, 3, 12, *spatial)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), m(x), **FP32)
+    (region,) = [r for r in runners[0].plan.regions if "group_norm" in r.ops]
+    assert region.backend == "tilelang", runners[0].plan.to_text()
+    torch._dynamo.reset()
+
+
+def test_group_and_instance_norms_through_onnx(tmp_path, rng):
+    """torch's exporter writes a group norm as InstanceNormalization between reshapes; GroupNormalization-18 (per
+    group scale and bias) is the frontend's own test's."""
+    onnx = pytest.importorskip("onnx")
+    m = _randomized(nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.SiLU(), nn.InstanceNorm2d(8, affine=True)),
+                    rng)
+    x = torch.randn(2, 3, 9, 9, generator=rng)
+    path = tmp_path / "gn.onnx"
+    torch.onnx.export(m, (x,), str(path), dynamo=False, input_names=["x"])
+    assert "InstanceNormalization" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    model = tilefuse.compile_onnx(str(path), target="c", measure=False)
+    p = model.plan
+    norms = [r for r in p.regions if "instance_norm" in r.ops or "group_norm" in r.ops]
+    assert norms and all(r.backend == "tilelang" for r in norms), p.to_text()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[0], m(x), **FP32)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_a_group_norm_compiles_for_sm90(rng):
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    m = nn.Sequential(nn.GroupNorm(32, 320), nn.SiLU()).eval().half()
+    (graph,) = capture_graphs(m, (torch.randn(2, 320, 16, 16, dtype=torch.float16),))
+    p = plan(graph, target)
+    (spec,) = [build(r, p.graph, target) for r in p.regions if "group_norm" in r.ops]
+    assert spec.template == "row_reduction" and dict(spec.params)["shape"] == (2, 32, 10 * 256)
+    f = reduction.row_reduction(**spec.factory_kwargs(), target=target)
+    assert compile_kernel(f, target, out_idx=[-1]) is not None
+
+
+@pytest.mark.gpu
+def test_group_norms_match_torch_on_the_gpu(rng):
+    m = _randomized(Block(), rng).cuda().half()
+    torch._dynamo.reset()
+    runners = []
+    compiled = tilefuse.compile(m, observer=runners.append, measure=False)
+    with torch.no_grad():
+        x, r = _inputs(rng, 2, 16, 24, 24).cuda().half(), _inputs(rng, 2, 16, 24, 24).cuda().half()
+        x[0, 0, 1, 1] = float("nan")
+        torch.testing.assert_close(compiled(x, r), m(x, r), equal_nan=True, rtol=1e-2, atol=2e-2)
+    assert all(r.backend == "tilelang" for r in runners[0].plan.regions), runners[0].plan.to_text()
+    torch._dynamo.reset()
