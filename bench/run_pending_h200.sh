@@ -10,7 +10,7 @@
 #   part 26: session 33's defaults (the ws attention with a padding mask, bounded, and fast math; measured opt-in in
 #            bench/results/2026-12-05-h200-session33, parts 23-25 there): the bound-expression GPU test against torch
 #            on the GPU (it failed on the CPU reference's gelu(+inf) = NaN) and the zoo BERT's masked ws schedule end to
-#            end, session 33's grouped convolutions as elementwise kernels and session 34's 1-D ones (fp16, against torch), then the zoo's BERT, GPT-2 and ViT with no options against Inductor default (with the options on:
+#            end, session 33's grouped convolutions as elementwise kernels and session 34's 1-D ones and group norms (fp16, against torch), then the zoo's BERT, GPT-2 and ViT with no options against Inductor default (with the options on:
 #            1.09x, 1.33x, 1.20x), then HF BERT against eager (1.10x with them; #14 asks for 1.2x).
 #   part 22b: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
@@ -58,7 +58,7 @@ if [ "$part" = 21 ]; then
 elif [ "$part" = 26 ]; then
     timeout 150 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider tests/test_bound_expressions.py \
         "tests/test_attention_ws.py::test_zoo_bert_with_the_masked_ws_schedule_matches_eager_gpu" \
-        tests/test_grouped_conv.py tests/test_conv1d.py \
+        tests/test_grouped_conv.py tests/test_conv1d.py tests/test_group_norm.py \
         > "$OUT/logs/gpu_tests_defaults.log" 2>&1
     echo "bound expressions, masked BERT: $(tail -1 "$OUT/logs/gpu_tests_defaults.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_defaults.log" | head -8

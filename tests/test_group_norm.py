@@ -14,8 +14,9 @@ from torch import nn
 
 import tilefuse
 from tilefuse.capture import capture_graphs
-from tilefuse.lowering.compile import compile_kernel
+from tilefuse.lowering.compile import compile_kernel, kernel_source
 from tilefuse.lowering.dispatch import build
+from tilefuse.lowering.lower import make_prim_func
 from tilefuse.lowering.templates import reduction
 from tilefuse.pipeline import plan
 
@@ -110,6 +111,18 @@ def test_a_group_norm_compiles_for_sm90(rng):
     assert spec.template == "row_reduction" and dict(spec.params)["shape"] == (2, 32, 10 * 256)
     f = reduction.row_reduction(**spec.factory_kwargs(), target=target)
     assert compile_kernel(f, target, out_idx=[-1]) is not None
+
+
+def test_a_group_norm_is_source_for_hip_and_metal_and_refused_on_ascend_with_the_reason():
+    m = nn.Sequential(nn.GroupNorm(4, 16), nn.SiLU()).eval().half()
+    (graph,) = capture_graphs(m, (torch.randn(2, 16, 8, 8, dtype=torch.float16),))
+    for target in ({"kind": "hip"}, {"kind": "metal"}, {"kind": "ascend"}):
+        p = plan(graph, target)
+        (spec,) = [build(r, p.graph, target, source=True) for r in p.regions if "group_norm" in r.ops]
+        if target["kind"] == "ascend":
+            assert "reads no operand at a computed index" in spec
+        else:
+            assert "extra0[" in kernel_source(make_prim_func(spec, target), target)
 
 
 @pytest.mark.gpu

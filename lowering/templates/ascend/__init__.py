@@ -26,7 +26,7 @@ _COUNTERPART = {
                     lambda kw: refusal((*kw["in_dtypes"], *kw["out_dtypes"]), "elementwise")),
     "row_reduction": ("ascend_row_reduction", lambda kw: reduction.why_not(
         kw["kind"], (kw["x_dtype"], kw.get("out_dtype"), kw.get("pre_dtype"), kw.get("weight_dtype"),
-                     *kw.get("extra_dtypes", ())))),
+                     *kw.get("extra_dtypes", ())), (kw.get("producer"), kw.get("consumer")))),
     "gemm": ("ascend_gemm", lambda kw: gemm.why_not(**kw)),
 }
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import tilelang.ascend.language as T
 
-from tilefuse.lowering.expr import Acc, Env, Expr, emit
+from tilefuse.lowering.expr import Acc, Coord, Env, Expr, Load, emit, walk
 from tilefuse.lowering.templates.ascend.common import read, refusal, store
 from tilefuse.lowering.templates.common import arg_loader, normalize_shapes, numel, param, unravel, view
 from tilefuse.lowering.templates.elementwise import storage_dtype
@@ -26,10 +26,12 @@ from tilefuse.lowering.templates.reduction import NORMALIZING, output_shape
 KINDS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "var")
 
 
-def why_not(kind: str, dtypes: Sequence[str | None]) -> str | None:
+def why_not(kind: str, dtypes: Sequence[str | None], exprs: Sequence[Expr | None] = ()) -> str | None:
     """Why the Ascend row reduction cannot take this instance, or None."""
     if kind not in KINDS:
         return f"no Ascend row-reduction template for {kind} (it takes {', '.join(KINDS)})"
+    if any(isinstance(n, (Load, Coord)) for e in exprs if e is not None for n in walk(e)):
+        return "the Ascend row reduction reads no operand at a computed index (a group norm's per-channel weight)"
     return refusal(dtypes, "row-reduction")
 
 
