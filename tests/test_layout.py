@@ -68,6 +68,21 @@ def test_rewrite_keeps_values_names_and_layout(rng, keepdim):
     _same_values(g, g2, _inputs(rng, g))
 
 
+def test_a_layout_change_is_a_permute_where_c_h_and_w_are_equal(rng):
+    """NHWC and NCHW are one shape where C = H = W: leaving channels last is still a permute (a reshape there gave a
+    diffusers VAE's 32 channels at 32x32 wrong values)."""
+    b = GraphBuilder("square")
+    x = b.input("x", TensorType((2, 3, 8, 8), "float32"))
+    w1, w2 = b.constant("w1", randn(rng, 8, 3, 3, 3)), b.constant("w2", randn(rng, 8, 8, 3, 3))
+    c1 = b.add1("conv", [x, w1, ""], stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    n = b.add1("group_norm", [c1, "", ""], groups=2, eps=1e-5)  # not channels last: c1 leaves NHWC
+    c2 = b.add1("conv", [b.add1("silu", [n]), w2, ""], stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    g = b.build([c2])
+    g2 = channels_last(g)
+    assert sum(n.op == "permute" for n in g2.nodes) == 4, [n.op for n in g2.nodes]  # in and out, twice
+    _same_values(g, g2, _inputs(rng, g))
+
+
 def test_concat_depthwise_and_biased_convolutions_stay_channels_last(rng):
     """A UNet-like skip (channel concat), a depthwise convolution (groups = channels: an elementwise kernel) and
     convolutions with a bias: one transpose in, one out."""

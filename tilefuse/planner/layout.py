@@ -112,7 +112,8 @@ class _Rewriter(_GraphEdit):
         shape = tuple(self.types[v].shape)
         padded = (1,) * (len(perm) - len(shape)) + shape
         moved = tuple(padded[p] for p in perm)
-        if [d for d in shape if d != 1] == [d for d in moved if d != 1]:
+        kept = [p for p in perm if padded[p] != 1]  # the dims that hold data, in their new order
+        if kept == sorted(kept):  # (not sizes compared: NHWC and NCHW are one shape where C = H = W)
             return self._emit("reshape", (v,), {"shape": moved}, out, base)
         if padded != shape:
             v = self._emit("reshape", (v,), {"shape": padded}, base=f"{base}_4d")
