@@ -371,6 +371,8 @@ EMITTERS: dict[str, Callable] = {
     "tan": _unary(lambda T, x, at: T.tan(x)),
     "floor": _unary(lambda T, x, at: T.floor(x)),
     "ceil": _unary(lambda T, x, at: T.ceil(x)),
+    # torch.round: half to even, as rint/nearbyint in the default rounding mode (C's round() goes away from zero)
+    "round": lambda T, a, attrs: T.nearbyint(a[0]) if str(a[0].dtype) in _FLOAT_RANK else a[0],
     "sign": _unary(lambda T, x, at: T.Cast(str(x.dtype), x > _c(x, 0.0)) - T.Cast(str(x.dtype), x < _c(x, 0.0))),
     "isnan": lambda T, a, attrs: T.isnan(a[0]) if str(a[0].dtype) in _FLOAT_RANK else T.bool(False),
     "floor_divide": _binary(_floor_divide),

@@ -117,6 +117,16 @@ def test_issue_examples():
     assert_same(run_compiled(lambda x: torch.amax(x * 1, -1), r), torch.tensor([NAN, 3.0]))
 
 
+def test_round_is_half_to_even_as_torch_has_it(rng):
+    """torch.round rounds halves to even (C's round() would take 2.5 to 3 and -0.5 to -1); NaN, the infinities, -0.0
+    and numbers past 2^23 (already whole) come through."""
+    halves = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, -0.0, NAN, INF, -INF, 2.0**23 + 1, 1e30])
+    x = torch.cat([halves, special(rng, 64)])
+    got = run_compiled(lambda v: torch.round(v * 1.0), x)
+    assert_same(got, torch.round(x), True, "round")
+    assert got[:6].tolist() == [0.0, 2.0, 2.0, -0.0, -2.0, -2.0]
+
+
 BINARY = {
     "maximum": torch.maximum,
     "minimum": torch.minimum,
@@ -312,10 +322,10 @@ def test_onnx_ops_propagate_nan(name, rng, tmp_path):
 def test_nan_propagating_cuda_kernels_compile_for_sm_90a():
     target = {"kind": "cuda", "arch": "sm_90a"}
     ops = [call("relu", Acc()), call("clamp", Acc(), min=-1.0, max=1.0), call("maximum", Acc(), Arg(1)),
-           call("minimum", Acc(), Arg(1)), call("hardsigmoid", Acc())]
+           call("minimum", Acc(), Arg(1)), call("hardsigmoid", Acc()), call("round", Acc())]
     kernels = {
         "elementwise": (elementwise.elementwise([(8, 1000), (1000,)], ["float16", "float32"], ops,
-                                                ["float16"] * len(ops), target=target), [-5, -4, -3, -2, -1]),
+                                                ["float16"] * len(ops), target=target), [-6, -5, -4, -3, -2, -1]),
         "amax_multi_tile": (reduction.row_reduction((64, 5000), "amax", x_dtype="bfloat16", block_N=2048,
                                                     threads=256, target=target), [-1]),
         "amin_rows4": (reduction.row_reduction((33, 37), "amin", block_rows=4, block_N=16, threads=128,
@@ -340,6 +350,7 @@ def test_nan_propagating_cuda_kernels_compile_for_sm_90a():
     for name in ("amax_multi_tile", "amin_rows4"):  # the row's NaN flag picks a NaN result
         assert "CUDART_NAN_F" in src[name], name
     assert "!=" in src["max_pool"]  # a NaN tap wins the window (isnan prints as x != x)
+    assert "nearbyint" in src["elementwise"] and "roundf(" not in src["elementwise"]  # halves to even, as torch.round
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
