@@ -14,11 +14,16 @@ from torch import nn
 
 import tilefuse
 from tilefuse.capture import capture_graphs
+from tilefuse.ir import TensorType
 from tilefuse.lowering.compile import compile_kernel, kernel_source
 from tilefuse.lowering.dispatch import build
 from tilefuse.lowering.lower import make_prim_func
 from tilefuse.lowering.templates import reduction
+from tilefuse.ops import GraphBuilder
+from tilefuse.ops.reference import run_graph
 from tilefuse.pipeline import plan
+from tilefuse.planner.pattern import RewriteLog, rewrite
+from tilefuse.planner.patterns import PATTERNS
 
 FP32 = {"rtol": 1e-4, "atol": 1e-4}
 
@@ -83,22 +88,58 @@ def test_group_norms_of_other_ranks(rng, spatial):
     torch._dynamo.reset()
 
 
-def test_group_and_instance_norms_through_onnx(tmp_path, rng):
-    """torch's exporter writes a group norm as InstanceNormalization between reshapes; GroupNormalization-18 (per
-    group scale and bias) is the frontend's own test's."""
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_group_and_instance_norms_through_onnx(tmp_path, rng, dynamo):
+    """torch's exporters write a group norm as InstanceNormalization (scale ones, bias zeros, one per group) between
+    reshapes, then the per-channel Mul and Add: ``norm.group_via_instance`` makes it one group norm again, its SiLU
+    fused. A real instance norm (its own scale and bias) stays one."""
     onnx = pytest.importorskip("onnx")
-    m = _randomized(nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.SiLU(), nn.InstanceNorm2d(8, affine=True)),
-                    rng)
+    pytest.importorskip("onnxscript")
+    m = _randomized(nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.SiLU(), nn.InstanceNorm2d(8, affine=True),
+                                  nn.GroupNorm(4, 8, affine=False), nn.GELU()), rng)
     x = torch.randn(2, 3, 9, 9, generator=rng)
     path = tmp_path / "gn.onnx"
-    torch.onnx.export(m, (x,), str(path), dynamo=False, input_names=["x"])
+    torch.onnx.export(m, (x,), str(path), dynamo=dynamo, input_names=["x"])
     assert "InstanceNormalization" in {n.op_type for n in onnx.load(str(path)).graph.node}
     model = tilefuse.compile_onnx(str(path), target="c", measure=False)
     p = model.plan
-    norms = [r for r in p.regions if "instance_norm" in r.ops or "group_norm" in r.ops]
-    assert norms and all(r.backend == "tilelang" for r in norms), p.to_text()
+    text = p.to_text()
+    assert text.count("norm.group_via_instance") - text.count("pattern norm.group_via_instance") == 2, text
+    ops = [r.ops for r in p.regions]
+    assert sum("group_norm" in o for o in ops) == 2 and sum("instance_norm" in o for o in ops) == 1, text
+    assert any("group_norm" in o and "silu" in o for o in ops), text
+    assert all(r.backend == "tilelang" for r in p.regions), text
     with torch.no_grad():
         torch.testing.assert_close(model(x)[0], m(x), **FP32)
+
+
+def _spelled_graph(rng, scale: torch.Tensor, affine: bool):
+    """reshape -> instance_norm(scale, zeros) -> reshape (-> * gamma + beta) over (2, 8, 5, 5) in 2 groups."""
+    b = GraphBuilder("spelled")
+    x = b.input("x", TensorType((2, 8, 5, 5), "float32"))
+    flat = b.add1("reshape", [x], shape=(2, 2, 100))
+    s, z = b.constant("s", scale), b.constant("z", torch.zeros(2))
+    out = b.add1("reshape", [b.add1("instance_norm", [flat, s, z], eps=1e-5)], shape=(2, 8, 5, 5))
+    if affine:
+        gamma, beta = torch.randn(8, 1, 1, generator=rng), torch.randn(1, 8, 1, 1, generator=rng)
+        out = b.add1("add", [b.constant("beta", beta), b.add1("mul", [b.constant("gamma", gamma), out])])
+    return b.build([out])
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_the_spelled_group_norm_rewrite_keeps_values_and_refuses_a_real_scale(rng, affine):
+    """The rewrite needs the instance norm's scale all ones and bias all zeros; another scale is a per-group affine
+    map, which the pattern refuses with the reason (the graph then computes as it is)."""
+    name = "norm.group_via_instance" + ("" if affine else "_plain")
+    xv = torch.randn(2, 8, 5, 5, generator=rng)
+    for scale, applies in ((torch.ones(2), True), (torch.tensor([1.0, 2.0]), False)):
+        g = _spelled_graph(rng, scale, affine)
+        log = RewriteLog()
+        g2 = rewrite(g, PATTERNS, log)
+        assert [p for p, _ in log.applied] == ([name] if applies else []), (log.applied, log.refused)
+        assert applies or any(p == name and "scale is not all 1" in why for p, _, why in log.refused), log.refused
+        assert applies == any(n.op == "group_norm" for n in g2.nodes)
+        torch.testing.assert_close(run_graph(g2, xv)[0], run_graph(g, xv)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

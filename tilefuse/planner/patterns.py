@@ -2,8 +2,8 @@
 
 Each entry is data: a tree of ``Op`` with named captures, a check that says why a match is refused,
 and a rewrite. Families: ``attention.*`` (decomposed and grouped-query attention), ``norm.*`` (RMS
-norm written out with pow/mean/rsqrt), ``act.*`` (GELU written out), ``rotary.*`` (rotate-half),
-``matmul.outer`` (a product over a contracted dim of 1).
+norm written out with pow/mean/rsqrt; a group norm through an instance norm, ``patterns_norm``), ``act.*``
+(GELU written out), ``rotary.*`` (rotate-half), ``matmul.outer`` (a product over a contracted dim of 1).
 Region-level patterns (residual add + norm, SwiGLU/GeGLU) live in ``GROUPS`` at the bottom.
 """
 
@@ -17,6 +17,7 @@ from tilefuse import ops
 from tilefuse.ir import torch_dtype
 from tilefuse.planner.attention_mask import MaskParts, analyse
 from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod, Scalar
+from tilefuse.planner.patterns_norm import GROUP_VIA_INSTANCE
 
 _CAST = ("cast",)
 
@@ -567,6 +568,7 @@ PATTERNS: list[Pattern] = [
       for masked in (True, False)],
     Pattern("attention.mask_from_indices", Op("sdpa", ("q", "k", "v", "mask"), name="attn"), _sdpa_mask_rewrite,
             _sdpa_mask_check, "sdpa(q, k, v, where(causal & window & pad, 0, fill)) -> causal sdpa + key mask"),
+    *GROUP_VIA_INSTANCE,
     *[_rms(form, weighted=True) for form in ("rsqrt", "div", "reciprocal")],
     *[_rms(form, weighted=False) for form in ("rsqrt", "div", "reciprocal")],
     Pattern("act.gelu_tanh", _GELU_TANH, _gelu_rewrite("tanh"), _gelu_tanh_check, "GPT-2's gelu_new -> gelu(tanh)"),
