@@ -10,8 +10,10 @@
 #   part 26: session 33's defaults (the ws attention with a padding mask, bounded, and fast math; measured opt-in in
 #            bench/results/2026-12-05-h200-session33, parts 23-25 there): the bound-expression GPU test against torch
 #            on the GPU (it failed on the CPU reference's gelu(+inf) = NaN) and the zoo BERT's masked ws schedule end to
-#            end, session 33's grouped convolutions as elementwise kernels and session 34's 1-D ones and group norms (fp16, against torch), then the zoo's BERT, GPT-2 and ViT with no options against Inductor default (with the options on:
-#            1.09x, 1.33x, 1.20x), then HF BERT against eager (1.10x with them; #14 asks for 1.2x).
+#            end; session 33's grouped convolutions (elementwise kernels), session 34's 1-D convolutions and group
+#            norms (fp16, against torch); group norm + SiLU at Stable Diffusion's shapes against eager and Inductor
+#            (bench_group_norm.py); then the zoo's BERT, GPT-2 and ViT with no options against Inductor default (with
+#            the options on: 1.09x, 1.33x, 1.20x), then HF BERT against eager (1.10x with them; #14 asks for 1.2x).
 #   part 22b: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
 #            compile_time.py's cProfile of tilefuse's cold and warm compiles; then ResNet-50's warm compile profiled
@@ -62,6 +64,8 @@ elif [ "$part" = 26 ]; then
         > "$OUT/logs/gpu_tests_defaults.log" 2>&1
     echo "bound expressions, masked BERT: $(tail -1 "$OUT/logs/gpu_tests_defaults.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_defaults.log" | head -8
+    timeout 150 python3 bench/bench_group_norm.py --json "$OUT/logs/group_norm.json" > "$OUT/logs/group_norm.log" 2>&1
+    grep -v -i warn "$OUT/logs/group_norm.log" | tail -10
     zoo bert,gpt2,vit 250 zoo_defaults
     timeout 150 python3 bench/bench_models.py --models hf-bert --peers eager,default --no-warm --reps 30 \
         --json "$OUT/logs/hf_bert_defaults.json" > "$OUT/logs/hf_bert_defaults.log" 2>&1

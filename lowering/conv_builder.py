@@ -29,7 +29,8 @@ from tilefuse.lowering.templates import pool
 
 # A grouped convolution (depthwise: one input channel per group) runs as an elementwise kernel that sums each output's
 # taps (input channels per group x KH x KW) when there are at most this many: MobileNet's and MobileViT's 3x3 (9),
-# ConvNeXt's 7x7 (49). More taps would unfold past the expression limit; such convolutions run through torch.
+# ConvNeXt's 7x7 (49). More taps would unfold past the expression limit; such convolutions (ResNeXt's 3x3 over 4-32
+# channels a group, wav2vec2's positional one) take the convolution template, one implicit GEMM a group.
 MAX_TAPS = 64
 
 
@@ -103,9 +104,9 @@ def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
                                     b.members[b.members.index(anchor) + 1:], "convolution")
     extra = list(b.args)
     extra_shapes = [_epilogue_shape(b, anchor, e, g, last) for e in extra]
-    if g.groups != 1:
+    if g.groups != 1 and _taps(g) <= MAX_TAPS:
         return _grouped_conv(b, x, w, g, exprs[0], mapping, extra, extra_shapes, last, target)
-    if _pointwise_conv(g):
+    if g.groups == 1 and _pointwise_conv(g):
         if last:
             return _conv_1x1_nhwc(b, x, w, g, exprs, mapping, extra, extra_shapes)
         return _conv_1x1_as_gemm(b, x, w, g, exprs, mapping, extra, extra_shapes)
@@ -113,6 +114,8 @@ def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
               "dilation": g.dilation, "in_dtype": xt.dtype, "out_dtype": b.types[b.region.outputs[0]].dtype,
               "epilogue": exprs[0] if exprs[0] != Acc() else None, "extra_shapes": tuple(extra_shapes),
               "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
+    if g.groups != 1:  # more taps than the elementwise kernel unrolls: a GEMM a group (the template's)
+        params["groups"] = g.groups
     if last:  # NHWC activations, the model's (O, C, KH, KW) weight
         params.update(layout="NHWC", weight_layout="OIHW")
     inputs = ((x, g.x_view), (w, g.w_view), *zip(extra, extra_shapes))
@@ -196,6 +199,11 @@ def _epilogue_shape(b: Builder, anchor: Node, e: str, g: ConvGeometry, last: boo
     return t
 
 
+def _taps(g: ConvGeometry) -> int:
+    """Products an output element sums: its group's input channels times the kernel's taps."""
+    return g.w_shape[1] * g.w_shape[2] * g.w_shape[3]
+
+
 def _pointwise_conv(g: ConvGeometry) -> bool:
     """A 1x1 convolution with unit stride, no padding or dilation: a (batched) GEMM."""
     return g.w_shape[2:] == (1, 1) and g.stride == (1, 1) and g.padding == (0, 0) and g.dilation == (1, 1)
@@ -238,7 +246,6 @@ def _grouped_conv(b: Builder, x: str, w: str, g: ConvGeometry, epilogue: Expr, m
     xs, ws, out_shape = g.x_shape, g.w_shape, g.out_shape
     O, Cg, KH, KW = ws
     require(O % g.groups == 0, f"a grouped convolution of {xs} by {ws}")
-    require(Cg * KH * KW <= MAX_TAPS, f"a grouped convolution with {Cg * KH * KW} taps an output (at most {MAX_TAPS})")
     stride, pad, dil = g.stride, g.padding, g.dilation
     if last:
         (n, oh, ow, o), (H, W) = index.coords(out_shape), xs[1:3]

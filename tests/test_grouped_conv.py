@@ -16,7 +16,7 @@ from tilefuse.capture import capture_graphs
 from tilefuse.lowering.compile import compile_kernel
 from tilefuse.lowering.conv_builder import MAX_TAPS
 from tilefuse.lowering.dispatch import build
-from tilefuse.lowering.templates import elementwise
+from tilefuse.lowering.templates import conv, elementwise
 from tilefuse.pipeline import plan
 
 FP32 = {"rtol": 1e-4, "atol": 1e-5}
@@ -71,18 +71,46 @@ def test_grouped_convolutions_are_kernels_and_match_torch(model, rng, monkeypatc
     torch._dynamo.reset()
 
 
-def test_too_many_taps_run_through_torch_with_the_reason(rng):
-    wide = nn.Conv2d(16, 16, 3, padding=1, groups=2).eval()  # 8 channels x 9 taps = 72 a output
-    assert 8 * 9 > MAX_TAPS
-    (graph,) = capture_graphs(wide, (torch.randn(1, 16, 6, 6, generator=rng),))
-    p = plan(graph, {"kind": "c"})
-    (region,) = [r for r in p.regions if "conv" in r.ops]
-    assert region.backend == "torch" and "a grouped convolution with 72 taps an output (at most 64)" in p.to_text()
-    torch._dynamo.reset()
-    compiled = tilefuse.compile(wide, target="c", measure=False)
-    x = torch.randn(2, 16, 6, 6, generator=rng)
+class Wide(nn.Module):
+    """Grouped convolutions with more taps than the elementwise kernel unrolls: ResNeXt's 3x3 over 8 channels a group
+    (72 taps) with batch norm and ReLU, a strided one with 2 output channels a group (72 taps) and a residual, and a
+    1-D one as wav2vec2's positional convolution (16 channels a group, 16 taps: 256) with GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(16, 16, 3, padding=1, groups=2, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.b = nn.Conv2d(16, 4, 3, stride=2, padding=1, groups=2)
+        self.pos = nn.Conv1d(32, 32, 16, padding=8, groups=2)
+
+    def forward(self, x, seq):
+        y = torch.relu(self.bn(self.a(x)))
+        y = self.b(y) + y[:, :4, ::2, ::2]
+        return y, F.gelu(self.pos(seq))
+
+
+@pytest.mark.parametrize("channels_last", ["1", "0"])
+def test_grouped_convolutions_with_many_taps_are_a_gemm_a_group(rng, monkeypatch, channels_last):
+    monkeypatch.setenv("TILEFUSE_CHANNELS_LAST", channels_last)
+    m = Wide().eval()
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x), wide(x), **FP32)
+        m.bn.running_mean.copy_(torch.randn(16, generator=rng))
+        m.bn.running_var.copy_(torch.rand(16, generator=rng) + 0.5)
+    assert 8 * 9 > MAX_TAPS and 16 * 16 > MAX_TAPS
+    torch._dynamo.reset()
+    runners = []
+    compiled = tilefuse.compile(m, target="c", observer=runners.append, measure=False)
+    seq = torch.randn(2, 32, 40, generator=rng)
+    seq[1, 3, 7] = float("nan")
+    with torch.no_grad():
+        for x in (torch.randn(2, 16, 10, 9, generator=rng), edgy(rng, 2, 16, 10, 9)):
+            for got, want in zip(compiled(x, seq), m(x, seq)):
+                torch.testing.assert_close(got, want, equal_nan=True, **FP32)
+    p = runners[0].plan
+    regions = [r for r in p.regions if "conv" in r.ops]
+    assert len(regions) == 3 and all(r.backend == "tilelang" for r in regions), p.to_text()
+    specs = [build(r, p.graph, {"kind": "c"}) for r in regions]
+    assert [(s.template, dict(s.params)["groups"]) for s in specs] == [("conv2d", 2)] * 3
     torch._dynamo.reset()
 
 
@@ -99,6 +127,17 @@ def test_a_depthwise_convolution_compiles_for_sm90(rng):
     (spec,) = _spec(m, torch.randn(2, 8, 14, 14, dtype=torch.float16, generator=None), target)
     assert spec.template == "elementwise"
     f = elementwise.elementwise(**spec.factory_kwargs(), target=target)
+    assert compile_kernel(f, target, out_idx=[-1]) is not None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_a_resnext_grouped_convolution_compiles_for_sm90():
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    m = nn.Sequential(nn.Conv2d(256, 256, 3, padding=1, groups=32), nn.ReLU()).eval().half()
+    (spec,) = _spec(m, torch.randn(2, 256, 14, 14, dtype=torch.float16), target)
+    assert spec.template == "conv2d" and dict(spec.params)["groups"] == 32
+    config = conv.get_configs(target)[0]
+    f = conv.conv2d(**spec.factory_kwargs(), **{**config, "block_N": 64}, target=target)
     assert compile_kernel(f, target, out_idx=[-1]) is not None
 
 

@@ -60,6 +60,7 @@ OP_CASES = {
     "hardsigmoid": call("hardsigmoid", _X * 4.0), "hardswish": call("hardswish", _X * 4.0),
     "mish": call("mish", _X), "softsign": call("softsign", _X), "tan": call("tan", _X * 0.5),
     "floor": call("floor", _X * 3.0), "ceil": call("ceil", _X * 3.0), "sign": call("sign", _X),
+    "round": call("round", _X * 2.0 + 0.5),
     "isnan": call("isnan", call("log", _X)), "logical_not": call("logical_not", call("gt", _X, 0.0)),
     "logical_and": call("logical_and", call("gt", _X, 0.0), call("gt", _Y, 0.0)),
     "logical_or": call("logical_or", call("gt", _X, 0.0), call("gt", _Y, 0.0)),

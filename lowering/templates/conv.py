@@ -63,11 +63,10 @@ def conv2d(
     NCHW: x ``(N, C, H, W)``, w ``(O, C, KH, KW)``, out ``(N, O, OH, OW)``. NHWC: x ``(N, H, W, C)``,
     w ``(O, KH, KW, C)``, out ``(N, OH, OW, O)``; ``weight_layout`` ``"OIHW"`` or ``"OHWI"`` overrides the
     weight's (default: the layout's). Symmetric ``padding`` per spatial dim. fp32 on GPUs
-    uses an exact FMA loop unless ``allow_tf32`` (as ``gemm``).
+    uses an exact FMA loop unless ``allow_tf32`` (as ``gemm``). ``groups``: the weight holds ``C / groups`` input
+    channels; each group is its own implicit GEMM of ``O / groups`` output channels, a program's column tile within one
+    group (ResNeXt's and RegNet's grouped 3x3s, wav2vec2's positional convolution).
     """
-    if groups != 1:
-        raise NotImplementedError("conv2d: only groups=1 lowers to the implicit-GEMM template; "
-                                  "grouped/depthwise convolution runs through its torch fallback")
     if layout not in ("NCHW", "NHWC"):
         raise ValueError(f"conv2d: layout {layout!r} is not NCHW or NHWC")
     nhwc = layout == "NHWC"
@@ -84,38 +83,43 @@ def conv2d(
         check_dtype(d_, target, "conv2d")
     Nb, H, W, C = x_shape if nhwc else (x_shape[0], x_shape[2], x_shape[3], x_shape[1])
     O, KH, KW, Cw = w_shape if ohwi else (w_shape[0], w_shape[2], w_shape[3], w_shape[1])
-    if Cw != C:
-        raise ValueError(f"conv2d: weight has {Cw} input channels, input has {C}")
+    if groups < 1 or Cw * groups != C or O % groups:
+        raise ValueError(f"conv2d: weight has {Cw} input channels of {O} outputs in {groups} groups, input has {C}")
+    Og = O // groups  # output channels a group
     sh, sw = stride
     ph, pw = padding
     dh, dw = dilation
     OH, OW = output_hw(H, W, KH, KW, stride, padding, dilation)
-    M, K = Nb * OH * OW, C * KH * KW
+    M, K = Nb * OH * OW, Cw * KH * KW
     if dialect(target).cpu:  # no tile wider than the channels or taller than the pixels (padding is computed)
         block_M = min(block_M, max(8, 1 << (M - 1).bit_length()))
-        block_N = min(block_N, max(16, 1 << (O - 1).bit_length()))
+        block_N = min(block_N, max(16, 1 << (Og - 1).bit_length()))
+    col_tiles = -(-Og // block_N)  # a group's column tiles
     out_shape = (Nb, OH, OW, O) if nhwc else (Nb, O, OH, OW)
     if broadcast_shapes(out_shape, *extra_shapes) != out_shape:
         raise ValueError(f"conv2d: extra inputs {extra_shapes} do not broadcast to the output {out_shape}")
     d = dialect(target)
     simt = in_dtype == "float32" and not allow_tf32 and not d.cpu
 
-    def a_elem(X, m, k):
-        """Input element feeding A[m, k]; 0 in the padding and past M or K."""
+    def a_elem(X, m, k, c0):
+        """Input element feeding A[m, k] of the group whose first input channel is ``c0``; 0 in the padding and past
+        M or K."""
         n, oh, ow = m // (OH * OW), (m // OW) % OH, m % OW
         if nhwc:
-            kh, kw, c = k // (KW * C), (k // C) % KW, k % C
+            kh, kw, c = k // (KW * Cw), (k // Cw) % KW, k % Cw
         else:
             c, kh, kw = k // (KH * KW), (k // KW) % KH, k % KW
+        c = c + c0
         h, w = oh * sh - ph + kh * dh, ow * sw - pw + kw * dw
         inside = T.And(T.And(T.And(m < M, k < K), T.And(h >= 0, h < H)), T.And(w >= 0, w < W))
         val = X[n, h, w, c] if nhwc else X[n, c, h, w]
         return T.if_then_else(inside, val, T.Cast(in_dtype, 0))
 
-    def w_elem(Wt, o, k):
-        """Weight element B[o, k] of an OIHW weight under NHWC input (k = (kh, kw, c)); 0 past O or K."""
-        kh, kw, c = k // (KW * C), (k // C) % KW, k % C
-        inside = T.And(o < O, k < K)
+    def w_elem(Wt, o, j, k):
+        """Weight element B[o, k] of an OIHW weight under NHWC input (k = (kh, kw, c)); 0 past the group's ``Og``
+        channels (``j``: o's place in its group) or K."""
+        kh, kw, c = k // (KW * Cw), (k // Cw) % KW, k % Cw
+        inside = T.And(j < Og, k < K)
         return T.if_then_else(inside, Wt[T.min(o, O - 1), c, kh, kw], T.Cast(in_dtype, 0))
 
     def out_index(m, o):
@@ -123,7 +127,7 @@ def conv2d(
         return [n, oh, ow, o] if nhwc else [n, o, oh, ow]
 
     def out_elem(C_f, extras, i, j, m, o):
-        coords = out_index(T.min(m, M - 1), T.min(o, O - 1))
+        coords = out_index(T.min(m, M - 1), T.min(o, O - 1))  # (o is inside: the stores are guarded)
         env = Env(acc=C_f[i, j], arg=arg_loader(extras, extra_shapes, coords))
         value = C_f[i, j] if epilogue is None else emit(epilogue, env)
         return T.Cast(out_dtype, value)
@@ -134,8 +138,11 @@ def conv2d(
         Wt = param("w", w_shape, in_dtype)
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
         Out = param("out", out_shape, out_dtype)
-        with d.kernel(T.ceildiv(O, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+        with d.kernel(col_tiles * groups, T.ceildiv(M, block_M), threads=threads) as (bx, by):
             w2 = [view(Wt, (O, K))]  # the weight as an (O, K) matrix, in a list (see common.view)
+            # this program's group, its first output and input channels, and the column tile's first channel in it
+            grp, jt = bx // col_tiles, bx % col_tiles
+            o0, c0, j0 = grp * Og + jt * block_N, grp * Cw, jt * block_N
             A_s = d.shared((block_M, block_K), in_dtype)
             B_s = d.shared((block_N, block_K), in_dtype)
             C_f = d.fragment((block_M, block_N), accum_dtype)
@@ -143,12 +150,12 @@ def conv2d(
             T.clear(C_f)
             for ko in d.pipelined(T.ceildiv(K, block_K), num_stages):
                 for i, k in d.tile_loop(block_M, block_K):
-                    A_s[i, k] = a_elem(X, by * block_M + i, ko * block_K + k)
-                if plain_w:
-                    T.copy(w2[0][bx * block_N, ko * block_K], B_s)
+                    A_s[i, k] = a_elem(X, by * block_M + i, ko * block_K + k, c0)
+                if plain_w:  # (rows past the group's are the next group's, or zeros: their columns are not stored)
+                    T.copy(w2[0][o0, ko * block_K], B_s)
                 else:
                     for j, k in d.tile_loop(block_N, block_K):
-                        B_s[j, k] = w_elem(Wt, bx * block_N + j, ko * block_K + k)
+                        B_s[j, k] = w_elem(Wt, o0 + j, j0 + j, ko * block_K + k)
                 if simt:
                     for i, j in T.Parallel(block_M, block_N):
                         for k in T.serial(block_K):
@@ -167,20 +174,20 @@ def conv2d(
                 T.copy(C_f, C_s)
                 T.sync_threads()  # TileLang does not sync after a simdgroup_store
                 for i, j in T.Parallel(block_M, block_N):
-                    if T.And(by * block_M + i < M, bx * block_N + j < O):
-                        T.buffer_store(Out, out_elem(C_s, extras, i, j, by * block_M + i, bx * block_N + j),
-                                       out_index(by * block_M + i, bx * block_N + j))
+                    if T.And(by * block_M + i < M, j0 + j < Og):
+                        T.buffer_store(Out, out_elem(C_s, extras, i, j, by * block_M + i, o0 + j),
+                                       out_index(by * block_M + i, o0 + j))
             else:
                 for i, j in d.tile_loop(block_M, block_N):
-                    if T.And(by * block_M + i < M, bx * block_N + j < O):
-                        T.buffer_store(Out, out_elem(C_f, extras, i, j, by * block_M + i, bx * block_N + j),
-                                       out_index(by * block_M + i, bx * block_N + j))
+                    if T.And(by * block_M + i < M, j0 + j < Og):
+                        T.buffer_store(Out, out_elem(C_f, extras, i, j, by * block_M + i, o0 + j),
+                                       out_index(by * block_M + i, o0 + j))
 
     return conv2d_kernel
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, extras: Sequence[torch.Tensor] = (), *, stride=(1, 1),
-              padding=(0, 0), dilation=(1, 1), layout: str = "NCHW", weight_layout: str | None = None,
+              padding=(0, 0), dilation=(1, 1), groups: int = 1, layout: str = "NCHW", weight_layout: str | None = None,
               epilogue: Expr | None = None, out_dtype: str | None = None) -> torch.Tensor:
     """Torch reference of ``conv2d`` (float64 convolution, fp32 epilogue)."""
     out_dtype = getattr(torch, out_dtype) if out_dtype else x.dtype
@@ -188,7 +195,8 @@ def reference(x: torch.Tensor, w: torch.Tensor, extras: Sequence[torch.Tensor] =
         x = x.permute(0, 3, 1, 2)
     if (weight_layout or ("OHWI" if layout == "NHWC" else "OIHW")) == "OHWI":
         w = w.permute(0, 3, 1, 2)
-    acc = torch.nn.functional.conv2d(x.double(), w.double(), None, tuple(stride), tuple(padding), tuple(dilation))
+    acc = torch.nn.functional.conv2d(x.double(), w.double(), None, tuple(stride), tuple(padding), tuple(dilation),
+                                     groups)
     acc = acc.float()
     if layout == "NHWC":
         acc = acc.permute(0, 2, 3, 1)
