@@ -385,9 +385,47 @@ def resize(ctx: Ctx, n: OnnxNode) -> list[str]:
                                              **geometry)
         if attrs["coordinate_mode"] != "tf_crop_and_resize":
             roi = None
+        factors = _nearest_repeats(shape, sizes, scales, attrs)
+        if factors is not None:
+            return [_repeat_each(ctx, x, shape, factors)]
         return ctx.add("resize", [x], sizes=sizes, scales=scales, roi=roi, **attrs)
     names = [inputs.get(k, "") for k in ("roi", "scales", "sizes")]
     return ctx.add("resize_dynamic", [x, *names], **geometry, **attrs)
+
+
+# Nearest modes whose source index along an axis scaled by a whole number s is floor(o / s) (each input element
+# repeated s times): asymmetric takes floor(o / s) itself; the half-pixel modes take o / s + (r + 0.5) / s - 0.5 for
+# r = o mod s, always less than half away from floor(o / s), so either rounding of a tie gives it.
+_REPEATING = {("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"), ("half_pixel", "round_prefer_ceil"),
+              ("pytorch_half_pixel", "round_prefer_floor"), ("pytorch_half_pixel", "round_prefer_ceil"),
+              ("half_pixel_symmetric", "round_prefer_floor"), ("half_pixel_symmetric", "round_prefer_ceil")}
+
+
+def _nearest_repeats(shape, sizes, scales, attrs: dict) -> tuple[int, ...] | None:
+    """Per axis, how many times a nearest Resize repeats each element (a YOLO's or a VAE decoder's 2x upsample), or
+    None where it is not a repetition (other modes, fractional scales)."""
+    if attrs["mode"] != "nearest" or attrs.get("antialias"):
+        return None
+    factors = []
+    for n, out, scale in zip(shape, sizes, scales):
+        k = out // n if n and out % n == 0 else 0
+        if k < 1 or abs(scale - k) > 1e-6 * k:  # (sizes give scales as their ratio: whole numbers exactly)
+            return None
+        factors.append(k)
+    if all(k == 1 for k in factors):
+        return tuple(factors)  # the identity in every mode
+    return tuple(factors) if (attrs["coordinate_mode"], attrs["nearest_mode"]) in _REPEATING else None
+
+
+def _repeat_each(ctx: Ctx, x: str, shape, factors) -> str:
+    """``x`` with each element repeated ``factors[a]`` times along axis ``a``: a size-1 axis after each repeated one,
+    expanded, then merged (views and a broadcast, which fuse with what reads them)."""
+    if all(k == 1 for k in factors):
+        return ctx.add1("identity", [x])
+    split = [d for n, k in zip(shape, factors) for d in ((n, 1) if k > 1 else (n,))]
+    wide = [d for n, k in zip(shape, factors) for d in ((n, k) if k > 1 else (n,))]
+    y = ctx.add1("expand", [ctx.add1("reshape", [x], shape=tuple(split))], shape=tuple(wide))
+    return ctx.add1("reshape", [y], shape=tuple(n * k for n, k in zip(shape, factors)))
 
 
 CONVERTERS.update({"Resize": resize, "Upsample": resize})

@@ -393,3 +393,40 @@ def test_an_axis_out_of_range_is_refused_by_name(tmp_path, op, shape, axis, why)
     path.write_bytes(m.SerializeToString())
     with pytest.raises(OnnxImportError, match=f"axis.onnx: node 'n' \\(op '{op}'.*{why}"):
         import_onnx(path)
+
+
+@pytest.mark.parametrize("coords,nearest,scales", [
+    ("asymmetric", "floor", [1, 1, 2, 2]),  # ONNX's Upsample and older Resize
+    ("half_pixel", "round_prefer_floor", [1, 1, 2, 3]),  # the default modes
+    ("pytorch_half_pixel", "round_prefer_ceil", [1, 1, 1, 4]),
+    ("asymmetric", "floor", [1, 1, 1, 1]),
+])
+def test_a_nearest_resize_by_whole_factors_is_a_repetition_that_fuses(rng, coords, nearest, scales):
+    """A YOLO's or a VAE decoder's 2x nearest upsample: each element repeated, as reshape/expand/reshape that the
+    elementwise kernels take (the ``resize`` op is opaque: it runs through torch). Against onnxruntime, with the
+    ReLU before it fused into the same kernel."""
+    nodes = [helper.make_node("Relu", ["x"], ["h"]),
+             helper.make_node("Resize", ["h", "", "scales"], ["y"], mode="nearest",
+                              coordinate_transformation_mode=coords, nearest_mode=nearest)]
+    m = model(nodes, [vi("x", T.FLOAT, [2, 3, 5, 4])], [vi("y", T.FLOAT, 4)],
+              [init("scales", np.array(scales, np.float32))])
+    against_ort(m, {"x": randn(rng, 2, 3, 5, 4)}, rtol=0, atol=0)
+    p = tilefuse.compile_onnx(m, target="c", measure=False).plan
+    assert "resize" not in {op for r in p.regions for op in r.ops} and all(r.backend == "tilelang" for r in p.regions
+                                                                             if r.kind != "view"), p.to_text()
+
+
+@pytest.mark.parametrize("coords,nearest,scales", [
+    ("half_pixel", "floor", [1, 1, 2, 2]),  # floor of o/2 - 0.25 is not o // 2
+    ("asymmetric", "round_prefer_ceil", [1, 1, 2, 2]),
+    ("align_corners", "round_prefer_floor", [1, 1, 2, 2]),
+    ("asymmetric", "floor", [1, 1, 1.5, 2]),
+])
+def test_other_nearest_resizes_stay_resizes_and_match_onnxruntime(rng, coords, nearest, scales):
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest",
+                              coordinate_transformation_mode=coords, nearest_mode=nearest)]
+    m = model(nodes, [vi("x", T.FLOAT, [1, 2, 4, 6])], [vi("y", T.FLOAT, 4)],
+              [init("scales", np.array(scales, np.float32))])
+    against_ort(m, {"x": randn(rng, 1, 2, 4, 6)}, rtol=0, atol=0)
+    p = tilefuse.compile_onnx(m, target="c", measure=False).plan
+    assert "resize" in {op for r in p.regions for op in r.ops}, p.to_text()
