@@ -133,12 +133,13 @@ def test_a_depthwise_convolution_compiles_for_sm90(rng):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_a_resnext_grouped_convolution_compiles_for_sm90():
     target = {"kind": "cuda", "arch": "sm_90a"}
-    m = nn.Sequential(nn.Conv2d(256, 256, 3, padding=1, groups=32), nn.ReLU()).eval().half()
-    (spec,) = _spec(m, torch.randn(2, 256, 14, 14, dtype=torch.float16), target)
-    assert spec.template == "conv2d" and dict(spec.params)["groups"] == 32
-    config = conv.get_configs(target)[0]
-    f = conv.conv2d(**spec.factory_kwargs(), **{**config, "block_N": 64}, target=target)
-    assert compile_kernel(f, target, out_idx=[-1]) is not None
+    for c, groups in ((256, 32), (1024, 32)):  # ResNeXt-50 32x4d's layer2 (8 channels a group) and layer4 (32)
+        m = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, groups=groups), nn.ReLU()).eval().half()
+        (spec,) = _spec(m, torch.randn(2, c, 14, 14, dtype=torch.float16), target)
+        assert spec.template == "conv2d" and dict(spec.params)["groups"] == groups
+        for config in conv.get_configs(target)[:2]:  # (tiles narrowed to the group's channels)
+            f = conv.conv2d(**spec.factory_kwargs(), **config, target=target)
+            assert compile_kernel(f, target, out_idx=[-1]) is not None
 
 
 @pytest.mark.gpu
@@ -150,5 +151,20 @@ def test_grouped_convolutions_match_torch_on_the_gpu(model, rng):
     x = torch.randn(4, 8, 28, 28, generator=rng).cuda().half()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), m(x), rtol=1e-2, atol=1e-2)
+    assert all(r.backend == "tilelang" for r in runners[0].plan.regions if "conv" in r.ops)
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_grouped_convolutions_with_many_taps_match_torch_on_the_gpu(rng):
+    torch._dynamo.reset()
+    m = Wide().eval().cuda().half()
+    runners = []
+    compiled = tilefuse.compile(m, observer=runners.append, measure=False)
+    x = torch.randn(4, 16, 28, 28, generator=rng).cuda().half()
+    seq = torch.randn(2, 32, 200, generator=rng).cuda().half()
+    with torch.no_grad():
+        for got, want in zip(compiled(x, seq), m(x, seq)):
+            torch.testing.assert_close(got, want, rtol=1e-2, atol=2e-2)
     assert all(r.backend == "tilelang" for r in runners[0].plan.regions if "conv" in r.ops)
     torch._dynamo.reset()

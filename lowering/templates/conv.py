@@ -93,6 +93,7 @@ def conv2d(
     M, K = Nb * OH * OW, Cw * KH * KW
     if dialect(target).cpu:  # no tile wider than the channels or taller than the pixels (padding is computed)
         block_M = min(block_M, max(8, 1 << (M - 1).bit_length()))
+    if dialect(target).cpu or groups > 1:  # nor wider than a group's channels (ResNeXt's: 8 to 64)
         block_N = min(block_N, max(16, 1 << (Og - 1).bit_length()))
     col_tiles = -(-Og // block_N)  # a group's column tiles
     out_shape = (Nb, OH, OW, O) if nhwc else (Nb, O, OH, OW)
