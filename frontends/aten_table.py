@@ -307,6 +307,12 @@ def _select_scatter(cx: Ctx, a: dict) -> str:
     return _scatter_slice(cx, x, cx.op("unsqueeze", a["src"], dims=(dim,)), dim, i, i + 1)
 
 
+def _mode_pad(mode: str):
+    def pad(cx: Ctx, a: dict) -> str:
+        return cx.op("pad", a["self"], pads=tuple(a["padding"]), mode=mode)
+    return pad
+
+
 VIEWS: dict[Any, Converter] = {
     aten.view.default: _reshape,
     aten._unsafe_view.default: _reshape,
@@ -329,6 +335,9 @@ VIEWS: dict[Any, Converter] = {
     aten.tril.default: lambda cx, a: cx.op("tril", a["self"], diagonal=a["diagonal"]),
     aten.triu.default: lambda cx, a: cx.op("triu", a["self"], diagonal=a["diagonal"]),
     aten.constant_pad_nd.default: lambda cx, a: cx.op("pad", a["self"], pads=tuple(a["pad"]), value=a["value"]),
+    # F.pad's other modes (Conv1d(padding_mode="reflect"), HiFi-GAN's and EnCodec's reflection pads): the same op
+    **{getattr(aten, f"{kind}_pad{n}d").default: _mode_pad(mode) for kind, mode in
+       (("reflection", "reflect"), ("replication", "replicate")) for n in (1, 2, 3)},
     aten.gather.default: lambda cx, a: cx.op("gather", a["self"], a["index"], dim=a["dim"]),
     aten.index_select.default: lambda cx, a: cx.op("index_select", a["self"], a["index"], dim=a["dim"]),
     aten.embedding.default: lambda cx, a: cx.op("embedding", a["weight"], a["indices"]),
