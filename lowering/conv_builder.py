@@ -97,16 +97,17 @@ def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     xt, wt = b.types[x], b.types[w]
     a = anchor.attr
     last = bool(a.get("channels_last", False))
-    g = conv_geometry(tuple(xt.shape), tuple(wt.shape), tuple(anchor.outputs[0].type.shape), a)
+    g = conv_geometry(tuple(xt.shape), tuple(wt.shape), tuple(anchor.outputs[0].type.shape), a,
+                      anchor.op == "conv_transpose")
     x, w, g = _through_views(b, anchor, g)
     require(xt.dtype in TEMPLATE_DTYPES, f"input dtype {xt.dtype}")
     exprs, mapping = epilogue_exprs(b, anchor, anchor.inputs[2] if len(anchor.inputs) > 2 else None,
                                     b.members[b.members.index(anchor) + 1:], "convolution")
     extra = list(b.args)
     extra_shapes = [_epilogue_shape(b, anchor, e, g, last) for e in extra]
-    if g.groups != 1 and _taps(g) <= MAX_TAPS:
+    if g.groups != 1 and not g.transposed and _taps(g) <= MAX_TAPS:
         return _grouped_conv(b, x, w, g, exprs[0], mapping, extra, extra_shapes, last, target)
-    if g.groups == 1 and _pointwise_conv(g):
+    if g.groups == 1 and not g.transposed and _pointwise_conv(g):
         if last:
             return _conv_1x1_nhwc(b, x, w, g, exprs, mapping, extra, extra_shapes)
         return _conv_1x1_as_gemm(b, x, w, g, exprs, mapping, extra, extra_shapes)
@@ -116,6 +117,8 @@ def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
               "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
     if g.groups != 1:  # more taps than the elementwise kernel unrolls: a GEMM a group (the template's)
         params["groups"] = g.groups
+    if g.transposed:
+        params.update(transposed=True, output_padding=g.output_padding)
     if last:  # NHWC activations, the model's (O, C, KH, KW) weight
         params.update(layout="NHWC", weight_layout="OIHW")
     inputs = ((x, g.x_view), (w, g.w_view), *zip(extra, extra_shapes))
@@ -137,25 +140,30 @@ class ConvGeometry:
     dilation: tuple[int, int]
     groups: int
     one_d: bool = False
+    transposed: bool = False  # a transposed convolution: the weight is (C, O / groups, KH, KW)
+    output_padding: tuple[int, int] = (0, 0)
     x_view: tuple[int, ...] | None = None
     w_view: tuple[int, ...] | None = None
 
 
-def conv_geometry(x_shape: tuple, w_shape: tuple, out_shape: tuple, attr: dict) -> ConvGeometry:
-    """``ConvGeometry`` of a ``conv`` node's shapes and attributes; NotLowerable for 3-D convolutions and 1-D
-    ones channels last (``planner.layout`` makes none)."""
+def conv_geometry(x_shape: tuple, w_shape: tuple, out_shape: tuple, attr: dict,
+                  transposed: bool = False) -> ConvGeometry:
+    """``ConvGeometry`` of a ``conv`` (or ``conv_transpose``) node's shapes and attributes; NotLowerable for 3-D
+    convolutions and 1-D ones channels last (``planner.layout`` makes none)."""
     groups = int(attr.get("groups", 1))
     if len(w_shape) == 4:
         require(len(x_shape) == 4, f"an unbatched convolution of {x_shape}")
         return ConvGeometry(x_shape, w_shape, out_shape, tuple(attr.get("stride", (1, 1))),
-                            tuple(attr.get("padding", (0, 0))), tuple(attr.get("dilation", (1, 1))), groups)
+                            tuple(attr.get("padding", (0, 0))), tuple(attr.get("dilation", (1, 1))), groups,
+                            transposed=transposed, output_padding=tuple(attr.get("output_padding", (0, 0))))
     require(len(w_shape) == 3, "only 1-D and 2-D convolutions")
     require(len(x_shape) == 3, f"an unbatched convolution of {x_shape}")
     require(not attr.get("channels_last", False), "a 1-D convolution channels last")
-    (s,), (p,), (d,) = (tuple(attr.get(k, (v,))) for k, v in (("stride", 1), ("padding", 0), ("dilation", 1)))
+    (s,), (p,), (d,), (op,) = (tuple(attr.get(k, (v,))) for k, v in (("stride", 1), ("padding", 0), ("dilation", 1),
+                                                                      ("output_padding", 0)))
     x4, w4 = (x_shape[0], x_shape[1], 1, x_shape[2]), (w_shape[0], w_shape[1], 1, w_shape[2])
     return ConvGeometry(x4, w4, (out_shape[0], out_shape[1], 1, out_shape[2]), (1, s), (0, p), (1, d), groups,
-                        True, x4, w4)
+                        True, transposed, (0, op), x4, w4)
 
 
 def _through_views(b: Builder, anchor: Node, g: ConvGeometry) -> tuple[str, str, ConvGeometry]:

@@ -59,6 +59,7 @@ BUILDERS: dict[tuple[str, str | None], Builds] = {
     ("gemm", "linear"): build_gemm,
     ("gemm", "matmul"): build_gemm,
     ("gemm", "conv"): build_conv,
+    ("gemm", "conv_transpose"): build_conv,  # (the convolution template, transposed)
     ("gemv_group", None): build_gemv_group,  # a decode step's linears of one input (planner.grouping)
     ("gemm_sp", None): build_gemm_sp,  # a 2:4 sparse weight (lowering/sparse_builder.py)
     **{("reduction", op): _pool for op in sorted(POOL_OPS)},

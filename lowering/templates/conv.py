@@ -28,7 +28,11 @@ from tilefuse.lowering.templates.common import (
 )
 
 
-def output_hw(H: int, W: int, KH: int, KW: int, stride, padding, dilation) -> tuple[int, int]:
+def output_hw(H: int, W: int, KH: int, KW: int, stride, padding, dilation, transposed: bool = False,
+              output_padding=(0, 0)) -> tuple[int, int]:
+    if transposed:
+        return tuple((n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, k, s, p, d, op in
+                     zip((H, W), (KH, KW), stride, padding, dilation, output_padding))
     OH = (H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) // stride[0] + 1
     OW = (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) // stride[1] + 1
     return OH, OW
@@ -42,6 +46,8 @@ def conv2d(
     padding: Sequence[int] = (0, 0),
     dilation: Sequence[int] = (1, 1),
     groups: int = 1,
+    transposed: bool = False,
+    output_padding: Sequence[int] = (0, 0),
     layout: str = "NCHW",
     weight_layout: str | None = None,
     in_dtype: str = "float16",
@@ -65,7 +71,10 @@ def conv2d(
     weight's (default: the layout's). Symmetric ``padding`` per spatial dim. fp32 on GPUs
     uses an exact FMA loop unless ``allow_tf32`` (as ``gemm``). ``groups``: the weight holds ``C / groups`` input
     channels; each group is its own implicit GEMM of ``O / groups`` output channels, a program's column tile within one
-    group (ResNeXt's and RegNet's grouped 3x3s, wav2vec2's positional convolution).
+    group (ResNeXt's and RegNet's grouped 3x3s, wav2vec2's positional convolution). ``transposed``: the transposed
+    convolution (NCHW, w ``(C, O / groups, KH, KW)``): output ``(oh, ow)`` sums input ``((oh + ph - kh dh) / sh, ...)``
+    where that divides and lies inside, the same implicit GEMM gathering its other elements as zeros (a U-Net's
+    and a vocoder's upsampling).
     """
     if layout not in ("NCHW", "NHWC"):
         raise ValueError(f"conv2d: layout {layout!r} is not NCHW or NHWC")
@@ -76,20 +85,25 @@ def conv2d(
     ohwi = weight_layout == "OHWI"
     if ohwi and not nhwc:
         raise ValueError("conv2d: an OHWI weight takes NHWC input")
-    plain_w = ohwi == nhwc  # the weight's memory order is k's: read as an (O, K) matrix
+    plain_w = ohwi == nhwc and not transposed  # the weight's memory order is k's: read as an (O, K) matrix
     out_dtype = out_dtype or in_dtype
     extra_shapes = normalize_shapes(extra_shapes)
     for d_ in (in_dtype, out_dtype, *extra_dtypes):
         check_dtype(d_, target, "conv2d")
     Nb, H, W, C = x_shape if nhwc else (x_shape[0], x_shape[2], x_shape[3], x_shape[1])
-    O, KH, KW, Cw = w_shape if ohwi else (w_shape[0], w_shape[2], w_shape[3], w_shape[1])
+    if transposed:
+        if nhwc or groups < 1 or w_shape[0] != C or C % groups:
+            raise ValueError(f"conv2d(transposed): NCHW input of {C} channels in {groups} groups by a {w_shape} weight")
+        Cw, O, KH, KW = C // groups, w_shape[1] * groups, w_shape[2], w_shape[3]
+    else:
+        O, KH, KW, Cw = w_shape if ohwi else (w_shape[0], w_shape[2], w_shape[3], w_shape[1])
     if groups < 1 or Cw * groups != C or O % groups:
         raise ValueError(f"conv2d: weight has {Cw} input channels of {O} outputs in {groups} groups, input has {C}")
     Og = O // groups  # output channels a group
     sh, sw = stride
     ph, pw = padding
     dh, dw = dilation
-    OH, OW = output_hw(H, W, KH, KW, stride, padding, dilation)
+    OH, OW = output_hw(H, W, KH, KW, stride, padding, dilation, transposed, output_padding)
     M, K = Nb * OH * OW, Cw * KH * KW
     if dialect(target).cpu:  # no tile wider than the channels or taller than the pixels (padding is computed)
         block_M = min(block_M, max(8, 1 << (M - 1).bit_length()))
@@ -111,16 +125,26 @@ def conv2d(
         else:
             c, kh, kw = k // (KH * KW), (k // KW) % KH, k % KW
         c = c + c0
-        h, w = oh * sh - ph + kh * dh, ow * sw - pw + kw * dw
-        inside = T.And(T.And(T.And(m < M, k < K), T.And(h >= 0, h < H)), T.And(w >= 0, w < W))
+        if transposed:  # the input element whose stride-spread copy lands on this tap, where one does
+            hs, ws = oh + ph - kh * dh, ow + pw - kw * dw
+            h, w = hs // sh, ws // sw
+            spread = T.And(T.And(hs >= 0, hs % sh == 0), T.And(ws >= 0, ws % sw == 0))
+            inside = T.And(T.And(T.And(m < M, k < K), spread), T.And(h < H, w < W))
+        else:
+            h, w = oh * sh - ph + kh * dh, ow * sw - pw + kw * dw
+            inside = T.And(T.And(T.And(m < M, k < K), T.And(h >= 0, h < H)), T.And(w >= 0, w < W))
         val = X[n, h, w, c] if nhwc else X[n, c, h, w]
         return T.if_then_else(inside, val, T.Cast(in_dtype, 0))
 
-    def w_elem(Wt, o, j, k):
-        """Weight element B[o, k] of an OIHW weight under NHWC input (k = (kh, kw, c)); 0 past the group's ``Og``
-        channels (``j``: o's place in its group) or K."""
-        kh, kw, c = k // (KW * Cw), (k // Cw) % KW, k % Cw
+    def w_elem(Wt, o, j, k, c0):
+        """Weight element B[o, k] of an OIHW weight under NHWC input (k = (kh, kw, c)), or of a transposed
+        convolution's ``(C, O / groups, KH, KW)`` weight (k = (c, kh, kw); ``c0``: the group's first input channel); 0
+        past the group's ``Og`` channels (``j``: o's place in its group) or K."""
         inside = T.And(j < Og, k < K)
+        if transposed:
+            c, kh, kw = k // (KH * KW), (k // KW) % KH, k % KW
+            return T.if_then_else(inside, Wt[T.min(c0 + c, C - 1), T.min(j, Og - 1), kh, kw], T.Cast(in_dtype, 0))
+        kh, kw, c = k // (KW * Cw), (k // Cw) % KW, k % Cw
         return T.if_then_else(inside, Wt[T.min(o, O - 1), c, kh, kw], T.Cast(in_dtype, 0))
 
     def out_index(m, o):
@@ -156,7 +180,7 @@ def conv2d(
                     T.copy(w2[0][o0, ko * block_K], B_s)
                 else:
                     for j, k in d.tile_loop(block_N, block_K):
-                        B_s[j, k] = w_elem(Wt, o0 + j, j0 + j, ko * block_K + k)
+                        B_s[j, k] = w_elem(Wt, o0 + j, j0 + j, ko * block_K + k, c0)
                 if simt:
                     for i, j in T.Parallel(block_M, block_N):
                         for k in T.serial(block_K):
@@ -188,7 +212,8 @@ def conv2d(
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, extras: Sequence[torch.Tensor] = (), *, stride=(1, 1),
-              padding=(0, 0), dilation=(1, 1), groups: int = 1, layout: str = "NCHW", weight_layout: str | None = None,
+              padding=(0, 0), dilation=(1, 1), groups: int = 1, transposed: bool = False, output_padding=(0, 0),
+              layout: str = "NCHW", weight_layout: str | None = None,
               epilogue: Expr | None = None, out_dtype: str | None = None) -> torch.Tensor:
     """Torch reference of ``conv2d`` (float64 convolution, fp32 epilogue)."""
     out_dtype = getattr(torch, out_dtype) if out_dtype else x.dtype
@@ -196,8 +221,12 @@ def reference(x: torch.Tensor, w: torch.Tensor, extras: Sequence[torch.Tensor] =
         x = x.permute(0, 3, 1, 2)
     if (weight_layout or ("OHWI" if layout == "NHWC" else "OIHW")) == "OHWI":
         w = w.permute(0, 3, 1, 2)
-    acc = torch.nn.functional.conv2d(x.double(), w.double(), None, tuple(stride), tuple(padding), tuple(dilation),
-                                     groups)
+    if transposed:
+        acc = torch.nn.functional.conv_transpose2d(x.double(), w.double(), None, tuple(stride), tuple(padding),
+                                                   tuple(output_padding), groups, tuple(dilation))
+    else:
+        acc = torch.nn.functional.conv2d(x.double(), w.double(), None, tuple(stride), tuple(padding),
+                                         tuple(dilation), groups)
     acc = acc.float()
     if layout == "NHWC":
         acc = acc.permute(0, 2, 3, 1)

@@ -63,7 +63,7 @@ def conv(x, weight, bias=None, stride: tuple = (1, 1), padding: tuple = (0, 0), 
                            channels_last=channels_last)
 
 
-@register("conv_transpose", O)
+@register("conv_transpose", C)
 def conv_transpose(x, weight, bias=None, stride: tuple = (1, 1), padding: tuple = (0, 0),
                    output_padding: tuple = (0, 0), dilation: tuple = (1, 1), groups: int = 1):
     fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[weight.dim()]
