@@ -14,7 +14,7 @@
 #            GPT-2 and ViT with no options against Inductor default (with the options on: 1.09x, 1.33x, 1.20x), then
 #            HF BERT against eager (1.10x with them; #14 asks for 1.2x).
 #   part 27 (~3 min): session 34's kernels on the GPU (bench/results/2026-12-05-cpu-session34): grouped convolutions
-#            with many taps (a GEMM a group), 1-D convolutions and group norms against torch (fp16), then group norm +
+#            with many taps (a GEMM a group), 1-D and transposed convolutions and group norms against torch (fp16), then group norm +
 #            SiLU at Stable Diffusion's shapes against eager and Inductor (bench_group_norm.py).
 #   part 22b: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
 #            process; on the 2-core CPU three of its ws GEMMs compile cold in 4.7 s in parallel, 2.7 s each alone):
@@ -73,8 +73,8 @@ elif [ "$part" = 26 ]; then
 fi
 if [ "$part" = 27 ]; then
     timeout 200 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/test_grouped_conv.py tests/test_conv1d.py \
-        tests/test_group_norm.py > "$OUT/logs/gpu_tests_session34.log" 2>&1
-    echo "grouped and 1-D convolutions, group norms: $(tail -1 "$OUT/logs/gpu_tests_session34.log")"
+        tests/test_group_norm.py tests/test_conv_transpose.py > "$OUT/logs/gpu_tests_session34.log" 2>&1
+    echo "grouped, 1-D and transposed convolutions, group norms: $(tail -1 "$OUT/logs/gpu_tests_session34.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_session34.log" | head -8
     timeout 200 python3 bench/bench_group_norm.py --json "$OUT/logs/group_norm.json" > "$OUT/logs/group_norm.log" 2>&1
     grep -v -i warn "$OUT/logs/group_norm.log" | tail -10
