@@ -45,6 +45,20 @@ def rng():
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.fixture
+def with_norm_statistics(rng):
+    """``fn(module)``: the module in eval mode, every batch norm's running mean N(0, 1) and variance in [0.5, 1.5)
+    (the defaults, 0 and 1, would hide an affine map read at the wrong channel)."""
+    def fn(m: torch.nn.Module) -> torch.nn.Module:
+        with torch.no_grad():
+            for bn in m.modules():
+                if isinstance(bn, torch.nn.modules.batchnorm._BatchNorm):
+                    bn.running_mean.copy_(torch.randn(bn.running_mean.shape, generator=rng))
+                    bn.running_var.copy_(torch.rand(bn.running_var.shape, generator=rng) + 0.5)
+        return m.eval()
+    return fn
+
+
 # The first lines of a script run in a fresh interpreter that must count real kernel compilations (TileLang
 # cache misses): imports TileLang first, times that import (``tilelang_import_s``) and appends to ``compiles``
 # on every compile. The artifact and tuning tests start their child scripts with it.

@@ -47,12 +47,8 @@ class Audio(nn.Module):
 
 
 @pytest.fixture
-def model(rng):
-    m = Audio().eval()
-    with torch.no_grad():
-        m.bn.running_mean.copy_(torch.randn(16, generator=rng))
-        m.bn.running_var.copy_(torch.rand(16, generator=rng) + 0.5)
-    return m
+def model(with_norm_statistics):
+    return with_norm_statistics(Audio())
 
 
 def edgy(rng, *shape):

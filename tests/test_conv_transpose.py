@@ -43,12 +43,8 @@ class Up(nn.Module):
 
 
 @pytest.fixture
-def model(rng):
-    m = Up().eval()
-    with torch.no_grad():
-        m.bn.running_mean.copy_(torch.randn(4, generator=rng))
-        m.bn.running_var.copy_(torch.rand(4, generator=rng) + 0.5)
-    return m
+def model(with_norm_statistics):
+    return with_norm_statistics(Up())
 
 
 def test_transposed_convolutions_are_kernels_and_match_torch(model, rng):

@@ -43,12 +43,8 @@ class Grouped(nn.Module):
 
 
 @pytest.fixture
-def model(rng):
-    m = Grouped().eval()
-    with torch.no_grad():
-        m.bn.running_mean.copy_(torch.randn(16, generator=rng))
-        m.bn.running_var.copy_(torch.rand(16, generator=rng) + 0.5)
-    return m
+def model(with_norm_statistics):
+    return with_norm_statistics(Grouped())
 
 
 def edgy(rng, *shape):
@@ -90,12 +86,10 @@ class Wide(nn.Module):
 
 
 @pytest.mark.parametrize("channels_last", ["1", "0"])
-def test_grouped_convolutions_with_many_taps_are_a_gemm_a_group(rng, monkeypatch, channels_last):
+def test_grouped_convolutions_with_many_taps_are_a_gemm_a_group(rng, with_norm_statistics, monkeypatch,
+                                                                channels_last):
     monkeypatch.setenv("TILEFUSE_CHANNELS_LAST", channels_last)
-    m = Wide().eval()
-    with torch.no_grad():
-        m.bn.running_mean.copy_(torch.randn(16, generator=rng))
-        m.bn.running_var.copy_(torch.rand(16, generator=rng) + 0.5)
+    m = with_norm_statistics(Wide())
     assert 8 * 9 > MAX_TAPS and 16 * 16 > MAX_TAPS
     torch._dynamo.reset()
     runners = []
