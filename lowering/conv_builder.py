@@ -200,7 +200,7 @@ def _epilogue_shape(b: Builder, anchor: Node, e: str, g: ConvGeometry, last: boo
     if any(per_channel(n) for n in b.members):
         require(all(per_channel(n) for n in b.members if e in n.inputs),
                 f"{e} is a per-channel vector and read otherwise too")
-        require(t == (g.out_shape[-1 if last else 1],), f"a batch norm vector of shape {t}")
+        require(t == (g.out_shape[-1 if last else 1],), f"a per-channel vector of shape {t}")
         return t if last else (t[0], 1, 1)
     if g.one_d and len(t) >= 2:  # (..., O, L') -> (..., O, 1, L')
         return (*t[:-1], 1, t[-1])

@@ -47,10 +47,10 @@ def build_group_norm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     for o in pre_values:
         require(env[o] == producer, "the region writes an intermediate other than the norm's input")
     affine: Expr = Acc()
-    channel = [v for v in anchor.inputs[1:3] if v]
+    weight, bias = (anchor.inputs[k] if len(anchor.inputs) > k else "" for k in (1, 2))
+    channel = [v for v in (weight, bias) if v]
     for v in channel:
         require(tuple(b.types[v].shape) == (C,), f"a group norm's weight or bias of shape {b.types[v].shape}")
-    weight, bias = (anchor.inputs[k] if len(anchor.inputs) > k and anchor.inputs[k] else None for k in (1, 2))
     if weight:
         affine = Call("mul", (affine, b.leaf(weight)))
     if bias:

@@ -221,6 +221,11 @@ def broadcast_index(arg_shape: Sequence[int], coords: Sequence[Any]) -> tuple:
     return tuple(0 if int(d) == 1 else coords[lead + k] for k, d in enumerate(arg_shape))
 
 
+def int32_index(index: Sequence[Any]) -> tuple:
+    """An index an expression computed (``Load``), each coordinate as int32 (the buffers' index type)."""
+    return tuple(x if str(x.dtype) == "int32" else T.Cast("int32", x) for x in index)
+
+
 def arg_loader(bufs: Sequence[Any], shapes: Sequence[Sequence[int]], coords: Sequence[Any]) -> Callable[[int], Any]:
     """``Env.arg`` for extra inputs ``bufs`` read at output ``coords``."""
     def load(i: int):

@@ -32,6 +32,7 @@ from tilefuse.lowering.templates.common import (
     broadcast_shapes,
     check_dtype,
     dialect,
+    int32_index,
     normalize_shapes,
     numel,
     param,
@@ -52,8 +53,7 @@ def element_env(expr: Expr, ins, flats, in_shapes, in_dtypes, shape, idx, read) 
         return read(ins[i][broadcast_index(in_shapes[i], c)], in_dtypes[i])
 
     def load(i, index):
-        index = tuple(x if str(x.dtype) == "int32" else T.Cast("int32", x) for x in index)
-        return read(ins[i][index], in_dtypes[i])
+        return read(ins[i][int32_index(index)], in_dtypes[i])
 
     uses_acc = bool(in_shapes) and any(isinstance(n, Acc) for n in walk(expr))
     return Env(acc=arg(0) if uses_acc else None, arg=arg, coord=lambda dim: c[dim], load=load)

@@ -45,6 +45,7 @@ from tilefuse.lowering.templates.common import (
     arg_loader,
     check_dtype,
     dialect,
+    int32_index,
     normalize_shapes,
     numel,
     param,
@@ -155,8 +156,7 @@ def row_reduction(
         an index the expression computes: a group norm's per-channel weight, ``lowering/norm_builder.py``)."""
         at = [*unravel(row, lead), col]
         return {"coord": lambda dim: at[dim],
-                "load": lambda i, index: extras[i][tuple(x if str(x.dtype) == "int32" else T.Cast("int32", x)
-                                                         for x in index)]}
+                "load": lambda i, index: extras[i][int32_index(index)]}
 
     def normalized(x, st, W, Bias, r, col):
         """One normalized element from the row statistics ``st`` (fp32)."""
