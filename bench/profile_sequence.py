@@ -27,15 +27,20 @@ from profile_kernels import category
 import tilefuse
 
 
-def kernel_sequence(fn, inputs, calls: int) -> list[list[tuple[str, float, float]]]:
-    """Per call, the GPU kernels and copies in launch order as (name, microseconds, idle microseconds before it)."""
+def kernel_sequence(fn, inputs, calls: int, cpu_top: int = 0) -> list[list[tuple[str, float, float]]]:
+    """Per call, the GPU kernels and copies in launch order as (name, microseconds, idle microseconds before it).
+
+    With ``cpu_top``, also print where the host's time goes: each call's wall time on the host, the time from its
+    start to its first kernel, and the ``cpu_top`` host ops with the most self time.
+    """
     for _ in range(3):
         fn(*inputs)
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(calls):
-            fn(*inputs)
+            with torch.profiler.record_function("profiled_call"):
+                fn(*inputs)
             torch.cuda.synchronize()
             torch.cuda._sleep(100_000)  # a spin kernel marks the boundary between calls
         torch.cuda.synchronize()
@@ -45,6 +50,8 @@ def kernel_sequence(fn, inputs, calls: int) -> list[list[tuple[str, float, float
         if e.device_type == torch.autograd.DeviceType.CUDA and us > 0:
             events.append((e.time_range.start, e.name, us))
     events.sort()
+    if cpu_top:
+        host_report(prof, events, cpu_top, calls)
     per_call: list[list[tuple[str, float, float]]] = [[]]
     end = None
     for start, name, us in events:
@@ -54,6 +61,19 @@ def kernel_sequence(fn, inputs, calls: int) -> list[list[tuple[str, float, float
             per_call[-1].append((name, us, 0.0 if not per_call[-1] or end is None else max(start - end, 0.0)))
         end = start + us
     return [c for c in per_call if c]
+
+
+def host_report(prof, kernels: list[tuple[float, str, float]], top: int, calls: int) -> None:
+    """Each call's host wall time and its start-to-first-kernel latency, then the host ops with the most self time."""
+    for e in prof.events():
+        if e.name == "profiled_call" and e.device_type == torch.autograd.DeviceType.CPU:
+            start, end = e.time_range.start, e.time_range.end
+            first = next((k[0] for k in kernels if k[0] >= start and "sleep" not in k[1].lower()), None)
+            lat = f"{first - start:.1f}" if first is not None else "-"
+            print(f"  host: call {(end - start) / 1e3:.3f} ms on the host, {lat} us from its start to its first kernel")
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+    print(f"  host ops by self time over {calls} calls:")
+    print("\n".join("  " + line[:160] for line in table.splitlines()))
 
 
 def groups(seq: list[tuple[str, float]]) -> list[dict]:
@@ -74,6 +94,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--json")
+    ap.add_argument("--cpu-top", type=int, default=0, help="also list this many host ops by self time")
     ap.add_argument("--only", choices=["tilefuse", "inductor"], help="profile one compiler")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -85,7 +106,7 @@ def main() -> int:
         for who in [args.only] if args.only else ["tilefuse", "inductor"]:
             torch._dynamo.reset()
             fn = tilefuse.compile(model) if who == "tilefuse" else torch.compile(model)
-            calls = kernel_sequence(fn, inputs, args.calls)
+            calls = kernel_sequence(fn, inputs, args.calls, args.cpu_top)
             seq = calls[-1]
             out[who] = {"sequence": seq, "groups": groups(seq), "calls_seen": len(calls)}
             total, idle = sum(s[1] for s in seq) / 1e3, sum(s[2] for s in seq) / 1e3
