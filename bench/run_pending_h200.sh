@@ -16,6 +16,9 @@
 #   part 27 (~3 min): session 34's kernels on the GPU (bench/results/2026-12-05-cpu-session34): grouped convolutions
 #            with many taps (a GEMM a group), 1-D and transposed convolutions and group norms against torch (fp16), then group norm +
 #            SiLU at Stable Diffusion's shapes against eager and Inductor (bench_group_norm.py).
+#   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
+#            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
+#            bench_group_norm.py again (part 27's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
 #   part 28 (~2 min): where HF BERT's 0.65 ms a call above its kernels goes (#14; session 33): profile_sequence.py
 #            with the host's view (each call's host time, its start to its first kernel, host ops by self time).
 #   part 22b: where the MLP's cold compile goes on the device (session 30: "lower" 5.86 s for three kernels in a fresh
@@ -25,7 +28,7 @@
 #   part 12: LLaMA's compile time against Inductor's in fresh processes (#13's compile bar; ResNet-50's and the MLP's
 #            were measured in session 30).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 21|26|27|28|22b|12; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 21|26|27|28|29|22b|12; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -80,6 +83,15 @@ if [ "$part" = 27 ]; then
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_session34.log" | head -8
     timeout 200 python3 bench/bench_group_norm.py --json "$OUT/logs/group_norm.json" > "$OUT/logs/group_norm.log" 2>&1
     grep -v -i warn "$OUT/logs/group_norm.log" | tail -10
+fi
+if [ "$part" = 29 ]; then
+    timeout 200 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/test_group_norm.py tests/test_norm_split.py \
+        > "$OUT/logs/gpu_tests_norm_split.log" 2>&1
+    echo "group norms, split group norms: $(tail -1 "$OUT/logs/gpu_tests_norm_split.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_norm_split.log" | head -8
+    timeout 200 python3 bench/bench_group_norm.py --json "$OUT/logs/group_norm_split.json" \
+        > "$OUT/logs/group_norm_split.log" 2>&1
+    grep -v -i warn "$OUT/logs/group_norm_split.log" | tail -10
 fi
 if [ "$part" = 28 ]; then
     timeout 200 python3 bench/profile_sequence.py --model hf-bert --calls 4 --cpu-top 25 --top 12 \

@@ -37,8 +37,14 @@ def build_group_norm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     domain = (N, groups, cg * inner)
     pos = b.members.index(anchor)
     before, after = b.members[:pos], b.members[pos + 1:]
+    inside = {o.name for n in b.members for o in n.outputs}
     for n in (*before, *after):  # every operand broadcasts against X's shape (see _load)
-        require(n.op in PASS_VIEWS or tuple(n.outputs[0].type.shape) == xs,
+        shape = tuple(n.outputs[0].type.shape)
+        # after a view of the result, elementwise ops of another shape of the same size (a cast to another
+        # norm's dtype) are the same per element, where they read no operand that would broadcast against it
+        require(n.op in PASS_VIEWS or shape == xs or (
+            n in after and numel(shape) == numel(xs)
+            and all(i in inside or numel(b.types[i].shape) == 1 for i in n.inputs if i)),
                 f"{n.op} ({n.name}) computes another shape than the norm's {xs}")
     loaded, env = loaded_operand(b, x, before, lambda t: numel(t.shape) == numel(xs),
                                  "the norm's input is not built from a full-size operand")

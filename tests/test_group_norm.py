@@ -88,6 +88,41 @@ def test_group_norms_of_other_ranks(rng, spatial):
     torch._dynamo.reset()
 
 
+class HalfThenFloat(nn.Module):
+    """A half-precision group norm whose result is read twice after a view (the block's output, and its cast to
+    float for the next norm's statistics), and one whose flattened float cast is the only value written."""
+
+    def __init__(self):
+        super().__init__()
+        self.gn, self.out = nn.GroupNorm(4, 16), nn.GroupNorm(8, 16)
+
+    def forward(self, x):
+        y = self.gn(x)
+        z = y.reshape(1, -1, *x.shape[2:]).float()  # an instance norm's statistics, as dynamo traces them
+        s = (z - z.mean((0, 2, 3), keepdim=True)).reshape(x.shape)
+        return y + s.half(), self.out(x).reshape(1, -1, *x.shape[2:]).float()
+
+
+def test_half_precision_group_norms_write_one_value_after_the_norm(rng):
+    """On the H200 (2026-12-05) the fp16 block's second group norm fused its add, a view and the cast after it,
+    then ran through torch: the row reduction writes one value after the norm, and the region had two. The planner
+    now leaves the second to its reader; a cast of another shape of the same size fuses where it is the only one."""
+    m = _randomized(HalfThenFloat(), rng).half()
+    torch._dynamo.reset()
+    runners = []
+    compiled = tilefuse.compile(m, target="c", observer=runners.append, measure=False)
+    x = _inputs(rng, 2, 16, 6, 5).half()
+    x[1, 3, 2, 2] = float("nan")
+    with torch.no_grad():
+        for got, want in zip(compiled(x), m(x)):
+            torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-2, atol=2e-2)
+    p = runners[0].plan
+    assert all(r.backend == "tilelang" for r in p.regions), p.to_text()
+    assert any("group_norm" in r.ops and "cast" in r.ops for r in p.regions), p.to_text()
+    assert "values computed after its group_norm" in p.to_text(), p.to_text()
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("dynamo", [False, True])
 def test_group_and_instance_norms_through_onnx(tmp_path, rng, dynamo):
     """torch's exporters write a group norm as InstanceNormalization (scale ones, bias zeros, one per group) between

@@ -11,6 +11,7 @@ from tilefuse.planner.cost import CostModel
 from tilefuse.planner.grouping import group_gemvs
 from tilefuse.planner.layout import aligned_gemm_outputs, channels_last
 from tilefuse.planner.norm_fold import fold_norms
+from tilefuse.planner.norm_split import split_long_norms
 from tilefuse.planner.partition import partition, region_name
 from tilefuse.planner.pattern import RewriteLog
 from tilefuse.planner.plan import FusionPlan, Region, compute_nodes
@@ -37,7 +38,7 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
         canon = channels_last(canon)
     canon, sparse = sparsify(canon, target, sparsity)
     if fuse:
-        canon = aligned_gemm_outputs(canon, target)
+        canon = split_long_norms(aligned_gemm_outputs(canon, target), target, log)
     regions, refusals = partition(canon, cost) if fuse else _one_per_node(canon)
     if fuse and group:
         regions = group_gemvs(canon, regions, target, why_not)

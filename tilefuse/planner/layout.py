@@ -72,7 +72,7 @@ def channels_last(graph: Graph) -> Graph:
     return _Rewriter(graph, types, nhwc, rewrite).run()
 
 
-class _GraphEdit:
+class GraphEdit:
     """A graph's nodes rewritten into ``nodes``: fresh names, and new nodes typed as they are made."""
 
     def __init__(self, graph: Graph, types: dict[str, TensorType]):
@@ -80,29 +80,29 @@ class _GraphEdit:
         self.used = set(types) | {n.name for n in graph.nodes}
         self.nodes: list[Node] = []
 
-    def _fresh(self, base: str) -> str:
+    def fresh(self, base: str) -> str:
         name, i = base, 0
         while name in self.used:
             name, i = f"{base}_{i}", i + 1
         self.used.add(name)
         return name
 
-    def _emit(self, op: str, inputs: tuple[str, ...], attrs: dict, out: str | None = None, base: str = "",
+    def emit(self, op: str, inputs: tuple[str, ...], attrs: dict, out: str | None = None, base: str = "",
               node: str | None = None) -> str:
         """A new node ``op`` (named ``node``, else after ``base``) writing ``out`` (else a fresh name)."""
         in_types = [self.types[i] if i else None for i in inputs]
         (t,) = ops.infer_types(op, in_types, attrs, node=node or base or op)
-        out = out or self._fresh(base or op)
+        out = out or self.fresh(base or op)
         self.types[out] = t
-        self.nodes.append(Node(node or self._fresh(f"{base}_{op}"), op, inputs, (Value(out, t),), attrs))
+        self.nodes.append(Node(node or self.fresh(f"{base}_{op}"), op, inputs, (Value(out, t),), attrs))
         return out
 
 
-class _Rewriter(_GraphEdit):
+class _Rewriter(GraphEdit):
     def __init__(self, graph: Graph, types: dict[str, TensorType], nhwc: set[str], rewrite: set[str]):
         super().__init__(graph, types)
         self.nhwc, self.rewrite = nhwc, rewrite
-        self.last: dict[str, str] = {v: self._fresh(f"{v}_nhwc") for v in nhwc}  # channels-last name of each
+        self.last: dict[str, str] = {v: self.fresh(f"{v}_nhwc") for v in nhwc}  # channels-last name of each
         self.first: dict[str, str] = {}  # channels-first copies made of nhwc values
         self.vectors: dict[str, str] = {}  # operands broadcast against NHWC values, rearranged
 
@@ -114,10 +114,10 @@ class _Rewriter(_GraphEdit):
         moved = tuple(padded[p] for p in perm)
         kept = [p for p in perm if padded[p] != 1]  # the dims that hold data, in their new order
         if kept == sorted(kept):  # (not sizes compared: NHWC and NCHW are one shape where C = H = W)
-            return self._emit("reshape", (v,), {"shape": moved}, out, base)
+            return self.emit("reshape", (v,), {"shape": moved}, out, base)
         if padded != shape:
-            v = self._emit("reshape", (v,), {"shape": padded}, base=f"{base}_4d")
-        return self._emit("permute", (v,), {"perm": perm}, out, base)
+            v = self.emit("reshape", (v,), {"shape": padded}, base=f"{base}_4d")
+        return self.emit("permute", (v,), {"perm": perm}, out, base)
 
     def channels_first(self, v: str, out: str | None = None) -> str:
         """The NCHW value of NHWC-computed ``v`` (made once)."""
@@ -161,22 +161,22 @@ class _Rewriter(_GraphEdit):
     def _rewrite(self, n: Node) -> None:
         attrs, name, x = n.attr, n.name, n.inputs[0]
         if n.op == "conv":
-            self._emit("conv", (self.operand(x), *n.inputs[1:]), {**attrs, "channels_last": True},
+            self.emit("conv", (self.operand(x), *n.inputs[1:]), {**attrs, "channels_last": True},
                        self.last[n.outputs[0].name], node=name)
         elif n.op in ("batch_norm", *POOLS):
-            self._emit(n.op, (self.last[x], *n.inputs[1:]), {**attrs, "channels_last": True},
+            self.emit(n.op, (self.last[x], *n.inputs[1:]), {**attrs, "channels_last": True},
                        self.last[n.outputs[0].name], node=name)
         elif n.op == "mean":  # over H and W: an adaptive average pool to 1x1, (N, 1, 1, C)
             keep = attrs.get("keepdim")
-            pooled = self._emit("adaptive_avg_pool", (self.last[x],), {"output_size": (1, 1), "channels_last": True},
+            pooled = self.emit("adaptive_avg_pool", (self.last[x],), {"output_size": (1, 1), "channels_last": True},
                                 self.last[n.outputs[0].name] if keep else None, base=name, node=name)
             if not keep:
-                self._emit("reshape", (pooled,), {"shape": tuple(n.outputs[0].type.shape)}, n.outputs[0].name,
+                self.emit("reshape", (pooled,), {"shape": tuple(n.outputs[0].type.shape)}, n.outputs[0].name,
                            base=name)
         else:  # elementwise, or a concat (of channels: a UNet's skip connection) along the same dim, moved
             if n.op == "concat":
                 attrs = {**attrs, "dim": TO_NHWC.index(attrs["dim"] % 4)}
-            self._emit(n.op, tuple(self.operand(i) for i in n.inputs), attrs, self.last[n.outputs[0].name],
+            self.emit(n.op, tuple(self.operand(i) for i in n.inputs), attrs, self.last[n.outputs[0].name],
                        node=name)
 
 
@@ -203,13 +203,13 @@ def aligned_gemm_outputs(graph: Graph, target: dict | None) -> Graph:
     todo = [n for n in graph.nodes if _unaligned_linear(n, types)]
     if not todo:
         return graph
-    edit, constants, folded = _GraphEdit(graph, types), dict(graph.constants), set()
+    edit, constants, folded = GraphEdit(graph, types), dict(graph.constants), set()
 
     def padded(v: str, pads: tuple[int, ...]) -> str:
         """``v`` with zero rows added: a constant (an ONNX model's weight) padded once here, else a pad node."""
         if v not in constants:
-            return edit._emit("pad", (v,), {"pads": pads, "mode": "constant", "value": 0.0}, base=f"{v}_pad")
-        name = edit._fresh(f"{v}_padded")
+            return edit.emit("pad", (v,), {"pads": pads, "mode": "constant", "value": 0.0}, base=f"{v}_pad")
+        name = edit.fresh(f"{v}_padded")
         constants[name] = torch.nn.functional.pad(constants[v], pads)
         types[name] = TensorType(tuple(constants[name].shape), types[v].dtype)
         folded.add(v)
@@ -226,8 +226,8 @@ def aligned_gemm_outputs(graph: Graph, target: dict | None) -> Graph:
         extra = _padded(rows, y.type.dtype) - rows
         w = padded(w, (0, 0, 0, extra))
         bias = tuple(padded(b, (0, extra)) if b else b for b in rest)
-        wide = edit._emit("linear", (x, w, *bias), n.attr, out=edit._fresh(f"{y.name}_padded"), node=n.name)
-        edit._emit("slice", (wide,), {"dim": len(types[wide].shape) - 1, "start": 0, "end": rows, "step": 1},
+        wide = edit.emit("linear", (x, w, *bias), n.attr, out=edit.fresh(f"{y.name}_padded"), node=n.name)
+        edit.emit("slice", (wide,), {"dim": len(types[wide].shape) - 1, "start": 0, "end": rows, "step": 1},
                    out=y.name, base=y.name)
     nodes = edit.nodes
     read = {i for n in nodes for i in n.inputs} | set(graph.outputs)

@@ -109,6 +109,11 @@ def escaping(f: Facts, members: set[str]) -> list[str]:
 def distinct_outputs(f: Facts, members: set[str]) -> int:
     """How many tensors the region must write: escaping values that are views of another escaping
     value (a reshape of the norm's output, say) cost nothing extra."""
+    return len(output_bases(f, members))
+
+
+def output_bases(f: Facts, members: set[str]) -> set[str]:
+    """The nodes whose values the region writes (``distinct_outputs``), a view's through to what it views."""
     esc = escaping(f, members)
     bases = set()
     for v in esc:
@@ -117,7 +122,19 @@ def distinct_outputs(f: Facts, members: set[str]) -> int:
                 and f.producers[node.inputs[0]].name in members:
             node = f.producers[node.inputs[0]]
         bases.add(node.name)
-    return len(bases)
+    return bases
+
+
+def downstream(f: Facts, members: set[str], anchor: str) -> set[str]:
+    """``anchor`` and the members that read it, directly or through other members."""
+    seen, stack = {anchor}, [anchor]
+    while stack:
+        for v in f.nodes[stack.pop()].outputs:
+            for u in f.users.get(v.name, ()):
+                if u.name in members and u.name not in seen:
+                    seen.add(u.name)
+                    stack.append(u.name)
+    return seen
 
 
 def _row_broadcastable(operand: TensorType, out: TensorType) -> bool:
@@ -206,6 +223,10 @@ def can_fuse_epilogue(f: Facts, kind: str, members: set[str], domain: TensorType
             not (_same_domain(out, domain)):
         return f"{node.op} output {out} differs from the region's shape {domain}"
     new_members = members | {node.name}
+    if kind == "reduction" and anchor is not None:  # the row reduction writes its input and one result
+        after = output_bases(f, new_members) & downstream(f, new_members, anchor.name)
+        if len(after) > 1:
+            return f"the reduction region would write {len(after)} values computed after its {anchor.op}"
     n_out = distinct_outputs(f, new_members)
     if n_out > MAX_OUTPUTS.get(kind, 1):
         esc = escaping(f, new_members)

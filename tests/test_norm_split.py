@@ -1,0 +1,153 @@
+"""Group and instance norms of few, long groups, split into chunks on GPUs (``planner/norm_split.py``): the chunk
+rule, the rewritten graph against the original (fp32, fp16, NaN, infinities, a constant group, large values), the
+rewritten graph's kernels on ``c`` against torch, and the plan for sm_90a (every region a kernel, the source
+compiling). The pass runs on GPU targets only; the tests call it with small thresholds so that CPU-sized shapes
+split."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tilefuse
+from tilefuse.api import compile_graph
+from tilefuse.capture import capture_graphs
+from tilefuse.lowering.compile import compile_kernel
+from tilefuse.lowering.dispatch import build
+from tilefuse.lowering.lower import make_prim_func
+from tilefuse.ops.reference import run_graph
+from tilefuse.pipeline import plan
+from tilefuse.planner.norm_split import chunk_length, split_long_norms
+from tilefuse.planner.pattern import RewriteLog
+
+SMALL = {"max_rows": 64, "min_row": 256, "min_chunk": 8, "want_rows": 32}  # CPU-sized shapes split
+CUDA = {"kind": "cuda", "arch": "sm_90a"}
+
+
+class Block(nn.Module):
+    """A U-Net's GroupNorm + SiLU, an instance norm and a group norm without affine map plus a residual."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.gn, self.inorm = nn.GroupNorm(4, c), nn.InstanceNorm2d(c, affine=True)
+        self.plain = nn.GroupNorm(2, c, affine=False)
+
+    def forward(self, x, r):
+        y = F.silu(self.gn(x))
+        return self.plain(self.inorm(y)) + r
+
+
+def _graph(m: nn.Module, *args):
+    (g,) = capture_graphs(m, args)
+    params = [p.detach() for p in m.parameters()]
+    return g, params
+
+
+def _args(g, params: list, *inputs: torch.Tensor) -> list:
+    """The graph's arguments: dynamo lifts the parameters among the inputs in the order they are used (here no
+    parameter has an input's shape)."""
+    params, inputs = list(params), list(inputs)
+    return [inputs.pop(0) if tuple(v.type.shape) == tuple(inputs[0].shape) else params.pop(0) for v in g.inputs]
+
+
+def _randomized(m: nn.Module, rng) -> nn.Module:
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=rng))
+    return m.eval()
+
+
+def _edgy(x: torch.Tensor) -> torch.Tensor:
+    x = x.clone()
+    x[0, 0, 1, 1] = float("nan")  # group 0 of sample 0
+    x[1, 5, 2, 3] = float("inf")  # group 1 of sample 1
+    x[1, 12:16] = 3.0  # a constant group: variance 0
+    x[0, 8:12] *= 1e4  # large values with a large mean
+    x[0, 8:12] += 3e4
+    return x
+
+
+def test_chunks_are_whole_rows_of_the_input():
+    assert chunk_length(32, 16 * 128 * 128, (128, 128)) == 128 * 128  # a VAE's 512 channels: 512 rows of 16384
+    assert chunk_length(32, 4 * 512 * 512, (512, 512)) == 512  # 128 channels at 512x512: 65536 rows of 512
+    assert chunk_length(64, 10 * 64 * 64, (64, 64)) == 64 * 64  # Stable Diffusion's first blocks, batch 2
+    assert chunk_length(32, 100, (10, 10), min_chunk=256) == 100  # nothing long enough: no split
+
+
+def test_the_split_is_gpu_only_and_logged(rng):
+    m = _randomized(nn.Sequential(nn.GroupNorm(32, 512), nn.SiLU()), rng)
+    g, _ = _graph(m, torch.randn(1, 512, 32, 32))
+    assert split_long_norms(g, {"kind": "c"}) is g
+    assert split_long_norms(g, None) is g
+    log = RewriteLog()
+    g2 = split_long_norms(g, CUDA, log)
+    assert [p for p, _ in log.applied] == ["norm.split_rows"]
+    assert not any(n.op == "group_norm" for n in g2.nodes)
+    small = _graph(m, torch.randn(1, 512, 4, 4))[0]  # groups of 64 elements: one kernel as before
+    assert split_long_norms(small, CUDA) is small
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_split_graph_computes_the_norms(rng, dtype):
+    m = _randomized(Block(), rng).to(dtype)
+    x, r = torch.randn(2, 16, 8, 8, generator=rng), torch.randn(2, 16, 8, 8, generator=rng)
+    g, params = _graph(m, x.to(dtype), r.to(dtype))
+    log = RewriteLog()
+    g2 = split_long_norms(g, CUDA, log, **SMALL)
+    assert len(log.applied) == 2, log.applied  # (dynamo traces the instance norm as var_mean)
+    # (edge values in fp32: a constant group's 1/std is 1/sqrt(eps), 316, which scales the next norm's rounding)
+    for xv, tol in ((x, 1e-5), (_edgy(x), 1e-4)):
+        tol = {"rtol": tol, "atol": tol} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 2e-2}
+        args = _args(g, params, xv.to(dtype), r.to(dtype))
+        want, got = run_graph(g, *args)[0], run_graph(g2, *args)[0]
+        assert got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got, want, equal_nan=True, **tol)
+    assert torch.isnan(run_graph(g2, *_args(g, params, _edgy(x).to(dtype), r.to(dtype)))[0][1, 4:8]).all()  # inf
+
+
+def test_the_split_graph_runs_as_kernels_on_c(rng):
+    m = _randomized(Block(), rng)
+    x, r = torch.randn(2, 16, 8, 8, generator=rng), torch.randn(2, 16, 8, 8, generator=rng)
+    g, params = _graph(m, x, r)
+    g2 = split_long_norms(g, CUDA, **SMALL)
+    compiled = compile_graph(g2, target="c", measure=False)
+    assert all(reg.backend == "tilelang" for reg in compiled.plan.regions), compiled.plan.to_text()
+    with torch.no_grad():
+        for xv, tol in ((x, 1e-5), (_edgy(x), 1e-4)):  # (the edge values' tolerance: see above)
+            got = compiled(*_args(g, params, xv, r))[0]
+            torch.testing.assert_close(got, m(xv, r), equal_nan=True, rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_a_vae_group_norm_plans_split_and_compiles_for_sm90(rng):
+    m = nn.Sequential(nn.GroupNorm(32, 512), nn.SiLU()).eval().half()
+    (graph,) = capture_graphs(m, (torch.randn(1, 512, 64, 64, dtype=torch.float16),))
+    p = plan(graph, CUDA)
+    assert any(r.startswith("norm.split_rows") for r in p.rewrites), p.to_text()
+    assert all(r.backend == "tilelang" for r in p.regions), p.to_text()
+    reductions = [r for r in p.regions if r.kind == "reduction"]
+    assert len(reductions) == 5 and any("silu" in r.ops for r in p.regions if r.kind == "elementwise"), p.to_text()
+    for r in p.regions:
+        if r.kind == "elementwise" or "var" in r.ops:
+            compile_kernel(make_prim_func(build(r, p.graph, CUDA), CUDA), CUDA)
+
+
+@pytest.mark.gpu
+def test_split_group_norms_match_torch_on_the_gpu(rng):
+    """At a VAE decoder's shapes (fp16): the norm and SiLU against torch, NaN and infinities in some groups."""
+    m = _randomized(nn.Sequential(nn.GroupNorm(32, 256), nn.SiLU()), rng).cuda().half()
+    torch._dynamo.reset()
+    runners = []
+    compiled = tilefuse.compile(m, observer=runners.append, measure=False)
+    x = torch.randn(1, 256, 128, 128, generator=rng).cuda().half()
+    x[0, 0, 5, 5], x[0, 17, 1, 2] = float("nan"), float("inf")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), m(x), equal_nan=True, rtol=1e-2, atol=2e-2)
+    p = runners[0].plan
+    assert any(r.startswith("norm.split_rows") for r in p.rewrites), p.to_text()
+    assert all(r.backend == "tilelang" for r in p.regions), p.to_text()
+    torch._dynamo.reset()
