@@ -185,3 +185,35 @@ def test_split_group_norms_match_torch_on_the_gpu(rng):
     assert any(r.startswith("norm.split_rows") for r in p.rewrites), p.to_text()
     assert all(r.backend == "tilelang" for r in p.regions), p.to_text()
     torch._dynamo.reset()
+
+
+def test_a_diffusers_vae_with_its_norms_split_matches_eager_on_c(rng, monkeypatch):
+    """The VAE of ``tests/test_diffusers_heldout.py`` through torch.compile on ``c`` with every group norm split as
+    on a GPU (the thresholds small, the pass told the target is CUDA): every output element against eager."""
+    pytest.importorskip("diffusers")
+    from test_diffusers_heldout import build
+
+    import tilefuse.planner as planner
+
+    logs = []
+
+    def split(graph, target, log=None):
+        logs.append(log)
+        return split_long_norms(graph, CUDA, log, **SMALL)
+
+    monkeypatch.setattr(planner, "split_long_norms", split)
+    torch._dynamo.reset()
+    model, inputs = build("vae")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=rng) * 0.2)
+    model, args = model.eval(), inputs(rng)
+    runners = []
+    with torch.no_grad():
+        got = tilefuse.compile(model, target="c", observer=runners.append, measure=False)(*args).sample
+        ref = model(*args).sample
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5 * max(1.0, ref.abs().max().item()))
+    p = runners[0].plan
+    assert sum(r.startswith("norm.split_rows") for r in p.rewrites) >= 20, p.rewrites
+    assert not any("group_norm" in r.ops for r in p.regions) and all(r.backend == "tilelang" for r in p.regions)
+    torch._dynamo.reset()

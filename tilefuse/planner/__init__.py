@@ -26,7 +26,8 @@ def plan(graph: Graph, target: dict | None = None, cost: CostModel | None = None
     """Plan ``graph``: canonicalize it, apply ``sparsity`` (``"2:4"`` prunes linear weights; 2:4 weights take
     the sparse GEMM where the target has one, see ``planner.sparsity``), group its nodes into regions, say
     how each region runs. With ``layout`` (None: on) convolutional networks run channels last (``planner.layout``;
-    ``Options.channels_last`` says why). Which regions a kernel takes is the lowering's answer, asked through
+    ``Options.channels_last`` says why). On GPU targets group norms of few, long groups are split into chunks
+    (``planner.norm_split``). Which regions a kernel takes is the lowering's answer, asked through
     ``why_not(region, graph)``: None where a template takes the region for ``target``, else the reason it runs
     through torch (``tilefuse.pipeline`` asks ``lowering.dispatch``); without it every region runs through torch. With
     ``group`` a decode step's linears of one input become one region where the lowering takes it (``planner.grouping``);
