@@ -17,9 +17,11 @@ from torch import nn
 import tilefuse
 from tilefuse.api import compile_graph
 from tilefuse.capture import capture_graphs
+from tilefuse.ir import TensorType
 from tilefuse.lowering.compile import compile_kernel
 from tilefuse.lowering.dispatch import build
 from tilefuse.lowering.lower import make_prim_func
+from tilefuse.ops import GraphBuilder
 from tilefuse.ops.reference import run_graph
 from tilefuse.pipeline import plan
 from tilefuse.planner.norm_split import chunk_length, split_long_norms
@@ -217,3 +219,23 @@ def test_a_diffusers_vae_with_its_norms_split_matches_eager_on_c(rng, monkeypatc
     assert sum(r.startswith("norm.split_rows") for r in p.rewrites) >= 20, p.rewrites
     assert not any("group_norm" in r.ops for r in p.regions) and all(r.backend == "tilelang" for r in p.regions)
     torch._dynamo.reset()
+
+
+def test_an_onnx_instance_norm_splits_too(rng):
+    """ONNX's InstanceNormalization (a style-transfer network's 1 x 8 x 32 x 32: 8 rows of 1024) splits the same
+    way, its scale and bias per channel; against the unsplit graph, NaN in one channel and a constant one."""
+    b = GraphBuilder("inorm")
+    x = b.input("x", TensorType((1, 8, 32, 32), "float32"))
+    s, z = b.constant("s", torch.randn(8, generator=rng)), b.constant("z", torch.randn(8, generator=rng))
+    g = b.build([b.add1("relu", [b.add1("instance_norm", [x, s, z], eps=1e-5)])])
+    log = RewriteLog()
+    g2 = split_long_norms(g, CUDA, log, **SMALL)
+    assert [p for p, _ in log.applied] == ["norm.split_rows"] and not any(n.op == "instance_norm" for n in g2.nodes)
+    xv = torch.randn(1, 8, 32, 32, generator=rng)
+    xv[0, 2, 3, 4], xv[0, 5] = float("nan"), -2.0
+    with torch.no_grad():
+        want = F.relu(F.instance_norm(xv.double(), weight=g.constants["s"].double(),
+                                      bias=g.constants["z"].double(), eps=1e-5))
+    got = run_graph(g2, xv)[0]
+    torch.testing.assert_close(got.double(), want, equal_nan=True, rtol=1e-5, atol=1e-5)
+    assert torch.isnan(got[0, 2]).all() and not torch.isnan(got[0, 3]).any()
