@@ -88,7 +88,7 @@ class GraphEdit:
         return name
 
     def emit(self, op: str, inputs: tuple[str, ...], attrs: dict, out: str | None = None, base: str = "",
-              node: str | None = None) -> str:
+             node: str | None = None) -> str:
         """A new node ``op`` (named ``node``, else after ``base``) writing ``out`` (else a fresh name)."""
         in_types = [self.types[i] if i else None for i in inputs]
         (t,) = ops.infer_types(op, in_types, attrs, node=node or base or op)
@@ -162,22 +162,22 @@ class _Rewriter(GraphEdit):
         attrs, name, x = n.attr, n.name, n.inputs[0]
         if n.op == "conv":
             self.emit("conv", (self.operand(x), *n.inputs[1:]), {**attrs, "channels_last": True},
-                       self.last[n.outputs[0].name], node=name)
+                      self.last[n.outputs[0].name], node=name)
         elif n.op in ("batch_norm", *POOLS):
             self.emit(n.op, (self.last[x], *n.inputs[1:]), {**attrs, "channels_last": True},
-                       self.last[n.outputs[0].name], node=name)
+                      self.last[n.outputs[0].name], node=name)
         elif n.op == "mean":  # over H and W: an adaptive average pool to 1x1, (N, 1, 1, C)
             keep = attrs.get("keepdim")
             pooled = self.emit("adaptive_avg_pool", (self.last[x],), {"output_size": (1, 1), "channels_last": True},
-                                self.last[n.outputs[0].name] if keep else None, base=name, node=name)
+                               self.last[n.outputs[0].name] if keep else None, base=name, node=name)
             if not keep:
                 self.emit("reshape", (pooled,), {"shape": tuple(n.outputs[0].type.shape)}, n.outputs[0].name,
-                           base=name)
+                          base=name)
         else:  # elementwise, or a concat (of channels: a UNet's skip connection) along the same dim, moved
             if n.op == "concat":
                 attrs = {**attrs, "dim": TO_NHWC.index(attrs["dim"] % 4)}
             self.emit(n.op, tuple(self.operand(i) for i in n.inputs), attrs, self.last[n.outputs[0].name],
-                       node=name)
+                      node=name)
 
 
 # ---- aligned GEMM outputs -----------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def aligned_gemm_outputs(graph: Graph, target: dict | None) -> Graph:
         bias = tuple(padded(b, (0, extra)) if b else b for b in rest)
         wide = edit.emit("linear", (x, w, *bias), n.attr, out=edit.fresh(f"{y.name}_padded"), node=n.name)
         edit.emit("slice", (wide,), {"dim": len(types[wide].shape) - 1, "start": 0, "end": rows, "step": 1},
-                   out=y.name, base=y.name)
+                  out=y.name, base=y.name)
     nodes = edit.nodes
     read = {i for n in nodes for i in n.inputs} | set(graph.outputs)
     constants = {k: c for k, c in constants.items() if k not in folded or k in read}  # the unpadded copy, if unread
