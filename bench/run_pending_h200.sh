@@ -6,8 +6,12 @@
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
+#   part 30 (~5 min): #13's default bar on the H200: zoo BERT, GPT-2 and ViT, no options, against Inductor default,
+#            with kernel categories (session 35 measured them on an H100 only).
+#   part 31 (~6 min): the rest of the zoo (MLP, LLaMA, ResNet-50) the same way; HF BERT and HF GPT-2 against eager
+#            and Inductor default (#14's 1.2x eager and GPT-2's attention time, on the H200).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-31; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -17,6 +21,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/logs/de
 python3 -c "import torch, tilelang, transformers; print(torch.__version__, tilelang.__version__, transformers.__version__)" \
     >> "$OUT/logs/device.txt" 2>/dev/null
 cat COMMIT >> "$OUT/logs/device.txt" 2>/dev/null  # (the snapshot's commit, written beside it)
+zoo() {  # models, whole timeout, name, [peers]
+    timeout "$2" python3 bench/bench_models.py --models "$1" --peers "${4:-default}" --no-warm --reps 30 \
+        --json "$OUT/logs/$3.json" > "$OUT/logs/$3.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/$3.log" | cut -c1-220 | head -60
+}
 for part in "${@:-29}"; do
 echo "== part $part (at ${SECONDS} s)"
 if [ "$part" = 29 ]; then
@@ -27,6 +36,11 @@ if [ "$part" = 29 ]; then
     timeout 200 python3 bench/bench_group_norm.py --json "$OUT/logs/group_norm_split.json" \
         > "$OUT/logs/group_norm_split.log" 2>&1
     grep -v -i warn "$OUT/logs/group_norm_split.log" | tail -10
+elif [ "$part" = 30 ]; then
+    zoo bert,gpt2,vit 280 zoo_default_bgv
+elif [ "$part" = 31 ]; then
+    zoo mlp,llama,resnet 300 zoo_default_mlr
+    zoo hf-bert,hf-gpt2 220 hf_bert_gpt2 eager,default
 fi
 done
 echo "== end (at ${SECONDS} s)"
