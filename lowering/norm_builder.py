@@ -23,6 +23,7 @@ from tilefuse.lowering.builders import (
     require,
 )
 from tilefuse.lowering.expr import Acc, Arg, Call, Coord, Expr, Load, substitute, walk
+from tilefuse.ops.nn import norm_groups
 
 
 def build_group_norm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
@@ -31,7 +32,7 @@ def build_group_norm(b: Builder, anchor: Node, target: dict) -> KernelSpec:
     xs = tuple(b.types[x].shape)
     require(len(xs) >= 2, f"a group norm of a {len(xs)}-d tensor")
     N, C, inner = xs[0], xs[1], numel(xs[2:])
-    groups = C if anchor.op == "instance_norm" else int(anchor.attr.get("groups", 1))
+    groups = norm_groups(anchor.op, anchor.attr, C)
     require(groups > 0 and C % groups == 0, f"{groups} groups of {C} channels")
     cg = C // groups
     domain = (N, groups, cg * inner)

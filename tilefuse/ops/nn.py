@@ -217,6 +217,12 @@ def instance_norm(x, weight=None, bias=None, eps: float = 1e-5):
     return F.instance_norm(x, weight=weight, bias=bias, eps=eps)
 
 
+def norm_groups(op: str, attr: dict, channels: int) -> int:
+    """How many groups a ``group_norm`` or ``instance_norm`` of ``channels`` channels normalizes (an instance norm: one
+    a channel); the caller checks that they divide the channels."""
+    return channels if op == "instance_norm" else int(attr.get("groups", 1))
+
+
 # ---- pooling -------------------------------------------------------------------------------
 
 # Pooling is channels first, or (N, *spatial, C) in and out with ``channels_last``.

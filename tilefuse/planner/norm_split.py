@@ -25,6 +25,7 @@ import math
 import torch
 
 from tilefuse.ir import Graph, Node, TensorType
+from tilefuse.ops.nn import norm_groups
 from tilefuse.planner.layout import GraphEdit
 from tilefuse.planner.pattern import RewriteLog
 
@@ -84,7 +85,7 @@ def _chunk_of(n: Node, types: dict[str, TensorType], max_rows: int, min_row: int
     if types[n.inputs[0]].dtype not in ("float32", "float16", "bfloat16"):
         return 0
     c = shape[1]
-    groups = c if n.op == "instance_norm" else int(n.attr.get("groups", 1))
+    groups = norm_groups(n.op, n.attr, c)
     if groups < 1 or c % groups:
         return 0
     rows, length = shape[0] * groups, c // groups * math.prod(shape[2:])
@@ -99,7 +100,7 @@ def _split(edit: GraphEdit, constants: dict, n: Node, chunk: int) -> None:
     x = n.inputs[0]
     shape, dtype = tuple(edit.types[x].shape), edit.types[x].dtype
     c, spatial = shape[1], shape[2:]
-    groups = c if n.op == "instance_norm" else int(n.attr.get("groups", 1))
+    groups = norm_groups(n.op, n.attr, c)
     cg, length = c // groups, c // groups * math.prod(spatial)
     base, f32 = n.name, "float32"
 
