@@ -10,8 +10,10 @@
 #            with kernel categories (session 35 measured them on an H100 only).
 #   part 31 (~6 min): the rest of the zoo (MLP, LLaMA, ResNet-50) the same way; HF BERT and HF GPT-2 against eager
 #            and Inductor default (#14's 1.2x eager and GPT-2's attention time, on the H200).
+#   part 32 (~6 min): zoo BERT's and GPT-2's GEMM specs (epilogues included), 16 configs each, against cuBLAS
+#            (sweep_gemm.py): which of them holds the GEMM category 5-8% behind Inductor's.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-31; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-32; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -41,6 +43,10 @@ elif [ "$part" = 30 ]; then
 elif [ "$part" = 31 ]; then
     zoo mlp,llama,resnet 300 zoo_default_mlr
     zoo hf-bert,hf-gpt2 220 hf_bert_gpt2 eager,default
+elif [ "$part" = 32 ]; then
+    timeout 420 python3 bench/sweep_gemm.py --models bert,gpt2 --budget 16 --json "$OUT/logs/gemm_sweep_bert_gpt2.json" \
+        > "$OUT/logs/gemm_sweep_bert_gpt2.log" 2>&1
+    grep -v -i warn "$OUT/logs/gemm_sweep_bert_gpt2.log" | cut -c1-260 | tail -50
 fi
 done
 echo "== end (at ${SECONDS} s)"
