@@ -149,7 +149,8 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
                                                                            "double_q": True},
                                      {"chain": True, "late_store": True, "mask_shape": (2, 1, 1, 1024),
                                       "mask_dtype": "float16", "bound_keys": True},
-                                     {"chain": True, "late_store": True, "fast_math": True}])
+                                     {"chain": True, "late_store": True, "fast_math": True},
+                                     {"fast_math": True, "exp_poly": 4}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
 def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_path):
     """ptxas keeps the two products' WGMMAs asynchronous: it serializes them (warnings C7513/C7514, "wgmma.mma_async
@@ -189,7 +190,7 @@ def test_pingpong_takes_turns_through_named_barriers(cfg):
     assert pp.count(turn) == 3 and pp.count(f"tl::__named_barrier_arrive(({passes}), 256);") == 3
     assert f"if ((((int)threadIdx.x) >> 7) == {groups - 1}) {{\n      tl::__named_barrier_arrive(12, 256);" in pp
     assert pp.count("wgmma_ss") == plain.count("wgmma_ss") and pp.count("wgmma_rs") == plain.count("wgmma_rs")
-    with pytest.raises(ValueError, match="late_store, double_q, chain and fast_math are options of ws=True"):
+    with pytest.raises(ValueError, match="late_store, double_q, chain, fast_math and exp_poly are options of ws=True"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, pingpong=True)
 
 
@@ -326,6 +327,7 @@ def test_ws_gpu_fused_qkv_rows_and_nan(D, rng):
 VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True}, "late_store": {"late_store": True},
             "double_q": {"double_q": True}, "chain": {"chain": True},
             "chain_pairs": {"chain": True, "pair_rows": True, "double_q": True}, "fast_math": {"fast_math": True},
+            "exp_poly": {"fast_math": True, "exp_poly": 4}, "exp_poly_half": {"fast_math": True, "exp_poly": 2},
             "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True, "chain": True,
                     "fast_math": True}}
 
@@ -382,7 +384,8 @@ MASKED = {
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", [{}, {"chain": True}, {"bound_keys": True},
-                                     {"chain": True, "bound_keys": True, "fast_math": True}])
+                                     {"chain": True, "bound_keys": True, "fast_math": True},
+                                     {"bound_keys": True, "fast_math": True, "exp_poly": 4}])
 def test_ws_gpu_padding_mask_matches_sdpa(variant, rng):
     """A padding mask added to every key tile's scores, in each layout of the mask, with the chained schedule and the
     key bound too; a batch whose keys are all -inf gives 0 (the template's and torch's fused kernels' convention),
