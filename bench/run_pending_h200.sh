@@ -15,8 +15,10 @@
 #   part 33 (~6 min): exp_poly (a share of the softmax's exponents on the FMA units): its GPU numerics, then the
 #            attention sweep's 13 shapes, the ws seeds with every 8th and 4th column block so, against cuDNN (#14's
 #            kernel bar: D 64 at 0.90-0.96x cuDNN where MUFU's exponents take as long as the tensor cores' products).
+#   part 34 (~4 min): HF BERT b32x512 (its attention: 32x12x512x64, no mask) against eager, default and with
+#            TILEFUSE_EXPERIMENTAL=attention_exp_poly (#14's 1.2x eager).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-33; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-34; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -61,6 +63,9 @@ elif [ "$part" = 33 ]; then
     timeout 340 python3 bench/bench_attention.py --shapes sweep --configs poly --json "$OUT/logs/attn_exp_poly.json" \
         > "$OUT/logs/attn_exp_poly.log" 2>&1
     grep -E "^\||x cuDNN" "$OUT/logs/attn_exp_poly.log" | cut -c1-200 | tail -130
+elif [ "$part" = 34 ]; then
+    zoo hf-bert 140 hf_bert_default eager
+    TILEFUSE_EXPERIMENTAL=attention_exp_poly zoo hf-bert 140 hf_bert_exp_poly eager
 fi
 done
 echo "== end (at ${SECONDS} s)"

@@ -118,7 +118,7 @@ def _on(v: str) -> bool:
 # (Measured wins left this list for the defaults: the ws GEMM and the ws attention with a padding mask,
 # lowering/lower.py config_space; attention_ws's pair_rows and fast_math, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain")
+                "attention_chain", "attention_exp_poly")
 
 
 @dataclass(frozen=True)
