@@ -12,7 +12,7 @@
 #            and Inductor default (#14's 1.2x eager and GPT-2's attention time, on the H200).
 #   part 32 (~6 min): zoo BERT's and GPT-2's GEMM specs (epilogues included), 16 configs each, against cuBLAS
 #            (sweep_gemm.py): which of them holds the GEMM category 5-8% behind Inductor's.
-#   part 33 (~6 min): exp_poly (a share of the softmax's exponents on the FMA units): its GPU numerics, then the
+#   part 33 (~7 min): exp_poly (a share of the softmax's exponents on the FMA units): its GPU numerics, then the
 #            attention sweep's 13 shapes, the ws seeds with every 8th and 4th column block so, against cuDNN (#14's
 #            kernel bar: D 64 at 0.90-0.96x cuDNN where MUFU's exponents take as long as the tensor cores' products).
 #   part 34 (~4 min): HF BERT b32x512 (its attention: 32x12x512x64, no mask) against eager, default and with
@@ -53,14 +53,14 @@ elif [ "$part" = 32 ]; then
         > "$OUT/logs/gemm_sweep_bert_gpt2.log" 2>&1
     grep -v -i warn "$OUT/logs/gemm_sweep_bert_gpt2.log" | cut -c1-260 | tail -50
 elif [ "$part" = 33 ]; then
-    timeout 170 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider \
+    timeout 150 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider \
         "tests/test_attention_ws.py::test_schedule_variants_gpu_match_sdpa[exp_poly]" \
         "tests/test_attention_ws.py::test_schedule_variants_gpu_match_sdpa[exp_poly_half]" \
         "tests/test_attention_ws.py::test_ws_gpu_padding_mask_matches_sdpa[variant4]" \
         > "$OUT/logs/gpu_tests_exp_poly.log" 2>&1
     echo "exp_poly numerics: $(tail -1 "$OUT/logs/gpu_tests_exp_poly.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_exp_poly.log" | head -8
-    timeout 340 python3 bench/bench_attention.py --shapes sweep --configs poly --json "$OUT/logs/attn_exp_poly.json" \
+    timeout 280 python3 bench/bench_attention.py --shapes sweep --configs poly --json "$OUT/logs/attn_exp_poly.json" \
         > "$OUT/logs/attn_exp_poly.log" 2>&1
     grep -E "^\||x cuDNN" "$OUT/logs/attn_exp_poly.log" | cut -c1-200 | tail -130
 elif [ "$part" = 34 ]; then
