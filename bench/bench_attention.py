@@ -93,7 +93,7 @@ def chain_variants(D: int, causal: bool = False, S: int | None = None) -> list[d
 
 def poly_variants(D: int, causal: bool = False) -> list[dict]:
     """The ws seeds as the default runs them (fast math; causal: paired rows), and each with every 8th and 4th
-    8-column block of a key tile's exponents on the FMA units (``exp_poly``; ``attention_ws.poly_exp2``)."""
+    8-column block of a key tile's exponents on the FMA units (``exp_poly``; ``common.poly_exp2``)."""
     seeds = [c for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)
              if c.get("ws")]
     return [{**c, **x} for c in seeds for x in ({}, {"exp_poly": 8}, {"exp_poly": 4})]

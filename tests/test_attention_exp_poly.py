@@ -1,5 +1,5 @@
 """``flash_attention(ws=True, exp_poly=k)``: a share of the softmax's exponents computed on the FMA units
-(``attention_ws.poly_exp2``) instead of MUFU. The form against ``exp2`` in float64 on the ``c`` target (every value
+(``common.poly_exp2``) instead of MUFU. The form against ``exp2`` in float64 on the ``c`` target (every value
 of a range, the clamp's edge, -inf, NaN), the share it takes in the sm_90a kernel (PTX's ``ex2.approx`` count), and
 the options it refuses. Its GPU numerics are ``test_attention_ws``'s variants ``exp_poly`` and ``exp_poly_half``."""
 
@@ -14,7 +14,7 @@ import tilelang.language as T
 import torch
 
 from tilefuse.lowering.compile import compile_kernel, kernel_source
-from tilefuse.lowering.templates import attention, attention_ws
+from tilefuse.lowering.templates import attention, common
 
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -27,7 +27,7 @@ def test_poly_exp2_matches_exp2_on_c(rng):
     def k(X: T.Tensor((n,), "float32"), Y: T.Tensor((n,), "float32")):
         with T.Kernel(1, threads=1):
             for i in T.serial(n):
-                Y[i] = attention_ws.poly_exp2(X[i])
+                Y[i] = common.poly_exp2(X[i])
 
     kernel = compile_kernel(k, {"kind": "c"}, out_idx=[1])
     for _ in range(2):  # fresh values each round

@@ -32,7 +32,7 @@ import tilelang.language as T
 
 from tilefuse.config import device_facts
 from tilefuse.lowering.templates import common
-from tilefuse.lowering.templates.common import broadcast_index, param, target_kind
+from tilefuse.lowering.templates.common import broadcast_index, param, poly_exp2, target_kind
 
 LOG2E = 1.4426950408889634
 # ``bound_keys`` (both schedules): a key whose mask is at least this far below its row's largest mask value is skipped.
@@ -48,30 +48,6 @@ TURN_BARRIER = 12  # ping-pong: consumer warp group w waits on named barrier 12 
 # (bench/results/2026-12-03-h200-session20): 128 x 128 with 2 stages led at 9 of 13 points of the sweep (512-8192
 # tokens, D 64 and 128, causal or not) and was within 4% of the best at the rest; 192 rows (3 consumer warp groups) led
 # at 8192 tokens without causal masking by 3%. Both beat the TileLang-scheduled template by 0-47% (ViT's 197 tokens).
-# ``exp_poly``: 2^x for x <= 0 on the FMA units (FlashAttention-4's split of the exponents between MUFU and the FMA
-# pipe). At D 64 a key tile's 128 x 128 exponents keep the SM's MUFU (16 a clock) busy as long as its two products
-# keep the tensor cores (4096 FLOP a clock). The form: round to nearest by the 1.5 * 2^23 shift, a degree-3 fit of
-# 2^f on [-1/2, 1/2] (relative error 7.5e-5, under the half ulp, 4.9e-4, of the fp16 the probabilities are stored in),
-# and the integer part added to the exponent's bits.
-POLY_EXP2 = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716685295105)
-ROUND_SHIFT = 12582912.0  # 1.5 * 2^23: t = x + ROUND_SHIFT holds round(x) in its low mantissa bits
-
-
-def poly_exp2(x):
-    """2^x for a float32 expression ``x`` <= 0 without MUFU: 0 below -125 (as MUFU's flushed subnormals, and so
-    that a row with every key hidden sums to 0), NaN for NaN (the tests are false for it, and the exponent's bits add
-    0: a NaN's bits shifted by 23 are 0)."""
-    small = x < T.float32(-125.0)
-    x = T.if_then_else(small, T.float32(-125.0), x)
-    bits = T.reinterpret(x + T.float32(ROUND_SHIFT), "uint32")
-    f = x - (T.reinterpret(bits, "float32") - T.float32(ROUND_SHIFT))  # (through the bits: nothing folds it to 0)
-    p = T.float32(POLY_EXP2[3])
-    for coef in POLY_EXP2[2::-1]:
-        p = p * f + T.float32(coef)
-    return T.if_then_else(small, T.float32(0.0),
-                          T.reinterpret(T.reinterpret(p, "uint32") + T.shift_left(bits, T.uint32(23)), "float32"))
-
-
 WS_SEEDS = {64: [(128, 128, 2, 256), (192, 128, 2, 384)], 128: [(128, 128, 2, 256)]}
 
 
@@ -236,8 +212,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     ``T.exp2`` one ``ex2.approx.ftz`` (MUFU) where the IEEE form, ``ex2.approx`` without ``.ftz``, also rescales
     subnormal results (about three more instructions a score; what FlashAttention-3 compiles with), O's division
     approximate; the default of the ws seeds since the H200's sweep of 2026-12-05 (``attention_configs.get_configs``).
-    ``exp_poly`` (k > 1): every k-th 8-column block of a key tile's scores takes its exponents from ``poly_exp2`` on
-    the FMA units instead of MUFU (written without a GPU, 2026-12-05). ``pingpong``, ``late_store`` and ``double_q``
+    ``exp_poly`` (k > 1): every k-th 8-column block of a key tile's scores takes its exponents from
+    ``common.poly_exp2`` on the FMA units instead of MUFU (written without a GPU, 2026-12-05). ``pingpong``, ``late_store`` and ``double_q``
     measured no consistent win on
     the H200 (2026-12-03, within +-3% of the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed
     offers these four; ``Options.experimental`` and ``bench_attention.py``'s variants do."""

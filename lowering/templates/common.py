@@ -238,3 +238,27 @@ def arg_loader(bufs: Sequence[Any], shapes: Sequence[Sequence[int]], coords: Seq
 def normalize_shapes(shapes: Sequence[Sequence[int]] | None) -> tuple[Shape, ...]:
     """Static shapes as int tuples; ``()`` stays a 0-d tensor (indexed ``buf[()]``)."""
     return tuple(tuple(int(d) for d in s) for s in (shapes or ()))
+
+
+# 2^x for x <= 0 on the FMA units (FlashAttention-4's split of the exponents between MUFU and the FMA pipe; the ws
+# attention's ``exp_poly``). At head dim 64 a key tile's 128 x 128 exponents keep the SM's MUFU (16 a clock) busy as
+# long as its two products keep the tensor cores (4096 FLOP a clock). The form: round to nearest by the 1.5 * 2^23
+# shift, a degree-3 fit of 2^f on [-1/2, 1/2] (relative error 7.5e-5, under the half ulp, 4.9e-4, of the fp16 the
+# probabilities are stored in), and the integer part added to the exponent's bits.
+POLY_EXP2 = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716685295105)
+ROUND_SHIFT = 12582912.0  # 1.5 * 2^23: t = x + ROUND_SHIFT holds round(x) in its low mantissa bits
+
+
+def poly_exp2(x):
+    """2^x for a float32 expression ``x`` <= 0 without MUFU: 0 below -125 (as MUFU's flushed subnormals, and so
+    that a row with every key hidden sums to 0), NaN for NaN (the tests are false for it, and the exponent's bits add
+    0: a NaN's bits shifted by 23 are 0)."""
+    small = x < T.float32(-125.0)
+    x = T.if_then_else(small, T.float32(-125.0), x)
+    bits = T.reinterpret(x + T.float32(ROUND_SHIFT), "uint32")
+    f = x - (T.reinterpret(bits, "float32") - T.float32(ROUND_SHIFT))  # (through the bits: nothing folds it to 0)
+    p = T.float32(POLY_EXP2[3])
+    for coef in POLY_EXP2[2::-1]:
+        p = p * f + T.float32(coef)
+    return T.if_then_else(small, T.float32(0.0),
+                          T.reinterpret(T.reinterpret(p, "uint32") + T.shift_left(bits, T.uint32(23)), "float32"))
