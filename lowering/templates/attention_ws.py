@@ -213,10 +213,10 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     subnormal results (about three more instructions a score; what FlashAttention-3 compiles with), O's division
     approximate; the default of the ws seeds since the H200's sweep of 2026-12-05 (``attention_configs.get_configs``).
     ``exp_poly`` (k > 1): every k-th 8-column block of a key tile's scores takes its exponents from
-    ``common.poly_exp2`` on the FMA units instead of MUFU (written without a GPU, 2026-12-05). ``pingpong``, ``late_store`` and ``double_q``
-    measured no consistent win on
-    the H200 (2026-12-03, within +-3% of the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed
-    offers these four; ``Options.experimental`` and ``bench_attention.py``'s variants do."""
+    ``common.poly_exp2`` on the FMA units instead of MUFU (written without a GPU, 2026-12-05; not yet measured).
+    ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on the H200 (2026-12-03, within +-3% of
+    the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed offers these five;
+    ``Options.experimental`` and ``bench_attention.py``'s variants do."""
     consumers = threads // 128
     if exp_poly and (exp_poly < 2 or block_N % (8 * exp_poly)):
         raise ValueError(f"flash_attention(ws=True): exp_poly={exp_poly}: every k-th of a key tile's 8-column blocks, "
