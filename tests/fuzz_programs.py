@@ -4,6 +4,7 @@ puts this folder on the path)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import random
@@ -102,10 +103,23 @@ class _CpuKernelF:
 
 
 EAGER_F = _CpuKernelF()
+_EVAL_F = [EAGER_F]  # what ``evaluate`` reads as ``F``: the kernel's rule, or torch's own paths (``torch_paths``)
 
 
 def evaluate(expr: str, env: list[torch.Tensor]) -> torch.Tensor:
-    return eval(expr, {"torch": torch, "F": EAGER_F}, {f"v{i}": v for i, v in enumerate(env)})
+    return eval(expr, {"torch": torch, "F": _EVAL_F[0]}, {f"v{i}": v for i, v in enumerate(env)})
+
+
+@contextlib.contextmanager
+def torch_paths():
+    """``evaluate`` as eager itself computes each tensor (``F``, not ``EAGER_F``): the answer of a region that runs
+    through torch, where a template does not take it (a logsumexp over one column): gelu of a single element then
+    takes torch's scalar path (the limit, no overflow) that ``EAGER_F`` replaces with the vector kernel's."""
+    _EVAL_F[0] = F
+    try:
+        yield
+    finally:
+        _EVAL_F[0] = EAGER_F
 
 
 # Ops whose result jumps for a tiny change of an operand: they take only values computed exactly, so that an
