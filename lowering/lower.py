@@ -81,7 +81,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
             options["bound_keys"] = True
         configs = [{**c, **options} if c.get("ws") else c for c in configs]
         if "attention_exp_poly" in trying:  # every 4th 8-column block's exponents on the FMA units (4 of 16)
-            configs = [{**c, "exp_poly": 4} if c.get("ws") and c["block_N"] % 32 == 0 else c for c in configs]
+            configs = [{**c, "exp_poly": 4} if c.get("ws") and attention_ws.exp_poly_fits(c["block_N"], 4) else c
+                       for c in configs]
         return configs
     if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
         return module.get_configs(target, kw.get("B_dtype"), paired=True)
