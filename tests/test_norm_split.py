@@ -106,6 +106,10 @@ def test_chunks_are_whole_rows_of_the_input():
     assert chunk_length(32, 4 * 512 * 512, (512, 512)) == 512  # 128 channels at 512x512: 65536 rows of 512
     assert chunk_length(64, 10 * 64 * 64, (64, 64)) == 64 * 64  # Stable Diffusion's first blocks, batch 2
     assert chunk_length(32, 100, (10, 10), min_chunk=256) == 100  # nothing long enough: no split
+    # no chunk makes 512 rows (16384: 256 rows; 128 is too short): the most rows there are (the H100's GPU test,
+    # 2026-12-05, where the norm stayed 32 rows of 131,072)
+    assert chunk_length(32, 8 * 128 * 128, (128, 128)) == 128 * 128
+    assert chunk_length(32, 8 * 128 * 128, (128, 128), min_chunk=131072) == 8 * 128 * 128
 
 
 def test_the_split_is_gpu_only_and_logged(rng):
@@ -118,6 +122,8 @@ def test_the_split_is_gpu_only_and_logged(rng):
     assert [p for p, _ in log.applied] == ["norm.split_rows"]
     assert not any(n.op == "group_norm" for n in g2.nodes)
     small = _graph(m, torch.randn(1, 512, 4, 4))[0]  # groups of 64 elements: one kernel as before
+    vae = _graph(nn.Sequential(nn.GroupNorm(32, 256), nn.SiLU()), torch.randn(1, 256, 128, 128))[0]
+    assert split_long_norms(vae, CUDA) is not vae  # (the GPU test's shape: 256 rows of 16,384)
     assert split_long_norms(small, CUDA) is small
 
 

@@ -40,12 +40,14 @@ def chunk_length(rows: int, group: int, spatial: tuple[int, ...], *, min_chunk: 
                  want_rows: int = WANT_ROWS) -> int:
     """How long a chunk of each of ``rows`` groups of ``group`` elements over ``spatial`` dims is: the longest
     product of trailing spatial dims (a chunk is whole rows of the input, as the row reduction loads it) that makes
-    ``want_rows`` rows in all and is at least ``min_chunk`` long; ``group`` (no split) where none does."""
-    for j in range(len(spatial)):
-        length = math.prod(spatial[j:])
-        if length >= min_chunk and rows * (group // length) >= want_rows:
+    ``want_rows`` rows in all and is at least ``min_chunk`` long; where none makes that many, the shortest that is
+    at least ``min_chunk`` long (the most rows there are: 1 x 256 x 128 x 128 in 32 groups, 256 rows of 16,384
+    rather than 32 of 131,072); ``group`` (no split) where no product is."""
+    fits = [math.prod(spatial[j:]) for j in range(len(spatial)) if math.prod(spatial[j:]) >= min_chunk]
+    for length in fits:
+        if rows * (group // length) >= want_rows:
             return length
-    return group
+    return fits[-1] if fits else group
 
 
 def split_long_norms(graph: Graph, target: dict | None, log: RewriteLog | None = None, *, max_rows: int = MAX_ROWS,
