@@ -17,8 +17,10 @@
 #            kernel bar: D 64 at 0.90-0.96x cuDNN where MUFU's exponents take as long as the tensor cores' products).
 #   part 34 (~4 min): HF BERT b32x512 (its attention: 32x12x512x64, no mask) against eager, default and with
 #            TILEFUSE_EXPERIMENTAL=attention_exp_poly (#14's 1.2x eager).
+#   part 35 (~4 min): #13's tuned bar for zoo BERT: untuned and tune=fast (an empty tuning database) against eager,
+#            Inductor default and reduce-overhead, with kernel categories.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-34; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -63,6 +65,11 @@ elif [ "$part" = 33 ]; then
     timeout 280 python3 bench/bench_attention.py --shapes sweep --configs poly --json "$OUT/logs/attn_exp_poly.json" \
         > "$OUT/logs/attn_exp_poly.log" 2>&1
     grep -E "^\||x cuDNN" "$OUT/logs/attn_exp_poly.log" | cut -c1-200 | tail -130
+elif [ "$part" = 35 ]; then
+    TILEFUSE_TUNING_DB="$OUT/tuning_bert.json" timeout 270 python3 bench/bench_models.py --models bert \
+        --peers eager,default,reduce-overhead --tune none,fast --no-warm --reps 30 --json "$OUT/logs/zoo_tuned_bert.json" \
+        > "$OUT/logs/zoo_tuned_bert.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_tuned_bert.log" | cut -c1-220 | head -40
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
     TILEFUSE_EXPERIMENTAL=attention_exp_poly zoo hf-bert 140 hf_bert_exp_poly eager
