@@ -2,7 +2,10 @@
 # What is written and not yet measured, in device calls of under 10 minutes each (the device README's limit), most
 # important first. Parts measured before are in git history at the commits their results name (session 30's:
 # bench/results/2026-12-04-h200-session30, parts 13 and 15-20; session 33's: bench/results/2026-12-05-h200-session33,
-# parts 22 and 23-25; session 35's: bench/results/2026-12-05-h100-session35, parts 12, 21, 22b and 26-28).
+# parts 22 and 23-25; session 35's: bench/results/2026-12-05-h100-session35, parts 12, 21, 22b and 26-28; session
+# 37's: bench/results/2026-12-05-h100-session37, parts 29-33, 35 and 36 (36 at commit 8d748c8)).
+# Session 37 ran parts 29-35 on an H100 (no H200 was lent); the issues' bars ask for the H200, so they stay here
+# for its run (part 34's exp_poly half measured slower at every shape of part 33: leave it out).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -19,12 +22,8 @@
 #            TILEFUSE_EXPERIMENTAL=attention_exp_poly (#14's 1.2x eager).
 #   part 35 (~4 min): #13's tuned bar for zoo BERT: untuned and tune=fast (an empty tuning database) against eager,
 #            Inductor default and reduce-overhead, with kernel categories.
-#   part 36 (~3 min): gemm(ws=True, defer=True) (the GELU applied in the output tile under the next tile's WGMMAs):
-#            its GPU numerics and the split group norms' GPU tests, then the fc1 shapes (BERT, GPT-2, ViT) with the
-#            GELU: ws, sliced and deferred configs against cuBLAS + F.gelu and cuBLAS alone (#13's GEMM bar: fc1 at
-#            0.73-0.85x cuBLAS alone, every GEMM without a GELU 0.99-1.03x; bench/results/2026-12-05-h100-session37).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-36; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -74,15 +73,6 @@ elif [ "$part" = 35 ]; then
         --peers eager,default,reduce-overhead --tune none,fast --no-warm --reps 30 --json "$OUT/logs/zoo_tuned_bert.json" \
         > "$OUT/logs/zoo_tuned_bert.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_tuned_bert.log" | cut -c1-220 | head -40
-elif [ "$part" = 36 ]; then
-    timeout 170 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/test_norm_split.py \
-        "tests/test_gemm_ws.py::test_gemm_ws_deferred_epilogue_gpu_matches_the_reference" \
-        > "$OUT/logs/gpu_tests_deferred.log" 2>&1
-    echo "deferred GELU, split group norms: $(tail -1 "$OUT/logs/gpu_tests_deferred.log")"
-    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_deferred.log" | head -8
-    timeout 220 python3 bench/proto_gemm_ws.py --shapes 16384x3072x768,8192x3072x768,12608x3072x768 --epilogue gelu \
-        --ws-only --sliced --deferred --json "$OUT/logs/gemm_deferred.json" > "$OUT/logs/gemm_deferred.log" 2>&1
-    grep -v -i warn "$OUT/logs/gemm_deferred.log" | cut -c1-200 | tail -45
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
     TILEFUSE_EXPERIMENTAL=attention_exp_poly zoo hf-bert 140 hf_bert_exp_poly eager

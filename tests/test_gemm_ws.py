@@ -50,7 +50,7 @@ def test_gemm_ws_refuses_what_it_cannot_build():
         gemm.gemm(256, 256, 128, prologue=Acc() * 2.0, target=SM90, ws=True, **COOP)
     with pytest.raises(ValueError, match="ws=True needs"):
         gemm.gemm(256, 256, 128, target={"kind": "cuda", "arch": "sm_80"}, ws=True, **COOP)
-    with pytest.raises(ValueError, match="pingpong=True, cluster=2, slice_N and defer=True are options of ws=True"):
+    with pytest.raises(ValueError, match="pingpong=True, cluster=2 and slice_N are options of ws=True"):
         gemm.gemm(256, 256, 128, target=SM90, pingpong=True)
     with pytest.raises(ValueError, match="shared memory"):
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "num_stages": 4})
@@ -182,7 +182,7 @@ def test_gemm_ws_in_2_cta_clusters_multicasts_b_and_frees_each_stage_in_both(tmp
     assert "multicast" not in plain and "cluster" not in plain
     with pytest.raises(ValueError, match="cooperative"):
         gemm.gemm(1000, 4096, 1024, trans_B=True, ws=True, target=SM90, cluster=2, **PP)
-    with pytest.raises(ValueError, match="slice_N and defer=True are options of ws=True"):
+    with pytest.raises(ValueError, match="cluster=2 and slice_N are options of ws=True"):
         gemm.gemm(1000, 4096, 1024, trans_B=True, target=SM90, cluster=2)
     if shutil.which("nvcc"):
         log = _ptxas_log(src, tmp_path)
@@ -246,62 +246,6 @@ def test_gemm_ws_options_gpu_match_the_reference(variant, rng):
                       extra_dtypes=_extra_dtypes(M, N, kw, extras, "float16"), **kw, **cfg)
         runs.append((f"{name} {cfg}", (M, N, K, kw, extras), f))
     _check_on_the_gpu(runs, "float16", rng)
-
-
-# ``defer``: the epilogue's GELU (or silu) in place in the output tile under the next tile's WGMMAs; K 776, 64 and 256
-# give 13, 1 and 4 k-blocks (slices in the loop and after it; none in it; a few in it), 2000 and 4096 rows 2-4 rounds
-# of tiles a program (the last tile's slices after the rounds), 1000 one tile a program (tails in M and K)
-DEFER_CASES = [
-    (2000, 3072, 776, {"trans_B": True, "epilogue": call("gelu", Acc() + Arg(0))}, [(3072,)]),
-    (1000, 3072, 64, {"trans_B": True, "epilogue": call("gelu", Acc() + Arg(0), approximate="tanh")}, [(3072,)]),
-    (4096, 4096, 256, {"trans_B": True, "epilogue": call("silu", Acc() + Arg(0))}, [(4096, 4096)]),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_gemm_ws_deferred_epilogue_gpu_matches_the_reference(dtype, rng):
-    """``defer=True`` at the cooperative seeds: a slice applied twice or not at all, or a tile stored before its
-    slices or from a buffer already rewritten, gives wrong numbers (the value is rounded to the output's dtype
-    before the GELU: within the tolerance)."""
-    runs = [(f"defer {M}x{N}x{K} {kw['epilogue']} {cfg}", (M, N, K, kw, extras),
-             gemm.gemm(M, N, K, A_dtype=dtype, extra_shapes=extras, ws=True, target=SM90, defer=True,
-                       extra_dtypes=_extra_dtypes(M, N, kw, extras, dtype), **kw, **cfg))
-            for M, N, K, kw, extras in DEFER_CASES for cfg in (COOP, NARROW, SHORT)]
-    _check_on_the_gpu(runs, dtype, rng)
-
-
-def test_gemm_ws_deferred_epilogue_runs_under_the_next_tiles_wgmmas(tmp_path):
-    """``defer=True``: the GELU's erff in the main loop (the previous tile's slice after each WGMMA is issued, before
-    the wait for the one before) and after it (the last tile), the tile stored once its slices are done; its slices
-    of 8-column multiples fit the k-blocks; refused where it cannot apply; no spills, no serialized WGMMAs."""
-    f = gemm.gemm(8192, 3072, 768, trans_B=True, epilogue=call("gelu", Acc() + Arg(0)), extra_shapes=[(3072,)],
-                  extra_dtypes=["float16"], ws=True, target=SM90, defer=True, **COOP)
-    src = kernel_source(f, SM90)
-    loop = src[src.index("for (int k_1 = 1; k_1 < 12; ++k_1)"):src.index("tl::wait_wgmma<1>();")]
-    assert "wgmma_ss" in loop and "erff(" in loop and "if (k_1 <= 8)" in loop, loop[:3000]
-    assert src.count("erff(") == 2 and src.count("tl::tma_store(C_desc") == 2
-    assert [gemm_ws.defer_width(n, nk) for n, nk in ((256, 12), (192, 12), (128, 4), (256, 1), (256, 13))] == \
-        [32, 24, 64, 256, 32]
-    plain = kernel_source(gemm.gemm(8192, 3072, 768, trans_B=True, epilogue=call("gelu", Acc() + Arg(0)),
-                                    extra_shapes=[(3072,)], extra_dtypes=["float16"], ws=True, target=SM90, **COOP),
-                          SM90)
-    assert plain.count("erff(") == 1
-    for bad, why in (({**PP}, "cooperative"), ({**SLICED}, "cooperative"), ({**COOP, "cluster": 2}, "cooperative")):
-        with pytest.raises(ValueError, match=why):
-            gemm.gemm(1000, 4096, 1024, trans_B=True, epilogue=call("gelu", Acc()), ws=True, target=SM90,
-                      defer=True, **bad)
-    with pytest.raises(ValueError, match="not a unary special function"):
-        gemm.gemm(1000, 4096, 1024, trans_B=True, epilogue=Acc() + Arg(0), extra_shapes=[(4096,)],
-                  extra_dtypes=["float16"], ws=True, target=SM90, defer=True, **COOP)
-    with pytest.raises(ValueError, match="options of ws=True"):
-        gemm.gemm(1000, 4096, 1024, trans_B=True, epilogue=call("gelu", Acc()), target=SM90, defer=True)
-    with pytest.raises(ValueError, match="2-byte output"):
-        gemm.gemm(1000, 4096, 1024, trans_B=True, epilogue=call("gelu", Acc()), out_dtype="float32", ws=True,
-                  target=SM90, defer=True, **{**COOP, "num_stages": 2})
-    if shutil.which("nvcc"):
-        log = _ptxas_log(src, tmp_path)
-        assert "0 bytes spill stores" in log and "C7513" not in log and "C7514" not in log, log[-3000:]
 
 
 def _check_on_the_gpu(runs, dtype, rng):

@@ -19,7 +19,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
-from tilefuse.lowering.expr import Acc, Call, Env, Expr, args_used, emit, evaluate
+from tilefuse.lowering.expr import Acc, Env, Expr, args_used, emit, evaluate
 from tilefuse.lowering.templates import gemm_ws
 from tilefuse.lowering.templates.common import (
     arg_loader,
@@ -68,7 +68,6 @@ def gemm(
     prefetch_extra: bool = True,
     cluster: int = 1,
     slice_N: int | None = None,
-    defer: bool = False,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B)``; parameters ``A, B, extra_0.., C``.
@@ -90,10 +89,7 @@ def gemm(
     epilogue reading a full-size extra input of the output's dtype from a coalesced copy in the output tile, which
     ``prefetch_extra`` (the default; cooperative schedule) has the producer load by TMA during the tile's main loop;
     ``cluster=2`` runs it in 2-CTA clusters that share each B stage by TMA multicast, and ``slice_N`` has its epilogue
-    store the tile in slices of that many columns (``gemm_ws.gemm_ws`` says more of both). ``defer``: an epilogue
-    ``f(e)`` with ``f`` a unary special function (GELU) stores ``e`` and applies ``f`` in place during the next tile's
-    main loop (``gemm_ws.gemm_ws``'s ``deferred``); ``e`` is rounded to the output's dtype first, as eager rounds a
-    linear's output before its activation.
+    store the tile in slices of that many columns (``gemm_ws.gemm_ws`` says more of both).
     """
     B_dtype, out_dtype, extra_shapes = operand_types("gemm", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
                                                      prologue, target)
@@ -123,19 +119,15 @@ def gemm(
         val = T.Cast(mma_dtype, emit(prologue, Env(acc=src)))
         return T.if_then_else(T.And(m < M, k < K), val, T.Cast(mma_dtype, 0))
 
-    def C_elem(C_f, extras, bcoords, i, j, m0, n0, staged=None, expr=epilogue):
-        """The epilogue (``expr``) of accumulator element (i, j); operands read at clamped coordinates, or from
-        ``staged`` (extra input -> its element in a shared-memory copy)."""
+    def C_elem(C_f, extras, bcoords, i, j, m0, n0, staged=None):
+        """The epilogue of accumulator element (i, j); operands read at clamped coordinates, or from ``staged``
+        (extra input -> its element in a shared-memory copy)."""
         m = T.min(m0 + i, M - 1) if clamp_m else m0 + i
         n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
-        return epilogue_at(expr, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype, staged, fast)
+        return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype, staged, fast)
 
-    if (pingpong or cluster != 1 or slice_N or defer) and not ws:
-        raise ValueError("gemm: pingpong=True, cluster=2, slice_N and defer=True are options of ws=True")
-    outer = deferrable(epilogue) if defer else None
-    if defer and outer is None:
-        raise ValueError(f"gemm(ws=True, defer=True): the epilogue {epilogue} is not a unary special function "
-                         f"({', '.join(sorted(gemm_ws.DEFERRABLE))}) of an expression")
+    if (pingpong or cluster != 1 or slice_N) and not ws:
+        raise ValueError("gemm: pingpong=True, cluster=2 and slice_N are options of ws=True")
     if ws:
         if not gemm_ws.eligible(target, N=N, K=K, trans_A=trans_A, trans_B=trans_B, batch_A=batch_A,
                                 batch_B=batch_B, A_dtype=A_dtype, B_dtype=B_dtype, out_dtype=out_dtype,
@@ -145,17 +137,14 @@ def gemm(
         # a full-size extra of the output's dtype (a residual; LLaMA's up under silu(gate) * up) is copied into the
         # output tile first, coalesced, and read there: at the accumulator's layout it is a strided gather
         staged = ws_staged_extra(M, N, epilogue, extra_shapes, extra_dtypes, out_dtype) if stage_extra else None
-        inner = outer.args[0] if outer is not None else epilogue
         return gemm_ws.gemm_ws(
             M, N, K, trans_B=trans_B, dtype=mma_dtype, out_dtype=out_dtype, extra_shapes=extra_shapes,
             extra_dtypes=extra_dtypes, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
             pingpong=pingpong, target=target, staged=staged, prefetch_extra=prefetch_extra, cluster=cluster,
             slice_N=slice_N,
             epilogue_elem=lambda C_f, extras, i, j, m0, n0, tile=None: (
-                C_f[i, j] if inner is None else
-                C_elem(C_f, extras, (), i, j, m0, n0, None if tile is None else {staged: tile[i, j]}, inner)),
-            deferred=None if outer is None else (
-                lambda x: T.Cast(accum_dtype, emit(Call(outer.op, (Acc(),), outer.attrs), Env(acc=x, fast=fast)))))
+                C_f[i, j] if epilogue is None else
+                C_elem(C_f, extras, (), i, j, m0, n0, None if tile is None else {staged: tile[i, j]})))
 
     @T.prim_func
     def gemm_kernel():
@@ -259,14 +248,6 @@ def ws_staged_extra(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequenc
                     extra_dtypes: Sequence[str], out_dtype: str) -> int | None:
     """The extra input ``gemm(ws=True)`` stages in its output tile: the first full-size one of the output's dtype."""
     return next((k for k in staged_extras(M, N, epilogue, extra_shapes) if extra_dtypes[k] == out_dtype), None)
-
-
-def deferrable(epilogue: Expr | None) -> Call | None:
-    """``epilogue`` where ``gemm(ws=True, defer=True)`` takes it: a call of one of ``gemm_ws.DEFERRABLE`` on one
-    expression (``gelu(acc + bias)``), else None."""
-    if isinstance(epilogue, Call) and epilogue.op in gemm_ws.DEFERRABLE and len(epilogue.args) == 1:
-        return epilogue
-    return None
 
 
 def epilogue_at(epilogue: Expr, acc, extras: Sequence, extra_shapes: Sequence[Sequence[int]], coords: Sequence,

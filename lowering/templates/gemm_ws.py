@@ -26,6 +26,14 @@ last store has read the tile), so the load runs under the main loop. On the H200
 2026-12-04-h200-session28) that took LLaMA's gate GEMM with ``silu * up`` from 0.548 to 0.490 ms, BERT's fc2 with its
 residual from 0.1355 to 0.1289 ms; with the epilogue's fast sigmoid (``lowering.emitters.FAST_EMITTERS``) 0.443 ms,
 1.22x cuBLAS followed by torch's silu and mul.
+
+A GELU epilogue (fc1) costs the cooperative schedule about 30% over the bare product: on the H100 (2026-12-05,
+bench/results/2026-12-05-h100-session37) 16384 x 3072 x 768 ran 0.1607 ms against cuBLAS's 0.1179 without the GELU
+(0.193 with F.gelu after it), where every GEMM without a GELU ran 0.99-1.03x cuBLAS. Tried there and dropped: the
+GELU deferred to the next tile's main loop (the epilogue's value written to the output tile, the GELU applied there
+in slices between the next tile's WGMMA issues and waits, through registers, two named barriers a k-block), right
+at every shape (error 0 against eager's rounding) but 0.82-0.96x cuBLAS + F.gelu where the sliced seed ran 1.14-1.24x
+(commit 8d748c8 holds it).
 """
 
 from __future__ import annotations
@@ -99,7 +107,6 @@ WIDE_GAIN, WIDE_K, WIDE_N = 0.96, 2048, 2048
 SHORT_K, SHORT_WAVES = range(2048, 3072), 4
 SLICE_GAIN, SLICE_K = 0.97, 1024
 SPECIAL_OPS = frozenset({"gelu", "erf", "tanh", "exp", "sigmoid", "silu"})
-DEFERRABLE = frozenset({"gelu", "erf", "tanh", "sigmoid", "silu"})  # (``deferred``: unary, elementwise)
 
 
 def seeds(out_dtype: str, M: int, N: int, K: int, sms: int, epilogue_ops: frozenset[str] = frozenset(),
@@ -123,13 +130,6 @@ def seeds(out_dtype: str, M: int, N: int, K: int, sms: int, epilogue_ops: frozen
     return sorted([narrow, wide, *sliced], key=cost) + [short]  # (stable: a tie keeps 192 first)
 
 
-def defer_width(block_N: int, nk: int) -> int:
-    """The columns of each slice of a deferred epilogue op (``gemm_ws``'s ``deferred``): the narrowest multiple of 8
-    dividing ``block_N`` whose slices all fit under the ``nk - 1`` WGMMAs issued after a tile's first."""
-    return next(w for w in range(8, block_N + 1, 8) if block_N % w == 0 and block_N // w <= max(nk - 1, 1)) \
-        if block_N % 8 == 0 else block_N
-
-
 def grouped(t, tm: int, tn: int, group: int):
     """(row tile, column tile) of a persistent program's tile ``t`` of ``tm`` x ``tn``: ``group`` row tiles walk all
     column tiles together (the column operand's tiles shared in L2 between them). Both ws GEMMs' order."""
@@ -150,7 +150,7 @@ def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dt
 def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str, epilogue_elem, extra_shapes,
             extra_dtypes, block_M: int, block_N: int, block_K: int, num_stages: int, pingpong: bool = False,
             group: int = 8, staged: int | None = None, prefetch_extra: bool = True, cluster: int = 1,
-            slice_N: int | None = None, deferred=None, target: dict | str):
+            slice_N: int | None = None, target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
     passes ``epilogue_elem(C_f, extras, i, j, m0, n0, tile)``, the accumulator element through the epilogue (fp32).
     ``staged``: the extra input (of the output's shape and dtype) copied into the output tile before the epilogue, which
@@ -161,21 +161,12 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     at four of the zoo's GEMM-bound shapes; no seed uses it).
     ``slice_N`` (cooperative schedule): the epilogue runs and stores the tile in slices of that many columns through two
     shared-memory buffers taking turns (each waits only for the store two slices back), not one whole output tile: a
-    128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged).
-    ``deferred`` (cooperative schedule, 2-byte outputs; ``f(x)``, fp32 to fp32): the epilogue writes its value to the
-    output tile in shared memory, and ``f`` is applied there in place, a ``defer_width``-column slice after each of
-    the next tile's WGMMAs is issued (the rest after its main loop), before the tile is stored: a GELU's arithmetic
-    under the tensor cores' work, not after it (a GELU epilogue ran 0.73x cuBLAS's bare GEMM at 16384 x 3072 x 768 on
-    the H100, 2026-12-05, every GEMM without one 0.99-1.03x: bench/results/2026-12-05-h100-session37). Written without
-    a GPU to run it; no seed uses it."""
+    128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged)."""
     accum = "float32"
     if slice_N is not None and (pingpong or slice_N <= 0 or block_N % slice_N or slice_N * ITEM[out_dtype] % 16):
         raise ValueError(f"gemm(ws=True): slice_N={slice_N}; a divisor of block_N={block_N} (16-byte rows), with the "
                          "cooperative schedule")
-    if deferred is not None and (pingpong or slice_N or cluster != 1 or ITEM[out_dtype] != 2):
-        raise ValueError("gemm(ws=True): a deferred epilogue op takes the cooperative schedule, whole output tiles, "
-                         "cluster 1 and a 2-byte output")
-    staged = None if slice_N or deferred is not None else staged
+    staged = None if slice_N else staged
     if num_stages < 2:  # (a consumer frees a stage only once the next one's WGMMA is issued)
         raise ValueError(f"gemm(ws=True): {num_stages} stage(s); the pipeline needs at least 2")
     smem = smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong, slice_N)
@@ -309,58 +300,6 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                 epilogue(C, C_f, C_s, extras, bm, bn, t, None, None)
         T.tma_store_wait()
 
-    width = defer_width(block_N, nk)
-    slices = block_N // width
-
-    @T.macro
-    def defer_slice(C_s, D_f, c):
-        """``deferred`` on the output tile's columns ``c * width`` on, in place, through registers (``D_f``): a loop
-        that read and wrote C_s would take a barrier an element row."""
-        for i, j in T.Parallel(block_M, width):
-            D_f[i, j] = T.Cast(accum, C_s[i, c * width + j])
-        for i, j in T.Parallel(block_M, width):
-            C_s[i, c * width + j] = T.Cast(out_dtype, deferred(D_f[i, j]))
-
-    @T.macro
-    def store_deferred(C, C_s, D_f, pid, t, first):
-        """Tile ``t`` (its value in C_s): ``deferred`` on its slices from ``first`` on, then its TMA store, waited
-        for before C_s is written again (the issuing thread waits; TileLang's sync follows)."""
-        for c in T.serial(first, slices):
-            defer_slice(C_s, D_f, c)
-        bm, bn = where(pid + t * grid, 0)
-        T.tma_copy(C_s, C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
-        T.tma_store_wait()
-
-    @T.macro
-    def cooperate_deferred(A_s, B_s, C_f, C_s, D_f, full, empty, C, extras, pid):
-        """The cooperative schedule with ``deferred``: tile ``t - 1``'s slices under tile ``t``'s WGMMAs."""
-        T.inc_max_nreg(CONSUMER_REGS)
-        for t in T.serial(rounds):
-            if pid + t * grid < tiles:
-                bm, bn = where(pid + t * grid, 0)
-                g0 = t * nk
-                T.mbarrier_wait_parity(full[g0 % num_stages], (g0 // num_stages) % 2)
-                T.wgmma_gemm(A_s[g0 % num_stages, :, :], B_s[g0 % num_stages, :, :], C_f, transpose_B=trans_B,
-                             clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                for k in T.serial(1, nk):
-                    g = g0 + k
-                    T.mbarrier_wait_parity(full[g % num_stages], (g // num_stages) % 2)
-                    T.wgmma_gemm(A_s[g % num_stages, :, :], B_s[g % num_stages, :, :], C_f, transpose_B=trans_B,
-                                 policy=T.GemmWarpPolicy.FullRow)
-                    if t > 0:  # the previous tile's slice k - 1 while this product runs
-                        if k <= slices:
-                            defer_slice(C_s, D_f, k - 1)
-                    T.wait_wgmma(1)
-                    release(empty, (g - 1) % num_stages)
-                T.wait_wgmma(0)
-                release(empty, (t * nk + nk - 1) % num_stages)
-                if t > 0:
-                    store_deferred(C, C_s, D_f, pid, t - 1, min(nk - 1, slices))
-                for i, j in T.Parallel(block_M, block_N):
-                    C_s[i, j] = T.Cast(out_dtype, epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N))
-        # the last tile (grid <= tiles: every program has one)
-        store_deferred(C, C_s, D_f, pid, (tiles - 1 - pid) // grid, 0)
-
     @T.macro
     def cooperate(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, rank, xfull, xfree):
         """Both consumer groups on each tile, 64 rows each."""
@@ -390,7 +329,6 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             C_f0 = T.alloc_fragment((block_M, block_N), accum)
             C_s1 = T.alloc_shared((block_M, block_N), out_dtype) if pingpong else None  # group 1's own tile
             C_f1 = T.alloc_fragment((block_M, block_N), accum) if pingpong else None
-            D_f = T.alloc_fragment((block_M, width), accum) if deferred is not None else None  # a deferred slice
             full = T.alloc_barrier([128] * num_stages)
             if cluster == 1:
                 empty = T.alloc_barrier([128 if pingpong else 256] * num_stages)  # (ping-pong: each fill one group's)
@@ -410,8 +348,6 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                     take_turns(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, 0)
                 else:
                     take_turns(A_s, B_s, C_f1, C_s1, full, empty, C, extras, pid, 1)
-            elif deferred is not None:
-                cooperate_deferred(A_s, B_s, C_f0, C_s0, D_f, full, empty, C, extras, pid)
             else:
                 cooperate(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, rank, xfull, xfree)
             if cluster > 1:  # no CTA leaves while a peer may still arrive on its barriers
