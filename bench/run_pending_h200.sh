@@ -4,7 +4,7 @@
 # bench/results/2026-12-04-h200-session30, parts 13 and 15-20; session 33's: bench/results/2026-12-05-h200-session33,
 # parts 22 and 23-25; session 35's: bench/results/2026-12-05-h100-session35, parts 12, 21, 22b and 26-28; session
 # 37's: bench/results/2026-12-05-h100-session37, parts 29-33, 35 and 36 (36 at commit 8d748c8)).
-# Session 37 ran parts 29-35 on an H100 (no H200 was lent); the issues' bars ask for the H200, so they stay here
+# Session 37 ran parts 29-33 and 35 on an H100 (no H200 was lent); the issues' bars ask for the H200, so they stay here
 # for its run (part 34's exp_poly half measured slower at every shape of part 33: leave it out).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
