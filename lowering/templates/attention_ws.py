@@ -219,8 +219,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     approximate; the default of the ws seeds since the H200's sweep of 2026-12-05 (``attention_configs.get_configs``).
     ``exp_poly`` (k > 1): every k-th 8-column block of a key tile's scores takes its exponents from
     ``common.poly_exp2`` on the FMA units instead of MUFU: on the H100 (2026-12-05,
-    bench/results/2026-12-05-h100-session37) slower than without at all 13 of the sweep's shapes (k = 4: 0.64-0.97x
-    the plain kernel's speed at 128-row tiles, down to 0.12x at 192-row ones), so MUFU is not what holds D 64 back in
+    bench/results/2026-12-05-h100-session37) slower than without at all 13 of the sweep's shapes (k = 4: 0.69-0.97x
+    the plain kernel's speed at 128-row tiles, down to 0.11x at 192-row ones), so MUFU is not what holds D 64 back in
     this schedule.
     ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on the H200 (2026-12-03, within +-3% of
     the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed offers these five;
