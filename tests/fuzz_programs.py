@@ -92,6 +92,8 @@ class _CpuKernelF:
     and bfloat16: what this machine's kernel gives), not the scalar path's (eager's answer for the same value depends
     on the tensor's size and layout, and on the CPU's vector width)."""
 
+    OPS = frozenset({"gelu"})  # the ops computed here otherwise than ``F`` does (``torch_paths`` undoes it)
+
     def __getattr__(self, name):
         return getattr(F, name)
 
