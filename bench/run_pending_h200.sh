@@ -5,7 +5,7 @@
 # parts 22 and 23-25; session 35's: bench/results/2026-12-05-h100-session35, parts 12, 21, 22b and 26-28; session
 # 37's: bench/results/2026-12-05-h100-session37, parts 29-33, 35 and 36 (36 at commit 8d748c8)).
 # Session 37 ran parts 29-33 and 35 on an H100 (no H200 was lent); the issues' bars ask for the H200, so they stay here
-# for its run (part 34's exp_poly half measured slower at every shape of part 33: leave it out).
+# for its run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -18,8 +18,7 @@
 #   part 33 (~7 min): exp_poly (a share of the softmax's exponents on the FMA units): its GPU numerics, then the
 #            attention sweep's 13 shapes, the ws seeds with every 8th and 4th column block so, against cuDNN (#14's
 #            kernel bar: D 64 at 0.90-0.96x cuDNN where MUFU's exponents take as long as the tensor cores' products).
-#   part 34 (~4 min): HF BERT b32x512 (its attention: 32x12x512x64, no mask) against eager, default and with
-#            TILEFUSE_EXPERIMENTAL=attention_exp_poly (#14's 1.2x eager).
+#   part 34 (~2 min): HF BERT b32x512 (its attention: 32x12x512x64, no mask) against eager (#14's 1.2x eager).
 #   part 35 (~4 min): #13's tuned bar for zoo BERT: untuned and tune=fast (an empty tuning database) against eager,
 #            Inductor default and reduce-overhead, with kernel categories.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -75,7 +74,6 @@ elif [ "$part" = 35 ]; then
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_tuned_bert.log" | cut -c1-220 | head -40
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
-    TILEFUSE_EXPERIMENTAL=attention_exp_poly zoo hf-bert 140 hf_bert_exp_poly eager
 fi
 done
 echo "== end (at ${SECONDS} s)"

@@ -79,11 +79,7 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
                    if f"attention_{o}" in trying}
         if ws and kw.get("mask_shape") is not None:  # the padding mask's bound: no key tile past the last kept key
             options["bound_keys"] = True
-        configs = [{**c, **options} if c.get("ws") else c for c in configs]
-        if "attention_exp_poly" in trying:  # every 4th 8-column block's exponents on the FMA units (4 of 16)
-            configs = [{**c, "exp_poly": 4} if c.get("ws") and attention_ws.exp_poly_fits(c["block_N"], 4) else c
-                       for c in configs]
-        return configs
+        return [{**c, **options} if c.get("ws") else c for c in configs]
     if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
         return module.get_configs(target, kw.get("B_dtype"), paired=True)
     # gemm/conv seeds depend on the operand dtype

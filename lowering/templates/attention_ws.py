@@ -178,11 +178,6 @@ def seeds(D: int) -> list[tuple[int, int, int, int]]:
     return WS_SEEDS[64] if D <= 64 else WS_SEEDS[128]
 
 
-def exp_poly_fits(block_N: int, k: int) -> bool:
-    """Whether ``exp_poly=k`` (every k-th 8-column block of a key tile on the FMA units) fits ``block_N``-key tiles."""
-    return k >= 2 and block_N % (8 * k) == 0
-
-
 def _region(buf, layout, b, h, s, rows: int, D: int):
     """The ``rows`` x ``D`` tile of head ``h`` from token ``s`` on, as a buffer region (a TMA box)."""
     if layout is None:
@@ -224,9 +219,9 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     this schedule.
     ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on the H200 (2026-12-03, within +-3% of
     the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed offers these five;
-    ``Options.experimental`` and ``bench_attention.py``'s variants do."""
+    ``bench_attention.py``'s variants do, and ``Options.experimental`` all but ``exp_poly``."""
     consumers = threads // 128
-    if exp_poly and not exp_poly_fits(block_N, exp_poly):
+    if exp_poly and (exp_poly < 2 or block_N % (8 * exp_poly)):
         raise ValueError(f"flash_attention(ws=True): exp_poly={exp_poly}: every k-th of a key tile's 8-column blocks, "
                          f"k at least 2 and dividing {block_N // 8}")
     if threads % 128 or consumers not in CONSUMER_REGS or block_M != 64 * consumers:

@@ -245,8 +245,8 @@ def normalize_shapes(shapes: Sequence[Sequence[int]] | None) -> tuple[Shape, ...
 # long as its two products keep the tensor cores (4096 FLOP a clock). The form: round to nearest by the 1.5 * 2^23
 # shift, a degree-3 fit of 2^f on [-1/2, 1/2] (relative error 7.5e-5, under the half ulp, 4.9e-4, of the fp16 the
 # probabilities are stored in), and the integer part added to the exponent's bits.
-# Measured on the H100 (2026-12-05): the attention ran slower with it at every shape of the sweep, so it stays
-# opt-in (``Options.experimental`` "attention_exp_poly").
+# Measured on the H100 (2026-12-05): the attention ran slower with it at every shape of the sweep, so only
+# ``bench_attention.py --configs poly`` asks for it.
 POLY_EXP2 = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716685295105)
 ROUND_SHIFT = 12582912.0  # 1.5 * 2^23: t = x + ROUND_SHIFT holds round(x) in its low mantissa bits
 
