@@ -89,6 +89,16 @@ elif [ "$part" = 37 ]; then
         --shapes 8192x768x768,8192x2304x768,16384x768x3072,8192x5632x2048 > "$OUT/logs/overlap_bias.log" 2>&1
     grep -v -i warn "$OUT/logs/overlap_bias.log" | sed -e 's/"block_M": 128, //' -e 's/"block_K": 64, //' | cut -c1-150 \
         | tail -36
+elif [ "$part" = 38 ]; then  # (part 37's overlap with fewer k-blocks ahead: 1-3)
+    timeout 200 python3 bench/proto_gemm_ws.py --ws-only --epilogue gelu --sliced --overlap \
+        --shapes 16384x3072x768,8192x3072x768 --json "$OUT/logs/overlap_gelu_ahead.json" \
+        > "$OUT/logs/overlap_gelu_ahead.log" 2>&1
+    grep -v -i warn "$OUT/logs/overlap_gelu_ahead.log" | sed -e 's/"block_M": 128, //' -e 's/"block_K": 64, //' \
+        | cut -c1-150 | tail -36
+    timeout 160 python3 bench/proto_gemm_ws.py --ws-only --overlap --json "$OUT/logs/overlap_bias_ahead.json" \
+        --shapes 8192x2304x768,8192x768x768 > "$OUT/logs/overlap_bias_ahead.log" 2>&1
+    grep -v -i warn "$OUT/logs/overlap_bias_ahead.log" | sed -e 's/"block_M": 128, //' -e 's/"block_K": 64, //' \
+        | cut -c1-150 | tail -24
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -150,7 +150,7 @@ def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dt
 def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str, epilogue_elem, extra_shapes,
             extra_dtypes, block_M: int, block_N: int, block_K: int, num_stages: int, pingpong: bool = False,
             group: int = 8, staged: int | None = None, prefetch_extra: bool = True, cluster: int = 1,
-            slice_N: int | None = None, overlap: bool = False, target: dict | str):
+            slice_N: int | None = None, overlap: bool | int = False, target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
     passes ``epilogue_elem(C_f, extras, i, j, m0, n0, tile)``, the accumulator element through the epilogue (fp32).
     ``staged``: the extra input (of the output's shape and dtype) copied into the output tile before the epilogue, which
@@ -163,7 +163,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     shared-memory buffers taking turns (each waits only for the store two slices back), not one whole output tile: a
     128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged).
     ``overlap`` (cooperative schedule, 2-CTA clusters aside): two accumulators taking turns, so that a tile's epilogue
-    runs while the next tile's first ``num_stages - 1`` k-blocks are on the tensor cores (issued before it, waited on
+    runs while the next tile's first ``num_stages - 1`` (or ``overlap``) k-blocks are on the tensor cores (issued before it, waited on
     after it: FlashAttention-3's overlap of the softmax with the next product, here of a GELU with the next tile's);
     a full-size extra is then read where it lies (not staged). Where K is a single k-block there is nothing to overlap
     and the plain cooperative loop runs."""
@@ -197,7 +197,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     grid = min(device_facts(target).sms // cluster, tiles)  # programs: clusters of ``cluster`` CTAs
     rounds = -(-tiles // grid)
     nk = -(-K // block_K)
-    ahead = min(num_stages - 1, nk - 1) if overlap else 0  # k-blocks of the next tile issued before an epilogue
+    # k-blocks of the next tile issued before an epilogue (``overlap``: True, as many as the stages allow; or a number)
+    ahead = min(num_stages - 1 if overlap is True else int(overlap), num_stages - 1, nk - 1) if overlap else 0
     B_tile = (block_N, block_K) if trans_B else (block_K, block_N)
 
     def where(t, rank):
