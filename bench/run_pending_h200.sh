@@ -89,7 +89,11 @@ elif [ "$part" = 37 ]; then
         --shapes 8192x768x768,8192x2304x768,16384x768x3072,8192x5632x2048 > "$OUT/logs/overlap_bias.log" 2>&1
     grep -v -i warn "$OUT/logs/overlap_bias.log" | sed -e 's/"block_M": 128, //' -e 's/"block_K": 64, //' | cut -c1-150 \
         | tail -36
-elif [ "$part" = 38 ]; then  # (part 37's overlap with fewer k-blocks ahead: 1-3)
+elif [ "$part" = 38 ]; then  # (part 37's overlap with 1-4 k-blocks ahead, its heads and tails under one branch each)
+    timeout 200 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider -k variant3 \
+        "tests/test_gemm_ws.py::test_gemm_ws_options_gpu_match_the_reference" > "$OUT/logs/gpu_tests_overlap.log" 2>&1
+    echo "overlap numerics: $(tail -1 "$OUT/logs/gpu_tests_overlap.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_overlap.log" | head -8
     timeout 200 python3 bench/proto_gemm_ws.py --ws-only --epilogue gelu --sliced --overlap \
         --shapes 16384x3072x768,8192x3072x768 --json "$OUT/logs/overlap_gelu_ahead.json" \
         > "$OUT/logs/overlap_gelu_ahead.log" 2>&1

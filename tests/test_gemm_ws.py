@@ -21,7 +21,7 @@ COOP = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3}
 PP = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 4, "pingpong": True}
 NARROW = {**COOP, "block_N": 192, "num_stages": 4}  # (the other cooperative seeds)
 SHORT = {**COOP, "block_N": 128, "num_stages": 5}
-OVERLAP = {**SHORT, "overlap": True}  # (two accumulators: at most 128 x 192)
+OVERLAP = {**SHORT, "overlap": True}  # (two accumulators: at most 128 x 128)
 
 
 @pytest.mark.parametrize("target,kw,ok", [
@@ -61,7 +61,7 @@ def test_gemm_ws_refuses_what_it_cannot_build():
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**PP, "block_N": 256, "num_stages": 2})
     with pytest.raises(ValueError, match="64 rows each"):
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "block_M": 64})
-    with pytest.raises(ValueError, match="two accumulators of at most 128 x 192"):
+    with pytest.raises(ValueError, match="two accumulators of at most 128 x 128"):
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "overlap": True})
     for other in ({"pingpong": True}, {"cluster": 2}, {"slice_N": 64}):
         with pytest.raises(ValueError, match="overlap is an option of the cooperative schedule"):
@@ -177,6 +177,7 @@ def test_gemm_ws_wgmmas_are_not_serialized_by_ptxas(cfg, tmp_path):
     log = _ptxas_log(kernel_source(f, SM90), tmp_path)
     assert "Used" in log and "registers" in log and "0 bytes spill stores" in log, log[-3000:]
     assert "serialized" not in log and "C7513" not in log and "C7514" not in log, log[-3000:]
+    assert "C7517" not in log, log[-3000:]  # (no wait injected: no product in flight where an epilogue reads)
 
 
 def test_gemm_ws_in_2_cta_clusters_multicasts_b_and_frees_each_stage_in_both(tmp_path):
@@ -427,6 +428,7 @@ def test_gemm_sp_ws_wgmmas_are_not_serialized_by_ptxas(tmp_path):
     log = _ptxas_log(kernel_source(f, SM90), tmp_path)
     assert "Used" in log and "registers" in log and "0 bytes spill stores" in log, log[-3000:]
     assert "serialized" not in log and "C7513" not in log and "C7514" not in log, log[-3000:]
+    assert "C7517" not in log, log[-3000:]  # (no wait injected: no product in flight where an epilogue reads)
 
 
 def test_no_config_space_offers_gemm_sp_ws():

@@ -183,8 +183,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                          f"{num_stages} stages{', two output tiles' if pingpong else ''}; at most {SMEM_MAX}")
     if pingpong and block_M * block_N > 128 * 128:  # (a warp group's accumulator: 128 registers a thread)
         raise ValueError(f"gemm(ws=True, pingpong=True): a {block_M}x{block_N} tile per warp group; at most 128 x 128")
-    if overlap and block_N > 192:  # (each accumulator block_N / 2 registers a thread)
-        raise ValueError(f"gemm(ws=True, overlap=True): block_N={block_N}; two accumulators of at most 128 x 192")
+    if overlap and block_N > 128:  # (each accumulator block_N / 2 registers a thread; 128 x 192 spilled)
+        raise ValueError(f"gemm(ws=True, overlap=True): block_N={block_N}; two accumulators of at most 128 x 128")
     if not pingpong and block_M != 128:
         raise ValueError(f"gemm(ws=True): block_M={block_M}; the two consumer warp groups own 64 rows each")
     if cluster not in (1, 2) or (cluster == 2 and pingpong):
@@ -338,22 +338,24 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         policy = T.GemmWarpPolicy.FullRow
         head(A_s, B_s, C_f0, full, 0, policy)
         tail(A_s, B_s, C_f0, full, empty, 0, policy)
-        for j in T.serial(-(-rounds // 2)):
-            t = 2 * j
+        for j in T.serial(-(-rounds // 2)):  # (a head and its tail under one branch: ptxas then sees no product
+            t = 2 * j                          # in flight where an epilogue reads, and serializes none)
             if pid + t * grid < tiles:  # tile t's products are in C_f0
                 bm, bn = where(pid + t * grid, 0)
                 if pid + (t + 1) * grid < tiles:
                     head(A_s, B_s, C_f1, full, t + 1, policy)
-                epilogue(C, C_f0, C_s, extras, bm, bn, t, None, None)
-                if pid + (t + 1) * grid < tiles:
+                    epilogue(C, C_f0, C_s, extras, bm, bn, t, None, None)
                     tail(A_s, B_s, C_f1, full, empty, t + 1, policy)
+                else:
+                    epilogue(C, C_f0, C_s, extras, bm, bn, t, None, None)
             if pid + (t + 1) * grid < tiles:  # tile t + 1's are in C_f1
                 bm1, bn1 = where(pid + (t + 1) * grid, 0)
                 if pid + (t + 2) * grid < tiles:
                     head(A_s, B_s, C_f0, full, t + 2, policy)
-                epilogue(C, C_f1, C_s, extras, bm1, bn1, t + 1, None, None)
-                if pid + (t + 2) * grid < tiles:
+                    epilogue(C, C_f1, C_s, extras, bm1, bn1, t + 1, None, None)
                     tail(A_s, B_s, C_f0, full, empty, t + 2, policy)
+                else:
+                    epilogue(C, C_f1, C_s, extras, bm1, bn1, t + 1, None, None)
         T.tma_store_wait()
 
     @T.macro
