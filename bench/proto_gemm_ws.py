@@ -11,7 +11,6 @@ neither is measured yet.
 
 Usage (device):  python bench/proto_gemm_ws.py [--json out.json] [--shapes 8192x16384x4096,...] [--ws-only
                  [--pingpong]] [--epilogue bias|gelu|silu_mul|residual] [--gathered] [--copied] [--cluster] [--sliced]
-                 [--overlap]
 (--copied: a full-size extra copied into the output tile by the consumers after the main loop, beside the default,
 the producer's TMA load of it during the main loop; the plain GEMM's cuBLAS time is printed beside the peer's.)
 """
@@ -36,13 +35,13 @@ EPILOGUE, FULL = EPILOGUES["bias"], False  # FULL: the extra input is (M, N), no
 
 def gemm_ws(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 256, block_K: int = 64, stages: int = 4,
             pingpong: bool = False, dtype: str = "float16", stage_extra: bool = True, prefetch_extra: bool = True,
-            cluster: int = 1, slice_N: int | None = None, overlap: bool | int = False):
+            cluster: int = 1, slice_N: int | None = None):
     """``C (M, N) = A (M, K) @ W (N, K)^T + bias (N)`` through ``gemm(ws=True)`` (``lowering/templates/gemm_ws.py``,
     where the prototype of session 20 now lives); parameters ``A, W, bias, C``."""
     return gemm.gemm(M, N, K, trans_B=True, A_dtype=dtype, epilogue=EPILOGUE, extra_shapes=[(M, N) if FULL else (N,)],
                      extra_dtypes=[dtype], block_M=block_M, block_N=block_N, block_K=block_K, num_stages=stages,
                      ws=True, pingpong=pingpong, stage_extra=stage_extra, prefetch_extra=prefetch_extra,
-                     cluster=cluster, slice_N=slice_N, overlap=overlap, target=TARGET)
+                     cluster=cluster, slice_N=slice_N, target=TARGET)
 
 
 def gemm_ws_pingpong(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 128, block_K: int = 64,
@@ -63,11 +62,6 @@ PINGPONG_CONFIGS = [{"block_M": m, "block_N": n, "block_K": 64, "stages": st}
 # the 128 x 256 tile and a 6th of 128 x 128 (session 30)
 SLICED_CONFIGS = [{"block_M": 128, "block_N": n, "block_K": 64, "stages": st, "slice_N": sn}
                   for n, st, sn in ((256, 4, 64), (256, 4, 32), (256, 3, 64), (128, 6, 64))]
-
-# --overlap: each tile's epilogue under the next tile's first products, two accumulators taking turns (session 38)
-# (overlap: how many k-blocks ahead; all the stages but one ran 0.72-1.01x cuBLAS on the H100, slower than without)
-OVERLAP_CONFIGS = [{"block_M": 128, "block_N": n, "block_K": 64, "stages": st, "overlap": ov}
-                   for n, st, ov in ((128, 5, 1), (128, 5, 2), (128, 5, 4), (128, 6, 2), (128, 6, 3), (128, 4, 1))]
 
 
 LOG2E = 1.4426950408889634
@@ -197,7 +191,6 @@ def main(argv=None) -> int:
     ap.add_argument("--cluster", action="store_true", help="each ws config also in 2-CTA clusters (B multicast)")
     ap.add_argument("--gelu-forms", action="store_true", help="the first two ws configs with the GELU by erfc")
     ap.add_argument("--sliced", action="store_true", help="the sliced epilogue's configs too (SLICED_CONFIGS)")
-    ap.add_argument("--overlap", action="store_true", help="the overlapped epilogue's configs too (OVERLAP_CONFIGS)")
     a = ap.parse_args(argv)
     global EPILOGUE, FULL
     EPILOGUE, FULL = EPILOGUES[a.epilogue], a.epilogue in ("silu_mul", "residual")
@@ -211,7 +204,6 @@ def main(argv=None) -> int:
     gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("gelu=erfc",)] if a.gelu_forms else []
     gathered += [("ws cluster 2", gemm_ws, [{**c, "cluster": 2} for c in CONFIGS])] if a.cluster else []
     gathered += [("ws sliced", gemm_ws, SLICED_CONFIGS)] if a.sliced else []
-    gathered += [("ws overlap", gemm_ws, OVERLAP_CONFIGS)] if a.overlap else []
     builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:

@@ -21,7 +21,6 @@ COOP = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3}
 PP = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 4, "pingpong": True}
 NARROW = {**COOP, "block_N": 192, "num_stages": 4}  # (the other cooperative seeds)
 SHORT = {**COOP, "block_N": 128, "num_stages": 5}
-OVERLAP = {**SHORT, "overlap": True}  # (two accumulators: at most 128 x 128)
 
 
 @pytest.mark.parametrize("target,kw,ok", [
@@ -51,7 +50,7 @@ def test_gemm_ws_refuses_what_it_cannot_build():
         gemm.gemm(256, 256, 128, prologue=Acc() * 2.0, target=SM90, ws=True, **COOP)
     with pytest.raises(ValueError, match="ws=True needs"):
         gemm.gemm(256, 256, 128, target={"kind": "cuda", "arch": "sm_80"}, ws=True, **COOP)
-    with pytest.raises(ValueError, match="pingpong=True, cluster=2, slice_N and overlap are options of ws=True"):
+    with pytest.raises(ValueError, match="pingpong=True, cluster=2 and slice_N are options of ws=True"):
         gemm.gemm(256, 256, 128, target=SM90, pingpong=True)
     with pytest.raises(ValueError, match="shared memory"):
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "num_stages": 4})
@@ -61,11 +60,6 @@ def test_gemm_ws_refuses_what_it_cannot_build():
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**PP, "block_N": 256, "num_stages": 2})
     with pytest.raises(ValueError, match="64 rows each"):
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "block_M": 64})
-    with pytest.raises(ValueError, match="two accumulators of at most 128 x 128"):
-        gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "overlap": True})
-    for other in ({"pingpong": True}, {"cluster": 2}, {"slice_N": 64}):
-        with pytest.raises(ValueError, match="overlap is an option of the cooperative schedule"):
-            gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**OVERLAP, "num_stages": 4, **other})
 
 
 # name -> (M, N, K, gemm kwargs, extras' shapes)
@@ -142,12 +136,7 @@ def test_a_full_size_extra_is_read_from_a_coalesced_copy_in_the_output_tile(tmp_
 
 
 def test_gemm_ws_lowers_with_the_overlap_and_the_turns():
-    overlapped = [(f"{name} overlap", case, gemm.gemm(case[0], case[1], case[2], extra_shapes=case[4], ws=True,
-                                                       target=SM90, extra_dtypes=_extra_dtypes(*case[:2], case[3],
-                                                                                               case[4], "float16"),
-                                                       **case[3], **{**OVERLAP, "num_stages": 4}))
-                  for name, case in CASES.items()]
-    for name, (M, N, K, kw, extras), f in [*_funcs(), *overlapped]:
+    for name, (M, N, K, kw, extras), f in _funcs():
         src = kernel_source(f, SM90)
         assert "tma_load" in src and "tma_store" in src, name
         assert ("wait_wgmma<1>" in src) == (K > 64), name  # one k-block: no product to overlap
@@ -170,14 +159,13 @@ def _ptxas_log(src: str, tmp_path) -> str:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("cfg", [COOP, PP, NARROW, OVERLAP])
+@pytest.mark.parametrize("cfg", [COOP, PP, NARROW])
 def test_gemm_ws_wgmmas_are_not_serialized_by_ptxas(cfg, tmp_path):
     f = gemm.gemm(1000, 3072, 768, trans_B=True, epilogue=call("gelu", Acc() + Arg(0)), extra_shapes=[(3072,)],
                   extra_dtypes=["float16"], ws=True, target=SM90, **cfg)
     log = _ptxas_log(kernel_source(f, SM90), tmp_path)
     assert "Used" in log and "registers" in log and "0 bytes spill stores" in log, log[-3000:]
     assert "serialized" not in log and "C7513" not in log and "C7514" not in log, log[-3000:]
-    assert "C7517" not in log, log[-3000:]  # (no wait injected: no product in flight where an epilogue reads)
 
 
 def test_gemm_ws_in_2_cta_clusters_multicasts_b_and_frees_each_stage_in_both(tmp_path):
@@ -194,7 +182,7 @@ def test_gemm_ws_in_2_cta_clusters_multicasts_b_and_frees_each_stage_in_both(tmp
     assert "multicast" not in plain and "cluster" not in plain
     with pytest.raises(ValueError, match="cooperative"):
         gemm.gemm(1000, 4096, 1024, trans_B=True, ws=True, target=SM90, cluster=2, **PP)
-    with pytest.raises(ValueError, match="cluster=2, slice_N and overlap are options of ws=True"):
+    with pytest.raises(ValueError, match="cluster=2 and slice_N are options of ws=True"):
         gemm.gemm(1000, 4096, 1024, trans_B=True, target=SM90, cluster=2)
     if shutil.which("nvcc"):
         log = _ptxas_log(src, tmp_path)
@@ -238,23 +226,16 @@ SLICED = {**COOP, "num_stages": 4, "slice_N": 64}  # (a fourth stage where the w
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [{"cluster": 2}, {"slice_N": 64}, {"slice_N": 32}, {"overlap": True}])
+@pytest.mark.parametrize("variant", [{"cluster": 2}, {"slice_N": 64}, {"slice_N": 32}])
 def test_gemm_ws_options_gpu_match_the_reference(variant, rng):
     """``cluster=2``: B's stages multicast to both CTAs of a cluster, each stage freed by both CTAs' consumers (a stage
     freed too early would give wrong numbers; one never freed, a hang: run it under a timeout). ``slice_N``: the
-    epilogue's slices through two buffers taking turns (a buffer rewritten before its store read it: wrong numbers).
-    ``overlap``: an epilogue reading an accumulator the next tile's products write would give wrong numbers; a head
-    stage never freed, a hang."""
+    epilogue's slices through two buffers taking turns (a buffer rewritten before its store read it: wrong numbers)."""
     runs = []
     for name in VARIANT_CASES:
         M, N, K, kw, extras = CASES[name]
         cfg = next(c for c in _configs(N, kw.get("out_dtype", "float16")) if not c.get("pingpong"))
-        if "overlap" in variant:
-            cfg = dict(OVERLAP)
-            while gemm_ws.smem_bytes(128, 128, 64, cfg["num_stages"], kw.get("out_dtype", "float16"),
-                                     False) > gemm_ws.SMEM_MAX:
-                cfg["num_stages"] -= 1
-        elif "slice_N" in variant:
+        if "slice_N" in variant:
             cfg = {**SLICED, **variant}
             while gemm_ws.smem_bytes(128, 256, 64, cfg["num_stages"], kw.get("out_dtype", "float16"), False,
                                      cfg["slice_N"]) > gemm_ws.SMEM_MAX:
@@ -428,7 +409,6 @@ def test_gemm_sp_ws_wgmmas_are_not_serialized_by_ptxas(tmp_path):
     log = _ptxas_log(kernel_source(f, SM90), tmp_path)
     assert "Used" in log and "registers" in log and "0 bytes spill stores" in log, log[-3000:]
     assert "serialized" not in log and "C7513" not in log and "C7514" not in log, log[-3000:]
-    assert "C7517" not in log, log[-3000:]  # (no wait injected: no product in flight where an epilogue reads)
 
 
 def test_no_config_space_offers_gemm_sp_ws():

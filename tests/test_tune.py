@@ -107,6 +107,20 @@ def test_tune_spec_measures_then_hits(tmp_path, counted, template):
     assert len(counted) == len(configs)  # the hit timed nothing
 
 
+@pytest.mark.parametrize("faster,kept", [(0.97, True), (1.0 / (1 + tune.KEEP_PICK_MARGIN) - 0.01, False)])
+def test_a_candidate_replaces_the_untuned_pick_only_when_faster_by_the_margin(monkeypatch, faster, kept):
+    """The untuned pick (not necessarily the first candidate) stays unless another runs ``KEEP_PICK_MARGIN`` faster:
+    a kernel timed alone is not the kernel in the model."""
+    spec = specs_by_template(small_graph())["gemm"]
+    pick = tune.default_config(spec, C)
+    configs = [{"block_M": -1}, pick, {"block_M": -2}]
+    job = tune._Job(spec, configs, idx=[0, 1, 2], funcs=[None] * 3)
+    monkeypatch.setattr(tune, "time_candidates", lambda job, target, deadline: (
+        [(2.0, 0), (1.0, 1), (faster, 2)], {}))
+    got = tune._race(job, C, None)
+    assert got.config == (pick if kept else configs[2]) and got.seconds == (1.0 if kept else faster)
+
+
 def test_configs_come_from_the_database_only_when_tuning(tmp_path):
     """The configs step: untuned compiles never read a database; tuned ones take its winners for their target."""
     graph = small_graph()

@@ -33,7 +33,13 @@ bench/results/2026-12-05-h100-session37) 16384 x 3072 x 768 ran 0.1607 ms agains
 GELU deferred to the next tile's main loop (the epilogue's value written to the output tile, the GELU applied there
 in slices between the next tile's WGMMA issues and waits, through registers, two named barriers a k-block), right
 at every shape (error 0 against eager's rounding) but 0.82-0.96x cuBLAS + F.gelu where the sliced seed ran 1.14-1.24x
-(commit 8d748c8 holds it).
+(commit 8d748c8 holds it). Tried and dropped too (session 38, commits 1a9899a-5684c11, bench/results/
+2026-12-05-h200-session38): two accumulators taking turns, each tile's epilogue between the next tile's first 1-4
+k-blocks' issue and their wait (FlashAttention-3's overlap). 128 x 128 at most (two 128 x 192 accumulators spilled).
+With the head and the tail of a tile under separate branches, ptxas serialized every WGMMA (C7514); under one branch
+it did not, and the kernel then ran 0.89-0.98x cuBLAS + F.gelu on the H100, against 1.12-1.14x for the same tile
+without the overlap and 1.18-1.25x for the seeds. It also failed the GPU numerics at one case (4096 x 4096 x 256, three
+k-blocks ahead of four: 1% of the elements wrong, a race not found).
 """
 
 from __future__ import annotations
@@ -150,7 +156,7 @@ def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dt
 def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str, epilogue_elem, extra_shapes,
             extra_dtypes, block_M: int, block_N: int, block_K: int, num_stages: int, pingpong: bool = False,
             group: int = 8, staged: int | None = None, prefetch_extra: bool = True, cluster: int = 1,
-            slice_N: int | None = None, overlap: bool | int = False, target: dict | str):
+            slice_N: int | None = None, target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
     passes ``epilogue_elem(C_f, extras, i, j, m0, n0, tile)``, the accumulator element through the epilogue (fp32).
     ``staged``: the extra input (of the output's shape and dtype) copied into the output tile before the epilogue, which
@@ -161,20 +167,12 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     at four of the zoo's GEMM-bound shapes; no seed uses it).
     ``slice_N`` (cooperative schedule): the epilogue runs and stores the tile in slices of that many columns through two
     shared-memory buffers taking turns (each waits only for the store two slices back), not one whole output tile: a
-    128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged).
-    ``overlap`` (cooperative schedule, 2-CTA clusters aside): two accumulators taking turns, so that a tile's epilogue
-    runs while the next tile's first ``num_stages - 1`` (or ``overlap``) k-blocks are on the tensor cores (issued before it, waited on
-    after it: FlashAttention-3's overlap of the softmax with the next product, here of a GELU with the next tile's);
-    a full-size extra is then read where it lies (not staged). Where K is a single k-block there is nothing to overlap
-    and the plain cooperative loop runs."""
+    128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged)."""
     accum = "float32"
-    if overlap and (pingpong or cluster != 1 or slice_N):
-        raise ValueError("gemm(ws=True): overlap is an option of the cooperative schedule, without cluster=2 or "
-                         "slice_N")
     if slice_N is not None and (pingpong or slice_N <= 0 or block_N % slice_N or slice_N * ITEM[out_dtype] % 16):
         raise ValueError(f"gemm(ws=True): slice_N={slice_N}; a divisor of block_N={block_N} (16-byte rows), with the "
                          "cooperative schedule")
-    staged = None if slice_N or overlap else staged
+    staged = None if slice_N else staged
     if num_stages < 2:  # (a consumer frees a stage only once the next one's WGMMA is issued)
         raise ValueError(f"gemm(ws=True): {num_stages} stage(s); the pipeline needs at least 2")
     smem = smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong, slice_N)
@@ -183,8 +181,6 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                          f"{num_stages} stages{', two output tiles' if pingpong else ''}; at most {SMEM_MAX}")
     if pingpong and block_M * block_N > 128 * 128:  # (a warp group's accumulator: 128 registers a thread)
         raise ValueError(f"gemm(ws=True, pingpong=True): a {block_M}x{block_N} tile per warp group; at most 128 x 128")
-    if overlap and block_N > 128:  # (each accumulator block_N / 2 registers a thread; 128 x 192 spilled)
-        raise ValueError(f"gemm(ws=True, overlap=True): block_N={block_N}; two accumulators of at most 128 x 128")
     if not pingpong and block_M != 128:
         raise ValueError(f"gemm(ws=True): block_M={block_M}; the two consumer warp groups own 64 rows each")
     if cluster not in (1, 2) or (cluster == 2 and pingpong):
@@ -197,8 +193,6 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     grid = min(device_facts(target).sms // cluster, tiles)  # programs: clusters of ``cluster`` CTAs
     rounds = -(-tiles // grid)
     nk = -(-K // block_K)
-    # k-blocks of the next tile issued before an epilogue (``overlap``: True, as many as the stages allow; or a number)
-    ahead = min(num_stages - 1 if overlap is True else int(overlap), num_stages - 1, nk - 1) if overlap else 0
     B_tile = (block_N, block_K) if trans_B else (block_K, block_N)
 
     def where(t, rank):
@@ -296,69 +290,6 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             T.barrier_arrive(xfree[0])
 
     @T.macro
-    def head(A_s, B_s, C_f, full, t, policy):
-        """Tile ``t``'s first ``ahead`` k-blocks issued and left in flight (``overlap``)."""
-        g0 = t * nk
-        T.mbarrier_wait_parity(full[g0 % num_stages], (g0 // num_stages) % 2)
-        T.wgmma_gemm(A_s[g0 % num_stages, :, :], B_s[g0 % num_stages, :, :], C_f, transpose_B=trans_B,
-                     clear_accum=True, policy=policy)
-        for k in T.unroll(1, ahead):
-            g = g0 + k
-            T.mbarrier_wait_parity(full[g % num_stages], (g // num_stages) % 2)
-            T.wgmma_gemm(A_s[g % num_stages, :, :], B_s[g % num_stages, :, :], C_f, transpose_B=trans_B,
-                         policy=policy)
-
-    @T.macro
-    def tail(A_s, B_s, C_f, full, empty, t, policy):
-        """The rest of tile ``t``'s k-blocks after ``head``'s, one WGMMA in flight; the head's stages freed once the
-        first of them is issued (the producer's next load is into the first head stage), every stage freed."""
-        g0 = t * nk
-        g1 = g0 + ahead
-        T.mbarrier_wait_parity(full[g1 % num_stages], (g1 // num_stages) % 2)
-        T.wgmma_gemm(A_s[g1 % num_stages, :, :], B_s[g1 % num_stages, :, :], C_f, transpose_B=trans_B,
-                     policy=policy)
-        T.wait_wgmma(1)
-        for h in T.unroll(ahead):
-            release(empty, (g0 + h) % num_stages)
-        for k in T.serial(ahead + 1, nk):
-            g = g0 + k
-            T.mbarrier_wait_parity(full[g % num_stages], (g // num_stages) % 2)
-            T.wgmma_gemm(A_s[g % num_stages, :, :], B_s[g % num_stages, :, :], C_f, transpose_B=trans_B,
-                         policy=policy)
-            T.wait_wgmma(1)
-            release(empty, (g - 1) % num_stages)
-        T.wait_wgmma(0)
-        release(empty, (g0 + nk - 1) % num_stages)
-
-    @T.macro
-    def overlapped(A_s, B_s, C_f0, C_f1, C_s, full, empty, C, extras, pid):
-        """Both consumer groups on each tile (64 rows each), the tiles' accumulators taking turns: tile ``t + 1``'s
-        head issued, then tile ``t``'s epilogue, then ``t + 1``'s tail."""
-        T.inc_max_nreg(CONSUMER_REGS)
-        policy = T.GemmWarpPolicy.FullRow
-        head(A_s, B_s, C_f0, full, 0, policy)
-        tail(A_s, B_s, C_f0, full, empty, 0, policy)
-        for j in T.serial(-(-rounds // 2)):  # (a head and its tail under one branch: ptxas then sees no product
-            t = 2 * j                          # in flight where an epilogue reads, and serializes none)
-            if pid + t * grid < tiles:  # tile t's products are in C_f0
-                bm, bn = where(pid + t * grid, 0)
-                if pid + (t + 1) * grid < tiles:
-                    head(A_s, B_s, C_f1, full, t + 1, policy)
-                    epilogue(C, C_f0, C_s, extras, bm, bn, t, None, None)
-                    tail(A_s, B_s, C_f1, full, empty, t + 1, policy)
-                else:
-                    epilogue(C, C_f0, C_s, extras, bm, bn, t, None, None)
-            if pid + (t + 1) * grid < tiles:  # tile t + 1's are in C_f1
-                bm1, bn1 = where(pid + (t + 1) * grid, 0)
-                if pid + (t + 2) * grid < tiles:
-                    head(A_s, B_s, C_f0, full, t + 2, policy)
-                    epilogue(C, C_f1, C_s, extras, bm1, bn1, t + 1, None, None)
-                    tail(A_s, B_s, C_f0, full, empty, t + 2, policy)
-                else:
-                    epilogue(C, C_f1, C_s, extras, bm1, bn1, t + 1, None, None)
-        T.tma_store_wait()
-
-    @T.macro
     def take_turns(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, w):
         """Ping-pong group ``w``: its tiles' main loops in its turns, each epilogue under the other group's."""
         if w == 1:  # the first turn is group 0's
@@ -403,7 +334,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             C_s0 = T.alloc_shared((2, block_M, slice_N) if slice_N else (block_M, block_N), out_dtype)
             C_f0 = T.alloc_fragment((block_M, block_N), accum)
             C_s1 = T.alloc_shared((block_M, block_N), out_dtype) if pingpong else None  # group 1's own tile
-            C_f1 = T.alloc_fragment((block_M, block_N), accum) if pingpong or ahead else None
+            C_f1 = T.alloc_fragment((block_M, block_N), accum) if pingpong else None
             full = T.alloc_barrier([128] * num_stages)
             if cluster == 1:
                 empty = T.alloc_barrier([128 if pingpong else 256] * num_stages)  # (ping-pong: each fill one group's)
@@ -423,8 +354,6 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                     take_turns(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, 0)
                 else:
                     take_turns(A_s, B_s, C_f1, C_s1, full, empty, C, extras, pid, 1)
-            elif ahead:
-                overlapped(A_s, B_s, C_f0, C_f1, C_s0, full, empty, C, extras, pid)
             else:
                 cooperate(A_s, B_s, C_f0, C_s0, full, empty, C, extras, pid, rank, xfull, xfree)
             if cluster > 1:  # no CTA leaves while a peer may still arrive on its barriers
