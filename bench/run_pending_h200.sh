@@ -4,8 +4,9 @@
 # bench/results/2026-12-04-h200-session30, parts 13 and 15-20; session 33's: bench/results/2026-12-05-h200-session33,
 # parts 22 and 23-25; session 35's: bench/results/2026-12-05-h100-session35, parts 12, 21, 22b and 26-28; session
 # 37's: bench/results/2026-12-05-h100-session37, parts 29-33, 35 and 36 (36 at commit 8d748c8)).
-# Session 37 ran parts 29-33 and 35 on an H100 (no H200 was lent); the issues' bars ask for the H200, so they stay here
-# for its run.
+# Session 37 ran parts 29-33 and 35 on an H100 (no H200 was lent). Session 38 ran parts 30, 31 and 35 on the H200 and
+# 37-39 on an H100 (bench/results/2026-12-05-h200-session38; 37-38, the overlapped epilogue, at commits 1a9899a-5684c11,
+# since reverted). Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).

@@ -37,9 +37,9 @@ at every shape (error 0 against eager's rounding) but 0.82-0.96x cuBLAS + F.gelu
 2026-12-05-h200-session38): two accumulators taking turns, each tile's epilogue between the next tile's first 1-4
 k-blocks' issue and their wait (FlashAttention-3's overlap). 128 x 128 at most (two 128 x 192 accumulators spilled).
 With the head and the tail of a tile under separate branches, ptxas serialized every WGMMA (C7514); under one branch
-it did not, and the kernel then ran 0.89-0.98x cuBLAS + F.gelu on the H100, against 1.12-1.14x for the same tile
-without the overlap and 1.18-1.25x for the seeds. It also failed the GPU numerics at one case (4096 x 4096 x 256, three
-k-blocks ahead of four: 1% of the elements wrong, a race not found).
+it did not, and the kernel then ran 0.88-0.98x cuBLAS + F.gelu on the H100, against 1.12-1.14x for the same tile
+without the overlap and 1.18-1.25x for the best seed. It also failed the GPU numerics at one case (4096 x 4096 x
+256, three k-blocks ahead of four: 1% of the elements wrong, a race not found).
 """
 
 from __future__ import annotations
