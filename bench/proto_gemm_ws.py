@@ -11,6 +11,7 @@ neither is measured yet.
 
 Usage (device):  python bench/proto_gemm_ws.py [--json out.json] [--shapes 8192x16384x4096,...] [--ws-only
                  [--pingpong]] [--epilogue bias|gelu|silu_mul|residual] [--gathered] [--copied] [--cluster] [--sliced]
+                 [--tall]
 (--copied: a full-size extra copied into the output tile by the consumers after the main loop, beside the default,
 the producer's TMA load of it during the main loop; the plain GEMM's cuBLAS time is printed beside the peer's.)
 """
@@ -62,6 +63,10 @@ PINGPONG_CONFIGS = [{"block_M": m, "block_N": n, "block_K": 64, "stages": st}
 # the 128 x 256 tile and a 6th of 128 x 128 (session 30)
 SLICED_CONFIGS = [{"block_M": 128, "block_N": n, "block_K": 64, "stages": st, "slice_N": sn}
                   for n, st, sn in ((256, 4, 64), (256, 4, 32), (256, 3, 64), (128, 6, 64))]
+
+# --tall: 256 x 128 tiles, each consumer warp group 128 rows (cuBLAS's coopA tile; session 38, not yet measured)
+TALL_CONFIGS = [{"block_M": 256, "block_N": 128, "block_K": 64, "stages": st, **({"slice_N": sn} if sn else {})}
+                for st, sn in ((3, None), (4, 32))]
 
 
 LOG2E = 1.4426950408889634
@@ -191,6 +196,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cluster", action="store_true", help="each ws config also in 2-CTA clusters (B multicast)")
     ap.add_argument("--gelu-forms", action="store_true", help="the first two ws configs with the GELU by erfc")
     ap.add_argument("--sliced", action="store_true", help="the sliced epilogue's configs too (SLICED_CONFIGS)")
+    ap.add_argument("--tall", action="store_true", help="the 256 x 128 tiles too (TALL_CONFIGS)")
     a = ap.parse_args(argv)
     global EPILOGUE, FULL
     EPILOGUE, FULL = EPILOGUES[a.epilogue], a.epilogue in ("silu_mul", "residual")
@@ -204,6 +210,7 @@ def main(argv=None) -> int:
     gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("gelu=erfc",)] if a.gelu_forms else []
     gathered += [("ws cluster 2", gemm_ws, [{**c, "cluster": 2} for c in CONFIGS])] if a.cluster else []
     gathered += [("ws sliced", gemm_ws, SLICED_CONFIGS)] if a.sliced else []
+    gathered += [("ws tall", gemm_ws, TALL_CONFIGS)] if a.tall else []
     builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:

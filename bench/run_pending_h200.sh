@@ -26,8 +26,13 @@
 #            KEEP_PICK_MARGIN; session 38's H200 run had tune=fast slower than untuned: BERT's GEMMs 4.67 -> 5.07 ms):
 #            zoo BERT and GPT-2, untuned and tune=fast (an empty tuning database), against Inductor default and
 #            reduce-overhead, with kernel categories.
+#   part 40 (~6 min): 256 x 128 tiles in the ws GEMM (gemm_ws: each consumer group 128 rows; cuBLAS's coopA tile,
+#            its pick for most zoo GEMMs), readied in session 38 and not yet run: the ws GPU numerics (every case,
+#            fp16 and bf16, now with that tile), then sweeps against the seeds: LLaMA's MLP GEMMs (gate under silu *
+#            up, down with its residual; our 49 ws GEMMs there 23.0 ms against cuBLAS's ~20.6), fc1's GELU, and
+#            bias-only shapes (#13's GEMM bar).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39, 40; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -83,6 +88,20 @@ elif [ "$part" = 39 ]; then
         > "$OUT/logs/zoo_tuned_bg.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_tuned_bg.log" | cut -c1-220 | head -40
     cp "$OUT/tuning_bg.json" "$OUT/logs/" 2>/dev/null
+elif [ "$part" = 40 ]; then
+    timeout 240 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider \
+        "tests/test_gemm_ws.py::test_gemm_ws_gpu_matches_the_reference" > "$OUT/logs/gpu_tests_tall.log" 2>&1
+    echo "ws numerics with 256 x 128: $(tail -1 "$OUT/logs/gpu_tests_tall.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_tall.log" | head -8
+    sweep() {  # name, epilogue, shapes, [more flags]
+        timeout 150 python3 bench/proto_gemm_ws.py --ws-only --tall --epilogue "$2" --shapes "$3" ${4:-} \
+            --json "$OUT/logs/tall_$1.json" > "$OUT/logs/tall_$1.log" 2>&1
+        grep -v -i warn "$OUT/logs/tall_$1.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -24
+    }
+    sweep silu_mul silu_mul 8192x5632x2048
+    sweep residual residual 8192x2048x5632,16384x768x3072
+    sweep gelu gelu 16384x3072x768,8192x3072x768 --sliced
+    sweep bias bias 8192x2304x768,8192x5632x2048,8192x8192x8192
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -21,6 +21,7 @@ COOP = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3}
 PP = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 4, "pingpong": True}
 NARROW = {**COOP, "block_N": 192, "num_stages": 4}  # (the other cooperative seeds)
 SHORT = {**COOP, "block_N": 128, "num_stages": 5}
+TALL = {**COOP, "block_M": 256, "block_N": 128, "num_stages": 3}  # (each group 128 rows; not yet a seed)
 
 
 @pytest.mark.parametrize("target,kw,ok", [
@@ -58,8 +59,9 @@ def test_gemm_ws_refuses_what_it_cannot_build():
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**PP, "num_stages": 1})
     with pytest.raises(ValueError, match="at most 128 x 128"):
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**PP, "block_N": 256, "num_stages": 2})
-    with pytest.raises(ValueError, match="64 rows each"):
-        gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "block_M": 64})
+    for tile in ({"block_M": 64}, {"block_M": 256, "block_N": 192, "num_stages": 2}):
+        with pytest.raises(ValueError, match="64 or 128 rows each"):
+            gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, **tile})
 
 
 # name -> (M, N, K, gemm kwargs, extras' shapes)
@@ -90,9 +92,9 @@ CASES = {
 
 def _configs(N, out_dtype="float16"):
     """Both schedules (and a 64 x 256 ping-pong tile where N allows; cooperative, all three seeds: 128 x 256, 192 and
-    128 x 5 stages), each with as many stages as fit."""
+    128 x 5 stages, and the 256 x 128 tile), each with as many stages as fit."""
     out = []
-    for cfg in [COOP, NARROW, SHORT, PP] + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256
+    for cfg in [COOP, NARROW, SHORT, TALL, PP] + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256
                                             else []):
         while gemm_ws.smem_bytes(cfg["block_M"], cfg["block_N"], cfg["block_K"], cfg["num_stages"], out_dtype,
                                  cfg.get("pingpong", False)) > gemm_ws.SMEM_MAX:
@@ -159,7 +161,7 @@ def _ptxas_log(src: str, tmp_path) -> str:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("cfg", [COOP, PP, NARROW])
+@pytest.mark.parametrize("cfg", [COOP, PP, NARROW, TALL, {**TALL, "num_stages": 4, "slice_N": 32}])
 def test_gemm_ws_wgmmas_are_not_serialized_by_ptxas(cfg, tmp_path):
     f = gemm.gemm(1000, 3072, 768, trans_B=True, epilogue=call("gelu", Acc() + Arg(0)), extra_shapes=[(3072,)],
                   extra_dtypes=["float16"], ws=True, target=SM90, **cfg)

@@ -5,7 +5,7 @@ column tiles together (their B tiles shared in L2). One producer warp group issu
 ``num_stages`` buffers behind full/empty mbarriers; two consumer warp groups keep one WGMMA in flight
 (``T.wgmma_gemm`` + ``T.wait_wgmma(1)``) and store each tile through shared memory with a TMA store that they wait on
 only before the buffer's next use, so the epilogue overlaps the producer's loads of the next tile. Two schedules:
-"cooperative" (both groups on one ``block_M`` x ``block_N`` tile, 64 rows each) and ``pingpong`` (each group on tiles
+"cooperative" (both groups on one ``block_M`` x ``block_N`` tile, half its rows each) and ``pingpong`` (each group on tiles
 of its own, the CTA's even or odd ones, taking turns at the tensor cores through named barriers, so that one group's
 epilogue runs under the other's WGMMAs; CUTLASS's ping-pong kernel schedule).
 
@@ -17,7 +17,11 @@ applies to ``MIN_M`` rows or more, its cooperative seeds lead the config space, 
 default pick: on the H200
 (2026-12-03, bench/results/2026-12-03-h200-session22) every numerics case right (fp16/bf16, tails, NaN/Inf, both
 schedules), 1.00-1.08x cuBLAS at the zoo's linear shapes, zoo GPT-2 1.08 -> 1.12x and ViT 1.14 -> 1.17x Inductor.
-``pingpong`` measured no better than cooperative; ``Options.experimental`` "gemm_ws_pingpong" offers it.
+``pingpong`` measured no better than cooperative; ``Options.experimental`` "gemm_ws_pingpong" offers it. The
+cooperative schedule also builds 256 x 128 tiles (each group 128 rows: two m64 WGMMAs a k-step, 128 accumulators a
+thread; cuBLAS's ``..._256x128_64x4_1x2_..._coopA`` tile, its pick for most of the zoo's GEMMs on the H200). Session
+38 readied them (ptxas: no spills, no serialized WGMMA, 3 stages, or 4 with a sliced epilogue); they are not measured
+yet, so no seed offers them (``bench/run_pending_h200.sh`` part 40).
 
 A full-size epilogue operand of the output's dtype (``staged``: a residual, LLaMA's ``up`` under ``silu(gate) * up``) is
 read from the output tile: in the cooperative schedule the producer loads its tile there by TMA once a tile's first
@@ -79,15 +83,15 @@ def eligible(target: dict | str, *, N: int, K: int, trans_A: bool = False, trans
 
 
 def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None = None, stages: int = 4,
-         slice_N: int | None = None) -> dict:
-    """A config of the cooperative schedule (128 x ``block_N`` tiles for both groups, 192 unless given; its epilogue in
-    ``slice_N``-column slices where given) or of ``pingpong`` (128 x 128 for each; the one ``Options.experimental``
-    "gemm_ws_pingpong" puts first), 64 deep, with as many stages (at most ``stages``) as shared memory holds.
-    ``seeds`` says which leads where."""
+         slice_N: int | None = None, block_M: int = 128) -> dict:
+    """A config of the cooperative schedule (``block_M`` x ``block_N`` tiles for both groups, 128 x 192 unless given;
+    its epilogue in ``slice_N``-column slices where given) or of ``pingpong`` (128 x 128 for each; the one
+    ``Options.experimental`` "gemm_ws_pingpong" puts first), 64 deep, with as many stages (at most ``stages``) as
+    shared memory holds. ``seeds`` says which leads where."""
     block_N = 128 if pingpong else (block_N or 192)
-    while stages > 2 and smem_bytes(128, block_N, 64, stages, out_dtype, pingpong, slice_N) > SMEM_MAX:
+    while stages > 2 and smem_bytes(block_M, block_N, 64, stages, out_dtype, pingpong, slice_N) > SMEM_MAX:
         stages -= 1
-    return {"block_M": 128, "block_N": block_N, "block_K": 64, "num_stages": stages, "ws": True,
+    return {"block_M": block_M, "block_N": block_N, "block_K": 64, "num_stages": stages, "ws": True,
             **({"pingpong": True} if pingpong else {}), **({"slice_N": slice_N} if slice_N else {})}
 
 
@@ -181,8 +185,9 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                          f"{num_stages} stages{', two output tiles' if pingpong else ''}; at most {SMEM_MAX}")
     if pingpong and block_M * block_N > 128 * 128:  # (a warp group's accumulator: 128 registers a thread)
         raise ValueError(f"gemm(ws=True, pingpong=True): a {block_M}x{block_N} tile per warp group; at most 128 x 128")
-    if not pingpong and block_M != 128:
-        raise ValueError(f"gemm(ws=True): block_M={block_M}; the two consumer warp groups own 64 rows each")
+    if not pingpong and (block_M not in (128, 256) or block_M * block_N > 256 * 128):
+        raise ValueError(f"gemm(ws=True): {block_M}x{block_N}; the two consumer warp groups own 64 or 128 rows each, "
+                         "and a 256-row tile at most 128 columns (128 accumulators a thread)")
     if cluster not in (1, 2) or (cluster == 2 and pingpong):
         raise ValueError(f"gemm(ws=True): cluster={cluster}; 1, or 2 with the cooperative schedule")
     tm, tn = -(-M // block_M), -(-N // block_N)
@@ -308,7 +313,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
 
     @T.macro
     def cooperate(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, rank, xfull, xfree):
-        """Both consumer groups on each tile, 64 rows each."""
+        """Both consumer groups on each tile, half its rows each."""
         T.inc_max_nreg(CONSUMER_REGS)
         for t in T.serial(rounds):
             if pid + t * grid < tiles:
