@@ -5,9 +5,9 @@ column tiles together (their B tiles shared in L2). One producer warp group issu
 ``num_stages`` buffers behind full/empty mbarriers; two consumer warp groups keep one WGMMA in flight
 (``T.wgmma_gemm`` + ``T.wait_wgmma(1)``) and store each tile through shared memory with a TMA store that they wait on
 only before the buffer's next use, so the epilogue overlaps the producer's loads of the next tile. Two schedules:
-"cooperative" (both groups on one ``block_M`` x ``block_N`` tile, half its rows each) and ``pingpong`` (each group on tiles
-of its own, the CTA's even or odd ones, taking turns at the tensor cores through named barriers, so that one group's
-epilogue runs under the other's WGMMAs; CUTLASS's ping-pong kernel schedule).
+"cooperative" (both groups on one ``block_M`` x ``block_N`` tile, half its rows each) and ``pingpong`` (each group
+on tiles of its own, the CTA's even or odd ones, taking turns at the tensor cores through named barriers, so that one
+group's epilogue runs under the other's WGMMAs; CUTLASS's ping-pong kernel schedule).
 
 What it takes (``eligible``): a CUDA sm_90 target, fp16/bf16 operands of one dtype and no prologue, A not
 transposed and no batch, and rows that TMA can address (16-byte multiples: A's and B's rows, C's). Tails: TMA loads
