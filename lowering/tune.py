@@ -241,11 +241,11 @@ def _finish(job: _Job, target: dict, db: TuningDB, deadline) -> TuneResult:
 
 def _race(job: _Job, target: dict, deadline) -> TuneResult:
     timed, failed = time_candidates(job, target, deadline)
+    pick = default_config(job.spec, target)
     if not timed:
         _log.warning("tuning %s: no candidate ran (%s); keeping the default config", job.spec.template, failed)
-        return TuneResult(job.configs[0], None, "measured", 0, failed)
+        return TuneResult(pick, None, "measured", 0, failed)
     seconds, best = min(timed)
-    pick = default_config(job.spec, target)
     kept = next(((s, i) for s, i in timed if job.configs[i] == pick), None)
     if kept is not None and kept[0] <= seconds * (1 + KEEP_PICK_MARGIN):  # (not faster by the margin: kept)
         seconds, best = kept

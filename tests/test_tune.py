@@ -119,6 +119,9 @@ def test_a_candidate_replaces_the_untuned_pick_only_when_faster_by_the_margin(mo
         [(2.0, 0), (1.0, 1), (faster, 2)], {}))
     got = tune._race(job, C, None)
     assert got.config == (pick if kept else configs[2]) and got.seconds == (1.0 if kept else faster)
+    monkeypatch.setattr(tune, "time_candidates", lambda job, target, deadline: ([], {0: "run: failed"}))
+    none_ran = tune._race(job, C, None)  # nothing ran: the untuned pick, not the first candidate
+    assert (none_ran.config, none_ran.seconds, none_ran.failed) == (pick, None, {0: "run: failed"})
 
 
 def test_configs_come_from_the_database_only_when_tuning(tmp_path):

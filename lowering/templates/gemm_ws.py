@@ -83,15 +83,15 @@ def eligible(target: dict | str, *, N: int, K: int, trans_A: bool = False, trans
 
 
 def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None = None, stages: int = 4,
-         slice_N: int | None = None, block_M: int = 128) -> dict:
-    """A config of the cooperative schedule (``block_M`` x ``block_N`` tiles for both groups, 128 x 192 unless given;
-    its epilogue in ``slice_N``-column slices where given) or of ``pingpong`` (128 x 128 for each; the one
-    ``Options.experimental`` "gemm_ws_pingpong" puts first), 64 deep, with as many stages (at most ``stages``) as
-    shared memory holds. ``seeds`` says which leads where."""
+         slice_N: int | None = None) -> dict:
+    """A config of the cooperative schedule (128 x ``block_N`` tiles for both groups, 192 unless given; its epilogue in
+    ``slice_N``-column slices where given) or of ``pingpong`` (128 x 128 for each; the one ``Options.experimental``
+    "gemm_ws_pingpong" puts first), 64 deep, with as many stages (at most ``stages``) as shared memory holds.
+    ``seeds`` says which leads where."""
     block_N = 128 if pingpong else (block_N or 192)
-    while stages > 2 and smem_bytes(block_M, block_N, 64, stages, out_dtype, pingpong, slice_N) > SMEM_MAX:
+    while stages > 2 and smem_bytes(128, block_N, 64, stages, out_dtype, pingpong, slice_N) > SMEM_MAX:
         stages -= 1
-    return {"block_M": block_M, "block_N": block_N, "block_K": 64, "num_stages": stages, "ws": True,
+    return {"block_M": 128, "block_N": block_N, "block_K": 64, "num_stages": stages, "ws": True,
             **({"pingpong": True} if pingpong else {}), **({"slice_N": slice_N} if slice_N else {})}
 
 

@@ -43,7 +43,7 @@ def chunk_length(rows: int, group: int, spatial: tuple[int, ...], *, min_chunk: 
     ``want_rows`` rows in all and is at least ``min_chunk`` long; where none makes that many, the shortest that is
     at least ``min_chunk`` long (the most rows there are: 1 x 256 x 128 x 128 in 32 groups, 256 rows of 16,384
     rather than 32 of 131,072); ``group`` (no split) where no product is."""
-    fits = [math.prod(spatial[j:]) for j in range(len(spatial)) if math.prod(spatial[j:]) >= min_chunk]
+    fits = [n for n in (math.prod(spatial[j:]) for j in range(len(spatial))) if n >= min_chunk]
     for length in fits:
         if rows * (group // length) >= want_rows:
             return length
