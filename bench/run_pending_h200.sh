@@ -31,8 +31,13 @@
 #            fp16 and bf16, now with that tile), then sweeps against the seeds: LLaMA's MLP GEMMs (gate under silu *
 #            up, down with its residual; our 49 ws GEMMs there 23.0 ms against cuBLAS's ~20.6), fc1's GELU, and
 #            bias-only shapes (#13's GEMM bar).
+#   part 41 (~6 min): session 39's H100 run of part 40 had 256 x 128 x 4 (32-column slices) fastest under fc1's GELU
+#            (16384x3072x768 0.1599 ms against the sliced seed's 0.1771 and 128 x 192's 0.1623), where the H200 had
+#            ranked the sliced seed first: the GELU shapes again with every sliced and tall config, then
+#            bench/tuned_order.py (zoo BERT's and GPT-2's untuned and tune=fast plans measured in turns, with the
+#            GPU's clock, temperature and power: session 38's tuned plan profiled 6% slower with the same configs).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39, 40; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-41; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -102,6 +107,14 @@ elif [ "$part" = 40 ]; then
     sweep residual residual 8192x2048x5632,16384x768x3072
     sweep gelu gelu 16384x3072x768,8192x3072x768 --sliced
     sweep bias bias 8192x2304x768,8192x5632x2048,8192x8192x8192
+elif [ "$part" = 41 ]; then
+    timeout 200 python3 bench/proto_gemm_ws.py --ws-only --tall --sliced --epilogue gelu \
+        --shapes 16384x3072x768,8192x3072x768,12608x3072x768,8192x4096x1024 --json "$OUT/logs/tall_gelu4.json" \
+        > "$OUT/logs/tall_gelu4.log" 2>&1
+    grep -v -i warn "$OUT/logs/tall_gelu4.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -48
+    TILEFUSE_TUNING_DB="$OUT/tuning_order.json" timeout 330 python3 bench/tuned_order.py --models bert,gpt2 \
+        --rounds 2 --json "$OUT/logs/tuned_order.json" > "$OUT/logs/tuned_order.log" 2>&1
+    grep -v -i warn "$OUT/logs/tuned_order.log" | cut -c1-260 | tail -30
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
