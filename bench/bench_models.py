@@ -3,10 +3,12 @@
 Usage (on the device machine):  python bench/bench_models.py --models gpt2,bert --size bench
     [--peers eager,default,reduce-overhead,max-autotune] [--tune none,fast] [--json out.json] [--reps 50]
 
-Prints a table (median ms over ``--reps`` timed runs after warm-up, CUDA events; tilefuse once per
-tuning mode, then each peer, so the slowest to compile goes last; speedup over the best peer; kernels in the plan and how many run as TileLang; compile time) and a
-kernel-level table per model (each lowered GEMM/reduction region against its torch reference,
-with achieved TB/s and TFLOP/s). Writes everything as JSON with the date, device and versions.
+Prints a table (median ms over ``--reps`` timed runs after warm-up, L2 flushed before each; tilefuse compiled once
+per tuning mode, then each peer, so the slowest to compile goes last; then all of them timed again in ``--rounds``
+turns, the order reversed each round, each one's time the median of its turns, and the kernel profiles by category
+likewise; speedup over the best peer; kernels in the plan and how many run as TileLang; compile time) and a
+kernel-level table per model (each lowered GEMM/reduction region against its torch reference, with achieved TB/s
+and TFLOP/s). Writes everything as JSON with the date, device and versions.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import datetime
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -63,10 +66,11 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
     torch._dynamo.reset()
     model, inputs = heldout.build(name, size)  # a held-out real model (bench/heldout.py), or the zoo's at size
     row: dict = {"model": name, "size": size, "tilefuse": {}, "peers": {}}
+    fns: dict[tuple[str, str], object] = {}  # ("tilefuse", mode) or ("peers", peer): the compiled callable
     with torch.no_grad():
         ref = model(*inputs)
         for mode in tunes:
-            row["tilefuse"][mode] = _bench_tilefuse(row, model, inputs, ref, mode, tune_seconds, reps)
+            row["tilefuse"][mode] = _bench_tilefuse(row, model, inputs, ref, mode, tune_seconds, reps, fns)
             flush(row)
         for peer in peers:
             torch._dynamo.reset()
@@ -76,6 +80,7 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
             row["peers"][peer] = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": compile_s}
+            fns[("peers", peer)] = fn
             if peer != "eager" and WARM:  # a second compile, as tilefuse's warm one: dynamo again, Inductor's caches hit
                 torch._dynamo.reset()
                 t0 = time.perf_counter()
@@ -85,7 +90,10 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
             print(f"  {name}: {peer} {row['peers'][peer]['ms']:.3f} ms (compile {compile_s:.1f} s, warm "
                   f"{row['peers'][peer].get('warm_compile_s', 0):.1f} s)", flush=True)
             flush(row)
-        if PROFILE and row["peers"]:  # the best peer's kernels by category, beside tilefuse's
+        if ROUNDS > 1 and len(fns) > 1:
+            in_turns(row, fns, inputs, reps)
+            flush(row)
+        elif PROFILE and row["peers"]:  # the best peer's kernels by category, beside tilefuse's
             best = min(row["peers"], key=lambda p: row["peers"][p]["ms"])
             torch._dynamo.reset()
             fn = _compile_peer(model, best)
@@ -95,7 +103,46 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
     return row
 
 
-def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: float, reps: int) -> dict:
+def in_turns(row: dict, fns: dict, inputs, reps: int) -> None:
+    """Every contender timed again in ``ROUNDS`` turns (the order reversed each round), each one's ``ms`` the median of
+    its turns (``ms_turns``; its first, alone, measurement kept as ``ms_alone``). The GPU's clock follows its power
+    cap and temperature: on an H100 (bench/results/2026-12-05-session39, call 2, bench/tuned_order.py) zoo BERT's
+    kernels ran 6% slower a turn later, whichever plan ran, so what ran one after the other is not compared fairly."""
+    for fn in fns.values():  # (a dynamo reset since it was compiled: it recompiles here, outside the timing)
+        fn(*inputs)
+    torch.cuda.synchronize()
+    keys = list(fns)
+    turns: dict = {k: [] for k in keys}
+    for r in range(ROUNDS):
+        for k in keys if r % 2 == 0 else keys[::-1]:
+            turns[k].append(cuda_time_ms(fns[k], *inputs, reps=reps))
+    for (side, key), ms in turns.items():
+        res = row[side][key]
+        res["ms_alone"], res["ms_turns"], res["ms"] = res["ms"], ms, statistics.median(ms)
+    print(f"  {row['model']}: in {ROUNDS} turns (median ms): " + ", ".join(
+        f"{_label(side, key)} {row[side][key]['ms']:.3f} ({'/'.join(f'{t:.3f}' for t in turns[(side, key)])})"
+        for side, key in keys), flush=True)
+    if not PROFILE:
+        return
+    # the kernel profiles in turns too (tilefuse's and the best peer's): each one's profile of median busy time
+    peers = [k for k in keys if k[0] == "peers"]
+    best = [min(peers, key=lambda k: row["peers"][k[1]]["ms"])] if peers else []
+    keys = [k for k in keys if k[0] == "tilefuse"] + best
+    profs: dict = {k: [] for k in keys}
+    for r in range(ROUNDS):
+        for k in keys if r % 2 == 0 else keys[::-1]:
+            profs[k].append(profile(fns[k], *inputs))
+    for (side, key), ps in profs.items():
+        row[side][key]["profile"] = p = sorted(ps, key=lambda q: q["busy_ms"])[len(ps) // 2]
+        busy = "/".join(f"{q['busy_ms']:.3f}" for q in ps)
+        print(f"  {row['model']}: {_label(side, key)} kernels ms/call (busy {busy}): {category_line(p)}", flush=True)
+
+
+def _label(side: str, key: str) -> str:
+    return key if side == "peers" else f"tilefuse tune={key}"
+
+
+def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: float, reps: int, fns: dict) -> dict:
     name = row["model"]
     torch._dynamo.reset()
     runners: list = []
@@ -106,6 +153,7 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
     compile_s = time.perf_counter() - t0  # (as the peers': compile and first call, not the timing that follows)
     res = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": compile_s, "max_rel_err": _max_rel(out, ref),
            "tune": tune, "phases": phase_totals(runners)}
+    fns[("tilefuse", tune)] = fn
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -117,7 +165,7 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
         model(*inputs)
         torch.cuda.synchronize()
         row["eager_peak"] = {"peak_mb": (torch.cuda.max_memory_allocated() - base) / 2**20}
-    if PROFILE:
+    if PROFILE and ROUNDS <= 1:  # (else in turns with the peers: ``in_turns``)
         res["profile"] = profile(fn, *inputs)
         print(f"  {name}: tilefuse tune={tune} kernels ms/call: {category_line(res['profile'])}", flush=True)
     for r in runners:
@@ -150,7 +198,7 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
     return res
 
 
-PROFILE, KERNEL_TABLE, WARM = True, False, True  # set by main's flags
+PROFILE, KERNEL_TABLE, WARM, ROUNDS = True, False, True, 3  # set by main's flags
 
 
 def chosen_sum_ms(runners) -> float:
@@ -278,9 +326,11 @@ def main() -> int:
     ap.add_argument("--no-profile", action="store_true", help="skip the kernel profiles by category")
     ap.add_argument("--no-warm", action="store_true", help="skip the peers' second (warm) compile")
     ap.add_argument("--kernel-table", action="store_true", help="also time each region against its torch ops")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="time every contender again in this many turns, order reversed each round; 1: once each")
     args = ap.parse_args()
-    global PROFILE, KERNEL_TABLE, WARM
-    PROFILE, KERNEL_TABLE, WARM = not args.no_profile, args.kernel_table, not args.no_warm
+    global PROFILE, KERNEL_TABLE, WARM, ROUNDS
+    PROFILE, KERNEL_TABLE, WARM, ROUNDS = not args.no_profile, args.kernel_table, not args.no_warm, args.rounds
     if not torch.cuda.is_available():
         print("bench_models: needs a CUDA GPU", file=sys.stderr)
         return 2
