@@ -46,9 +46,44 @@ def compile_model(model, compiler: str, observer):
     return torch.compile(model, mode="max-autotune" if compiler == "inductor-max-autotune" else None)
 
 
-def child(model_name: str, size: str, compiler: str, profile: str = "") -> dict:
+SPANS: list = []  # --timeline: (thread, what, start s, end s) of the compile's steps, in every thread
+
+
+def _record_spans() -> None:
+    """Wrap the steps of a kernel's compile (``compile_kernel``: TileLang's lowering, nvcc, the kernel cache's write,
+    the host link) so that each call's span, in whichever thread ran it, lands in ``SPANS``: where a cold compile's
+    seconds go when its kernels compile in parallel threads (a profile of the main thread sees a wait)."""
+    import threading
+
+    from tilelang.cache.kernel_cache import KernelCache
+    from tilelang.contrib import nvcc
+    from tilelang.engine import lower as tl_lower
+
+    from tilefuse.lowering import compile as tf_compile
+    from tilefuse.lowering import lower as tf_lower
+
+    def wrap(owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def spanned(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                SPANS.append((threading.current_thread().name, label, t, time.perf_counter()))
+        setattr(owner, name, spanned)
+    for owner, name, label in ((tf_compile, "compile_kernel", "kernel"), (nvcc, "compile_cuda", "nvcc"),
+                               (tf_compile, "link_now", "link"), (KernelCache, "_save_kernel_to_disk", "cache write"),
+                               (tl_lower, "lower_to_host_device_ir", "tilelang lower"),
+                               (tf_lower, "make_prim_func", "prim func built")):
+        if hasattr(owner, name):
+            wrap(owner, name, label)
+
+
+def child(model_name: str, size: str, compiler: str, profile: str = "", timeline: bool = False) -> dict:
     """The timed compile, in this (fresh) process. ``profile``: a path for the cProfile statistics of the timed
-    section (pstats, and the costliest calls, by cumulative and by own time, as text beside it)."""
+    section (pstats, and the costliest calls, by cumulative and by own time, as text beside it). ``timeline``: the
+    spans of each kernel's compile steps (``_record_spans``) in the result, as seconds from the compile's start."""
     import torch
     import torch._inductor.compile_fx  # (imported before the timer, as tilefuse is for its zoo)
 
@@ -63,6 +98,8 @@ def child(model_name: str, size: str, compiler: str, profile: str = "") -> dict:
             torch.cuda.synchronize()
 
     runners: list = []
+    if timeline and compiler.startswith("tilefuse"):
+        _record_spans()
     with torch.no_grad():
         model(*inputs)
         sync()
@@ -86,7 +123,9 @@ def child(model_name: str, size: str, compiler: str, profile: str = "") -> dict:
     from tilefuse.lowering.timing import SPENT  # (where the measured choice's timings went)
 
     return {"model": model_name, "compiler": compiler, "seconds": round(seconds, 3), "phases": phase_totals(runners),
-            "timing": {k: round(v, 3) for k, v in SPENT.items()}, "graphs": len(runners)}
+            "timing": {k: round(v, 3) for k, v in SPENT.items()}, "graphs": len(runners),
+            **({"spans": [(th, what, round(a - t0, 3), round(b - t0, 3)) for th, what, a, b in SPANS]} if timeline
+               else {})}
 
 
 def _env(compiler: str, cache: str) -> dict:
@@ -101,9 +140,10 @@ def _env(compiler: str, cache: str) -> dict:
     return env
 
 
-def run_child(model: str, size: str, compiler: str, cache: str, timeout: float, profile: str = "") -> dict:
+def run_child(model: str, size: str, compiler: str, cache: str, timeout: float, profile: str = "",
+              timeline: bool = False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--models", model, "--size", size,
-           "--compilers", compiler] + (["--profile", profile] if profile else [])
+           "--compilers", compiler] + (["--profile", profile] if profile else []) + (["--timeline"] if timeline else [])
     try:
         done = subprocess.run(cmd, check=False, env=_env(compiler, cache), capture_output=True, text=True,
                               timeout=timeout)
@@ -115,6 +155,12 @@ def run_child(model: str, size: str, compiler: str, cache: str, timeout: float, 
     return json.loads(lines[-1])
 
 
+def print_spans(spans: list) -> None:
+    """The timeline's spans by thread, in order of their start (seconds from the compile's start)."""
+    for th, what, a, b in sorted(spans, key=lambda s: (s[0], s[2])):
+        print(f"  {th[:24]:24} {what:16} {a:7.3f} -> {b:7.3f}  ({b - a:6.3f} s)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="vit,gpt2")
@@ -123,6 +169,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out", default="")
     ap.add_argument("--profile", default="", help="a folder for each compile's cProfile statistics")
+    ap.add_argument("--timeline", action="store_true",
+                    help="tilefuse's cold compiles: print each kernel's compile steps by thread (lowering, nvcc, ...)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     models, compilers = args.models.split(","), args.compilers.split(",")
@@ -130,7 +178,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown compilers {unknown}; known: {', '.join(COMPILERS + EXTRA)}")
     if args.child:
-        print(json.dumps(child(models[0], args.size, compilers[0], args.profile)), flush=True)
+        print(json.dumps(child(models[0], args.size, compilers[0], args.profile, args.timeline)), flush=True)
         return 0
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
@@ -141,9 +189,11 @@ def main() -> int:
                 for state in ("cold", "warm"):
                     prof = os.path.join(os.path.abspath(args.profile), f"{model}-{compiler}-{state}.prof") \
                         if args.profile else ""
-                    row = dict(run_child(model, args.size, compiler, cache, args.timeout, prof), caches=state)
+                    row = dict(run_child(model, args.size, compiler, cache, args.timeout, prof, args.timeline),
+                               caches=state)
                     rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    print(json.dumps({k: v for k, v in row.items() if k != "spans"}), flush=True)
+                    print_spans(row.get("spans", []))
     print(f"\n{'model':8} {'compiler':9} {'cold s':>7} {'warm s':>7}  tilefuse's phases, cold (s)")
     for model in models:
         got = {(r["compiler"], r["caches"]): r for r in rows if r["model"] == model}
