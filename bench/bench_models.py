@@ -106,7 +106,7 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
 def in_turns(row: dict, fns: dict, inputs, reps: int) -> None:
     """Every contender timed again in ``ROUNDS`` turns (the order reversed each round), each one's ``ms`` the median of
     its turns (``ms_turns``; its first, alone, measurement kept as ``ms_alone``). The GPU's clock follows its power
-    cap and temperature: on an H100 (bench/results/2026-12-05-session39, call 2, bench/tuned_order.py) zoo BERT's
+    cap and temperature: on an H100 (bench/results/2026-12-05-h100-session39, call 2, bench/tuned_order.py) zoo BERT's
     kernels ran 6% slower a turn later, whichever plan ran, so what ran one after the other is not compared fairly."""
     for fn in fns.values():  # (a dynamo reset since it was compiled: it recompiles here, outside the timing)
         fn(*inputs)
