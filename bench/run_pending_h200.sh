@@ -37,8 +37,9 @@
 #            bench/tuned_order.py (zoo BERT's and GPT-2's untuned and tune=fast plans measured in turns, with the
 #            GPU's clock, temperature and power: session 38's tuned plan profiled 6% slower with the same configs).
 #   part 42 (~5 min): the MLP's cold compile with its kernels' steps by thread (compile_time.py --timeline: #13's
-#            compile bar, 9.7 s against Inductor's 3.6 s on the H200), then #13's tuned bar for ViT and the MLP with
-#            every contender timed in turns (bench_models.py --rounds 3).
+#            compile bar, 9.7 s against Inductor's 3.6 s on the H200), with TILEFUSE_LINK_FROM_CACHE=0 (each kernel's
+#            host module linked twice, as before) and then without (lowering/compile.py: the kernel cache's library
+#            loaded), then #13's tuned bar for ViT and the MLP with every contender timed in turns (--rounds 3).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-42; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
@@ -119,10 +120,13 @@ elif [ "$part" = 41 ]; then
         --rounds 2 --json "$OUT/logs/tuned_order.json" > "$OUT/logs/tuned_order.log" 2>&1
     grep -v -i warn "$OUT/logs/tuned_order.log" | cut -c1-260 | tail -30
 elif [ "$part" = 42 ]; then
-    timeout 150 python3 bench/compile_time.py --models mlp --compilers tilefuse,inductor --timeline \
-        --out "$OUT/logs/compile_mlp_timeline.json" > "$OUT/logs/compile_mlp_timeline.log" 2>&1
+    TILEFUSE_LINK_FROM_CACHE=0 timeout 120 python3 bench/compile_time.py --models mlp --compilers tilefuse,inductor \
+        --timeline --out "$OUT/logs/compile_mlp_timeline.json" > "$OUT/logs/compile_mlp_timeline.log" 2>&1
     grep -v -i warn "$OUT/logs/compile_mlp_timeline.log" | grep -v '^{' | cut -c1-200 | tail -40
-    TILEFUSE_TUNING_DB="$OUT/tuning_vm.json" timeout 380 python3 bench/bench_models.py --models vit,mlp \
+    timeout 90 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeline \
+        --out "$OUT/logs/compile_mlp_timeline_linked.json" > "$OUT/logs/compile_mlp_timeline_linked.log" 2>&1
+    grep -v -i warn "$OUT/logs/compile_mlp_timeline_linked.log" | grep -v '^{' | cut -c1-200 | tail -20
+    TILEFUSE_TUNING_DB="$OUT/tuning_vm.json" timeout 300 python3 bench/bench_models.py --models vit,mlp \
         --peers eager,default,reduce-overhead --tune none,fast --no-warm --reps 30 --json "$OUT/logs/zoo_tuned_vm.json" \
         > "$OUT/logs/zoo_tuned_vm.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_tuned_vm.log" | cut -c1-220 | head -40

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import Any
 
 import tilelang
+import tilelang.cache.kernel_cache as tl_kernel_cache
 import tilelang.language.eager.ast as tl_eager_ast
 import tilelang.language.eager.builder as tl_eager_builder
 import torch
@@ -68,6 +69,35 @@ def _one_at_a_time(mutate: Callable) -> Callable:
 
 for _module in (tl_eager_ast, tl_eager_builder):
     _module.mutate = _one_at_a_time(_module.mutate)
+
+
+# TileLang links a CUDA kernel's host module twice: its kernel cache exports the executable (a host compile and link
+# into the cache's ``executable.so``), then the first call (``link_now``) exports it again into a temporary folder and
+# loads that (``tvm.runtime.Executable.jit``). With the export arguments ``jit`` uses (none, on Linux) the cache's
+# library is the same one: loaded as the executable's module, it spares each kernel's compile one host compile.
+LINK_FROM_CACHE = setting("LINK_FROM_CACHE", "1") != "0"
+
+
+def _load_what_the_cache_wrote(write: Callable) -> Callable:
+    if getattr(write, "_tilefuse_loads", False):
+        return write
+
+    @functools.wraps(write)
+    def write_and_load(executable, path: str, export_kwargs: dict | None = None):
+        write(executable, path, export_kwargs)
+        if LINK_FROM_CACHE and not export_kwargs and getattr(executable, "_jitted_mod", True) is None \
+                and torch.cuda.is_available():
+            import tvm
+
+            # (the staging folder is renamed into the cache, or removed where another process won: the loaded
+            # library stays mapped either way)
+            executable._jitted_mod = tvm.runtime.load_module(path)
+    write_and_load._tilefuse_loads = True
+    return write_and_load
+
+
+tl_kernel_cache.KernelCache._safe_write_executable = staticmethod(
+    _load_what_the_cache_wrote(tl_kernel_cache.KernelCache._safe_write_executable))
 
 
 def tilelang_target(target: dict | str) -> dict | str:

@@ -34,3 +34,14 @@ def test_an_unknown_compiler_is_refused(capsys, monkeypatch):
     else:
         raise AssertionError("an unknown compiler ran")
     assert "tvm" in capsys.readouterr().err
+
+
+def test_the_timeline_gives_each_kernels_compile_steps_by_thread(tmp_path, capsys):
+    row = compile_time.run_child("mlp", "tiny", "tilefuse", str(tmp_path), timeout=600, timeline=True)
+    assert "error" not in row, row
+    kernels = [s for s in row["spans"] if s[1] == "kernel"]
+    assert kernels and all(s[0].startswith("tilefuse-compile") for s in kernels)  # (compiled in the worker threads)
+    assert any(s[1] == "prim func built" for s in row["spans"])
+    assert all(0 <= a <= b <= row["seconds"] for _, _, a, b in row["spans"])
+    compile_time.print_spans(row["spans"])
+    assert "kernel" in capsys.readouterr().out

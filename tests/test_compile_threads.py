@@ -81,3 +81,38 @@ def test_a_tvm_ffi_kernel_is_linked_in_the_compiling_thread_where_a_gpu_can_run_
     monkeypatch.setattr(compile_mod.torch.cuda, "is_available", lambda: False)
     compile_mod.link_now(_Kernel(ffi))  # no GPU here: compiled to be read, never run
     assert ffi.executable.linked == 1
+
+
+class _Exported:
+    _jitted_mod = None
+
+
+def test_the_cache_writes_library_becomes_the_kernels_module_where_jit_would_link_the_same(monkeypatch):
+    """TileLang's kernel cache exports a CUDA kernel's executable, then its first call (``link_now``) exports and links
+    it again; where the export took ``jit``'s arguments (none), the written library is loaded as the module."""
+    import tilelang.cache.kernel_cache as tl_cache
+    import tvm
+
+    assert tl_cache.KernelCache._safe_write_executable._tilefuse_loads  # (installed on import, once)
+    written, loaded = [], []
+    load = compile_mod._load_what_the_cache_wrote(lambda ex, path, kw=None: written.append(path))
+    monkeypatch.setattr(tvm.runtime, "load_module", lambda path: loaded.append(path) or f"module {path}")
+    monkeypatch.setattr(compile_mod.torch.cuda, "is_available", lambda: True)
+    ex = _Exported()
+    load(ex, "/cache/executable.so", {})
+    assert written == loaded == ["/cache/executable.so"] and ex._jitted_mod == "module /cache/executable.so"
+    linked = _Exported()
+    linked._jitted_mod = "already"
+    load(linked, "/b.so", None)  # a module linked already is kept
+    other = _Exported()
+    load(other, "/c.so", {"fcompile": print})  # another linker than jit's: jit links its own
+    monkeypatch.setattr(compile_mod, "LINK_FROM_CACHE", False)
+    off = _Exported()
+    load(off, "/d.so")
+    assert loaded == ["/cache/executable.so"] and linked._jitted_mod == "already"
+    assert other._jitted_mod is None and off._jitted_mod is None and written[1:] == ["/b.so", "/c.so", "/d.so"]
+    monkeypatch.setattr(compile_mod, "LINK_FROM_CACHE", True)
+    monkeypatch.setattr(compile_mod.torch.cuda, "is_available", lambda: False)
+    none = _Exported()
+    load(none, "/e.so")  # no GPU here (the CPU tests' CUDA compiles): nothing is loaded
+    assert none._jitted_mod is None and loaded == ["/cache/executable.so"]
