@@ -40,8 +40,10 @@
 #            compile bar, 9.7 s against Inductor's 3.6 s on the H200), with TILEFUSE_LINK_FROM_CACHE=0 (each kernel's
 #            host module linked twice, as before) and then without (lowering/compile.py: the kernel cache's library
 #            loaded), then #13's tuned bar for ViT and the MLP with every contender timed in turns (--rounds 3).
+#   part 43 (~4 min): part 42's two compile timelines alone, then the GPU tests of tests/test_dynamo_e2e.py and
+#            tests/test_artifact.py with an empty TileLang cache (every kernel compiled, its module the cache's library).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-42; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-43; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -119,13 +121,17 @@ elif [ "$part" = 41 ]; then
     TILEFUSE_TUNING_DB="$OUT/tuning_order.json" timeout 330 python3 bench/tuned_order.py --models bert,gpt2 \
         --rounds 2 --json "$OUT/logs/tuned_order.json" > "$OUT/logs/tuned_order.log" 2>&1
     grep -v -i warn "$OUT/logs/tuned_order.log" | cut -c1-260 | tail -30
-elif [ "$part" = 42 ]; then
+elif [ "$part" = 42 ] || [ "$part" = 43 ]; then
     TILEFUSE_LINK_FROM_CACHE=0 timeout 120 python3 bench/compile_time.py --models mlp --compilers tilefuse,inductor \
         --timeline --out "$OUT/logs/compile_mlp_timeline.json" > "$OUT/logs/compile_mlp_timeline.log" 2>&1
     grep -v -i warn "$OUT/logs/compile_mlp_timeline.log" | grep -v '^{' | cut -c1-200 | tail -40
     timeout 90 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeline \
         --out "$OUT/logs/compile_mlp_timeline_linked.json" > "$OUT/logs/compile_mlp_timeline_linked.log" 2>&1
     grep -v -i warn "$OUT/logs/compile_mlp_timeline_linked.log" | grep -v '^{' | cut -c1-200 | tail -20
+    [ "$part" = 43 ] && { TILELANG_CACHE_DIR=$(mktemp -d) timeout 130 python3 -m pytest -q -n 8 -m gpu \
+        -p no:cacheprovider tests/test_dynamo_e2e.py tests/test_artifact.py > "$OUT/logs/gpu_tests_linked.log" 2>&1
+        echo "e2e and artifact GPU tests, kernels compiled afresh: $(tail -1 "$OUT/logs/gpu_tests_linked.log")"
+        grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_linked.log" | head -8; continue; }
     TILEFUSE_TUNING_DB="$OUT/tuning_vm.json" timeout 300 python3 bench/bench_models.py --models vit,mlp \
         --peers eager,default,reduce-overhead --tune none,fast --no-warm --reps 30 --json "$OUT/logs/zoo_tuned_vm.json" \
         > "$OUT/logs/zoo_tuned_vm.log" 2>&1
