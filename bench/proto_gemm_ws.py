@@ -64,7 +64,7 @@ PINGPONG_CONFIGS = [{"block_M": m, "block_N": n, "block_K": 64, "stages": st}
 SLICED_CONFIGS = [{"block_M": 128, "block_N": n, "block_K": 64, "stages": st, "slice_N": sn}
                   for n, st, sn in ((256, 4, 64), (256, 4, 32), (256, 3, 64), (128, 6, 64))]
 
-# --tall: 256 x 128 tiles, each consumer warp group 128 rows (cuBLAS's coopA tile; session 38, not yet measured)
+# --tall: 256 x 128 tiles, each consumer warp group 128 rows (cuBLAS's coopA tile; measured in session 39: no seed)
 TALL_CONFIGS = [{"block_M": 256, "block_N": 128, "block_K": 64, "stages": st, **({"slice_N": sn} if sn else {})}
                 for st, sn in ((3, None), (4, 32))]
 

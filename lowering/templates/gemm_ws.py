@@ -19,9 +19,10 @@ default pick: on the H200
 schedules), 1.00-1.08x cuBLAS at the zoo's linear shapes, zoo GPT-2 1.08 -> 1.12x and ViT 1.14 -> 1.17x Inductor.
 ``pingpong`` measured no better than cooperative; ``Options.experimental`` "gemm_ws_pingpong" offers it. The
 cooperative schedule also builds 256 x 128 tiles (each group 128 rows: two m64 WGMMAs a k-step, 128 accumulators a
-thread; cuBLAS's ``..._256x128_64x4_1x2_..._coopA`` tile, its pick for most of the zoo's GEMMs on the H200). Session
-38 readied them (ptxas: no spills, no serialized WGMMA, 3 stages, or 4 with a sliced epilogue); they are not measured
-yet, so no seed offers them (``bench/run_pending_h200.sh`` part 40).
+thread; cuBLAS's ``..._256x128_64x4_1x2_..._coopA`` tile, its pick for most of the zoo's GEMMs on the H200; ptxas: no
+spills, no serialized WGMMA, 3 stages, or 4 with a sliced epilogue). No seed offers them: on an H100 (2026-12-05,
+bench/results/2026-12-05-h100-session39) 256 x 128 x 4 with 32-column slices led the seeds by 0.6-2.3% under fc1's
+GELU at 8192 and 16384 rows, lost 6-7% at 12608 x 3072 x 768 and 8192 x 4096 x 1024, and 3-32% everywhere else.
 
 A full-size epilogue operand of the output's dtype (``staged``: a residual, LLaMA's ``up`` under ``silu(gate) * up``) is
 read from the output tile: in the cooperative schedule the producer loads its tile there by TMA once a tile's first
