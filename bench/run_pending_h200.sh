@@ -37,11 +37,12 @@
 #            bench/tuned_order.py (zoo BERT's and GPT-2's untuned and tune=fast plans measured in turns, with the
 #            GPU's clock, temperature and power: session 38's tuned plan profiled 6% slower with the same configs).
 #   part 42 (~5 min): the MLP's cold compile with its kernels' steps by thread (compile_time.py --timeline: #13's
-#            compile bar, 9.7 s against Inductor's 3.6 s on the H200), with TILEFUSE_LINK_FROM_CACHE=0 (each kernel's
-#            host module linked twice, as before) and then without (lowering/compile.py: the kernel cache's library
-#            loaded), then #13's tuned bar for ViT and the MLP with every contender timed in turns (--rounds 3).
+#            compile bar, 9.7 s against Inductor's 3.6 s on the H200), as by default (each kernel's host module linked
+#            twice) and then with TILEFUSE_LINK_FROM_CACHE=1 (lowering/compile.py: the kernel cache's library loaded,
+#            not yet run on a GPU), then #13's tuned bar for ViT and the MLP with every contender timed in turns (--rounds 3).
 #   part 43 (~4 min): part 42's two compile timelines alone, then the GPU tests of tests/test_dynamo_e2e.py and
-#            tests/test_artifact.py with an empty TileLang cache (every kernel compiled, its module the cache's library).
+#            tests/test_artifact.py with TILEFUSE_LINK_FROM_CACHE=1 and an empty TileLang cache (every kernel compiled,
+#            its module the cache's library). If they pass and the timeline gains, turn it on by default.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-43; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
@@ -125,11 +126,12 @@ elif [ "$part" = 42 ] || [ "$part" = 43 ]; then
     TILEFUSE_LINK_FROM_CACHE=0 timeout 120 python3 bench/compile_time.py --models mlp --compilers tilefuse,inductor \
         --timeline --out "$OUT/logs/compile_mlp_timeline.json" > "$OUT/logs/compile_mlp_timeline.log" 2>&1
     grep -v -i warn "$OUT/logs/compile_mlp_timeline.log" | grep -v '^{' | cut -c1-200 | tail -40
-    timeout 90 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeline \
+    TILEFUSE_LINK_FROM_CACHE=1 timeout 90 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeline \
         --out "$OUT/logs/compile_mlp_timeline_linked.json" > "$OUT/logs/compile_mlp_timeline_linked.log" 2>&1
     grep -v -i warn "$OUT/logs/compile_mlp_timeline_linked.log" | grep -v '^{' | cut -c1-200 | tail -20
-    [ "$part" = 43 ] && { TILELANG_CACHE_DIR=$(mktemp -d) timeout 130 python3 -m pytest -q -n 8 -m gpu \
-        -p no:cacheprovider tests/test_dynamo_e2e.py tests/test_artifact.py > "$OUT/logs/gpu_tests_linked.log" 2>&1
+    [ "$part" = 43 ] && { TILEFUSE_LINK_FROM_CACHE=1 TILELANG_CACHE_DIR=$(mktemp -d) timeout 130 \
+        python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_dynamo_e2e.py tests/test_artifact.py \
+        > "$OUT/logs/gpu_tests_linked.log" 2>&1
         echo "e2e and artifact GPU tests, kernels compiled afresh: $(tail -1 "$OUT/logs/gpu_tests_linked.log")"
         grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_linked.log" | head -8; continue; }
     TILEFUSE_TUNING_DB="$OUT/tuning_vm.json" timeout 300 python3 bench/bench_models.py --models vit,mlp \

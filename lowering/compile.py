@@ -74,8 +74,11 @@ for _module in (tl_eager_ast, tl_eager_builder):
 # TileLang links a CUDA kernel's host module twice: its kernel cache exports the executable (a host compile and link
 # into the cache's ``executable.so``), then the first call (``link_now``) exports it again into a temporary folder and
 # loads that (``tvm.runtime.Executable.jit``). With the export arguments ``jit`` uses (none, on Linux) the cache's
-# library is the same one: loaded as the executable's module, it spares each kernel's compile one host compile.
-LINK_FROM_CACHE = setting("LINK_FROM_CACHE", "1") != "0"
+# library is the same one: loaded as the executable's module, it spares each kernel's compile one host compile (about
+# 0.44 s a kernel on the H200's machine, in the compile threads). Off until a GPU has run it (session 39 got no device
+# for it): TILEFUSE_LINK_FROM_CACHE=1 turns it on; bench/run_pending_h200.sh part 43 times the MLP's cold compile both
+# ways and runs the end-to-end GPU tests with it.
+LINK_FROM_CACHE = setting("LINK_FROM_CACHE", "0") == "1"
 
 
 def _load_what_the_cache_wrote(write: Callable) -> Callable:
@@ -91,7 +94,11 @@ def _load_what_the_cache_wrote(write: Callable) -> Callable:
 
             # (the staging folder is renamed into the cache, or removed where another process won: the loaded
             # library stays mapped either way)
-            executable._jitted_mod = tvm.runtime.load_module(path)
+            try:
+                executable._jitted_mod = tvm.runtime.load_module(path)
+            except Exception:  # noqa: BLE001  (the first call links the kernel as TileLang does; the entry is kept)
+                logging.getLogger(__name__).warning("loading %s failed; the kernel is linked on its first call", path,
+                                                    exc_info=True)
     write_and_load._tilefuse_loads = True
     return write_and_load
 

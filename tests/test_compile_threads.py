@@ -94,6 +94,7 @@ def test_the_cache_writes_library_becomes_the_kernels_module_where_jit_would_lin
     import tvm
 
     assert tl_cache.KernelCache._safe_write_executable._tilefuse_loads  # (installed on import, once)
+    monkeypatch.setattr(compile_mod, "LINK_FROM_CACHE", True)  # (TILEFUSE_LINK_FROM_CACHE=1; off by default)
     written, loaded = [], []
     load = compile_mod._load_what_the_cache_wrote(lambda ex, path, kw=None: written.append(path))
     monkeypatch.setattr(tvm.runtime, "load_module", lambda path: loaded.append(path) or f"module {path}")
@@ -116,3 +117,15 @@ def test_the_cache_writes_library_becomes_the_kernels_module_where_jit_would_lin
     none = _Exported()
     load(none, "/e.so")  # no GPU here (the CPU tests' CUDA compiles): nothing is loaded
     assert none._jitted_mod is None and loaded == ["/cache/executable.so"]
+    monkeypatch.setattr(compile_mod.torch.cuda, "is_available", lambda: True)
+
+    def broken(path):
+        raise OSError(f"cannot load {path}")
+    monkeypatch.setattr(tvm.runtime, "load_module", broken)
+    failed = _Exported()
+    load(failed, "/f.so")  # a library that will not load: the kernel is linked on its first call, as without this
+    assert failed._jitted_mod is None and written[-1] == "/f.so"
+
+
+def test_the_cache_writes_library_is_not_loaded_unless_asked():
+    assert compile_mod.LINK_FROM_CACHE is (compile_mod.setting("LINK_FROM_CACHE", "0") == "1")
