@@ -306,6 +306,29 @@ def print_tables(rows: list[dict], peers: list[str]) -> None:
                       f"{k['speedup']:6.2f} {k['TB_s']:6.2f} {tf}")
 
 
+def gemm_lines(rows: list[dict]) -> list[str]:
+    """#13's GEMM bar, per model and tuning mode: our profiled GEMM time against the best profiled peer's (within 5%,
+    or under it), and beside it GEMM plus elementwise time for both: our GEMMs carry the epilogues (GELU, silu * up)
+    that a peer runs as separate elementwise kernels, so the second pair says whether the fusion pays."""
+    out = []
+    for r in rows:
+        peers = [(p, v) for p, v in r["peers"].items() if "profile" in v]
+        if not peers:
+            continue
+        name, peer = min(peers, key=lambda pv: pv[1]["ms"])
+        theirs = peer["profile"]["by_category_ms"]
+        for mode, t in r["tilefuse"].items():
+            ours = t.get("profile", {}).get("by_category_ms")
+            if not ours or not theirs.get("gemm"):
+                continue
+            g, pg = ours.get("gemm", 0.0), theirs["gemm"]
+            ge, pge = g + ours.get("elementwise", 0.0), pg + theirs.get("elementwise", 0.0)
+            out.append(f"{r['model']:8} tune={mode:5} GEMM ms {g:.3f} against {name}'s {pg:.3f}: {g / pg:.3f}x "
+                       f"({'within 5%' if g <= 1.05 * pg else 'over 5%'}); GEMM + elementwise {ge:.3f} against "
+                       f"{pge:.3f}: {ge / pge:.3f}x")
+    return out
+
+
 def _peer_compile(p: dict) -> str:
     """A peer's compile seconds, cold / warm (the second compile, caches hit) where measured."""
     return f"{p['compile_s']:.1f} / {p['warm_compile_s']:.1f}" if "warm_compile_s" in p else f"{p['compile_s']:.1f}"
@@ -365,6 +388,9 @@ def main() -> int:
             print(f"  {name}: FAILED: {type(e).__name__}: {str(e)[:400]}", flush=True)
         flush()
     print_tables(rows, peers)
+    lines = gemm_lines(rows)
+    if lines:
+        print("\nthe GEMM bar (profiled, per call; the best peer's kernels):\n" + "\n".join(lines))
     return 0
 
 
