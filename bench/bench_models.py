@@ -90,10 +90,15 @@ def bench_model(name: str, size: str, peers: list[str], reps: int, tunes: list[s
             print(f"  {name}: {peer} {row['peers'][peer]['ms']:.3f} ms (compile {compile_s:.1f} s, warm "
                   f"{row['peers'][peer].get('warm_compile_s', 0):.1f} s)", flush=True)
             flush(row)
-        if ROUNDS > 1 and len(fns) > 1:
+        turns = ROUNDS > 1 and len(fns) > 1
+        if turns:  # (the profiles too)
             in_turns(row, fns, inputs, reps)
             flush(row)
-        elif PROFILE and row["peers"]:  # the best peer's kernels by category, beside tilefuse's
+        for mode, res in row["tilefuse"].items() if PROFILE and not turns else ():
+            if "profile" not in res and ("tilefuse", mode) in fns:  # (one contender alone: timed once)
+                res["profile"] = profile(fns[("tilefuse", mode)], *inputs)
+                print(f"  {name}: tilefuse tune={mode} kernels ms/call: {category_line(res['profile'])}", flush=True)
+        if PROFILE and row["peers"] and not turns:  # the best peer's kernels by category, beside tilefuse's
             best = min(row["peers"], key=lambda p: row["peers"][p]["ms"])
             torch._dynamo.reset()
             fn = _compile_peer(model, best)
