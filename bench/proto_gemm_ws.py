@@ -11,7 +11,7 @@ neither is measured yet.
 
 Usage (device):  python bench/proto_gemm_ws.py [--json out.json] [--shapes 8192x16384x4096,...] [--ws-only
                  [--pingpong]] [--epilogue bias|gelu|silu_mul|residual] [--gathered] [--copied] [--cluster] [--sliced]
-                 [--tall]
+                 [--tall] [--gelu-probes]
 (--copied: a full-size extra copied into the output tile by the consumers after the main loop, beside the default,
 the producer's TMA load of it during the main loop; the plain GEMM's cuBLAS time is printed beside the peer's.)
 """
@@ -100,6 +100,31 @@ def gelu_erfc(T, a, at):
         return t * T.__exp(p - z * z)
     t = T.call_pure_extern("float32", "__fdividef", c(1.0), c(1.0) + c(0.5) * z)
     return let(t, lambda t: let(erfc(t), lambda e: c(0.5) * x * T.Select(x < c(0.0), e, c(2.0) - e)))
+
+
+def _horner(n: int):
+    """probe: ``n`` dependent multiply-adds on x (Horner's rule, made-up coefficients): the FMA pipe's cost alone."""
+    def form(T, a, at):
+        p = T.FloatImm("float32", 0.5)
+        for k in range(n):
+            p = p * a[0] + T.FloatImm("float32", 1.0 / (k + 2))
+        return p
+    return form
+
+
+# --gelu-probes (session 39): what a GELU epilogue's time follows, for the form that would cost least (fc1's GELU is
+# the whole of #13's GEMM gap: 16384x3072x768 0.16 ms against 0.116 for cuBLAS without it). In place of the GELU:
+# x itself (the bias epilogue through the same path), 8, 16 and 32 dependent FMAs, one ex2.approx (MUFU), and
+# ex2.approx with rcp.approx (two MUFU: the fast sigmoid's silu). Their values are not GELU's: each is timed whatever
+# its error. erff is some 25 FMA-pipe instructions an element (9 of them selects) and one MUFU; the erfc fit
+# ("gelu=erfc", measured even) some 14 and two MUFU.
+PROBES = {
+    "probe=identity": lambda T, a, at: a[0],
+    **{f"probe=fma{n}": _horner(n) for n in (8, 16, 32)},
+    "probe=ex2": lambda T, a, at: a[0] * T.__exp(-a[0]),
+    "probe=ex2_rcp": lambda T, a, at: a[0] * T.call_pure_extern(
+        "float32", "__fdividef", T.FloatImm("float32", 1.0), T.FloatImm("float32", 1.0) + T.__exp(-a[0])),
+}
 # "silu=rcp_volatile": session 28's fast silu, by TileLang's tl::fast_rcp (an asm volatile nvcc issues in order).
 FORMS = {
     "silu=exact": ("silu", None),
@@ -107,6 +132,7 @@ FORMS = {
     "silu=exp2div": ("silu", lambda T, a, at: a[0] / (T.FloatImm("float32", 1.0)
                                                       + T.exp2(a[0] * T.FloatImm("float32", -LOG2E)))),
     "gelu=erfc": ("gelu", gelu_erfc),
+    **{name: ("gelu", fn) for name, fn in PROBES.items()},
 }
 
 
@@ -164,7 +190,7 @@ def time_kernels(shape, meta, kernels, args, want, peers: dict) -> list[dict]:
             print(f"   {name}: LAUNCH ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
         err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
-        ms = device_time(k, args, "cuda") * 1e3 if err < 1e-2 else float("nan")
+        ms = device_time(k, args, "cuda") * 1e3 if err < 1e-2 or "probe=" in name else float("nan")
         vs = "".join(f"  x {p} {t / ms:.3f}" for p, t in peers.items() if t)
         print(f"   {name:90s} {ms:.4f} ms{vs}  err {err:.1e}", flush=True)
         rows.append({"shape": list(shape), "name": name, "ms": ms, "err": err, **{f"{p}_ms": t for p, t in peers.items()}})
@@ -195,6 +221,8 @@ def main(argv=None) -> int:
     ap.add_argument("--silu-forms", action="store_true", help="the first two ws configs with each form of silu")
     ap.add_argument("--cluster", action="store_true", help="each ws config also in 2-CTA clusters (B multicast)")
     ap.add_argument("--gelu-forms", action="store_true", help="the first two ws configs with the GELU by erfc")
+    ap.add_argument("--gelu-probes", action="store_true",
+                    help="with --epilogue gelu: the seed's and 128 x 192's configs with each of PROBES for the GELU")
     ap.add_argument("--sliced", action="store_true", help="the sliced epilogue's configs too (SLICED_CONFIGS)")
     ap.add_argument("--tall", action="store_true", help="the 256 x 128 tiles too (TALL_CONFIGS)")
     a = ap.parse_args(argv)
@@ -208,6 +236,8 @@ def main(argv=None) -> int:
     gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("silu=exact", "silu=rcp_volatile")] \
         if a.silu_forms else []
     gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("gelu=erfc",)] if a.gelu_forms else []
+    probed = [SLICED_CONFIGS[0], CONFIGS[1]]  # (fc1's seed, 128 x 256 x 4 in 64-column slices, and 128 x 192 x 4)
+    gathered += [(f"ws {f}", with_form(f, gemm_ws), probed) for f in ("gelu=erfc", *PROBES)] if a.gelu_probes else []
     gathered += [("ws cluster 2", gemm_ws, [{**c, "cluster": 2} for c in CONFIGS])] if a.cluster else []
     gathered += [("ws sliced", gemm_ws, SLICED_CONFIGS)] if a.sliced else []
     gathered += [("ws tall", gemm_ws, TALL_CONFIGS)] if a.tall else []

@@ -43,8 +43,12 @@
 #   part 43 (~4 min): part 42's two compile timelines alone, then the GPU tests of tests/test_dynamo_e2e.py and
 #            tests/test_artifact.py with TILEFUSE_LINK_FROM_CACHE=1 and an empty TileLang cache (every kernel compiled,
 #            its module the cache's library). If they pass and the timeline gains, turn it on by default.
+#   part 44 (~2 min): what fc1's GELU epilogue costs (the whole of #13's GEMM gap in BERT, GPT-2 and ViT): the seed's
+#            and 128 x 192's configs with the GELU replaced by probes (proto_gemm_ws.py --gelu-probes: x alone, 8, 16
+#            and 32 dependent FMAs, one MUFU ex2, ex2 and rcp) and by the erfc fit, against erff. Which of FMA count
+#            and MUFU count the time follows says what a cheaper exact GELU must save.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-43; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-44; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -138,6 +142,10 @@ elif [ "$part" = 42 ] || [ "$part" = 43 ]; then
         --peers eager,default,reduce-overhead --tune none,fast --no-warm --reps 30 --json "$OUT/logs/zoo_tuned_vm.json" \
         > "$OUT/logs/zoo_tuned_vm.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_tuned_vm.log" | cut -c1-220 | head -40
+elif [ "$part" = 44 ]; then
+    timeout 240 python3 bench/proto_gemm_ws.py --ws-only --epilogue gelu --gelu-probes \
+        --shapes 16384x3072x768,8192x3072x768 --json "$OUT/logs/gelu_probes.json" > "$OUT/logs/gelu_probes.log" 2>&1
+    grep -v -i warn "$OUT/logs/gelu_probes.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -40
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -57,3 +57,19 @@ def test_pingpong_gemm_groups_take_turns_on_their_own_tiles():
         assert part.index("wait_wgmma<0>") < part.index("tma_store(")
     with pytest.raises(ValueError, match="at most 128 x 128"):
         proto_gemm_ws.gemm_ws_pingpong(4096, 4096, 4096, block_M=128, block_N=256, stages=2)
+
+
+@pytest.mark.parametrize("form", ["gelu=erfc", *proto_gemm_ws.PROBES])
+def test_each_gelu_probe_replaces_the_gelu_in_the_epilogue(form, monkeypatch):
+    """--gelu-probes (the cost of a GELU epilogue: FMAs, MUFU ops): each form takes erff's place, nothing else."""
+    monkeypatch.setattr(proto_gemm_ws, "EPILOGUE", proto_gemm_ws.EPILOGUES["gelu"])
+    exact = kernel_source(proto_gemm_ws.gemm_ws(4096, 3072, 768, block_N=192, stages=4), SM90)
+    src = kernel_source(proto_gemm_ws.with_form(form, proto_gemm_ws.gemm_ws)(4096, 3072, 768, block_N=192, stages=4),
+                        SM90)
+    assert "erff" in exact and "erff" not in src and "wgmma_ss<" in src
+    assert ("__expf" in src) == (form in ("gelu=erfc", "probe=ex2", "probe=ex2_rcp"))
+    assert ("__fdividef" in src) == (form in ("gelu=erfc", "probe=ex2_rcp"))
+    if form.startswith("probe=fma"):  # Horner's rule, every step there: its last constant, 1 / (n + 1), printed
+        n = int(form.removeprefix("probe=fma"))
+        assert (1.0 / (n + 1)).hex() + "f" in src and (1.0 / (n + 2)).hex() + "f" not in src
+    assert "erff" in kernel_source(proto_gemm_ws.gemm_ws(4096, 3072, 768, block_N=192, stages=4), SM90)  # restored
