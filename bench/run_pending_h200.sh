@@ -46,7 +46,10 @@
 #   part 44 (~2 min): what fc1's GELU epilogue costs (the whole of #13's GEMM gap in BERT, GPT-2 and ViT): the seed's
 #            and 128 x 192's configs with the GELU replaced by probes (proto_gemm_ws.py --gelu-probes: x alone, 8, 16
 #            and 32 dependent FMAs, one MUFU ex2, ex2 and rcp) and by the erfc fit, against erff. Which of FMA count
-#            and MUFU count the time follows says what a cheaper exact GELU must save.
+#            and MUFU count the time follows says what a cheaper exact GELU must save. With them "gelu=logpoly", a
+#            candidate exact GELU for fp16 outputs (exp of a degree-7 polynomial: some 15 instructions an element
+#            over the bias epilogue's in SASS, erff's 28; relative error 6.7e-6): if it runs faster and its numerics
+#            hold, it becomes the GELU of lowering.emitters.FAST_EMITTERS for fp16 outputs (a bf16 fit to t <= 13.5).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
 #                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-44; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
