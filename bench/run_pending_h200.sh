@@ -146,9 +146,9 @@ elif [ "$part" = 42 ] || [ "$part" = 43 ]; then
         > "$OUT/logs/zoo_tuned_vm.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_tuned_vm.log" | cut -c1-220 | head -40
 elif [ "$part" = 44 ]; then
-    timeout 240 python3 bench/proto_gemm_ws.py --ws-only --epilogue gelu --gelu-probes \
+    timeout 240 python3 bench/proto_gemm_ws.py --ws-only --epilogue gelu --gelu-probes --sliced \
         --shapes 16384x3072x768,8192x3072x768 --json "$OUT/logs/gelu_probes.json" > "$OUT/logs/gelu_probes.log" 2>&1
-    grep -v -i warn "$OUT/logs/gelu_probes.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -40
+    grep -v -i warn "$OUT/logs/gelu_probes.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -60
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
