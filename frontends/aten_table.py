@@ -35,23 +35,21 @@ _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 
 
 def _binary(name: str, x: str = "self", y: str = "other") -> Converter:
-    def conv(cx: Ctx, a: dict) -> str:
-        lhs, rhs = cx.tensor(a[x], a[y]), cx.tensor(a[y], a[x])
-        if name in _COMPARISONS:
-            lhs, rhs = _promoted(cx, lhs, rhs)
-        return cx.op(name, lhs, rhs)
-    return conv
+    return lambda cx, a: cx.op(name, *_operands(cx, a[x], a[y], consts=name in _COMPARISONS))
 
 
-def _promoted(cx: Ctx, lhs: str, rhs: str) -> tuple[str, str]:
-    """A comparison's operands cast to torch's promoted dtype where theirs differ: eager compares in that dtype, so a
-    0-d float32 3e38 against a float16 tensor is inf there (a kernel comparing in float32 said 3e38 != inf)."""
+def _operands(cx: Ctx, x: Any, y: Any, consts: bool = False) -> tuple[str, str]:
+    """``x`` and ``y`` as values, a tensor's cast to torch's promoted dtype where the two differ, as eager computes: a
+    0-d float32 tensor against a float16 one is rounded to float16 first (a kernel subtracting it in float32 gave
+    3.9e-5 where eager gives 0). A Python number's constant is cast only with ``consts`` (comparisons: eager compares
+    in that dtype, so 3e38 against a float16 tensor is inf there); in arithmetic it stays the scalar it was."""
+    lhs, rhs = cx.tensor(x, y), cx.tensor(y, x)
     tl, tr = cx.type(lhs), cx.type(rhs)
     if tl.dtype == tr.dtype or tl.shape is None or tr.shape is None:
         return lhs, rhs
     common = torch.result_type(torch.empty(tl.shape, dtype=torch_dtype(tl.dtype), device="meta"),
                                torch.empty(tr.shape, dtype=torch_dtype(tr.dtype), device="meta"))
-    return _cast(cx, lhs, common), _cast(cx, rhs, common)
+    return tuple(_cast(cx, v, common) if consts or isinstance(o, str) else v for v, o in ((lhs, x), (rhs, y)))
 
 
 def _alias(cx: Ctx, a: dict) -> str:
@@ -109,9 +107,10 @@ def _add_sub(name: str, swap: bool = False) -> Converter:
         x, y, alpha = a["self"], a["other"], a.get("alpha", 1)
         if swap:
             x, y = y, x
-        if alpha != 1:
-            y = cx.op("mul", y, cx.tensor(alpha, y)) if isinstance(y, str) else y * alpha
-        return cx.op(name, cx.tensor(x, y), cx.tensor(y, x))
+        if alpha != 1 and not isinstance(y, str):
+            y = y * alpha
+        lhs, rhs = _operands(cx, x, y)
+        return cx.op(name, lhs, cx.op("mul", rhs, cx.tensor(alpha, rhs)) if alpha != 1 and isinstance(y, str) else rhs)
     return conv
 
 
@@ -121,8 +120,7 @@ def _div(cx: Ctx, a: dict) -> str:
 
 
 def _where(cx: Ctx, a: dict) -> str:
-    x, y = a["self"], a["other"]
-    return cx.op("where", a["condition"], cx.tensor(x, y), cx.tensor(y, x))
+    return cx.op("where", a["condition"], *_operands(cx, a["self"], a["other"]))
 
 
 def _masked_fill(cx: Ctx, a: dict) -> str:

@@ -111,19 +111,28 @@ class Builder:
 
     def call(self, n: Node, args: tuple[Expr, ...]) -> Expr:
         """The expression of pointwise node ``n`` over ``args``: its op, or on a CPU target ``cpu_form``'s."""
-        form = cpu_form(n, args, self.types[n.inputs[0]].dtype) if self.cpu and n.inputs else None
+        form = cpu_form(n, args, self.types[n.inputs[0]].dtype, self.types[n.outputs[0].name].dtype) \
+            if self.cpu and n.inputs else None
         return Call(n.op, args, n.attrs) if form is None else form
 
 
-def cpu_form(n: Node, args: tuple[Expr, ...], dtype: str) -> Expr | None:
+def cpu_form(n: Node, args: tuple[Expr, ...], dtype: str, out: str = "") -> Expr | None:
     """The expression a CPU target computes for ``n`` where torch's CPU kernel departs from the op's definition (which
     the GPU targets follow, as torch's CUDA kernels do), else None.
+
+    add/sub of a float16/bfloat16 tensor and a Python number: torch's CPU kernel rounds the number to the tensor's
+    dtype first (``x - 3.0819921`` is 0 at x = 3.08203125), its CUDA kernel keeps it in float32, as mul and div do on
+    both (checked against torch 2.13's CPU eager); the number's constant is rounded here (``out``: the result's dtype).
 
     gelu (erf form) of float32: torch's kernel for contiguous tensors of several elements gives NaN at +-inf and
     computes ``x * (1 + erf(x / sqrt 2))`` before halving (an ``x`` past 2^127 overflows); its scalar path on AVX2 and
     CUDA give the limit at +inf. float16/bfloat16 depend on the machine (``half_gelu_nan_at_inf``): AVX512 widens
     them into that kernel, AVX2 gives the limit. pytorch/pytorch#185770 (fix open in #192318). ``+ x * 0`` is NaN
     exactly at +-inf and NaN and +-0 elsewhere, which keeps every other result's bits, -0.0 included."""
+    if n.op in ("add", "sub") and out in ("float16", "bfloat16") and any(
+            isinstance(a, Const) and a.dtype == "float32" for a in args):
+        return Call(n.op, tuple(Const(a.value, out) if isinstance(a, Const) and a.dtype == "float32" else a
+                                for a in args), n.attrs)
     if n.op == "gelu" and n.attr.get("approximate", "none") == "none" and (
             dtype == "float32" or dtype in ("float16", "bfloat16") and half_gelu_nan_at_inf(dtype)):
         (x,) = args

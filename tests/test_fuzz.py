@@ -383,6 +383,33 @@ def test_float16_comparison_kept_in_float32(caplog):
     check_case(program, [x, y], caplog)
 
 
+def test_a_float32_0d_tensor_against_float16_is_rounded_to_float16_first(caplog):
+    """``x.to(float16) - s`` with ``s`` a 0-d float32 tensor: torch promotes to float16 and rounds ``s`` there before
+    subtracting, so an element equal to ``s`` gives 0; the kernel subtracted ``s`` in float32 and gave 3.9e-5 (CI's
+    random run under load, seed 3410120813). The same for the other binary ops and ``where``."""
+    s = 3.0819921493530273
+    x = torch.tensor([[s, -1.7133, -2.1424, 0.3641, 65504.0], [1e-7, -0.0, math.nan, math.inf, 2.5]])
+    lines = ("v0.to(torch.float16)", "v2 - v1", "v2 + v1", "v2 * v1", "torch.maximum(v2, v1)", "v1 - v2",
+             "torch.where(v2 > 0, v2, v1)")
+    steps = (Step("cast", (0,), (("to", "float16"),)), Step("sub", (2, 1)), Step("add", (2, 1)), Step("mul", (2, 1)),
+             Step("maximum", (2, 1)), Step("sub", (1, 2)), Step("where", (2, 2, 1)))
+    program = Program(torch.float32, ((2, 5), ()), lines, (3, 4, 5, 6, 7, 8), (BITS,) * 9, steps)
+    check_case(program, [x, torch.tensor(s)], caplog)
+    assert program.eager(x, torch.tensor(s))[0][0, 0].item() == 0.0
+
+
+def test_a_python_number_against_float16_rounds_as_torchs_cpu_kernels_do(caplog):
+    """torch's CPU add/sub round a Python number to the float16 tensor's dtype first (``x - 3.0819921`` is 0 at x =
+    3.08203125), its mul/div keep it in float32 (so does CUDA for all four): the c target computes each as CPU eager."""
+    x = torch.tensor([[3.0819921493530273, -1.7133, 0.1, 65504.0, 7.7], [1e-7, -0.0, math.nan, math.inf, 2.5]])
+    lines = ("v0.to(torch.float16)", "v1 - 3.0819921493530273", "v1 + 0.1", "0.1 - v1", "v1 * 0.1", "v1 / 7.77777")
+    steps = (Step("cast", (0,), (("to", "float16"),)), Step("add_scalar", (1,)), Step("add_scalar", (1,)),
+             Step("rsub_scalar", (1,)), Step("mul_scalar", (1,)), Step("div_scalar", (1,)))
+    program = Program(torch.float32, ((2, 5),), lines, (2, 3, 4, 5, 6), (BITS,) * 7, steps)
+    check_case(program, [x], caplog)
+    assert program.eager(x)[0][0, 0].item() == 0.0
+
+
 def test_float16_reciprocal_after_an_explicit_cast(caplog):
     """``reciprocal(x.to(float16)).to(float32)`` of 6e-8: eager's float16 reciprocal overflows to inf; a kernel
     that rounds at the explicit cast and keeps float32 after it gives 2**24, Inductor (cast dropped) 1.67e7. Both
