@@ -49,7 +49,14 @@ def _operands(cx: Ctx, x: Any, y: Any, consts: bool = False) -> tuple[str, str]:
         return lhs, rhs
     common = torch.result_type(torch.empty(tl.shape, dtype=torch_dtype(tl.dtype), device="meta"),
                                torch.empty(tr.shape, dtype=torch_dtype(tr.dtype), device="meta"))
-    return tuple(_cast(cx, v, common) if consts or isinstance(o, str) else v for v, o in ((lhs, x), (rhs, y)))
+    if consts:
+        return _cast(cx, lhs, common), _cast(cx, rhs, common)
+
+    def rounds(v: str) -> bool:  # (arithmetic: a value the result's dtype rounds; widening is the kernels' own)
+        t = torch_dtype(cx.type(v).dtype)
+        return common.is_floating_point and t != common and (common.itemsize <= t.itemsize if t.is_floating_point
+                                                             else common.itemsize < 4)
+    return tuple(_cast(cx, v, common) if isinstance(o, str) and rounds(v) else v for v, o in ((lhs, x), (rhs, y)))
 
 
 def _alias(cx: Ctx, a: dict) -> str:
