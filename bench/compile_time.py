@@ -50,14 +50,14 @@ SPANS: list = []  # --timeline: (thread, what, start s, end s) of the compile's 
 
 
 def _record_spans() -> None:
-    """Wrap the steps of a kernel's compile (``compile_kernel``: TileLang's lowering, nvcc, the kernel cache's write,
-    the host link) so that each call's span, in whichever thread ran it, lands in ``SPANS``: where a cold compile's
-    seconds go when its kernels compile in parallel threads (a profile of the main thread sees a wait)."""
+    """Wrap the steps of a kernel's compile (``compile_kernel``, and inside it nvcc, the kernel cache's write and the
+    host link: the rest is TileLang's lowering) and the templates' PrimFunc builds, so that each call's span, in
+    whichever thread ran it, lands in ``SPANS``: where a cold compile's seconds go when its kernels compile in
+    parallel threads (a profile of the main thread sees a wait)."""
     import threading
 
     from tilelang.cache.kernel_cache import KernelCache
     from tilelang.contrib import nvcc
-    from tilelang.engine import lower as tl_lower
 
     from tilefuse.lowering import compile as tf_compile
     from tilefuse.lowering import lower as tf_lower
@@ -74,7 +74,6 @@ def _record_spans() -> None:
         setattr(owner, name, spanned)
     for owner, name, label in ((tf_compile, "compile_kernel", "kernel"), (nvcc, "compile_cuda", "nvcc"),
                                (tf_compile, "link_now", "link"), (KernelCache, "_save_kernel_to_disk", "cache write"),
-                               (tl_lower, "lower_to_host_device_ir", "tilelang lower"),
                                (tf_lower, "make_prim_func", "prim func built")):
         if hasattr(owner, name):
             wrap(owner, name, label)

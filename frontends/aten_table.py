@@ -114,10 +114,10 @@ def _add_sub(name: str, swap: bool = False) -> Converter:
         x, y, alpha = a["self"], a["other"], a.get("alpha", 1)
         if swap:
             x, y = y, x
-        if alpha != 1 and not isinstance(y, str):
-            y = y * alpha
-        lhs, rhs = _operands(cx, x, y)
-        return cx.op(name, lhs, cx.op("mul", rhs, cx.tensor(alpha, rhs)) if alpha != 1 and isinstance(y, str) else rhs)
+        lhs, rhs = _operands(cx, x, y if isinstance(y, str) else y * alpha)  # (a number takes alpha here)
+        if alpha != 1 and isinstance(y, str):  # (a tensor after its promotion, as eager scales it)
+            rhs = cx.op("mul", rhs, cx.tensor(alpha, rhs))
+        return cx.op(name, lhs, rhs)
     return conv
 
 

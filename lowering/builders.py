@@ -122,17 +122,17 @@ def cpu_form(n: Node, args: tuple[Expr, ...], dtype: str, out: str = "") -> Expr
 
     add/sub of a float16/bfloat16 tensor and a Python number: torch's CPU kernel rounds the number to the tensor's
     dtype first (``x - 3.0819921`` is 0 at x = 3.08203125), its CUDA kernel keeps it in float32, as mul and div do on
-    both (checked against torch 2.13's CPU eager); the number's constant is rounded here (``out``: the result's dtype).
+    both (checked against torch 2.13's CPU eager, float16 and bfloat16); the number's constant is rounded here
+    (``out``: the result's dtype).
 
     gelu (erf form) of float32: torch's kernel for contiguous tensors of several elements gives NaN at +-inf and
     computes ``x * (1 + erf(x / sqrt 2))`` before halving (an ``x`` past 2^127 overflows); its scalar path on AVX2 and
     CUDA give the limit at +inf. float16/bfloat16 depend on the machine (``half_gelu_nan_at_inf``): AVX512 widens
     them into that kernel, AVX2 gives the limit. pytorch/pytorch#185770 (fix open in #192318). ``+ x * 0`` is NaN
     exactly at +-inf and NaN and +-0 elsewhere, which keeps every other result's bits, -0.0 included."""
-    if n.op in ("add", "sub") and out in ("float16", "bfloat16") and any(
-            isinstance(a, Const) and a.dtype == "float32" for a in args):
-        return Call(n.op, tuple(Const(a.value, out) if isinstance(a, Const) and a.dtype == "float32" else a
-                                for a in args), n.attrs)
+    if n.op in ("add", "sub") and out in ("float16", "bfloat16"):
+        rounded = tuple(Const(a.value, out) if isinstance(a, Const) and a.dtype == "float32" else a for a in args)
+        return Call(n.op, rounded, n.attrs) if rounded != args else None
     if n.op == "gelu" and n.attr.get("approximate", "none") == "none" and (
             dtype == "float32" or dtype in ("float16", "bfloat16") and half_gelu_nan_at_inf(dtype)):
         (x,) = args
