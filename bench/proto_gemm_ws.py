@@ -125,35 +125,11 @@ PROBES = {
     "probe=ex2_rcp": lambda T, a, at: a[0] * T.call_pure_extern(
         "float32", "__fdividef", T.FloatImm("float32", 1.0), T.FloatImm("float32", 1.0) + T.__exp(-a[0])),
 }
-# "gelu=logpoly" (session 39, not yet timed): x Phi(x) with log Phi(-t) a polynomial in t = |x|, Phi(-t) = exp(P(t)),
-# Phi(x) = 1 - Phi(-x) for x > 0. P, degree 7, fitted to torch.special.log_ndtr in float64 on [0, 5.7] (minimax by
-# reweighted least squares): |P - log Phi(-t)| <= 3.2e-6 there. For an fp16 output only: past 5.7 GELU rounds to x or
-# to -0, and P, decreasing there, keeps |x| exp(P(|x|)) below fp16's half least subnormal up to 1e38 (checked), with
-# no clamp or select. Evaluated in fp32 its relative error is 6.7e-6 wherever GELU is an fp16 value (|GELU| > 6e-8),
-# and 0.1-0.2% of fp16 outputs round otherwise than exact GELU's (torch's fp32 erf formula, eager's: 3.4-11%, its
-# 1 + erf cancelling for x < -3). In SASS (sm_90a, 128 x 256 tile) about 15 instructions an element over the bias
-# epilogue's, one of them MUFU ex2, against erff's 28. (A bf16 output needs t up to 13.5: degree 9 fits within 2.5e-5.)
-LOGPHI = (-0.6931439638137817, -0.7979854345321655, -0.3177870810031891, -0.03739707171916962, 0.005893937312066555,
-          -0.0006439543794840574, 4.2538089473964646e-05, -1.2624366263480624e-06)
-
-
-def logpoly_gelu(x, *, c, absolute, exp, select, bind):
-    """GELU by ``LOGPHI``, over any arithmetic: ``c`` a float32 constant, ``select(cond, a, b)``, ``bind(value,
-    body)`` (each value computed once: TIR's ``Let``). The TIR form and the test's torch replica are this code."""
-    def phi_neg(t):  # Phi(-|x|) = exp(P(|x|)), Horner's rule
-        p = c(LOGPHI[-1])
-        for k in reversed(LOGPHI[:-1]):
-            p = p * t + c(k)
-        return exp(p)
-    return bind(phi_neg(absolute(x)), lambda q: x * select(x < c(0.0), q, c(1.0) - q))
-
-
+# "gelu=logpoly" (session 39): lowering.emitters' GELU by exp of a polynomial (LOGPHI), since session 40 the GELU of
+# an epilogue rounded straight to fp16 (ROUNDED_EMITTERS); "gelu=erff" the exact form it replaced.
 def gelu_logpoly(T, a, at):
-    def let(value, body):
-        v = T.Var("v", "float32")
-        return T.Let(body(v), where={v: value})
-    return let(a[0], lambda x: let(T.abs(x), lambda t: logpoly_gelu(
-        x, c=lambda v: T.FloatImm("float32", v), absolute=lambda _: t, exp=T.__exp, select=T.Select, bind=let)))
+    from tilefuse.lowering import emitters
+    return emitters._gelu_logpoly(T, a[0])
 
 
 # "silu=rcp_volatile": session 28's fast silu, by TileLang's tl::fast_rcp (an asm volatile nvcc issues in order).
@@ -163,6 +139,7 @@ FORMS = {
     "silu=exp2div": ("silu", lambda T, a, at: a[0] / (T.FloatImm("float32", 1.0)
                                                       + T.exp2(a[0] * T.FloatImm("float32", -LOG2E)))),
     "gelu=erfc": ("gelu", gelu_erfc),
+    "gelu=erff": ("gelu", None),
     "gelu=logpoly": ("gelu", gelu_logpoly),
     **{name: ("gelu", fn) for name, fn in PROBES.items()},
 }
@@ -174,9 +151,11 @@ def with_form(form: str, make):
     from tilefuse.lowering import emitters
 
     def build(*shape, **c):
-        saved = dict(emitters.FAST_EMITTERS)
+        saved, rounded = dict(emitters.FAST_EMITTERS), {d: dict(f) for d, f in emitters.ROUNDED_EMITTERS.items()}
         op, fn = FORMS[form]
         emitters.FAST_EMITTERS.pop(op, None)
+        for forms in emitters.ROUNDED_EMITTERS.values():
+            forms.pop(op, None)
         if fn is not None:
             emitters.FAST_EMITTERS[op] = fn
         try:
@@ -184,6 +163,8 @@ def with_form(form: str, make):
         finally:
             emitters.FAST_EMITTERS.clear()
             emitters.FAST_EMITTERS.update(saved)
+            emitters.ROUNDED_EMITTERS.clear()
+            emitters.ROUNDED_EMITTERS.update(rounded)
     return build
 
 
@@ -269,7 +250,8 @@ def main(argv=None) -> int:
         if a.silu_forms else []
     gathered += [(f"ws {f}", with_form(f, gemm_ws), CONFIGS[:2]) for f in ("gelu=erfc",)] if a.gelu_forms else []
     probed = [SLICED_CONFIGS[0], CONFIGS[1]]  # (fc1's seed, 128 x 256 x 4 in 64-column slices, and 128 x 192 x 4)
-    gathered += [(f"ws {f}", with_form(f, gemm_ws), probed) for f in ("gelu=erfc", "gelu=logpoly", *PROBES)] \
+    gathered += [(f"ws {f}", with_form(f, gemm_ws), probed)
+                 for f in ("gelu=erff", "gelu=erfc", "gelu=logpoly", *PROBES)] \
         if a.gelu_probes else []
     gathered += [("ws cluster 2", gemm_ws, [{**c, "cluster": 2} for c in CONFIGS])] if a.cluster else []
     gathered += [("ws sliced", gemm_ws, SLICED_CONFIGS)] if a.sliced else []

@@ -50,8 +50,11 @@
 #            candidate exact GELU for fp16 outputs (exp of a degree-7 polynomial: some 15 instructions an element
 #            over the bias epilogue's in SASS, erff's 28; relative error 6.7e-6): if it runs faster and its numerics
 #            hold, it becomes the GELU of lowering.emitters.FAST_EMITTERS for fp16 outputs (a bf16 fit to t <= 13.5).
+#   part 45 (~5 min): part 44 with the logpoly GELU made the default of an epilogue rounded straight to fp16
+#            (lowering.emitters.ROUNDED_EMITTERS, session 40): the ws GPU numerics (every case, fp16 and bf16; the
+#            options' cases), the e2e GPU tests, then part 44's probes ("gelu=erff" the exact form it replaced).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-44; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-45; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -145,7 +148,12 @@ elif [ "$part" = 42 ] || [ "$part" = 43 ]; then
         --peers eager,default,reduce-overhead --tune none,fast --no-warm --reps 30 --json "$OUT/logs/zoo_tuned_vm.json" \
         > "$OUT/logs/zoo_tuned_vm.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_tuned_vm.log" | cut -c1-220 | head -40
-elif [ "$part" = 44 ]; then
+elif [ "$part" = 44 ] || [ "$part" = 45 ]; then
+    [ "$part" = 45 ] && { timeout 200 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider "tests/test_gemm_ws.py::test_gemm_ws_gpu_matches_the_reference" \
+        "tests/test_gemm_ws.py::test_gemm_ws_options_gpu_match_the_reference" tests/test_dynamo_e2e.py \
+        > "$OUT/logs/gpu_tests_logpoly.log" 2>&1
+    echo "ws numerics and e2e with the logpoly GELU: $(tail -1 "$OUT/logs/gpu_tests_logpoly.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_logpoly.log" | head -8; }
     timeout 240 python3 bench/proto_gemm_ws.py --ws-only --epilogue gelu --gelu-probes --sliced \
         --shapes 16384x3072x768,8192x3072x768 --json "$OUT/logs/gelu_probes.json" > "$OUT/logs/gelu_probes.log" 2>&1
     grep -v -i warn "$OUT/logs/gelu_probes.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -60

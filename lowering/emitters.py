@@ -408,6 +408,36 @@ def _fast_gelu_tanh(T, x):
     return x * _fast_sigmoid(T, _c(x, 2.0) * z)
 
 
+# GELU exact to an fp16 output's rounding: x Phi(x), Phi(-t) = exp(P(t)) for t = |x| and Phi(x) = 1 - Phi(-x) for
+# x > 0. P, degree 7, fitted to log Phi(-t) (torch.special.log_ndtr, float64) on [0, 5.7], minimax by reweighted least
+# squares: within 3.2e-6 there. Past 5.7 GELU rounds in fp16 to x or to -0, and P, decreasing, keeps |x| exp(P(|x|))
+# below fp16's half least subnormal up to 1e38 with no clamp or select; so only for a value rounded straight to fp16
+# (``ROUNDED_EMITTERS``: multiplied first, the tail's error could show). Relative error 6.7e-6 wherever GELU is an fp16
+# value; 0.1-0.2% of fp16 outputs round otherwise than exact GELU's (eager's fp32 erf formula: 3.4-11%). Some 15 SASS
+# instructions an element over a bias epilogue's, one MUFU ex2, against erff's 28 (bench/proto_gemm_ws.py).
+LOGPHI = (-0.6931439638137817, -0.7979854345321655, -0.3177870810031891, -0.03739707171916962, 0.005893937312066555,
+          -0.0006439543794840574, 4.2538089473964646e-05, -1.2624366263480624e-06)
+
+
+def logpoly_gelu(x, *, c, absolute, exp, select, bind):
+    """GELU by ``LOGPHI`` over any arithmetic: ``c`` a float32 constant, ``select(cond, a, b)``, ``bind(value,
+    body)`` (the value computed once). The TIR form (``_gelu_logpoly``) and the tests' torch replica are this code."""
+    def phi_neg(t):  # Phi(-|x|) = exp(P(|x|)), Horner's rule
+        p = c(LOGPHI[-1])
+        for k in reversed(LOGPHI[:-1]):
+            p = p * t + c(k)
+        return exp(p)
+    return bind(phi_neg(absolute(x)), lambda q: x * select(x < c(0.0), q, c(1.0) - q))
+
+
+def _gelu_logpoly(T, x):
+    def let(value, body):
+        v = T.Var("v", "float32")
+        return T.Let(body(v), where={v: value})
+    return let(x, lambda x: let(T.abs(x), lambda t: logpoly_gelu(
+        x, c=lambda v: T.FloatImm("float32", v), absolute=lambda _: t, exp=T.__exp, select=T.Select, bind=let)))
+
+
 # The fast forms of some emitters, for a template to ask for (``Env.fast``) where its output is fp16/bf16 on CUDA:
 # torch's values to within the output's rounding, NaN and +-inf as torch gives them (silu(-inf) = -inf * 0 = NaN).
 # The exact GELU keeps erff: a form by erfc's Chebyshev fit (bench/proto_gemm_ws.py, "gelu=erfc") measured even with
@@ -416,4 +446,11 @@ FAST_EMITTERS: dict[str, Callable] = {
     "silu": _unary(lambda T, x, at: x * _fast_sigmoid(T, x)),
     "sigmoid": _unary(lambda T, x, at: _fast_sigmoid(T, x)),
     "gelu": _unary(lambda T, x, at: _fast_gelu_tanh(T, x) if at.get("approximate") == "tanh" else _gelu(T, x, at)),
+}
+# Forms exact to one output dtype's rounding only, for an epilogue's root whose value is rounded straight to that
+# dtype (``expr.emit_rounded``); otherwise the fast form.
+ROUNDED_EMITTERS: dict[str, dict[str, Callable]] = {
+    "float16": {"gelu": lambda T, a, at: _gelu_logpoly(T, a[0])
+                if at.get("approximate", "none") == "none" and str(a[0].dtype) == "float32"
+                else FAST_EMITTERS["gelu"](T, a, at)},
 }

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from tilefuse import ops
-from tilefuse.lowering.emitters import EMITTERS, FAST_EMITTERS, as_float, constant, prim, widen
+from tilefuse.lowering.emitters import EMITTERS, FAST_EMITTERS, ROUNDED_EMITTERS, as_float, constant, prim, widen
 
 FLOAT_ONLY = ops.with_trait("float_only")  # ops whose integer/bool operands are widened to float32 first
 
@@ -280,21 +280,34 @@ def emit(expr: Expr, env: Env):
     if isinstance(expr, Call):
         if env.bind_all and id(expr) in env.memo:
             return env.memo[id(expr)]
-        fn = (env.fast and FAST_EMITTERS.get(expr.op)) or EMITTERS.get(expr.op)
-        if fn is None:
-            raise NotImplementedError(
-                f"op {expr.op!r} has no TileLang emitter (supported: {sorted(EMITTERS)}); "
-                "the planner should keep this op out of the fused region")
-        args = [emit(a, env) for a in expr.args]
-        if expr.op in FLOAT_ONLY:
-            args = [as_float(T, a) for a in args]
-        value = prim(fn(T, args, dict(expr.attrs)))
+        value = _call(T, expr, env, (env.fast and FAST_EMITTERS.get(expr.op)) or EMITTERS.get(expr.op))
         if env.bind_all:
             if str(value.dtype) != "bool" and not _leaf(value):
                 value = env.bind(value)
             env.memo[id(expr)] = value
         return value
     raise TypeError(f"not an expression node: {expr!r}")
+
+
+def _call(T, expr: Call, env: Env, fn):
+    if fn is None:
+        raise NotImplementedError(
+            f"op {expr.op!r} has no TileLang emitter (supported: {sorted(EMITTERS)}); "
+            "the planner should keep this op out of the fused region")
+    args = [emit(a, env) for a in expr.args]
+    if expr.op in FLOAT_ONLY:
+        args = [as_float(T, a) for a in args]
+    return prim(fn(T, args, dict(expr.attrs)))
+
+
+def emit_rounded(expr: Expr, env: Env, dtype: str):
+    """``emit(expr, env)`` for a value rounded straight to ``dtype`` (a GEMM epilogue's root, fast forms allowed): a
+    root op with a form exact to that rounding only (``ROUNDED_EMITTERS``: GELU for fp16) takes it."""
+    fn = env.fast and isinstance(expr, Call) and ROUNDED_EMITTERS.get(dtype, {}).get(expr.op)
+    if not fn:
+        return emit(expr, env)
+    from tilelang import language as T
+    return _call(T, expr, env, fn)
 
 
 def _leaf(value) -> bool:

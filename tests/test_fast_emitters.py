@@ -47,3 +47,35 @@ def test_the_fast_sigmoid_and_tanh_gelu_are_within_their_stated_error(shim):
     want = xd * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (xd + 0.044715 * xd ** 3))
     big = want.abs() > 1e-30
     assert ((tanh - want).abs()[big] / want.abs()[big]).max() < 1e-5
+
+
+def _logpoly_gelu_in_torch(x):
+    """``emitters.logpoly_gelu``, the very code the TIR form is built from, in float32 torch arithmetic."""
+    def c(v):
+        return torch.tensor(v, dtype=torch.float32)
+    return emitters.logpoly_gelu(x, c=c, absolute=torch.abs, exp=torch.exp, select=torch.where,
+                                 bind=lambda v, body: body(v))
+
+
+def test_the_logpoly_gelu_is_exact_gelu_to_within_an_fp16_outputs_rounding():
+    """The GELU of an epilogue rounded straight to fp16 (``ROUNDED_EMITTERS``): relative error under 1e-5 wherever
+    GELU is an fp16 value, fp16 outputs rounded as exact GELU's but for a fraction of a percent (eager's fp32 formula:
+    a few percent), and NaN, the infinities and signed zeros as torch gives them."""
+    def exact_gelu(x):  # x Phi(x) in float64, Phi by log_ndtr (no 1 + erf cancelling)
+        return x.double() * torch.exp(torch.special.log_ndtr(x.double()))
+    g = torch.Generator().manual_seed(0)
+    for x in (torch.linspace(-8, 8, 400_001), torch.randn(1_000_000, generator=g) * 2):
+        ours = _logpoly_gelu_in_torch(x)
+        exact = exact_gelu(x)
+        seen = exact.abs() > 6e-8  # an fp16 output's values (subnormals included)
+        assert ((ours.double() - exact).abs() / exact.abs())[seen].max() < 1e-5
+        flips = (ours.half() != exact.half()).double().mean()
+        assert flips < 3e-3 and flips < (torch.nn.functional.gelu(x).half() != exact.half()).double().mean()
+    edge = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-30, -1e-30, 100.0, -100.0, 3e38,
+                         -3e38, 5.7, -5.7])
+    got, want = _logpoly_gelu_in_torch(edge), exact_gelu(edge)  # (NaN at -inf: -inf * 0, as the erff formula gives)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()].half(), want[~want.isnan()].half())
+    assert torch.equal(torch.signbit(got[3:5]), torch.signbit(want[3:5]))  # +0 and -0
+    far = -torch.logspace(0.76, 38, 200_000)  # past 5.7 (no clamp): the polynomial's tail rounds to -0 as GELU's does
+    assert torch.equal(_logpoly_gelu_in_torch(far).half(), exact_gelu(far).half())
+    assert got[-1].half() == -2.0 ** -24  # GELU(-5.7) = -3.4e-8 rounds to fp16's least subnormal (eager's fp32: -0)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tilefuse.config import default_target
+from tilefuse.lowering import emitters
 from tilefuse.lowering.compile import compile_many, kernel_source
 from tilefuse.lowering.expr import Acc, Arg, call
 from tilefuse.lowering.templates import gemm, gemm_ws
@@ -458,7 +459,8 @@ def test_gemm_sp_ws_gpu_matches_the_reference(dtype, case, rng):
 def test_the_epilogues_sigmoid_is_fast_only_where_the_output_rounds_to_half_precision_on_cuda(ws):
     """``lowering.emitters.FAST_EMITTERS``: silu and GELU's tanh form by ``ex2.approx``/``__fdividef`` where the output
     is fp16/bf16 on CUDA (the H200's GPU tests check their numerics, NaN/Inf rows included; ``test_fast_emitters.py``
-    their arithmetic); an fp32 output keeps ``expf`` and the IEEE division, and the exact GELU keeps ``erff``."""
+    their arithmetic); an fp32 output keeps ``expf`` and the IEEE division. The exact GELU keeps ``erff`` but at the
+    root of an fp16 output's epilogue (``ROUNDED_EMITTERS``: exp of a polynomial, exact to fp16's rounding only)."""
     cfg = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2 if ws else 3, "ws": ws}
 
     def source(epilogue, out_dtype="float16"):
@@ -471,9 +473,14 @@ def test_the_epilogues_sigmoid_is_fast_only_where_the_output_rounds_to_half_prec
     assert "__fdividef(" not in exact and "expf(" in exact
     tanh = source(call("gelu", Acc() + Arg(0), approximate="tanh"))
     assert "__fdividef(" in tanh and "tanhf(" not in tanh
-    erf = source(call("gelu", Acc() + Arg(0)))
-    assert "erff(" in erf and "__fdividef(" not in erf
+    gelu = call("gelu", Acc() + Arg(0))
+    for erf in (source(gelu, "bfloat16"), source(gelu, "float32"), source(gelu * Arg(0))):
+        assert "erff(" in erf and "__fdividef(" not in erf and "__expf(" not in erf
     assert "fast_rcp" not in fast + tanh  # (an asm volatile: issued at every use, in order)
+    logpoly = source(gelu)  # (ROUNDED_EMITTERS: the exact GELU of a value rounded straight to fp16, LOGPHI's)
+    assert "erff(" not in logpoly and logpoly.count("__expf(") == 1
+    coefficients = torch.tensor(emitters.LOGPHI, dtype=torch.float32).tolist()  # (Horner's rule, every one printed)
+    assert all(f"/*{k:.6e}*/" in logpoly for k in coefficients)
 
 
 @pytest.mark.parametrize("ws", [False, True])

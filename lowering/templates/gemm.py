@@ -19,7 +19,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
-from tilefuse.lowering.expr import Acc, Env, Expr, args_used, emit, evaluate
+from tilefuse.lowering.expr import Acc, Env, Expr, args_used, emit, emit_rounded, evaluate
 from tilefuse.lowering.templates import gemm_ws
 from tilefuse.lowering.templates.common import (
     arg_loader,
@@ -237,11 +237,11 @@ def staged_extras(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[
     return tuple(k for k in sorted(args_used(epilogue)) if tuple(extra_shapes[k]) == (M, N))
 
 
-def fast_epilogue(target: dict | str, out_dtype: str) -> bool:
-    """Whether a GEMM-family template's epilogue takes the fast forms (``FAST_EMITTERS``: sigmoid, silu, GELU's tanh
-    form): where its output rounds to fp16/bf16 on CUDA. Exact, they made a ws GEMM's silu epilogue compute-bound
-    (bench/results/2026-12-04-h200-session28)."""
-    return target_kind(target) == "cuda" and out_dtype in ("float16", "bfloat16")
+def fast_epilogue(target: dict | str, out_dtype: str) -> str:
+    """The dtype a GEMM-family template's epilogue rounds to where it takes the fast forms (``FAST_EMITTERS``:
+    sigmoid, silu, GELU's tanh form; its root ``ROUNDED_EMITTERS``' for that dtype), else "": an fp16/bf16 output on
+    CUDA. Exact, they made a ws GEMM's silu epilogue compute-bound (bench/results/2026-12-04-h200-session28)."""
+    return out_dtype if target_kind(target) == "cuda" and out_dtype in ("float16", "bfloat16") else ""
 
 
 def ws_staged_extra(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequence[Sequence[int]],
@@ -251,13 +251,14 @@ def ws_staged_extra(M: int, N: int, epilogue: Expr | None, extra_shapes: Sequenc
 
 
 def epilogue_at(epilogue: Expr, acc, extras: Sequence, extra_shapes: Sequence[Sequence[int]], coords: Sequence,
-                accum_dtype: str = "float32", staged: Mapping[int, Any] | None = None, fast: bool = False):
+                accum_dtype: str = "float32", staged: Mapping[int, Any] | None = None, fast: str = ""):
     """The epilogue of one accumulator element ``acc`` of the output at ``coords``: extra input ``i`` is
     read there under broadcasting, or is ``staged[i]`` (a template's load of it from a shared-memory copy);
-    computed in ``accum_dtype``, ``fast`` forms allowed (``Env.fast``). Shared by the GEMM-family templates."""
+    computed in ``accum_dtype``; ``fast``: the output's dtype where fast forms are allowed (``fast_epilogue``), the
+    value then rounded straight to it. Shared by the GEMM-family templates."""
     load = arg_loader(extras, extra_shapes, coords)
-    env = Env(acc=acc, arg=lambda i: staged[i] if staged and i in staged else load(i), fast=fast)
-    return T.Cast(accum_dtype, emit(epilogue, env))
+    env = Env(acc=acc, arg=lambda i: staged[i] if staged and i in staged else load(i), fast=bool(fast))
+    return T.Cast(accum_dtype, emit_rounded(epilogue, env, fast) if fast else emit(epilogue, env))
 
 
 def reference(A: torch.Tensor, B: torch.Tensor, extras: Sequence[torch.Tensor] = (), *, trans_A: bool = False,
