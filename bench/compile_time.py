@@ -54,6 +54,7 @@ def _record_spans() -> None:
     host link: the rest is TileLang's lowering) and the templates' PrimFunc builds, so that each call's span, in
     whichever thread ran it, lands in ``SPANS``: where a cold compile's seconds go when its kernels compile in
     parallel threads (a profile of the main thread sees a wait)."""
+    import importlib
     import threading
 
     from tilelang.cache.kernel_cache import KernelCache
@@ -61,6 +62,8 @@ def _record_spans() -> None:
 
     from tilefuse.lowering import compile as tf_compile
     from tilefuse.lowering import lower as tf_lower
+
+    tl_lower = importlib.import_module("tilelang.engine.lower")  # (the package's ``lower`` is the function)
 
     def wrap(owner, name: str, label: str) -> None:
         fn = getattr(owner, name)
@@ -74,7 +77,9 @@ def _record_spans() -> None:
         setattr(owner, name, spanned)
     for owner, name, label in ((tf_compile, "compile_kernel", "kernel"), (nvcc, "compile_cuda", "nvcc"),
                                (tf_compile, "link_now", "link"), (KernelCache, "_save_kernel_to_disk", "cache write"),
-                               (tf_lower, "make_prim_func", "prim func built")):
+                               (tf_lower, "make_prim_func", "prim func built"),
+                               (tl_lower, "lower_to_host_device_ir", "TIR passes"),
+                               (tl_lower, "host_codegen", "host codegen")):
         if hasattr(owner, name):
             wrap(owner, name, label)
 
@@ -160,6 +165,26 @@ def print_spans(spans: list) -> None:
         print(f"  {th[:24]:24} {what:16} {a:7.3f} -> {b:7.3f}  ({b - a:6.3f} s)")
 
 
+def summarize(rows: list) -> None:
+    """Each cold compile's timeline summed by step (count, total and longest span), the compile threads' first start
+    and last end, and how long each thread was busy: a model of many kernels prints no span list worth reading."""
+    for r in rows:
+        spans = r.get("spans") or []
+        if not spans or r.get("caches") != "cold":
+            continue
+        print(f"{r['model']} {r['compiler']} cold {r.get('seconds', float('nan')):.2f} s, {len(spans)} spans")
+        for what in dict.fromkeys(w for _, w, _, _ in spans):
+            got = [b - a for _, w, a, b in spans if w == what]
+            print(f"  {what:16} {len(got):4d} spans, {sum(got):7.2f} s in all, longest {max(got):6.3f} s")
+        kernels = [(th, a, b) for th, w, a, b in spans if w == "kernel"]
+        if kernels:
+            busy: dict = {}
+            for th, a, b in kernels:
+                busy[th] = busy.get(th, 0.0) + b - a
+            print(f"  kernels from {min(a for _, a, _ in kernels):.2f} to {max(b for _, _, b in kernels):.2f} s over "
+                  f"{len(busy)} threads, busy {min(busy.values()):.2f}-{max(busy.values()):.2f} s each")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="vit,gpt2")
@@ -170,8 +195,13 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="a folder for each compile's cProfile statistics")
     ap.add_argument("--timeline", action="store_true",
                     help="tilefuse's cold compiles: print each kernel's compile steps by thread (lowering, nvcc, ...)")
+    ap.add_argument("--summarize", default="", help="a --timeline run's --out file: its spans summed by step")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.summarize:
+        with open(args.summarize) as f:
+            summarize(json.load(f))
+        return 0
     models, compilers = args.models.split(","), args.compilers.split(",")
     unknown = sorted(set(compilers) - set(COMPILERS) - set(EXTRA))
     if unknown:

@@ -53,8 +53,11 @@
 #   part 45 (~5 min): part 44 with the logpoly GELU made the default of an epilogue rounded straight to fp16
 #            (lowering.emitters.ROUNDED_EMITTERS, session 40): the ws GPU numerics (every case, fp16 and bf16; the
 #            options' cases), the e2e GPU tests, then part 44's probes ("gelu=erff" the exact form it replaced).
+#   part 46 (~4 min): where #13's compile bar goes (the MLP 2.1x Inductor's cold, ResNet-50 2.7x, session 40): the
+#            MLP's cold compile under cProfile with its timeline (its ws GEMMs lowered in 2.1-2.3 s each on the H200's
+#            machine, 0.6-0.8 s on a 2-core CPU machine), then ResNet-50's timeline summed by step, against Inductor.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-45; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-46; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -157,6 +160,15 @@ elif [ "$part" = 44 ] || [ "$part" = 45 ]; then
     timeout 240 python3 bench/proto_gemm_ws.py --ws-only --epilogue gelu --gelu-probes --sliced \
         --shapes 16384x3072x768,8192x3072x768 --json "$OUT/logs/gelu_probes.json" > "$OUT/logs/gelu_probes.log" 2>&1
     grep -v -i warn "$OUT/logs/gelu_probes.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -60
+elif [ "$part" = 46 ]; then
+    timeout 150 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeline --profile "$OUT/logs/prof" \
+        --out "$OUT/logs/compile_mlp_profiled.json" > "$OUT/logs/compile_mlp_profiled.log" 2>&1
+    grep -v -i warn "$OUT/logs/compile_mlp_profiled.log" | grep -v '^{' | cut -c1-200 | tail -24
+    grep -A 40 "Ordered by: internal time" "$OUT/logs/prof/mlp-tilefuse-cold.prof.txt" | cut -c1-160 | head -45
+    timeout 200 python3 bench/compile_time.py --models resnet --compilers tilefuse,inductor --timeline \
+        --out "$OUT/logs/compile_resnet_timeline.json" > "$OUT/logs/compile_resnet_timeline.log" 2>&1
+    grep -E "^resnet|^model" "$OUT/logs/compile_resnet_timeline.log"
+    python3 bench/compile_time.py --summarize "$OUT/logs/compile_resnet_timeline.json" 2>&1 | tail -30
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -43,5 +43,11 @@ def test_the_timeline_gives_each_kernels_compile_steps_by_thread(tmp_path, capsy
     assert kernels and all(s[0].startswith("tilefuse-compile") for s in kernels)  # (compiled in the worker threads)
     assert any(s[1] == "prim func built" for s in row["spans"])
     assert all(0 <= a <= b <= row["seconds"] for _, _, a, b in row["spans"])
+    passes = [s for s in row["spans"] if s[1] == "TIR passes"]  # (TileLang's lowering, inside each kernel's span)
+    assert len(passes) == len(kernels) and all(s[0].startswith("tilefuse-compile") for s in passes)
     compile_time.print_spans(row["spans"])
     assert "kernel" in capsys.readouterr().out
+    compile_time.summarize([{**row, "caches": "cold"}, {**row, "caches": "warm"}])  # (--summarize: by step, cold)
+    out = capsys.readouterr().out
+    assert out.count("mlp tilefuse cold") == 1 and f"kernel           {len(kernels):4d} spans" in out
+    assert "TIR passes" in out and "threads, busy" in out

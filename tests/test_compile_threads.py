@@ -94,7 +94,7 @@ def test_the_cache_writes_library_becomes_the_kernels_module_where_jit_would_lin
     import tvm
 
     assert tl_cache.KernelCache._safe_write_executable._tilefuse_loads  # (installed on import, once)
-    monkeypatch.setattr(compile_mod, "LINK_FROM_CACHE", True)  # (TILEFUSE_LINK_FROM_CACHE=1; off by default)
+    monkeypatch.setattr(compile_mod, "LINK_FROM_CACHE", True)  # (the default; TILEFUSE_LINK_FROM_CACHE=0 turns it off)
     written, loaded = [], []
     load = compile_mod._load_what_the_cache_wrote(lambda ex, path, kw=None: written.append(path))
     monkeypatch.setattr(tvm.runtime, "load_module", lambda path: loaded.append(path) or f"module {path}")
@@ -127,5 +127,5 @@ def test_the_cache_writes_library_becomes_the_kernels_module_where_jit_would_lin
     assert failed._jitted_mod is None and written[-1] == "/f.so"
 
 
-def test_the_cache_writes_library_is_not_loaded_unless_asked():
-    assert compile_mod.LINK_FROM_CACHE is (compile_mod.setting("LINK_FROM_CACHE", "0") == "1")
+def test_the_cache_writes_library_is_loaded_unless_turned_off():
+    assert compile_mod.LINK_FROM_CACHE is (compile_mod.setting("LINK_FROM_CACHE", "1") == "1")
