@@ -6,7 +6,8 @@
 # 37's: bench/results/2026-12-05-h100-session37, parts 29-33, 35 and 36 (36 at commit 8d748c8)).
 # Session 37 ran parts 29-33 and 35 on an H100 (no H200 was lent). Session 38 ran parts 30, 31 and 35 on the H200 and
 # 37-39 on an H100 (bench/results/2026-12-05-h200-session38; 37-38, the overlapped epilogue, at commits 1a9899a-5684c11,
-# since reverted). Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change.
+# since reverted). Session 40 ran parts 30, 31, 39, 43 and 45 on the H200 (bench/results/2026-12-05-h200-session40).
+# Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
