@@ -57,8 +57,12 @@
 #   part 46 (~4 min): where #13's compile bar goes (the MLP 2.1x Inductor's cold, ResNet-50 2.7x, session 40): the
 #            MLP's cold compile under cProfile with its timeline (its ws GEMMs lowered in 2.1-2.3 s each on the H200's
 #            machine, 0.6-0.8 s on a 2-core CPU machine), then ResNet-50's timeline summed by step, against Inductor.
+#   part 47 (~2 min): the bf16 output's logpoly GELU (lowering.emitters.LOGPHI_BF16, degree 9 to t = 13.5; session
+#            40, not yet a default): the ws GEMM's GELU cases in bf16 with it, every schedule, NaN/Inf rows, on the
+#            GPU. If they pass, ROUNDED_EMITTERS["bfloat16"] = {"gelu": rounded_gelu(LOGPHI_BF16)} (its time is
+#            fp16's logpoly's and two FMAs: part 45's table).
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-46; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-47; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -170,6 +174,12 @@ elif [ "$part" = 46 ]; then
         --out "$OUT/logs/compile_resnet_timeline.json" > "$OUT/logs/compile_resnet_timeline.log" 2>&1
     grep -E "^resnet|^model" "$OUT/logs/compile_resnet_timeline.log"
     python3 bench/compile_time.py --summarize "$OUT/logs/compile_resnet_timeline.json" 2>&1 | tail -30
+elif [ "$part" = 47 ]; then
+    timeout 200 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
+        "tests/test_gemm_ws.py::test_gemm_ws_gpu_bf16_logpoly_gelu_matches_the_reference" \
+        > "$OUT/logs/gpu_tests_logpoly_bf16.log" 2>&1
+    echo "bf16 logpoly GELU numerics: $(tail -1 "$OUT/logs/gpu_tests_logpoly_bf16.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_logpoly_bf16.log" | head -8
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -417,25 +417,40 @@ def _fast_gelu_tanh(T, x):
 # instructions an element over a bias epilogue's, one MUFU ex2, against erff's 28 (bench/proto_gemm_ws.py).
 LOGPHI = (-0.6931439638137817, -0.7979854345321655, -0.3177870810031891, -0.03739707171916962, 0.005893937312066555,
           -0.0006439543794840574, 4.2538089473964646e-05, -1.2624366263480624e-06)
+# A bf16 output's: bf16 reaches GELU's tail down to t = 13.5 (its least subnormal), so P, degree 9, is fitted on
+# [0, 13.5] the same way: within 2.5e-5 there (6.8e-5 in float32's Horner steps), a bf16 rounding's 1/30; decreasing
+# past it (exp(P) below 1e-41: ex2.approx flushes it to 0, as eager's 1 + erf has cancelled to 0 since t = 5.7).
+# Not yet in ROUNDED_EMITTERS: its GPU numerics are bench/run_pending_h200.sh part 47's.
+LOGPHI_BF16 = (-0.6931722164154053, -0.7977438569068909, -0.3181263506412506, -0.0373055599629879,
+               0.005969085264950991, -0.0006988918175920844, 5.680631147697568e-05, -3.0031671940378146e-06,
+               9.225842489968272e-08, -1.2446171870905687e-09)
 
 
-def logpoly_gelu(x, *, c, absolute, exp, select, bind):
-    """GELU by ``LOGPHI`` over any arithmetic: ``c`` a float32 constant, ``select(cond, a, b)``, ``bind(value,
-    body)`` (the value computed once). The TIR form (``_gelu_logpoly``) and the tests' torch replica are this code."""
+def logpoly_gelu(x, *, c, absolute, exp, select, bind, coefficients=LOGPHI):
+    """GELU by ``coefficients`` (``LOGPHI``, ``LOGPHI_BF16``) over any arithmetic: ``c`` a float32 constant,
+    ``select(cond, a, b)``, ``bind(value, body)`` (the value computed once). The TIR form (``_gelu_logpoly``) and the
+    tests' torch replica are this code."""
     def phi_neg(t):  # Phi(-|x|) = exp(P(|x|)), Horner's rule
-        p = c(LOGPHI[-1])
-        for k in reversed(LOGPHI[:-1]):
+        p = c(coefficients[-1])
+        for k in reversed(coefficients[:-1]):
             p = p * t + c(k)
         return exp(p)
     return bind(phi_neg(absolute(x)), lambda q: x * select(x < c(0.0), q, c(1.0) - q))
 
 
-def _gelu_logpoly(T, x):
+def _gelu_logpoly(T, x, coefficients=LOGPHI):
     def let(value, body):
         v = T.Var("v", "float32")
         return T.Let(body(v), where={v: value})
     return let(x, lambda x: let(T.abs(x), lambda t: logpoly_gelu(
-        x, c=lambda v: T.FloatImm("float32", v), absolute=lambda _: t, exp=T.__exp, select=T.Select, bind=let)))
+        x, c=lambda v: T.FloatImm("float32", v), absolute=lambda _: t, exp=T.__exp, select=T.Select, bind=let,
+        coefficients=coefficients)))
+
+
+def rounded_gelu(coefficients):
+    """The exact GELU's form by ``coefficients`` where it applies (float32 arithmetic), GELU's fast forms elsewhere."""
+    return lambda T, a, at: _gelu_logpoly(T, a[0], coefficients) \
+        if at.get("approximate", "none") == "none" and str(a[0].dtype) == "float32" else FAST_EMITTERS["gelu"](T, a, at)
 
 
 # The fast forms of some emitters, for a template to ask for (``Env.fast``) where its output is fp16/bf16 on CUDA:
@@ -450,7 +465,5 @@ FAST_EMITTERS: dict[str, Callable] = {
 # Forms exact to one output dtype's rounding only, for an epilogue's root whose value is rounded straight to that
 # dtype (``expr.emit_rounded``); otherwise the fast form.
 ROUNDED_EMITTERS: dict[str, dict[str, Callable]] = {
-    "float16": {"gelu": lambda T, a, at: _gelu_logpoly(T, a[0])
-                if at.get("approximate", "none") == "none" and str(a[0].dtype) == "float32"
-                else FAST_EMITTERS["gelu"](T, a, at)},
+    "float16": {"gelu": rounded_gelu(LOGPHI)},
 }

@@ -79,3 +79,30 @@ def test_the_logpoly_gelu_is_exact_gelu_to_within_an_fp16_outputs_rounding():
     far = -torch.logspace(0.76, 38, 200_000)  # past 5.7 (no clamp): the polynomial's tail rounds to -0 as GELU's does
     assert torch.equal(_logpoly_gelu_in_torch(far).half(), exact_gelu(far).half())
     assert got[-1].half() == -2.0 ** -24  # GELU(-5.7) = -3.4e-8 rounds to fp16's least subnormal (eager's fp32: -0)
+
+
+def test_the_bf16_logpoly_gelu_is_exact_gelu_to_within_a_bf16_outputs_rounding():
+    """``LOGPHI_BF16`` (fitted out to bf16's reach of GELU's tail, t = 13.5): relative error under 1e-4 wherever GELU
+    is a bf16 normal value, bf16 outputs rounded as exact GELU's but for well under 1% (eager's fp32 formula, its
+    1 + erf cancelling, many more), and past 13.5 the same bf16 value as exact GELU's."""
+    def gelu(x):
+        return emitters.logpoly_gelu(x, c=lambda v: torch.tensor(v, dtype=torch.float32), absolute=torch.abs,
+                                     exp=torch.exp, select=torch.where, bind=lambda v, body: body(v),
+                                     coefficients=emitters.LOGPHI_BF16)
+
+    def exact_gelu(x):
+        return x.double() * torch.exp(torch.special.log_ndtr(x.double()))
+    g = torch.Generator().manual_seed(0)
+    for x in (torch.linspace(-14, 14, 560_001), torch.randn(1_000_000, generator=g) * 3):
+        ours, exact = gelu(x), exact_gelu(x)
+        seen = exact.abs() > 1.2e-38  # (bf16's normal values)
+        assert ((ours.double() - exact).abs() / exact.abs())[seen].max() < 1e-4
+        flips = (ours.bfloat16() != exact.bfloat16()).double().mean()
+        assert flips < 1e-2 and flips < (torch.nn.functional.gelu(x).bfloat16() != exact.bfloat16()).double().mean()
+    far = -torch.logspace(1.1303, 38, 200_000)  # (t from 13.5 on)
+    assert torch.equal(gelu(far).bfloat16(), exact_gelu(far).bfloat16())
+    edge = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3e38, -3e38])
+    got, want = gelu(edge), exact_gelu(edge)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()].bfloat16(),
+                                                                   want[~want.isnan()].bfloat16())
+    assert torch.equal(torch.signbit(got[3:5]), torch.signbit(want[3:5]))

@@ -251,6 +251,33 @@ def test_gemm_ws_options_gpu_match_the_reference(variant, rng):
     _check_on_the_gpu(runs, "float16", rng)
 
 
+def _bf16_logpoly_gelu_funcs(monkeypatch):
+    """The GELU cases' bf16 kernels, every schedule, with ``LOGPHI_BF16``'s GELU (not yet a default)."""
+    monkeypatch.setitem(emitters.ROUNDED_EMITTERS, "bfloat16", {"gelu": emitters.rounded_gelu(emitters.LOGPHI_BF16)})
+    return [run for run in _funcs("bfloat16") if run[0].startswith("bias_gelu")]
+
+
+def test_the_bf16_logpoly_gelu_takes_the_place_of_erff_where_asked(monkeypatch):
+    runs = _bf16_logpoly_gelu_funcs(monkeypatch)
+    exact = [run for run in runs if "tanh" not in run[0]]
+    assert exact and all("erff(" not in kernel_source(f, SM90) for _, _, f in exact[:1])
+    src = kernel_source(exact[0][2], SM90)
+    assert src.count("__expf(") == 1 and all(_printed(k) in src for k in emitters.LOGPHI_BF16)
+
+
+def _printed(v: float) -> str:
+    """``v`` as the CUDA source prints a float32 constant: its hex literal (``-0x1.52e1fcp-20f``)."""
+    mantissa, exponent = torch.tensor(v, dtype=torch.float32).item().hex().split("p")
+    return f"{mantissa.rstrip('0').rstrip('.')}p{exponent}f"
+
+
+@pytest.mark.gpu
+def test_gemm_ws_gpu_bf16_logpoly_gelu_matches_the_reference(rng, monkeypatch):
+    """``LOGPHI_BF16`` in a bf16 output's GELU epilogue (bench/run_pending_h200.sh part 47, before it is made the
+    default): every schedule, tails, NaN and Inf rows, against the float64 reference."""
+    _check_on_the_gpu(_bf16_logpoly_gelu_funcs(monkeypatch), "bfloat16", rng)
+
+
 def _check_on_the_gpu(runs, dtype, rng):
     """Each of ``runs`` (name, case, prim_func), compiled in parallel first, against the reference."""
     kernels = compile_many([(f, [-1]) for _, _, f in runs], default_target(), return_exceptions=True)
@@ -479,8 +506,7 @@ def test_the_epilogues_sigmoid_is_fast_only_where_the_output_rounds_to_half_prec
     assert "fast_rcp" not in fast + tanh  # (an asm volatile: issued at every use, in order)
     logpoly = source(gelu)  # (ROUNDED_EMITTERS: the exact GELU of a value rounded straight to fp16, LOGPHI's)
     assert "erff(" not in logpoly and logpoly.count("__expf(") == 1
-    coefficients = torch.tensor(emitters.LOGPHI, dtype=torch.float32).tolist()  # (Horner's rule, every one printed)
-    assert all(f"/*{k:.6e}*/" in logpoly for k in coefficients)
+    assert all(_printed(k) in logpoly for k in emitters.LOGPHI)  # (Horner's rule, every coefficient)
 
 
 @pytest.mark.parametrize("ws", [False, True])
