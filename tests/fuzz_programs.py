@@ -108,6 +108,12 @@ EAGER_F = _CpuKernelF()
 _EVAL_F = [EAGER_F]  # what ``evaluate`` reads as ``F``: the kernel's rule, or torch's own paths (``torch_paths``)
 
 
+def in_float64(text: str) -> str:
+    """A program's text (or a line's) computed in float64: float32 is float64, and a cast to float16 keeps its
+    rounding but goes on in float64 (left in float16, a matmul with a float64 operand is an error)."""
+    return text.replace("torch.float32", "torch.float64").replace(".to(torch.float16)", ".to(torch.float16).double()")
+
+
 def evaluate(expr: str, env: list[torch.Tensor]) -> torch.Tensor:
     return eval(expr, {"torch": torch, "F": _EVAL_F[0]}, {f"v{i}": v for i, v in enumerate(env)})
 
@@ -181,7 +187,7 @@ class Program:
         """The program in float64 (its casts to float16 kept), outputs cast back to eager's dtypes: the yardstick
         for inexact outputs."""
         scope = {"torch": torch, "F": F}
-        source = self.source().replace("torch.float32", "torch.float64")
+        source = in_float64(self.source())
         exec(compile(source, "<fuzz program>", "exec"), scope)  # noqa: S102 -- our own generated source
         outs = scope["program"](*(x.double() for x in inputs))
         return tuple(o.to(w.dtype) for o, w in zip(outs, self.fn(*inputs)))
