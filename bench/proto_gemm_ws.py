@@ -23,6 +23,7 @@ import json
 import sys
 from pathlib import Path
 
+from tilefuse.lowering.emitters import LOGPHI, let, rounded_gelu
 from tilefuse.lowering.expr import Acc, Arg, call
 from tilefuse.lowering.templates import gemm
 
@@ -86,10 +87,6 @@ def gelu_erfc(T, a, at):
     def c(v):
         return T.FloatImm("float32", v)
 
-    def let(value, body):
-        v = T.Var("v", "float32")
-        return T.Let(body(v), where={v: value})
-
     x = a[0]
     z = T.abs(x) * c(0.7071067811865476)
 
@@ -99,7 +96,7 @@ def gelu_erfc(T, a, at):
             p = p * t + c(k)
         return t * T.__exp(p - z * z)
     t = T.call_pure_extern("float32", "__fdividef", c(1.0), c(1.0) + c(0.5) * z)
-    return let(t, lambda t: let(erfc(t), lambda e: c(0.5) * x * T.Select(x < c(0.0), e, c(2.0) - e)))
+    return let(T, t, lambda t: let(T, erfc(t), lambda e: c(0.5) * x * T.Select(x < c(0.0), e, c(2.0) - e)))
 
 
 def _horner(n: int):
@@ -127,9 +124,7 @@ PROBES = {
 }
 # "gelu=logpoly" (session 39): lowering.emitters' GELU by exp of a polynomial (LOGPHI), since session 40 the GELU of
 # an epilogue rounded straight to fp16 (ROUNDED_EMITTERS); "gelu=erff" the exact form it replaced.
-def gelu_logpoly(T, a, at):
-    from tilefuse.lowering import emitters
-    return emitters._gelu_logpoly(T, a[0])
+gelu_logpoly = rounded_gelu(LOGPHI)
 
 
 # "silu=rcp_volatile": session 28's fast silu, by TileLang's tl::fast_rcp (an asm volatile nvcc issues in order).

@@ -438,12 +438,18 @@ def logpoly_gelu(x, *, c, absolute, exp, select, bind, coefficients=LOGPHI):
     return bind(phi_neg(absolute(x)), lambda q: x * select(x < c(0.0), q, c(1.0) - q))
 
 
+def let(T, value, body):
+    """``body(v)`` with ``v`` bound to ``value`` by a TIR ``Let``: a value used more than once computed once (nvcc did
+    not share repeated uses of one expression, docs/architecture.md)."""
+    v = T.Var("v", str(value.dtype))
+    return T.Let(body(v), where={v: value})
+
+
 def _gelu_logpoly(T, x, coefficients=LOGPHI):
-    def let(value, body):
-        v = T.Var("v", "float32")
-        return T.Let(body(v), where={v: value})
-    return let(x, lambda x: let(T.abs(x), lambda t: logpoly_gelu(
-        x, c=lambda v: T.FloatImm("float32", v), absolute=lambda _: t, exp=T.__exp, select=T.Select, bind=let,
+    def bind(value, body):
+        return let(T, value, body)
+    return bind(x, lambda x: bind(T.abs(x), lambda t: logpoly_gelu(
+        x, c=lambda v: T.FloatImm("float32", v), absolute=lambda _: t, exp=T.__exp, select=T.Select, bind=bind,
         coefficients=coefficients)))
 
 

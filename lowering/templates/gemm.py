@@ -258,7 +258,7 @@ def epilogue_at(epilogue: Expr, acc, extras: Sequence, extra_shapes: Sequence[Se
     value then rounded straight to it. Shared by the GEMM-family templates."""
     load = arg_loader(extras, extra_shapes, coords)
     env = Env(acc=acc, arg=lambda i: staged[i] if staged and i in staged else load(i), fast=bool(fast))
-    return T.Cast(accum_dtype, emit_rounded(epilogue, env, fast) if fast else emit(epilogue, env))
+    return T.Cast(accum_dtype, emit_rounded(epilogue, env, fast))
 
 
 def reference(A: torch.Tensor, B: torch.Tensor, extras: Sequence[torch.Tensor] = (), *, trans_A: bool = False,
