@@ -57,6 +57,8 @@
 #   part 46 (~4 min): where #13's compile bar goes (the MLP 2.1x Inductor's cold, ResNet-50 2.7x, session 40): the
 #            MLP's cold compile under cProfile with its timeline (its ws GEMMs lowered in 2.1-2.3 s each on the H200's
 #            machine, 0.6-0.8 s on a 2-core CPU machine), then ResNet-50's timeline summed by step, against Inductor.
+#            First (session 41) bench/compile_scaling.py: 1, 3 and 6 ws GEMMs compiled at once, in threads and in
+#            processes, with the machine's CPU facts: whether the interpreter or the CPUs make the steps 2-3x slower.
 #   part 47 (~2 min): the bf16 output's logpoly GELU (lowering.emitters.LOGPHI_BF16, degree 9 to t = 13.5; session
 #            40, not yet a default): the ws GEMM's GELU cases in bf16 with it, every schedule, NaN/Inf rows, on the
 #            GPU. If they pass, ROUNDED_EMITTERS["bfloat16"] = {"gelu": rounded_gelu(LOGPHI_BF16)} (its time is
@@ -166,6 +168,8 @@ elif [ "$part" = 44 ] || [ "$part" = 45 ]; then
         --shapes 16384x3072x768,8192x3072x768 --json "$OUT/logs/gelu_probes.json" > "$OUT/logs/gelu_probes.log" 2>&1
     grep -v -i warn "$OUT/logs/gelu_probes.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -60
 elif [ "$part" = 46 ]; then
+    timeout 150 python3 bench/compile_scaling.py --counts 1,3,6 --json "$OUT/logs/compile_scaling.json" 2>&1 \
+        | grep -v -i warn | tee "$OUT/logs/compile_scaling.log"
     timeout 150 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeline --profile "$OUT/logs/prof" \
         --out "$OUT/logs/compile_mlp_profiled.json" > "$OUT/logs/compile_mlp_profiled.log" 2>&1
     grep -v -i warn "$OUT/logs/compile_mlp_profiled.log" | grep -v '^{' | cut -c1-200 | tail -24
