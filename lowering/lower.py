@@ -45,6 +45,12 @@ TEMPLATES = {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.r
              "gemm_sp": (gemm_sp, gemm_sp.gemm_sp), "gemv": (gemv, gemv.gemv),
              "gemv_group": (gemv, gemv.gemv_group), **ascend.TEMPLATES}
 
+# Templates whose kernels compile longest (tensor-core main loops: a ws GEMM's lowering and nvcc take 2.8-3.0 s on a
+# 2-core CPU machine, a layer norm's 1.2 s, 2026-12-06): a batch compiles them first, so its longest compiles start
+# first and the short ones fill the threads as they free up (the MLP's GEMMs had waited for its norm's build: its
+# lowering for sm_90a on 2 threads took 5.0 s in plan order).
+COMPILE_FIRST = frozenset({"gemm", "gemm_sp", "flash_attention", "conv2d"})
+
 
 @dataclass(frozen=True)
 class Lowered:
@@ -194,6 +200,7 @@ def lower(specs: Mapping[str, KernelSpec], configs: Mapping[str, dict], target: 
             kernels[key] = _COMPILED[key]
             continue
         todo[key] = chosen[r]
+    todo = dict(sorted(todo.items(), key=lambda item: item[1][0].template not in COMPILE_FIRST))  # (stable)
     built: list[str] = []
 
     def funcs():  # built one at a time as compile_many asks: each compiles while the next is built
