@@ -170,7 +170,7 @@ elif [ "$part" = 44 ] || [ "$part" = 45 ]; then
 elif [ "$part" = 46 ]; then
     timeout 150 python3 bench/compile_scaling.py --counts 1,3,6 --json "$OUT/logs/compile_scaling.json" 2>&1 \
         | grep -v -i warn | tee "$OUT/logs/compile_scaling.log"
-    timeout 150 python3 bench/compile_time.py --models mlp --compilers tilefuse --timeline --profile "$OUT/logs/prof" \
+    timeout 200 python3 bench/compile_time.py --models mlp --compilers tilefuse,inductor --timeline --profile "$OUT/logs/prof" \
         --out "$OUT/logs/compile_mlp_profiled.json" > "$OUT/logs/compile_mlp_profiled.log" 2>&1
     grep -v -i warn "$OUT/logs/compile_mlp_profiled.log" | grep -v '^{' | cut -c1-200 | tail -24
     grep -A 40 "Ordered by: internal time" "$OUT/logs/prof/mlp-tilefuse-cold.prof.txt" | cut -c1-160 | head -45
