@@ -129,3 +129,27 @@ def test_the_cache_writes_library_becomes_the_kernels_module_where_jit_would_lin
 
 def test_the_cache_writes_library_is_loaded_unless_turned_off():
     assert compile_mod.LINK_FROM_CACHE is (compile_mod.setting("LINK_FROM_CACHE", "1") == "1")
+
+
+def test_a_batch_compiles_its_tensor_core_kernels_first_and_keeps_each_result_with_its_region(monkeypatch):
+    """``lower`` hands ``compile_many`` the GEMM, attention and convolution kernels first (the longest compiles start
+    first), the rest in plan order after them; each region still gets its own kernel back."""
+    from tilefuse.lowering import lower as lower_mod
+    from tilefuse.lowering.builders import KernelSpec
+
+    plan_order = ["row_reduction", "gemm", "elementwise", "flash_attention", "conv2d", "pool2d", "gemm"]
+    specs = {f"r{k}": KernelSpec(t, (("k", k),), (0,), (), ()) for k, t in enumerate(plan_order)}
+    handed: list[str] = []
+
+    def compile_many(items, target, **kw):
+        out = []
+        for func, _ in items:
+            handed.append(func)
+            out.append(f"kernel of {func}")
+        return out
+    monkeypatch.setattr(lower_mod, "compile_many", compile_many)
+    monkeypatch.setattr(lower_mod, "default_config", lambda spec, target: {})
+    monkeypatch.setattr(lower_mod, "make_prim_func", lambda spec, target, config: f"r{dict(spec.params)['k']}")
+    got = lower_mod.lower(specs, {}, {"kind": "cuda", "arch": "sm_90a"}, use_process_cache=False)
+    assert handed == ["r1", "r3", "r4", "r6", "r0", "r2", "r5"]
+    assert {r: g.kernel for r, g in got.items()} == {r: f"kernel of {r}" for r in specs}
