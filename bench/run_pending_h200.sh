@@ -63,8 +63,10 @@
 #            40, not yet a default): the ws GEMM's GELU cases in bf16 with it, every schedule, NaN/Inf rows, on the
 #            GPU. If they pass, ROUNDED_EMITTERS["bfloat16"] = {"gelu": rounded_gelu(LOGPHI_BF16)} (its time is
 #            fp16's logpoly's and two FMAs: part 45's table).
+#   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
+#            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-47; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-48; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -184,6 +186,11 @@ elif [ "$part" = 47 ]; then
         > "$OUT/logs/gpu_tests_logpoly_bf16.log" 2>&1
     echo "bf16 logpoly GELU numerics: $(tail -1 "$OUT/logs/gpu_tests_logpoly_bf16.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_logpoly_bf16.log" | head -8
+elif [ "$part" = 48 ]; then
+    timeout 200 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_dynamo_e2e.py \
+        tests/test_cuda_graph_runner.py tests/test_measure_cpu.py > "$OUT/logs/gpu_tests_timing.log" 2>&1
+    echo "e2e and CUDA graph runner GPU tests, shorter timing graphs: $(tail -1 "$OUT/logs/gpu_tests_timing.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_timing.log" | head -8
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

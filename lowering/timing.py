@@ -63,6 +63,21 @@ def events_time(fn, n: int) -> float:
 CUDA_TIME_BUDGET_S = 0.01
 
 
+# A timing's graph holds ``REPS`` calls, fewer where they would take longer than this, never fewer than the copies
+# of the operands it cycles through or CUDA_GRAPH_MIN_CALLS: replayed a warm-up, a probe and at least two times,
+# twenty 1 ms GEMMs took 80 ms a timing, the zoo MLP's measured choice 0.64 s of its 8.5 s cold compile (0.56 s in
+# replays, 2026-12-05 on the H200; #13's compile bar). A graph of a few ms still times a millisecond kernel to well
+# under the choice's 3% margin (``KEEP_KERNEL_MARGIN``); a call of microseconds keeps its twenty.
+CUDA_GRAPH_S = 0.005
+CUDA_GRAPH_MIN_CALLS = 4
+
+
+def calls_per_graph(per_call_s: float, copies: int) -> int:
+    """How many calls a timing's CUDA graph captures, given one warm call's seconds and the operand copies."""
+    fit = math.ceil(CUDA_GRAPH_S / max(per_call_s, 1e-9))
+    return max(copies, CUDA_GRAPH_MIN_CALLS, min(REPS["cuda"], fit))
+
+
 def replay_time(replay, timer=events_time) -> float:
     """Seconds per ``replay()``: one warm-up, one probe, then as many as fill ``CUDA_TIME_BUDGET_S``."""
     replay()
@@ -135,12 +150,11 @@ def device_time(fn, args, kind: str, sets: list | None = None) -> float:
 
     sets = sets if sets is not None else rotations(args)
     try:
-        reps = max(REPS["cuda"], len(sets))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with spent("first_call"), torch.cuda.stream(stream):
             fn(*args)  # warm-up outside the graph (lazy initialisation must not be captured)
-            stream.synchronize()
+            reps = calls_per_graph(events_time(lambda: fn(*sets[-1]), 1), len(sets))
         # capture_begin/end rather than ``torch.cuda.graph``, whose entry empties the caching allocator: every
         # timing would hand all cached blocks back to the driver and allocate them anew
         graph = torch.cuda.CUDAGraph()

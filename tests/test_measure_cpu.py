@@ -137,6 +137,18 @@ def test_a_cuda_graph_is_replayed_until_the_budget_is_filled():
         assert asked == [1, want] and len(calls) == 1 + 1 + want
 
 
+def test_a_timings_graph_holds_fewer_calls_of_a_long_kernel_but_every_operand_copy():
+    """Microsecond calls: ``REPS`` of them a graph. A millisecond GEMM: as many as fill ``CUDA_GRAPH_S`` (the zoo
+    MLP's measured choice replayed twenty of them four times a timing), but never fewer than the operand copies the
+    calls cycle through (each call must find its operands cold) or ``CUDA_GRAPH_MIN_CALLS``."""
+    reps, floor = timing.REPS["cuda"], timing.CUDA_GRAPH_MIN_CALLS
+    assert timing.calls_per_graph(10e-6, 1) == reps
+    assert timing.calls_per_graph(timing.CUDA_GRAPH_S / 8, 1) == 8
+    assert timing.calls_per_graph(1e-3, 1) == max(floor, 5)
+    assert timing.calls_per_graph(1e-3, 12) == 12 and timing.calls_per_graph(10e-6, 32) == 32
+    assert timing.calls_per_graph(5.0, 1) == floor and timing.calls_per_graph(0.0, 1) == reps
+
+
 def test_demo_says_how_many_regions_run_as_kernels(timings, monkeypatch, capsys):
     """``tilefuse demo`` prints both timings, the speed relative to eager and the share of regions run as TileLang
     kernels: all of them with the measured choice off, fewer where the (injected) timings give regions to torch."""
