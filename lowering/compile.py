@@ -24,7 +24,7 @@ import tilelang.language.eager.builder as tl_eager_builder
 import torch
 
 from tilefuse.config import setting
-from tilefuse.lowering import cpu_parallel
+from tilefuse.lowering import cpu_parallel, nvrtc
 from tilefuse.lowering.exact_constants import exact_float_constants
 from tilefuse.lowering.templates.common import CPU_KINDS, FAST_MATH_ATTR, target_kind
 
@@ -46,6 +46,8 @@ SOURCE_ONLY_KINDS = frozenset({"hip", "metal", "ascend", "webgpu"})
 # False keeps TileLang's serial, scalar code.
 C_PARALLEL_GRID = True
 cpu_parallel.install()
+if nvrtc.ENABLED:  # (TILEFUSE_NVRTC=1: CUDA kernels compiled by NVRTC with shared precompiled headers)
+    nvrtc.install()
 
 # TileLang turns Python functions into IR by rewriting their source's AST (``tilelang.language.eager.ast.mutate``), and
 # its lowering does so while it runs (the GEMM ops define T.prim_func/T.macro functions in ``lower``), in our compile

@@ -1,0 +1,76 @@
+"""CUDA kernels compiled by NVRTC with shared precompiled headers (``lowering.nvrtc``, ``TILEFUSE_NVRTC=1``): which of
+nvcc's options it takes, every template's kernel compiling through it for sm_90a, and nvcc kept for the rest. The
+cubins' numerics are the GPU tests' (bench/run_pending_h200.sh part 49 runs them with it on)."""
+
+import shutil
+
+import pytest
+
+from tilefuse.lowering import nvrtc
+
+needs_nvrtc = pytest.mark.skipif(nvrtc.library() is None or shutil.which("nvcc") is None,
+                                 reason="no NVRTC 12.8+ (pip install nvidia-cuda-nvrtc) or no CUDA toolkit headers")
+SM90 = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def test_nvccs_options_in_nvrtcs_terms_or_none_where_it_has_no_form():
+    assert nvrtc.nvrtc_options(["-gencode", "arch=compute_90a,code=sm_90a"],
+                               ["-std=c++20", "-I/x", "--use_fast_math", "-O3", "-lineinfo"]) == [
+        "--gpu-architecture=sm_90a", "-std=c++20", "-I/x", "--use_fast_math", "-lineinfo"]
+    assert nvrtc.nvrtc_options("-arch=sm_80", ["--ptxas-options=--register-usage-level=5"]) == [
+        "--gpu-architecture=sm_80", "--ptxas-options=--register-usage-level=5"]
+    assert nvrtc.nvrtc_options(["-arch=sm_90a"], "-w") == ["--gpu-architecture=sm_90a", "-w"]
+    assert nvrtc.nvrtc_options(["-gencode", "arch=compute_90a,code=[sm_90a,compute_90a]"], []) is None  # a fatbin
+    assert nvrtc.nvrtc_options(["-gencode", "arch=compute_90a,code=compute_90a"], []) is None  # PTX, not a cubin
+    assert nvrtc.nvrtc_options("-arch=sm_90a", ["-Xcompiler", "-fPIC"]) is None  # a host compiler's option
+    assert nvrtc.nvrtc_options(None, []) is None
+
+
+@needs_nvrtc
+def test_every_templates_kernel_compiles_for_sm_90a_through_nvrtc(monkeypatch):
+    """The kernels nvcc compiles in test_templates_cuda_compile, and a ws GEMM with the logpoly GELU, each an ELF
+    cubin from NVRTC with the options TileLang's compile callback gives nvcc for sm_90a."""
+    import tilelang.contrib.nvcc as tl_nvcc
+    import tilelang.cuda.backend as tl_cuda_backend
+    import tvm
+    from tilelang.cache.cuda_binary_cache import CUDABinaryCache
+
+    from tests.test_templates_cuda_compile import kernels
+    from tilefuse.lowering.compile import lower_source
+    from tilefuse.lowering.expr import Acc, Arg, call
+    from tilefuse.lowering.templates import gemm
+
+    funcs = {name: f for name, (f, _, _) in kernels(SM90).items()}
+    funcs["gemm_ws_gelu"] = gemm.gemm(4096, 3072, 768, trans_B=True, A_dtype="float16",
+                                      epilogue=call("gelu", Acc() + Arg(0)), extra_shapes=[(3072,)],
+                                      extra_dtypes=["float16"], block_M=128, block_N=192, block_K=64, num_stages=4,
+                                      ws=True, target=SM90)
+    asked = []
+    monkeypatch.setattr(CUDABinaryCache, "load", classmethod(lambda cls, *a, **kw: None))
+    monkeypatch.setattr(CUDABinaryCache, "save", classmethod(lambda cls, *a, **kw: None))
+    monkeypatch.setattr(tl_nvcc, "compile_cuda", lambda code, fmt, arch=None, options=None, **kw: asked.append(
+        (fmt, arch, options)) or bytearray(b"\x7fELF"))
+    for name, func in funcs.items():
+        source, _ = lower_source(func, SM90)
+        tl_cuda_backend.tilelang_callback_cuda_compile(source, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+        fmt, arch, options = asked[-1]
+        opts = nvrtc.nvrtc_options(arch, options)
+        assert fmt == "cubin" and opts is not None, asked[-1]
+        assert nvrtc.compile_cubin(source, opts)[:4] == b"\x7fELF", name
+
+
+@needs_nvrtc
+def test_install_sends_cubins_to_nvrtc_and_the_rest_to_nvcc(monkeypatch):
+    import tilelang.contrib.nvcc as tl_nvcc
+
+    calls = []
+    monkeypatch.setattr(tl_nvcc, "compile_cuda", lambda code, target_format="ptx", arch=None, options=None,
+                        path_target=None, verbose=False: calls.append((target_format, options)) or bytearray(b"nvcc"))
+    assert nvrtc.install() and nvrtc.install()  # (once: a second call keeps the one wrapper)
+    source = 'extern "C" __global__ void k(float *x) { x[threadIdx.x] = 2.0f * x[threadIdx.x]; }\n'
+    sm90 = ["-gencode", "arch=compute_90a,code=sm_90a"]
+    assert tl_nvcc.compile_cuda(source, "cubin", sm90, ["-std=c++20"])[:4] == b"\x7fELF" and calls == []
+    assert tl_nvcc.compile_cuda(source, "cubin", sm90, ["-Xcompiler", "-O2"]) == b"nvcc"  # no NVRTC form
+    assert tl_nvcc.compile_cuda(source, "ptx", sm90, []) == b"nvcc"
+    assert tl_nvcc.compile_cuda("this is not CUDA", "cubin", sm90, []) == b"nvcc"  # NVRTC refuses it: nvcc says why
+    assert [c[0] for c in calls] == ["cubin", "ptx", "cubin"]
