@@ -38,9 +38,11 @@ _lib: ctypes.CDLL | None = None
 _version = (0, 0)
 _searched = False
 _lock = threading.Lock()
-# by header set and options: set once its first source's compile (which makes the PCH) is done. Waiting for it would
-# serialize a model's first kernels of one header set (the MLP's two GEMMs, on 16 cores); compiled without a PCH
-# meanwhile, each takes what NVRTC takes alone (1.57 s against nvcc's 2.0 for a ws GEMM on a 2-core CPU machine).
+# by header set and options: set once its first source's compile (which makes the PCH, 84-247 MiB of the heap) is done.
+# ResNet-50's 28 sm_90a kernels (5 header sets) on a 2-core CPU machine: 27.5 s of lowering waiting for it, 37.4 s
+# compiling without a PCH meanwhile, 38.7 s with nvcc (2026-12-06). Waiting serializes a few kernels of one header set
+# on many cores (the MLP's two GEMMs): TILEFUSE_NVRTC_WAIT=0 compiles them without, for the H200's machine to compare.
+WAIT = setting("NVRTC_WAIT", "1") == "1"
 _made: dict[str, threading.Event] = {}
 
 
@@ -137,11 +139,13 @@ def compile_cubin(code: str, options: list[str]) -> bytes:
         source = '#include "cuda_device_runtime_api.h"\n' + source  # (programmatic launch: as TileLang's NVRTC does)
     head = "\n".join(ln for ln in source.splitlines() if ln.startswith("#include"))
     key = hashlib.sha256("\0".join([head, *opts]).encode()).hexdigest()
-    with _lock:  # the first source of a header set makes its PCH; those that come while it does compile without one
+    with _lock:  # the first source of a header set makes its PCH; the others wait for it (WAIT), or compile without
         made = _made.get(key)
         first = made is None
         if first:
             made = _made[key] = threading.Event()
+    if not first and WAIT:
+        made.wait()
     try:
         return _compile(lib, source, opts if first or made.is_set() else [o for o in opts if o != "-pch"])
     finally:
