@@ -67,7 +67,8 @@
 #            TILEFUSE_NVRTC=1; session 41: ResNet-50's 28 kernels for sm_90a took 48 s of nvcc, 26 s of NVRTC on a
 #            2-core CPU machine): the GPU tests with every kernel compiled afresh by it (they time the measured choice
 #            too: part 48's change). Part 50 (~5 min): the ws GEMM seeds' times by both compilers, then the MLP's and
-#            ResNet-50's cold compiles with it against Inductor's, waiting for a header set's PCH and not.
+#            ResNet-50's cold compiles with it against Inductor's, a header set's sources waiting for its PCH where
+#            every CPU compiles (the default: ResNet-50's 28 kernels on 16 CPUs wait, the MLP's 3 do not) and never.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&

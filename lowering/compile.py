@@ -182,7 +182,7 @@ def compile_many(items: Iterable[tuple[Any, Sequence[int] | int | None]], target
     thread, once every item is submitted) as each compile finishes, failed or not: a progress report's ``tick``."""
     cpus = os.cpu_count() or 1
     workers = num_workers or (min(len(items), cpus) if isinstance(items, Sized) else cpus) or 1
-    with concurrent.futures.ThreadPoolExecutor(workers, "tilefuse-compile") as pool:
+    with concurrent.futures.ThreadPoolExecutor(workers, nvrtc.COMPILE_THREADS) as pool:
         futures = [pool.submit(compile_kernel, f, target, idx, **kwargs) for f, idx in items]
         for _ in concurrent.futures.as_completed(futures):
             if on_done is not None:

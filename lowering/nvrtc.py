@@ -39,10 +39,12 @@ _version = (0, 0)
 _searched = False
 _lock = threading.Lock()
 # by header set and options: set once its first source's compile (which makes the PCH, 84-247 MiB of the heap) is done.
-# ResNet-50's 28 sm_90a kernels (5 header sets) on a 2-core CPU machine: 27.5 s of lowering waiting for it, 37.4 s
-# compiling without a PCH meanwhile, 38.7 s with nvcc (2026-12-06). Waiting serializes a few kernels of one header set
-# on many cores (the MLP's two GEMMs): TILEFUSE_NVRTC_WAIT=0 compiles them without, for the H200's machine to compare.
-WAIT = setting("NVRTC_WAIT", "1") == "1"
+# Another source of the set that comes meanwhile waits for it where every CPU is compiling already (ResNet-50's 28
+# sm_90a kernels, 5 header sets, on a 2-core CPU machine: 27.5 s of lowering waiting, 37.4 s not, 38.7 s with nvcc,
+# 2026-12-06), and compiles without the PCH where CPUs are idle (the MLP's two GEMMs would otherwise compile one after
+# the other on 16 cores). TILEFUSE_NVRTC_WAIT=1 always waits, 0 never does (for the H200's machine to compare).
+WAIT = setting("NVRTC_WAIT", "")
+COMPILE_THREADS = "tilefuse-compile"  # (``compile.compile_many``'s threads: as many as CPUs when all are busy)
 _made: dict[str, threading.Event] = {}
 
 
@@ -139,12 +141,13 @@ def compile_cubin(code: str, options: list[str]) -> bytes:
         source = '#include "cuda_device_runtime_api.h"\n' + source  # (programmatic launch: as TileLang's NVRTC does)
     head = "\n".join(ln for ln in source.splitlines() if ln.startswith("#include"))
     key = hashlib.sha256("\0".join([head, *opts]).encode()).hexdigest()
-    with _lock:  # the first source of a header set makes its PCH; the others wait for it (WAIT), or compile without
+    with _lock:  # the first source of a header set makes its PCH; the others wait for it or compile without (WAIT)
         made = _made.get(key)
         first = made is None
         if first:
             made = _made[key] = threading.Event()
-    if not first and WAIT:
+        busy = sum(t.name.startswith(COMPILE_THREADS) for t in threading.enumerate()) >= len(os.sched_getaffinity(0))
+    if not first and (WAIT == "1" or (WAIT == "" and busy)):
         made.wait()
     try:
         return _compile(lib, source, opts if first or made.is_set() else [o for o in opts if o != "-pch"])

@@ -74,3 +74,34 @@ def test_install_sends_cubins_to_nvrtc_and_the_rest_to_nvcc(monkeypatch):
     assert tl_nvcc.compile_cuda(source, "ptx", sm90, []) == b"nvcc"
     assert tl_nvcc.compile_cuda("this is not CUDA", "cubin", sm90, []) == b"nvcc"  # NVRTC refuses it: nvcc says why
     assert [c[0] for c in calls] == ["cubin", "ptx", "cubin"]
+
+
+@pytest.mark.parametrize("cpus, waits", [(2, True), (16, False)])
+def test_a_header_sets_later_sources_wait_for_its_pch_only_where_every_cpu_is_compiling(monkeypatch, cpus, waits):
+    """Two compile threads, one header set: on 2 CPUs the second waits for the first's PCH and then uses it; on 16 it
+    compiles at once without one (an idle CPU costs nothing; waiting would put it after the first)."""
+    import threading
+    import time
+
+    calls = []
+
+    def fake_compile(lib, source, opts):
+        calls.append(("-pch" in opts, time.perf_counter()))
+        time.sleep(0.3 if len(calls) == 1 else 0.0)
+        return b"\x7fELF"
+    monkeypatch.setattr(nvrtc, "library", lambda: object())
+    monkeypatch.setattr(nvrtc, "_compile", fake_compile)
+    monkeypatch.setattr(nvrtc, "_made", {})
+    monkeypatch.setattr(nvrtc, "WAIT", "")
+    monkeypatch.setattr(nvrtc.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    source = f"#include <cuda.h>\n// {cpus}\n"
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=nvrtc.compile_cubin, args=(source, []), name=f"{nvrtc.COMPILE_THREADS}_{k}")
+               for k in range(2)]
+    threads[0].start()
+    time.sleep(0.05)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    (first_pch, _), (second_pch, second_at) = calls
+    assert first_pch and second_pch == waits and (second_at - t0 >= 0.3) == waits
