@@ -72,7 +72,7 @@
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-50; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-51; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -220,6 +220,24 @@ elif [ "$part" = 50 ]; then
     TILEFUSE_NVRTC=1 TILEFUSE_NVRTC_WAIT=0 timeout 90 python3 bench/compile_time.py --models mlp,resnet \
         --compilers tilefuse --out "$OUT/logs/compile_nvrtc_nowait.json" > "$OUT/logs/compile_nvrtc_nowait.log" 2>&1
     grep -E "^(mlp|resnet|model)" "$OUT/logs/compile_nvrtc_nowait.log"
+elif [ "$part" = 51 ]; then  # (parts 49 and 50 in under 7 minutes, for a short device budget)
+    python3 -c "from tilefuse.lowering import nvrtc; print('NVRTC', nvrtc.library() is not None, nvrtc._version)"
+    TILEFUSE_NVRTC=1 TILELANG_CACHE_DIR=$(mktemp -d) TILEFUSE_FUNC_CACHE_DIR=$(mktemp -d) timeout 150 \
+        python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_dynamo_e2e.py tests/test_attention_ws.py \
+        "tests/test_gemm_ws.py::test_gemm_ws_gpu_matches_the_reference" > "$OUT/logs/gpu_tests_nvrtc.log" 2>&1
+    echo "GPU tests, kernels compiled afresh by NVRTC: $(tail -1 "$OUT/logs/gpu_tests_nvrtc.log")"
+    grep -E "^FAILED|^E  |NVRTC did not" "$OUT/logs/gpu_tests_nvrtc.log" | cut -c1-200 | sort | uniq -c | head -8
+    for nv in 0 1; do
+        TILEFUSE_NVRTC=$nv TILELANG_CACHE_DIR=$(mktemp -d) timeout 60 python3 bench/proto_gemm_ws.py --ws-only \
+            --epilogue gelu --shapes 16384x3072x768 --json "$OUT/logs/nvrtc${nv}_gemm.json" \
+            > "$OUT/logs/nvrtc${nv}_gemm.log" 2>&1
+        echo "ws GEMMs compiled by $([ $nv = 1 ] && echo NVRTC || echo nvcc):"
+        grep -v -i warn "$OUT/logs/nvrtc${nv}_gemm.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -5
+    done
+    TILEFUSE_NVRTC=1 timeout 140 python3 bench/compile_time.py --models mlp,resnet --compilers tilefuse,inductor \
+        --timeline --out "$OUT/logs/compile_nvrtc.json" > "$OUT/logs/compile_nvrtc.log" 2>&1
+    grep -E "^(mlp|resnet|model)" "$OUT/logs/compile_nvrtc.log"
+    python3 bench/compile_time.py --summarize "$OUT/logs/compile_nvrtc.json" 2>&1 | tail -20
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
