@@ -234,7 +234,7 @@ elif [ "$part" = 51 ]; then  # (parts 49 and 50 in under 7 minutes, for a short 
         echo "ws GEMMs compiled by $([ $nv = 1 ] && echo NVRTC || echo nvcc):"
         grep -v -i warn "$OUT/logs/nvrtc${nv}_gemm.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -5
     done
-    TILEFUSE_NVRTC=1 timeout 140 python3 bench/compile_time.py --models mlp,resnet --compilers tilefuse,inductor \
+    TILEFUSE_NVRTC=1 timeout 170 python3 bench/compile_time.py --models mlp,resnet --compilers tilefuse,inductor \
         --timeline --out "$OUT/logs/compile_nvrtc.json" > "$OUT/logs/compile_nvrtc.log" 2>&1
     grep -E "^(mlp|resnet|model)" "$OUT/logs/compile_nvrtc.log"
     python3 bench/compile_time.py --summarize "$OUT/logs/compile_nvrtc.json" 2>&1 | tail -20
