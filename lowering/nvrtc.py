@@ -10,7 +10,8 @@ compiled in 0.76 s once another had made its header (1.57 s without), a small ke
 It compiles the source as TileLang's own NVRTC adapter does: ``tl_templates/cuda/nvrtc_std.h`` first (NVRTC has no C++
 standard library; it also declares ``CUtensorMap`` 64-byte aligned, where cuda.h asks 128: TMA needs 64), every
 function a device function, the CUDA headers and CCCL's on the include path. A source NVRTC refuses, or options it
-does not take, go to nvcc as before (logged): the cubin either way is one the GPU tests have run.
+does not take, go to nvcc as before (logged). NVRTC's cubins have not yet run on a GPU: bench/run_pending_h200.sh
+parts 49-51 run the GPU tests with it on, and time its kernels and compiles against nvcc's.
 """
 
 from __future__ import annotations
@@ -81,9 +82,9 @@ def library() -> ctypes.CDLL | None:
                 if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
                     continue
                 if (major.value, minor.value) < MIN_VERSION:
-                    _log.info("NVRTC %d.%d at %s has no precompiled headers; kernels compile with nvcc",
-                              major.value, minor.value, path)
-                    return None
+                    _log.info("NVRTC %d.%d at %s has no precompiled headers; looking further", major.value,
+                              minor.value, path)
+                    continue
                 lib.nvrtcSetPCHHeapSize(ctypes.c_size_t(PCH_HEAP_BYTES))
                 _lib, _version = lib, (major.value, minor.value)
                 return _lib
@@ -192,8 +193,9 @@ def install() -> bool:
             try:
                 return bytearray(compile_cubin(code, opts))
             except RuntimeError as e:
+                lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
                 _log.warning("NVRTC did not compile a kernel (%s); compiling it with nvcc",
-                             str(e).splitlines()[1:2] or str(e))
+                             next((ln for ln in lines[1:] if "error" in ln), lines[-1] if lines else type(e).__name__))
         return nvcc_compile(code, target_format, arch, options, path_target, verbose)
     compile_cuda._tilefuse_nvrtc = True
     tl_nvcc.compile_cuda = compile_cuda
