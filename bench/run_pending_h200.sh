@@ -72,7 +72,7 @@
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-51; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-52; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -238,6 +238,15 @@ elif [ "$part" = 51 ]; then  # (parts 49 and 50 in under 7 minutes, for a short 
         --timeline --out "$OUT/logs/compile_nvrtc.json" > "$OUT/logs/compile_nvrtc.log" 2>&1
     grep -E "^(mlp|resnet|model)" "$OUT/logs/compile_nvrtc.log"
     python3 bench/compile_time.py --summarize "$OUT/logs/compile_nvrtc.json" 2>&1 | tail -20
+elif [ "$part" = 52 ]; then  # (part 51 in about 3 minutes: its numerics, and ResNet-50's cold compile with NVRTC)
+    TILEFUSE_NVRTC=1 TILELANG_CACHE_DIR=$(mktemp -d) TILEFUSE_FUNC_CACHE_DIR=$(mktemp -d) timeout 110 \
+        python3 -m pytest -q -n 14 -m gpu -p no:cacheprovider tests/test_dynamo_e2e.py \
+        "tests/test_gemm_ws.py::test_gemm_ws_gpu_matches_the_reference" > "$OUT/logs/gpu_tests_nvrtc.log" 2>&1
+    echo "GPU tests, kernels compiled afresh by NVRTC: $(tail -1 "$OUT/logs/gpu_tests_nvrtc.log")"
+    grep -E "^FAILED|^E  |NVRTC did not" "$OUT/logs/gpu_tests_nvrtc.log" | cut -c1-200 | sort | uniq -c | head -8
+    TILEFUSE_NVRTC=1 timeout 75 python3 bench/compile_time.py --models resnet --compilers tilefuse \
+        --out "$OUT/logs/compile_nvrtc_resnet.json" > "$OUT/logs/compile_nvrtc_resnet.log" 2>&1
+    grep -E "^(resnet|model)" "$OUT/logs/compile_nvrtc_resnet.log"
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
