@@ -78,16 +78,18 @@ def test_install_sends_cubins_to_nvrtc_and_the_rest_to_nvcc(monkeypatch):
 
 @pytest.mark.parametrize("cpus, waits", [(2, True), (16, False)])
 def test_a_header_sets_later_sources_wait_for_its_pch_only_where_every_cpu_is_compiling(monkeypatch, cpus, waits):
-    """Two compile threads, one header set: on 2 CPUs the second waits for the first's PCH and then uses it; on 16 it
-    compiles at once without one (an idle CPU costs nothing; waiting would put it after the first)."""
+    """Two compile threads, one header set, the first's compile (which makes the PCH) held until released: on 2 CPUs
+    the second waits for it and then uses the PCH; on 16 it compiles meanwhile without one."""
     import threading
-    import time
 
-    calls = []
+    calls, release, second_called = [], threading.Event(), threading.Event()
 
     def fake_compile(lib, source, opts):
-        calls.append(("-pch" in opts, time.perf_counter()))
-        time.sleep(0.3 if len(calls) == 1 else 0.0)
+        calls.append("-pch" in opts)
+        if len(calls) == 1:
+            assert release.wait(30)
+        else:
+            second_called.set()
         return b"\x7fELF"
     monkeypatch.setattr(nvrtc, "library", lambda: object())
     monkeypatch.setattr(nvrtc, "_compile", fake_compile)
@@ -95,13 +97,14 @@ def test_a_header_sets_later_sources_wait_for_its_pch_only_where_every_cpu_is_co
     monkeypatch.setattr(nvrtc, "WAIT", "")
     monkeypatch.setattr(nvrtc.os, "sched_getaffinity", lambda pid: set(range(cpus)))
     source = f"#include <cuda.h>\n// {cpus}\n"
-    t0 = time.perf_counter()
     threads = [threading.Thread(target=nvrtc.compile_cubin, args=(source, []), name=f"{nvrtc.COMPILE_THREADS}_{k}")
                for k in range(2)]
     threads[0].start()
-    time.sleep(0.05)
+    while not calls:  # (the first is inside its compile)
+        threading.Event().wait(0.01)
     threads[1].start()
+    called_meanwhile = second_called.wait(0.5 if waits else 30)
+    release.set()
     for t in threads:
-        t.join()
-    (first_pch, _), (second_pch, second_at) = calls
-    assert first_pch and second_pch == waits and (second_at - t0 >= 0.3) == waits
+        t.join(30)
+    assert called_meanwhile != waits and calls == [True, waits]
