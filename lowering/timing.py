@@ -140,9 +140,9 @@ def rotations(args, span: int = ROTATE_BYTES, most: int = ROTATE_MAX_COPIES) -> 
 
 
 def device_time(fn, args, kind: str, sets: list | None = None) -> float:
-    """Seconds of device time per ``fn(*args)`` with cold caches: on CUDA, replays of a CUDA graph of ``REPS``
-    calls (what the runtime replays, free of Python's launch cost, which would otherwise favour one kernel over
-    several torch ops), each call on its own copy of the operands (``rotations``; ``sets`` where the caller has
+    """Seconds of device time per ``fn(*args)`` with cold caches: on CUDA, replays of a CUDA graph of up to ``REPS``
+    calls (``calls_per_graph``; what the runtime replays, free of Python's launch cost, which would favour one kernel
+    over several torch ops), each call on its own copy of the operands (``rotations``; ``sets`` where the caller has
     them, e.g. for several ways of computing the same thing) so that none finds them in L2; ``measure`` where
     capture fails (a region reading values on the host) or off CUDA."""
     if kind != "cuda":
