@@ -87,6 +87,28 @@ zoo() {  # models, whole timeout, name, [peers]
         --json "$OUT/logs/$3.json" > "$OUT/logs/$3.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/$3.log" | cut -c1-220 | head -60
 }
+GEMM_WS_GPU="tests/test_gemm_ws.py::test_gemm_ws_gpu_matches_the_reference"
+nvrtc_tests() {  # timeout, workers, tests...: the GPU tests with every kernel compiled afresh by NVRTC
+    local limit=$1 workers=$2; shift 2
+    python3 -c "from tilefuse.lowering import nvrtc; print('NVRTC', nvrtc.library() is not None, nvrtc._version)"
+    TILEFUSE_NVRTC=1 TILELANG_CACHE_DIR=$(mktemp -d) TILEFUSE_FUNC_CACHE_DIR=$(mktemp -d) timeout "$limit" \
+        python3 -m pytest -q -n "$workers" -m gpu -p no:cacheprovider "$@" > "$OUT/logs/gpu_tests_nvrtc.log" 2>&1
+    echo "GPU tests, kernels compiled afresh by NVRTC: $(tail -1 "$OUT/logs/gpu_tests_nvrtc.log")"
+    grep -E "^FAILED|^E  |NVRTC did not" "$OUT/logs/gpu_tests_nvrtc.log" | cut -c1-200 | sort | uniq -c | head -8
+}
+nvrtc_gemms() {  # timeout, shapes, lines: the ws GEMM seeds (GELU epilogue) compiled by nvcc, then by NVRTC
+    for nv in 0 1; do
+        TILEFUSE_NVRTC=$nv TILELANG_CACHE_DIR=$(mktemp -d) timeout "$1" python3 bench/proto_gemm_ws.py --ws-only \
+            --epilogue gelu --shapes "$2" --json "$OUT/logs/nvrtc${nv}_gemm.json" > "$OUT/logs/nvrtc${nv}_gemm.log" 2>&1
+        echo "ws GEMMs compiled by $([ $nv = 1 ] && echo NVRTC || echo nvcc):"
+        grep -v -i warn "$OUT/logs/nvrtc${nv}_gemm.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -"$3"
+    done
+}
+nvrtc_compile() {  # timeout, models, compilers, name, [--timeline]: cold and warm compiles with NVRTC
+    TILEFUSE_NVRTC=1 timeout "$1" python3 bench/compile_time.py --models "$2" --compilers "$3" ${5:-} \
+        --out "$OUT/logs/$4.json" > "$OUT/logs/$4.log" 2>&1
+    grep -E "^(mlp|resnet|model)" "$OUT/logs/$4.log"
+}
 for part in "${@:-29}"; do
 echo "== part $part (at ${SECONDS} s)"
 if [ "$part" = 29 ]; then
@@ -198,55 +220,20 @@ elif [ "$part" = 48 ]; then
     echo "e2e and CUDA graph runner GPU tests, shorter timing graphs: $(tail -1 "$OUT/logs/gpu_tests_timing.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_timing.log" | head -8
 elif [ "$part" = 49 ]; then
-    python3 -c "from tilefuse.lowering import nvrtc; print('NVRTC', nvrtc.library() is not None, nvrtc._version)"
-    TILEFUSE_NVRTC=1 TILELANG_CACHE_DIR=$(mktemp -d) TILEFUSE_FUNC_CACHE_DIR=$(mktemp -d) timeout 200 \
-        python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_dynamo_e2e.py tests/test_attention_ws.py \
-        "tests/test_gemm_ws.py::test_gemm_ws_gpu_matches_the_reference" tests/test_nvrtc.py \
-        > "$OUT/logs/gpu_tests_nvrtc.log" 2>&1
-    echo "GPU tests, kernels compiled afresh by NVRTC: $(tail -1 "$OUT/logs/gpu_tests_nvrtc.log")"
-    grep -E "^FAILED|^E  |NVRTC did not" "$OUT/logs/gpu_tests_nvrtc.log" | cut -c1-200 | sort | uniq -c | head -8
+    nvrtc_tests 200 8 tests/test_dynamo_e2e.py tests/test_attention_ws.py "$GEMM_WS_GPU" tests/test_nvrtc.py
 elif [ "$part" = 50 ]; then
-    for nv in 0 1; do
-        TILEFUSE_NVRTC=$nv TILELANG_CACHE_DIR=$(mktemp -d) timeout 80 python3 bench/proto_gemm_ws.py --ws-only \
-            --epilogue gelu --shapes 16384x3072x768,8192x2304x768 --json "$OUT/logs/nvrtc${nv}_gemm.json" \
-            > "$OUT/logs/nvrtc${nv}_gemm.log" 2>&1
-        echo "ws GEMMs compiled by $([ $nv = 1 ] && echo NVRTC || echo nvcc):"
-        grep -v -i warn "$OUT/logs/nvrtc${nv}_gemm.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -8
-    done
-    TILEFUSE_NVRTC=1 timeout 150 python3 bench/compile_time.py --models mlp,resnet --compilers tilefuse,inductor \
-        --timeline --out "$OUT/logs/compile_nvrtc.json" > "$OUT/logs/compile_nvrtc.log" 2>&1
-    grep -E "^(mlp|resnet|model)" "$OUT/logs/compile_nvrtc.log"
+    nvrtc_gemms 80 16384x3072x768,8192x2304x768 8
+    nvrtc_compile 150 mlp,resnet tilefuse,inductor compile_nvrtc --timeline
     python3 bench/compile_time.py --summarize "$OUT/logs/compile_nvrtc.json" 2>&1 | tail -20
-    TILEFUSE_NVRTC=1 TILEFUSE_NVRTC_WAIT=0 timeout 90 python3 bench/compile_time.py --models mlp,resnet \
-        --compilers tilefuse --out "$OUT/logs/compile_nvrtc_nowait.json" > "$OUT/logs/compile_nvrtc_nowait.log" 2>&1
-    grep -E "^(mlp|resnet|model)" "$OUT/logs/compile_nvrtc_nowait.log"
+    TILEFUSE_NVRTC_WAIT=0 nvrtc_compile 90 mlp,resnet tilefuse compile_nvrtc_nowait
 elif [ "$part" = 51 ]; then  # (parts 49 and 50 in under 7 minutes, for a short device budget)
-    python3 -c "from tilefuse.lowering import nvrtc; print('NVRTC', nvrtc.library() is not None, nvrtc._version)"
-    TILEFUSE_NVRTC=1 TILELANG_CACHE_DIR=$(mktemp -d) TILEFUSE_FUNC_CACHE_DIR=$(mktemp -d) timeout 150 \
-        python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider tests/test_dynamo_e2e.py tests/test_attention_ws.py \
-        "tests/test_gemm_ws.py::test_gemm_ws_gpu_matches_the_reference" > "$OUT/logs/gpu_tests_nvrtc.log" 2>&1
-    echo "GPU tests, kernels compiled afresh by NVRTC: $(tail -1 "$OUT/logs/gpu_tests_nvrtc.log")"
-    grep -E "^FAILED|^E  |NVRTC did not" "$OUT/logs/gpu_tests_nvrtc.log" | cut -c1-200 | sort | uniq -c | head -8
-    for nv in 0 1; do
-        TILEFUSE_NVRTC=$nv TILELANG_CACHE_DIR=$(mktemp -d) timeout 60 python3 bench/proto_gemm_ws.py --ws-only \
-            --epilogue gelu --shapes 16384x3072x768 --json "$OUT/logs/nvrtc${nv}_gemm.json" \
-            > "$OUT/logs/nvrtc${nv}_gemm.log" 2>&1
-        echo "ws GEMMs compiled by $([ $nv = 1 ] && echo NVRTC || echo nvcc):"
-        grep -v -i warn "$OUT/logs/nvrtc${nv}_gemm.log" | sed -e 's/"block_K": 64, //' | cut -c1-150 | tail -5
-    done
-    TILEFUSE_NVRTC=1 timeout 170 python3 bench/compile_time.py --models mlp,resnet --compilers tilefuse,inductor \
-        --timeline --out "$OUT/logs/compile_nvrtc.json" > "$OUT/logs/compile_nvrtc.log" 2>&1
-    grep -E "^(mlp|resnet|model)" "$OUT/logs/compile_nvrtc.log"
+    nvrtc_tests 150 12 tests/test_dynamo_e2e.py tests/test_attention_ws.py "$GEMM_WS_GPU"
+    nvrtc_gemms 60 16384x3072x768 5
+    nvrtc_compile 170 mlp,resnet tilefuse,inductor compile_nvrtc --timeline
     python3 bench/compile_time.py --summarize "$OUT/logs/compile_nvrtc.json" 2>&1 | tail -20
 elif [ "$part" = 52 ]; then  # (part 51 in about 3 minutes: its numerics, and ResNet-50's cold compile with NVRTC)
-    TILEFUSE_NVRTC=1 TILELANG_CACHE_DIR=$(mktemp -d) TILEFUSE_FUNC_CACHE_DIR=$(mktemp -d) timeout 110 \
-        python3 -m pytest -q -n 14 -m gpu -p no:cacheprovider tests/test_dynamo_e2e.py \
-        "tests/test_gemm_ws.py::test_gemm_ws_gpu_matches_the_reference" > "$OUT/logs/gpu_tests_nvrtc.log" 2>&1
-    echo "GPU tests, kernels compiled afresh by NVRTC: $(tail -1 "$OUT/logs/gpu_tests_nvrtc.log")"
-    grep -E "^FAILED|^E  |NVRTC did not" "$OUT/logs/gpu_tests_nvrtc.log" | cut -c1-200 | sort | uniq -c | head -8
-    TILEFUSE_NVRTC=1 timeout 75 python3 bench/compile_time.py --models resnet --compilers tilefuse \
-        --out "$OUT/logs/compile_nvrtc_resnet.json" > "$OUT/logs/compile_nvrtc_resnet.log" 2>&1
-    grep -E "^(resnet|model)" "$OUT/logs/compile_nvrtc_resnet.log"
+    nvrtc_tests 110 14 tests/test_dynamo_e2e.py "$GEMM_WS_GPU"
+    nvrtc_compile 75 resnet tilefuse compile_nvrtc_resnet
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
