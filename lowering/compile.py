@@ -46,8 +46,6 @@ SOURCE_ONLY_KINDS = frozenset({"hip", "metal", "ascend", "webgpu"})
 # False keeps TileLang's serial, scalar code.
 C_PARALLEL_GRID = True
 cpu_parallel.install()
-if nvrtc.ENABLED:  # (TILEFUSE_NVRTC=1: CUDA kernels compiled by NVRTC with shared precompiled headers)
-    nvrtc.install()
 
 # TileLang turns Python functions into IR by rewriting their source's AST (``tilelang.language.eager.ast.mutate``), and
 # its lowering does so while it runs (the GEMM ops define T.prim_func/T.macro functions in ``lower``), in our compile
@@ -226,6 +224,10 @@ def failure_reason(e: BaseException) -> str:
         if "error" in ln.lower() or "fatal" in ln.lower():
             return ln
     return lines[0] if lines else type(e).__name__
+
+
+if nvrtc.ENABLED:  # (TILEFUSE_NVRTC=1: CUDA kernels compiled by NVRTC with shared precompiled headers)
+    nvrtc.install(failure_reason)
 
 
 def _out_idx(out_idx):

@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 from tilefuse.config import setting
 
@@ -94,14 +95,16 @@ def library() -> ctypes.CDLL | None:
 
 
 def include_dirs() -> list[str]:
-    """TileLang's templates, CUTLASS, and the CUDA toolkit's headers with CCCL's (``cuda/std``)."""
+    """TileLang's templates, CUTLASS, and the CUDA toolkit's headers with CCCL's (``cuda/std``), found where TileLang's
+    NVRTC adapter looks for them, under the first CUDA home that holds a toolkit's headers (not a bare /usr/local)."""
     from tilelang.env import CUDA_HOME, CUTLASS_INCLUDE_DIR, TILELANG_TEMPLATE_PATH
-    dirs = [TILELANG_TEMPLATE_PATH, CUTLASS_INCLUDE_DIR]
+    from tilelang.jit.adapter.nvrtc.include_paths import discover_cuda_include_paths
+
     for home in dict.fromkeys(filter(None, (CUDA_HOME, os.environ.get("CUDA_HOME"), "/usr/local/cuda"))):
-        for inc in (os.path.join(home, "include"), os.path.join(home, "targets", "x86_64-linux", "include")):
-            if os.path.isfile(os.path.join(inc, "vector_types.h")):  # (a toolkit's, not a bare /usr/local/include)
-                dirs += [d for d in (inc, os.path.join(inc, "cccl")) if os.path.isdir(d)]
-    return list(dict.fromkeys(d for d in dirs if d))
+        found = [d for d in discover_cuda_include_paths(home) if os.path.isdir(d)]
+        if any(os.path.isfile(os.path.join(d, "vector_types.h")) for d in found):
+            return [d for d in (TILELANG_TEMPLATE_PATH, CUTLASS_INCLUDE_DIR) if d] + found
+    return [d for d in (TILELANG_TEMPLATE_PATH, CUTLASS_INCLUDE_DIR) if d]
 
 
 def nvrtc_options(arch, options) -> list[str] | None:
@@ -147,14 +150,17 @@ def compile_cubin(code: str, options: list[str]) -> bytes:
         first = made is None
         if first:
             made = _made[key] = threading.Event()
-        busy = sum(t.name.startswith(COMPILE_THREADS) for t in threading.enumerate()) >= len(os.sched_getaffinity(0))
-    if not first and (WAIT == "1" or (WAIT == "" and busy)):
+    if not first and not made.is_set() and (WAIT == "1" or (WAIT == "" and _cpus_all_compiling())):
         made.wait()
     try:
         return _compile(lib, source, opts if first or made.is_set() else [o for o in opts if o != "-pch"])
     finally:
         if first:
             made.set()
+
+
+def _cpus_all_compiling() -> bool:
+    return sum(t.name.startswith(COMPILE_THREADS) for t in threading.enumerate()) >= len(os.sched_getaffinity(0))
 
 
 def _compile(lib, source: str, opts: list[str]) -> bytes:
@@ -179,9 +185,10 @@ def _compile(lib, source: str, opts: list[str]) -> bytes:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def install() -> bool:
+def install(reason: Callable[[BaseException], str]) -> bool:
     """Route TileLang's cubin compiles (``tilelang.contrib.nvcc.compile_cuda``) through ``compile_cubin`` where
-    NVRTC takes them; the rest, and any NVRTC refuses, go to nvcc. True where NVRTC was found."""
+    NVRTC takes them; the rest, and any NVRTC refuses (logged with ``reason(error)``), go to nvcc. True where NVRTC
+    was found."""
     import tilelang.contrib.nvcc as tl_nvcc
     if library() is None or getattr(tl_nvcc.compile_cuda, "_tilefuse_nvrtc", False):
         return library() is not None
@@ -193,9 +200,7 @@ def install() -> bool:
             try:
                 return bytearray(compile_cubin(code, opts))
             except RuntimeError as e:
-                lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-                _log.warning("NVRTC did not compile a kernel (%s); compiling it with nvcc",
-                             next((ln for ln in lines[1:] if "error" in ln), lines[-1] if lines else type(e).__name__))
+                _log.warning("NVRTC did not compile a kernel (%s); compiling it with nvcc", reason(e))
         return nvcc_compile(code, target_format, arch, options, path_target, verbose)
     compile_cuda._tilefuse_nvrtc = True
     tl_nvcc.compile_cuda = compile_cuda

@@ -66,7 +66,9 @@ def test_install_sends_cubins_to_nvrtc_and_the_rest_to_nvcc(monkeypatch):
     calls = []
     monkeypatch.setattr(tl_nvcc, "compile_cuda", lambda code, target_format="ptx", arch=None, options=None,
                         path_target=None, verbose=False: calls.append((target_format, options)) or bytearray(b"nvcc"))
-    assert nvrtc.install() and nvrtc.install()  # (once: a second call keeps the one wrapper)
+    from tilefuse.lowering.compile import failure_reason
+
+    assert nvrtc.install(failure_reason) and nvrtc.install(failure_reason)  # (a second call keeps the one wrapper)
     source = 'extern "C" __global__ void k(float *x) { x[threadIdx.x] = 2.0f * x[threadIdx.x]; }\n'
     sm90 = ["-gencode", "arch=compute_90a,code=sm_90a"]
     assert tl_nvcc.compile_cuda(source, "cubin", sm90, ["-std=c++20"])[:4] == b"\x7fELF" and calls == []
