@@ -234,6 +234,17 @@ elif [ "$part" = 51 ]; then  # (parts 49 and 50 in under 7 minutes, for a short 
 elif [ "$part" = 52 ]; then  # (part 51 in about 3 minutes: its numerics, and ResNet-50's cold compile with NVRTC)
     nvrtc_tests 110 14 tests/test_dynamo_e2e.py "$GEMM_WS_GPU"
     nvrtc_compile 75 resnet tilefuse compile_nvrtc_resnet
+elif [ "$part" = 53 ]; then  # (the device machine's CPUs: one kernel alone against 3 and 6; the MLP's cold compile
+    # with nvcc and with NVRTC not waiting, beside Inductor's, in one call)
+    timeout 150 python3 bench/compile_scaling.py --counts 1,3,6 --json "$OUT/logs/compile_scaling.json" 2>&1 \
+        | grep -v -i warn | tee "$OUT/logs/compile_scaling.log" | tail -20
+    nproc; cat /sys/fs/cgroup/cpu.max 2>/dev/null; grep -m1 "model name" /proc/cpuinfo
+    TILEFUSE_NVRTC=0 timeout 90 python3 bench/compile_time.py --models mlp --compilers tilefuse,inductor --timeline \
+        --out "$OUT/logs/compile_mlp_nvcc.json" > "$OUT/logs/compile_mlp_nvcc.log" 2>&1
+    grep -E "^(mlp|model)" "$OUT/logs/compile_mlp_nvcc.log"
+    python3 bench/compile_time.py --summarize "$OUT/logs/compile_mlp_nvcc.json" 2>&1 | tail -12
+    TILEFUSE_NVRTC_WAIT=0 nvrtc_compile 60 mlp tilefuse compile_mlp_nvrtc_nowait --timeline
+    python3 bench/compile_time.py --summarize "$OUT/logs/compile_mlp_nvrtc_nowait.json" 2>&1 | tail -12
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
