@@ -420,7 +420,9 @@ LOGPHI = (-0.6931439638137817, -0.7979854345321655, -0.3177870810031891, -0.0373
 # A bf16 output's: bf16 reaches GELU's tail down to t = 13.5 (its least subnormal), so P, degree 9, is fitted on
 # [0, 13.5] the same way: within 2.5e-5 there (6.8e-5 in float32's Horner steps), a bf16 rounding's 1/30; decreasing
 # past it (exp(P) below 1e-41: ex2.approx flushes it to 0, as eager's 1 + erf has cancelled to 0 since t = 5.7).
-# Not yet in ROUNDED_EMITTERS: its GPU numerics are bench/run_pending_h200.sh part 47's.
+# Its GPU numerics (bench/run_pending_h200.sh part 47: every schedule, tails, NaN/Inf rows) passed on the H100,
+# 2026-12-06; a ws GEMM's code with it is 43.5 KB against erff's 58.8 KB (fp16's 39.9; bench/results/
+# 2026-12-06-h100-session42).
 LOGPHI_BF16 = (-0.6931722164154053, -0.7977438569068909, -0.3181263506412506, -0.0373055599629879,
                0.005969085264950991, -0.0006988918175920844, 5.680631147697568e-05, -3.0031671940378146e-06,
                9.225842489968272e-08, -1.2446171870905687e-09)
@@ -472,4 +474,5 @@ FAST_EMITTERS: dict[str, Callable] = {
 # dtype (``expr.emit_rounded``); otherwise the fast form.
 ROUNDED_EMITTERS: dict[str, dict[str, Callable]] = {
     "float16": {"gelu": rounded_gelu(LOGPHI)},
+    "bfloat16": {"gelu": rounded_gelu(LOGPHI_BF16)},
 }

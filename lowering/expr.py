@@ -302,7 +302,7 @@ def _call(T, expr: Call, env: Env, fn):
 
 def emit_rounded(expr: Expr, env: Env, dtype: str):
     """``emit(expr, env)`` for a value rounded straight to ``dtype`` (a GEMM epilogue's root, fast forms allowed): a
-    root op with a form exact to that rounding only (``ROUNDED_EMITTERS``: GELU for fp16) takes it."""
+    root op with a form exact to that rounding only (``ROUNDED_EMITTERS``: GELU for fp16 and bf16) takes it."""
     fn = env.fast and isinstance(expr, Call) and ROUNDED_EMITTERS.get(dtype, {}).get(expr.op)
     if not fn:
         return emit(expr, env)

@@ -251,14 +251,13 @@ def test_gemm_ws_options_gpu_match_the_reference(variant, rng):
     _check_on_the_gpu(runs, "float16", rng)
 
 
-def _bf16_logpoly_gelu_funcs(monkeypatch):
-    """The GELU cases' bf16 kernels, every schedule, with ``LOGPHI_BF16``'s GELU (not yet a default)."""
-    monkeypatch.setitem(emitters.ROUNDED_EMITTERS, "bfloat16", {"gelu": emitters.rounded_gelu(emitters.LOGPHI_BF16)})
+def _bf16_logpoly_gelu_funcs():
+    """The GELU cases' bf16 kernels, every schedule, with ``LOGPHI_BF16``'s GELU (the default since 2026-12-06)."""
     return [run for run in _funcs("bfloat16") if run[0].startswith("bias_gelu")]
 
 
-def test_the_bf16_logpoly_gelu_takes_the_place_of_erff_where_asked(monkeypatch):
-    runs = _bf16_logpoly_gelu_funcs(monkeypatch)
+def test_the_bf16_logpoly_gelu_takes_the_place_of_erff():
+    runs = _bf16_logpoly_gelu_funcs()
     exact = [run for run in runs if "tanh" not in run[0]]
     assert exact and all("erff(" not in kernel_source(f, SM90) for _, _, f in exact[:1])
     src = kernel_source(exact[0][2], SM90)
@@ -272,10 +271,10 @@ def _printed(v: float) -> str:
 
 
 @pytest.mark.gpu
-def test_gemm_ws_gpu_bf16_logpoly_gelu_matches_the_reference(rng, monkeypatch):
-    """``LOGPHI_BF16`` in a bf16 output's GELU epilogue (bench/run_pending_h200.sh part 47, before it is made the
-    default): every schedule, tails, NaN and Inf rows, against the float64 reference."""
-    _check_on_the_gpu(_bf16_logpoly_gelu_funcs(monkeypatch), "bfloat16", rng)
+def test_gemm_ws_gpu_bf16_logpoly_gelu_matches_the_reference(rng):
+    """``LOGPHI_BF16`` in a bf16 output's GELU epilogue (bench/run_pending_h200.sh part 47; passed on the H100 before
+    it was made the default): every schedule, tails, NaN and Inf rows, against the float64 reference."""
+    _check_on_the_gpu(_bf16_logpoly_gelu_funcs(), "bfloat16", rng)
 
 
 def _check_on_the_gpu(runs, dtype, rng):
@@ -487,7 +486,8 @@ def test_the_epilogues_sigmoid_is_fast_only_where_the_output_rounds_to_half_prec
     """``lowering.emitters.FAST_EMITTERS``: silu and GELU's tanh form by ``ex2.approx``/``__fdividef`` where the output
     is fp16/bf16 on CUDA (the H200's GPU tests check their numerics, NaN/Inf rows included; ``test_fast_emitters.py``
     their arithmetic); an fp32 output keeps ``expf`` and the IEEE division. The exact GELU keeps ``erff`` but at the
-    root of an fp16 output's epilogue (``ROUNDED_EMITTERS``: exp of a polynomial, exact to fp16's rounding only)."""
+    root of an fp16 or bf16 output's epilogue (``ROUNDED_EMITTERS``: exp of a polynomial, exact to that rounding
+    only)."""
     cfg = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2 if ws else 3, "ws": ws}
 
     def source(epilogue, out_dtype="float16"):
@@ -501,12 +501,14 @@ def test_the_epilogues_sigmoid_is_fast_only_where_the_output_rounds_to_half_prec
     tanh = source(call("gelu", Acc() + Arg(0), approximate="tanh"))
     assert "__fdividef(" in tanh and "tanhf(" not in tanh
     gelu = call("gelu", Acc() + Arg(0))
-    for erf in (source(gelu, "bfloat16"), source(gelu, "float32"), source(gelu * Arg(0))):
+    for erf in (source(gelu, "float32"), source(gelu * Arg(0))):
         assert "erff(" in erf and "__fdividef(" not in erf and "__expf(" not in erf
     assert "fast_rcp" not in fast + tanh  # (an asm volatile: issued at every use, in order)
     logpoly = source(gelu)  # (ROUNDED_EMITTERS: the exact GELU of a value rounded straight to fp16, LOGPHI's)
     assert "erff(" not in logpoly and logpoly.count("__expf(") == 1
     assert all(_printed(k) in logpoly for k in emitters.LOGPHI)  # (Horner's rule, every coefficient)
+    bf16 = source(gelu, "bfloat16")  # (LOGPHI_BF16's, fitted out to bf16's reach of GELU's tail)
+    assert "erff(" not in bf16 and bf16.count("__expf(") == 1 and all(_printed(k) in bf16 for k in emitters.LOGPHI_BF16)
 
 
 @pytest.mark.parametrize("ws", [False, True])

@@ -45,10 +45,11 @@ With the head and the tail of a tile under separate branches, ptxas serialized e
 it did not, and the kernel then ran 0.88-0.98x cuBLAS + F.gelu on the H100, against 1.12-1.14x for the same tile
 without the overlap and 1.18-1.25x for the best seed. It also failed the GPU numerics at one case (4096 x 4096 x
 256, three k-blocks ahead of four: 1% of the elements wrong, a race not found).
-What did cut it was a cheaper GELU: since session 40 an fp16 epilogue's root GELU is exp of a polynomial
-(``lowering.emitters.ROUNDED_EMITTERS``, some 15 instructions an element against erff's 28), 0.1848 -> 0.1363 ms at
-16384 x 3072 x 768 on the H200, 1.18x cuBLAS's bare product (bench/results/2026-12-05-h200-session40: the epilogue's
-time follows its FMA-pipe count, 8 dependent FMAs cost what one MUFU ex2 does).
+What did cut it was a cheaper GELU: since session 40 an fp16 epilogue's root GELU (a bf16 one's since session 42) is
+exp of a polynomial (``lowering.emitters.ROUNDED_EMITTERS``, some 15 instructions an element against erff's 28),
+0.1848 -> 0.1363 ms at 16384 x 3072 x 768 on the H200, 1.18x cuBLAS's bare product
+(bench/results/2026-12-05-h200-session40: the epilogue's time follows its FMA-pipe count, 8 dependent FMAs cost what
+one MUFU ex2 does).
 """
 
 from __future__ import annotations
