@@ -69,6 +69,10 @@
 #            too: part 48's change). Part 50 (~5 min): the ws GEMM seeds' times by both compilers, then the MLP's and
 #            ResNet-50's cold compiles with it against Inductor's, a header set's sources waiting for its PCH where
 #            every CPU compiles (the default: ResNet-50's 28 kernels on 16 CPUs wait, the MLP's 3 do not) and never.
+#   Session 42 ran parts 47, 49, 50, 52 and 53 on an H100 (bench/results/2026-12-06-h100-session42).
+#   part 54 (~2 min): the split tails compiled in the plan's own batch (pipeline.lower_step's prefetch, session 42):
+#            ResNet-50's and the MLP's cold compiles against Inductor with the timeline; its "splits" phase took
+#            2.8 s of 23.6 on the H100's machine before.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -245,6 +249,12 @@ elif [ "$part" = 53 ]; then  # (the device machine's CPUs: one kernel alone agai
     python3 bench/compile_time.py --summarize "$OUT/logs/compile_mlp_nvcc.json" 2>&1 | tail -12
     TILEFUSE_NVRTC_WAIT=0 nvrtc_compile 60 mlp tilefuse compile_mlp_nvrtc_nowait --timeline
     python3 bench/compile_time.py --summarize "$OUT/logs/compile_mlp_nvrtc_nowait.json" 2>&1 | tail -12
+elif [ "$part" = 54 ]; then  # (session 42: the split tails compiled in the plan's batch; ResNet-50 and the MLP's
+    # cold compiles against Inductor's, with the timeline: the "splits" phase should be ~0 s, 2.8 s before on the H100)
+    timeout 200 python3 bench/compile_time.py --models resnet,mlp --compilers tilefuse,inductor --timeline \
+        --out "$OUT/logs/compile_prefetch.json" > "$OUT/logs/compile_prefetch.log" 2>&1
+    grep -E "^(resnet|mlp|model)" "$OUT/logs/compile_prefetch.log"
+    python3 bench/compile_time.py --summarize "$OUT/logs/compile_prefetch.json" 2>&1 | tail -24
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

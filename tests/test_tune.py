@@ -229,12 +229,12 @@ def test_second_compile_in_a_fresh_process_tunes_and_compiles_nothing(tmp_path, 
     print(f"cold {cold['seconds']:.2f} s, warm {warm['seconds']:.2f} s")
 
 
-def epilogue_graph():
+def epilogue_graph(k: int = 32, n: int = 24):
     """One GEMM region with a two-op epilogue reading another input: silu(linear(x)) * g (LLaMA's gate)."""
     b = GraphBuilder("tune_split")
-    x = b.input("x", TensorType((16, 32), "float32"))
-    g = b.input("g", TensorType((16, 24), "float32"))
-    y = b.add1("linear", [x, b.constant("w", torch.randn(24, 32)), ""])
+    x = b.input("x", TensorType((16, k), "float32"))
+    g = b.input("g", TensorType((16, n), "float32"))
+    y = b.add1("linear", [x, b.constant("w", torch.randn(n, k)), ""])
     return b.build([b.add1("mul", [b.add1("silu", [y]), g])])
 
 
@@ -280,6 +280,35 @@ def test_choose_backends_takes_the_split_where_it_is_fastest(tmp_path, monkeypat
     assert pipeline.choose(again, (x, g), tuning_db.TuningDB(db.path), C) == lines and len(timed) == n
     assert isinstance(again.fns[k], SplitRegion)
     torch.testing.assert_close(again.run(x, g), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_split_tails_compile_in_the_plans_batch_not_at_the_first_call(tmp_path, monkeypatch, rng):
+    """``lower_step``'s ``prefetch``: where the measured choice will run, each split tail compiles in the plan's own
+    batch, and the first call's choice compiles nothing more (its batch came after the plan's)."""
+    from tilefuse.lowering import lower as lower_mod
+
+    batches = []
+    real = lower_mod.compile_many
+
+    def counted(funcs, *a, **kw):
+        funcs = list(funcs)
+        batches.append(len(funcs))
+        return real(funcs, *a, **kw)
+
+    monkeypatch.setattr(lower_mod, "compile_many", counted)
+    timings = {"SplitRegion": 1e-3, "RegionKernel": 2e-3}  # (torch's ops: 1.5 ms)
+    monkeypatch.setattr(pipeline, "device_time", lambda fn, *a, **kw: timings.get(type(fn).__name__, 1.5e-3))
+    graph = epilogue_graph(36, 20)  # (shapes no other test compiles: nothing from this process's cache)
+    runner = build_runner(graph, Options(target=C, cuda_graphs=False, measure=True))
+    assert batches == [2], batches  # the region's kernel and its split's tail
+    x, g = torch.randn(16, 36, generator=rng), torch.randn(16, 20, generator=rng)
+    want = runner.run(x, g)
+    lines = pipeline.choose(runner, (x, g), tuning_db.TuningDB(tmp_path / "t.json"), C)
+    assert batches == [2] and len(lines) == 1 and ": split 1.000 ms" in lines[0], (batches, lines)
+    torch.testing.assert_close(runner.run(x, g), want, rtol=1e-5, atol=1e-5)
+    batches.clear()
+    build_runner(epilogue_graph(44, 28), Options(target=C, cuda_graphs=False, measure=False))
+    assert batches == [1], batches  # no measured choice: no tail compiled
 
 
 @pytest.mark.gpu
