@@ -144,13 +144,18 @@ def lower_step(planned: Planned, configs: Mapping[str, dict], target: dict, prog
     return p, kernels
 
 
-def split_tails(p: FusionPlan, regions: Sequence[Region], target: dict, maps=None) -> dict[str, KernelSpec]:
+def split_tails(p: FusionPlan, regions: Sequence[Region], target: dict) -> dict[str, KernelSpec]:
     """The spec of each of ``regions``' split tail (``lowering.split``: the epilogue after a GEMM through torch), by
-    region, where the region splits and a template takes its tail. ``maps``: ``node_maps(p)``, if made already."""
-    maps = node_maps(p) if maps is None else maps
+    region, where the region splits and a template takes its tail."""
+    maps = node_maps(p)
+    return _tail_specs(p, {r.name: s for r in regions for s in [split(p, r, maps)] if s is not None}, target)
+
+
+def _tail_specs(p: FusionPlan, halves: Mapping[str, tuple], target: dict) -> dict[str, KernelSpec]:
+    """The spec of each split's tail (``halves``: region name -> (head, tail)) that a template takes."""
     facts = graph_facts(p.graph)
-    return {r.name: spec for r in regions for s in [split(p, r, maps)] if s is not None
-            for spec in [build(s[1], p.graph, target, facts)] if isinstance(spec, KernelSpec)}
+    return {name: spec for name, (_, tail) in halves.items() for spec in [build(tail, p.graph, target, facts)]
+            if isinstance(spec, KernelSpec)}
 
 
 def split_candidates(regions: Sequence[Region], specs: Mapping[str, KernelSpec], db: TuningDB,
@@ -169,7 +174,7 @@ def splits_step(p: FusionPlan, regions: Sequence[Region], target: dict,
     restore's), else the default."""
     maps = node_maps(p)
     pairs = {r.name: (r, s) for r in regions for s in [split(p, r, maps)] if s is not None}
-    specs = split_tails(p, [r for r, _ in pairs.values()], target, maps)
+    specs = _tail_specs(p, {name: halves for name, (_, halves) in pairs.items()}, target)
     lowered = lower(specs, configs or {}, target, p.graph.name, **kw)
     out = {}
     for name, got in lowered.items():
