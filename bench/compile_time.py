@@ -47,6 +47,7 @@ def compile_model(model, compiler: str, observer):
 
 
 SPANS: list = []  # --timeline: (thread, what, start s, end s) of the compile's steps, in every thread
+KERNELS: list = []  # --timeline: (thread, template and config, start s, end s) of each kernel's whole compile
 
 
 def _record_spans() -> None:
@@ -82,6 +83,21 @@ def _record_spans() -> None:
                                (tl_lower, "host_codegen", "host codegen")):
         if hasattr(owner, name):
             wrap(owner, name, label)
+    # each kernel's compile by the spec it was built from (which are the long ones, in a model of many kernels)
+    built, make, compile_kernel = {}, tf_lower.make_prim_func, tf_compile.compile_kernel
+
+    def labelled_make(spec, target, config=None):
+        func = make(spec, target, config)
+        built[id(func)] = f"{spec.template} " + " ".join(f"{k}={v}" for k, v in (config or {}).items())
+        return func
+
+    def labelled_compile(prim_func, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return compile_kernel(prim_func, *args, **kwargs)
+        finally:
+            KERNELS.append((threading.current_thread().name, built.get(id(prim_func), "?"), t, time.perf_counter()))
+    tf_lower.make_prim_func, tf_compile.compile_kernel = labelled_make, labelled_compile
 
 
 def child(model_name: str, size: str, compiler: str, profile: str = "", timeline: bool = False) -> dict:
@@ -128,8 +144,9 @@ def child(model_name: str, size: str, compiler: str, profile: str = "", timeline
 
     return {"model": model_name, "compiler": compiler, "seconds": round(seconds, 3), "phases": phase_totals(runners),
             "timing": {k: round(v, 3) for k, v in SPENT.items()}, "graphs": len(runners),
-            **({"spans": [(th, what, round(a - t0, 3), round(b - t0, 3)) for th, what, a, b in SPANS]} if timeline
-               else {})}
+            **({"spans": [(th, what, round(a - t0, 3), round(b - t0, 3)) for th, what, a, b in SPANS],
+                "kernels": [(th, what, round(a - t0, 3), round(b - t0, 3)) for th, what, a, b in KERNELS]}
+               if timeline else {})}
 
 
 def _env(compiler: str, cache: str) -> dict:
@@ -165,9 +182,13 @@ def print_spans(spans: list) -> None:
         print(f"  {th[:24]:24} {what:16} {a:7.3f} -> {b:7.3f}  ({b - a:6.3f} s)")
 
 
+LONGEST = 12  # --summarize: the kernels that took longest to compile, with their template and config
+
+
 def summarize(rows: list) -> None:
     """Each cold compile's timeline summed by step (count, total and longest span), the compile threads' first start
-    and last end, and how long each thread was busy: a model of many kernels prints no span list worth reading."""
+    and last end, how long each thread was busy, and the ``LONGEST`` kernel compiles by template and config: a model
+    of many kernels prints no span list worth reading."""
     for r in rows:
         spans = r.get("spans") or []
         if not spans or r.get("caches") != "cold":
@@ -183,6 +204,8 @@ def summarize(rows: list) -> None:
                 busy[th] = busy.get(th, 0.0) + b - a
             print(f"  kernels from {min(a for _, a, _ in kernels):.2f} to {max(b for _, _, b in kernels):.2f} s over "
                   f"{len(busy)} threads, busy {min(busy.values()):.2f}-{max(busy.values()):.2f} s each")
+        for th, what, a, b in sorted(r.get("kernels") or [], key=lambda k: k[2] - k[3])[:LONGEST]:
+            print(f"  {b - a:6.2f} s  {a:6.2f}-{b:6.2f} s  {th:20}  {what}")
 
 
 def main() -> int:

@@ -7,6 +7,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import compile_time
 
+from tilefuse.lowering.lower import TEMPLATES
+
 
 def test_a_fresh_process_compiles_and_says_where_the_time_went(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEFUSE_MEASURE", "1")  # (the test session turns the measured choice off; users have it)
@@ -47,7 +49,10 @@ def test_the_timeline_gives_each_kernels_compile_steps_by_thread(tmp_path, capsy
     assert len(passes) == len(kernels) and all(s[0].startswith("tilefuse-compile") for s in passes)
     compile_time.print_spans(row["spans"])
     assert "kernel" in capsys.readouterr().out
+    labelled = row["kernels"]  # (each kernel's compile by the template and config it was built from)
+    assert len(labelled) == len(kernels) and all(what.split()[0] in TEMPLATES for _, what, _, _ in labelled), labelled
     compile_time.summarize([{**row, "caches": "cold"}, {**row, "caches": "warm"}])  # (--summarize: by step, cold)
     out = capsys.readouterr().out
+    assert max(labelled, key=lambda k: k[3] - k[2])[1] in out  # (the longest compiles, named)
     assert out.count("mlp tilefuse cold") == 1 and f"kernel           {len(kernels):4d} spans" in out
     assert "TIR passes" in out and "threads, busy" in out
