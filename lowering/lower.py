@@ -45,11 +45,22 @@ TEMPLATES = {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.r
              "gemm_sp": (gemm_sp, gemm_sp.gemm_sp), "gemv": (gemv, gemv.gemv),
              "gemv_group": (gemv, gemv.gemv_group), **ascend.TEMPLATES}
 
-# Templates whose kernels compile longest (tensor-core main loops: a ws GEMM's lowering and nvcc take 2.8-3.0 s on a
-# 2-core CPU machine, a layer norm's 1.2 s, 2026-12-06): a batch compiles them first, so its longest compiles start
-# first and the short ones fill the threads as they free up (the MLP's GEMMs had waited for its norm's build: its
-# lowering for sm_90a on 2 threads took 5.0 s in plan order).
-COMPILE_FIRST = frozenset({"gemm", "gemm_sp", "flash_attention", "conv2d"})
+# Templates whose kernels compile longest, longest first (tensor-core main loops: a ws GEMM's lowering and nvcc take
+# 2.8-3.0 s on a 2-core CPU machine, a layer norm's 1.2 s; ResNet-50's convolutions 5.0 s on average against its GEMMs'
+# 3.3, 2026-12-06): a batch compiles them first, in this order, so its longest compiles start first and the short
+# ones fill the threads as they free up (the MLP's GEMMs had waited for its norm's build: its lowering for sm_90a on 2
+# threads took 5.0 s in plan order; ResNet-50's last convolution started 46 s into its 52). ResNet-50's 28 kernels'
+# compile times from the 2-core machine, scheduled on 16 threads: 8.3 s with its convolutions among its GEMMs, 7.5 s
+# with them first (all in the order of their times: 7.2); on 2 threads no difference shows (42.1-44.8 s either way).
+COMPILE_FIRST = (("conv2d",), ("gemm", "gemm_sp", "flash_attention"))
+
+
+def compile_rank(template: str) -> int:
+    """Where a kernel of ``template`` goes in a batch's order (``COMPILE_FIRST``; the rest after, a stable sort)."""
+    for rank, group in enumerate(COMPILE_FIRST):
+        if template in group:
+            return rank
+    return len(COMPILE_FIRST)
 
 
 @dataclass(frozen=True)
@@ -200,7 +211,7 @@ def lower(specs: Mapping[str, KernelSpec], configs: Mapping[str, dict], target: 
             kernels[key] = _COMPILED[key]
             continue
         todo[key] = chosen[r]
-    todo = dict(sorted(todo.items(), key=lambda item: item[1][0].template not in COMPILE_FIRST))  # (stable)
+    todo = dict(sorted(todo.items(), key=lambda item: compile_rank(item[1][0].template)))  # (stable)
     built: list[str] = []
 
     def funcs():  # built one at a time as compile_many asks: each compiles while the next is built

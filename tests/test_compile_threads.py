@@ -132,8 +132,8 @@ def test_the_cache_writes_library_is_loaded_unless_turned_off():
 
 
 def test_a_batch_compiles_its_tensor_core_kernels_first_and_keeps_each_result_with_its_region(monkeypatch):
-    """``lower`` hands ``compile_many`` the GEMM, attention and convolution kernels first (the longest compiles start
-    first), the rest in plan order after them; each region still gets its own kernel back."""
+    """``lower`` hands ``compile_many`` the convolutions first, then the GEMM and attention kernels (the longest
+    compiles start first), the rest in plan order after them; each region still gets its own kernel back."""
     from tilefuse.lowering import lower as lower_mod
     from tilefuse.lowering.builders import KernelSpec
 
@@ -151,5 +151,5 @@ def test_a_batch_compiles_its_tensor_core_kernels_first_and_keeps_each_result_wi
     monkeypatch.setattr(lower_mod, "default_config", lambda spec, target: {})
     monkeypatch.setattr(lower_mod, "make_prim_func", lambda spec, target, config: f"r{dict(spec.params)['k']}")
     got = lower_mod.lower(specs, {}, {"kind": "cuda", "arch": "sm_90a"}, use_process_cache=False)
-    assert handed == ["r1", "r3", "r4", "r6", "r0", "r2", "r5"]
+    assert handed == ["r4", "r1", "r3", "r6", "r0", "r2", "r5"]
     assert {r: g.kernel for r, g in got.items()} == {r: f"kernel of {r}" for r in specs}
