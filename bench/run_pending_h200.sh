@@ -70,9 +70,10 @@
 #            ResNet-50's cold compiles with it against Inductor's, a header set's sources waiting for its PCH where
 #            every CPU compiles (the default: ResNet-50's 28 kernels on 16 CPUs wait, the MLP's 3 do not) and never.
 #   Session 42 ran parts 47, 49, 50, 52 and 53 on an H100 (bench/results/2026-12-06-h100-session42).
-#   part 54 (~2 min): the split tails compiled in the plan's own batch (pipeline.lower_step's prefetch, session 42):
-#            ResNet-50's and the MLP's cold compiles against Inductor with the timeline; its "splits" phase took
-#            2.8 s of 23.6 on the H100's machine before.
+#   part 54 (~2 min): the split tails compiled in the plan's own batch (pipeline.lower_step's prefetch, session 42)
+#            and convolutions compiled first (lower.compile_rank): ResNet-50's and the MLP's cold compiles against
+#            Inductor with the timeline (its longest kernel compiles named); ResNet-50's "splits" phase took 2.8 s of
+#            23.6 on the H100's machine before, its kernels 3.1-18.4 s.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
