@@ -73,32 +73,45 @@ def kernels() -> dict:
     return funcs
 
 
-def compare() -> list[dict]:
-    """Each kernel's source and nvcc options as TileLang's compile callback makes them, compiled by both."""
+def nvcc_requests() -> list[tuple[str, str, str, object, object]]:
+    """(kernel, source, format, arch, options) of each of ``kernels()``: what TileLang's compile callback asks nvcc
+    for (nvcc and TileLang's cubin cache stood in for while it asks, then put back)."""
     import tilelang.contrib.nvcc as tl_nvcc
     import tilelang.cuda.backend as tl_cuda_backend
     import tvm
     from tilelang.cache.cuda_binary_cache import CUDABinaryCache
 
-    from tilefuse.lowering import nvrtc
     from tilefuse.lowering.compile import lower_source
 
     asked, nvcc = [], tl_nvcc.compile_cuda
-    CUDABinaryCache.load = classmethod(lambda cls, *a, **kw: None)
-    CUDABinaryCache.save = classmethod(lambda cls, *a, **kw: None)
+    own = {m: CUDABinaryCache.__dict__[m] for m in ("load", "save") if m in CUDABinaryCache.__dict__}
     tl_nvcc.compile_cuda = lambda code, fmt, arch=None, options=None, **kw: asked.append(
         (code, fmt, arch, options)) or bytearray(b"\x7fELF")
-    rows = []
+    CUDABinaryCache.load = CUDABinaryCache.save = classmethod(lambda cls, *a, **kw: None)
     try:
         for name, func in kernels().items():
             source, _ = lower_source(func, SM90)
             tl_cuda_backend.tilelang_callback_cuda_compile(source, tvm.target.Target(SM90))
-            code, fmt, arch, options = asked[-1]
-            rows.append({"kernel": name, "nvcc": facts(nvcc(code, fmt, arch, options)),
-                         "nvrtc": facts(nvrtc.compile_cubin(code, nvrtc.nvrtc_options(arch, options)))})
+            asked[-1] = (name, *asked[-1])
     finally:
         tl_nvcc.compile_cuda = nvcc
-    return rows
+        for m in ("load", "save"):  # (as they were: the class's own, or its base's again)
+            if m in own:
+                setattr(CUDABinaryCache, m, own[m])
+            else:
+                delattr(CUDABinaryCache, m)
+    return asked
+
+
+def compare() -> list[dict]:
+    """Each kernel compiled by nvcc and by NVRTC with the options TileLang gives nvcc, and their cubins' facts."""
+    import tilelang.contrib.nvcc as tl_nvcc
+
+    from tilefuse.lowering import nvrtc
+
+    return [{"kernel": name, "nvcc": facts(tl_nvcc.compile_cuda(code, fmt, arch, options)),
+             "nvrtc": facts(nvrtc.compile_cubin(code, nvrtc.nvrtc_options(arch, options)))}
+            for name, code, fmt, arch, options in nvcc_requests()]
 
 
 def main(argv=None) -> int:

@@ -3,6 +3,8 @@ nvcc's options it takes, every template's kernel compiling through it for sm_90a
 cubins' numerics are the GPU tests' (bench/run_pending_h200.sh part 49 runs them with it on)."""
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,7 @@ from tilefuse.lowering import nvrtc
 needs_nvrtc = pytest.mark.skipif(nvrtc.library() is None or shutil.which("nvcc") is None,
                                  reason="no NVRTC 12.8+ (pip install nvidia-cuda-nvrtc) or no CUDA toolkit headers")
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 
 def test_nvccs_options_in_nvrtcs_terms_or_none_where_it_has_no_form():
@@ -27,35 +30,17 @@ def test_nvccs_options_in_nvrtcs_terms_or_none_where_it_has_no_form():
 
 
 @needs_nvrtc
-def test_every_templates_kernel_compiles_for_sm_90a_through_nvrtc(monkeypatch):
-    """The kernels nvcc compiles in test_templates_cuda_compile, and a ws GEMM with the logpoly GELU, each an ELF
-    cubin from NVRTC with the options TileLang's compile callback gives nvcc for sm_90a."""
-    import tilelang.contrib.nvcc as tl_nvcc
-    import tilelang.cuda.backend as tl_cuda_backend
-    import tvm
-    from tilelang.cache.cuda_binary_cache import CUDABinaryCache
+def test_every_templates_kernel_compiles_for_sm_90a_through_nvrtc():
+    """The kernels nvcc compiles in test_templates_cuda_compile, a ws GEMM with the logpoly GELU and the ws attention
+    (``bench/nvrtc_cubins.py``), each an ELF cubin from NVRTC with the options TileLang's compile callback gives nvcc
+    for sm_90a."""
+    import nvrtc_cubins
 
-    from tests.test_templates_cuda_compile import kernels
-    from tilefuse.lowering.compile import lower_source
-    from tilefuse.lowering.expr import Acc, Arg, call
-    from tilefuse.lowering.templates import gemm
-
-    funcs = {name: f for name, (f, _, _) in kernels(SM90).items()}
-    funcs["gemm_ws_gelu"] = gemm.gemm(4096, 3072, 768, trans_B=True, A_dtype="float16",
-                                      epilogue=call("gelu", Acc() + Arg(0)), extra_shapes=[(3072,)],
-                                      extra_dtypes=["float16"], block_M=128, block_N=192, block_K=64, num_stages=4,
-                                      ws=True, target=SM90)
-    asked = []
-    monkeypatch.setattr(CUDABinaryCache, "load", classmethod(lambda cls, *a, **kw: None))
-    monkeypatch.setattr(CUDABinaryCache, "save", classmethod(lambda cls, *a, **kw: None))
-    monkeypatch.setattr(tl_nvcc, "compile_cuda", lambda code, fmt, arch=None, options=None, **kw: asked.append(
-        (fmt, arch, options)) or bytearray(b"\x7fELF"))
-    for name, func in funcs.items():
-        source, _ = lower_source(func, SM90)
-        tl_cuda_backend.tilelang_callback_cuda_compile(source, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
-        fmt, arch, options = asked[-1]
+    requests = nvrtc_cubins.nvcc_requests()
+    assert len(requests) == len(nvrtc_cubins.kernels())
+    for name, source, fmt, arch, options in requests:
         opts = nvrtc.nvrtc_options(arch, options)
-        assert fmt == "cubin" and opts is not None, asked[-1]
+        assert fmt == "cubin" and opts is not None, (name, arch, options)
         assert nvrtc.compile_cubin(source, opts)[:4] == b"\x7fELF", name
 
 
