@@ -74,10 +74,13 @@
 #            and convolutions compiled first (lower.compile_rank): ResNet-50's and the MLP's cold compiles against
 #            Inductor with the timeline (its longest kernel compiles named); ResNet-50's "splits" phase took 2.8 s of
 #            23.6 on the H100's machine before, its kernels 3.1-18.4 s.
+#   part 55 (~6 min): each CUDA kernel's host library built through the assembler and the C compiler (session 43,
+#            lowering/host_lib.py: 0.30 -> 0.06 s a kernel on the 2-core machine): the e2e and artifact GPU tests with
+#            every kernel compiled afresh, then the MLP's and ResNet-50's cold compiles with it off and on.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-54; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-55; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -256,6 +259,27 @@ elif [ "$part" = 54 ]; then  # (session 42: the split tails compiled in the plan
         --out "$OUT/logs/compile_prefetch.json" > "$OUT/logs/compile_prefetch.log" 2>&1
     grep -E "^(resnet|mlp|model)" "$OUT/logs/compile_prefetch.log"
     python3 bench/compile_time.py --summarize "$OUT/logs/compile_prefetch.json" 2>&1 | tail -24
+elif [ "$part" = 55 ]; then  # (session 43: each CUDA kernel's host library built through the assembler and the C
+    # compiler, lowering/host_lib.py: the e2e and artifact GPU tests with every kernel compiled afresh, then the MLP's
+    # and ResNet-50's cold compiles with it off and on, in turns, with the timeline ("cache write" per kernel))
+    TILELANG_CACHE_DIR=$(mktemp -d) TILEFUSE_FUNC_CACHE_DIR=$(mktemp -d) timeout 170 python3 -m pytest -q -n 8 -m gpu \
+        -p no:cacheprovider tests/test_dynamo_e2e.py tests/test_artifact.py > "$OUT/logs/gpu_tests_host_lib.log" 2>&1
+    echo "e2e and artifact GPU tests, kernels compiled afresh: $(tail -1 "$OUT/logs/gpu_tests_host_lib.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_host_lib.log" | head -8
+    echo "host_lib's own tests: $(timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_host_lib.py 2>&1 | tail -1)"
+    for run in a b; do for fast in 0 1; do
+        TILEFUSE_FAST_HOST_LIB=$fast timeout 60 python3 bench/compile_time.py --models mlp --compilers tilefuse \
+            --timeline --out "$OUT/logs/compile_mlp_host$fast$run.json" > "$OUT/logs/compile_mlp_host$fast$run.log" 2>&1
+        echo "FAST_HOST_LIB=$fast: $(grep -E "^mlp" "$OUT/logs/compile_mlp_host$fast$run.log" | head -2 | tr '\n' ' ')"
+    done; done
+    python3 bench/compile_time.py --summarize "$OUT/logs/compile_mlp_host1b.json" 2>&1 | tail -8
+    TILEFUSE_FAST_HOST_LIB=1 timeout 200 python3 bench/compile_time.py --models resnet,mlp --compilers tilefuse,inductor \
+        --timeline --out "$OUT/logs/compile_host1.json" > "$OUT/logs/compile_host1.log" 2>&1
+    grep -E "^(resnet|mlp|model)" "$OUT/logs/compile_host1.log"
+    python3 bench/compile_time.py --summarize "$OUT/logs/compile_host1.json" 2>&1 | tail -24
+    TILEFUSE_FAST_HOST_LIB=0 timeout 100 python3 bench/compile_time.py --models resnet --compilers tilefuse --timeline \
+        --out "$OUT/logs/compile_resnet_host0.json" > "$OUT/logs/compile_resnet_host0.log" 2>&1
+    grep -E "^(resnet|model)" "$OUT/logs/compile_resnet_host0.log"
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

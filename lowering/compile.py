@@ -24,7 +24,7 @@ import tilelang.language.eager.builder as tl_eager_builder
 import torch
 
 from tilefuse.config import setting
-from tilefuse.lowering import cpu_parallel, nvrtc
+from tilefuse.lowering import cpu_parallel, host_lib, nvrtc
 from tilefuse.lowering.exact_constants import exact_float_constants
 from tilefuse.lowering.templates.common import CPU_KINDS, FAST_MATH_ATTR, target_kind
 
@@ -73,7 +73,7 @@ for _module in (tl_eager_ast, tl_eager_builder):
 
 # TileLang links a CUDA kernel's host module twice: its kernel cache exports the executable (a host compile and link
 # into the cache's ``executable.so``), then the first call (``link_now``) exports it again into a temporary folder and
-# loads that (``tvm.runtime.Executable.jit``). With the export arguments ``jit`` uses (none, on Linux) the cache's
+# loads that (``tvm.runtime.Executable.jit``). Both exports take ``host_lib.export_kwargs()``, so the cache's
 # library is the same one: loaded as the executable's module, it spares each kernel's compile one host compile (about
 # 0.44 s a kernel on the H200's machine, in the compile threads). On by default since the H200 ran it (session 40,
 # bench/results/2026-12-05-h200-session40: the end-to-end and artifact GPU tests pass with every kernel compiled
@@ -88,7 +88,7 @@ def _load_what_the_cache_wrote(write: Callable) -> Callable:
 
     @functools.wraps(write)
     def write_and_load(executable, path: str, export_kwargs: dict | None = None):
-        write(executable, path, export_kwargs)
+        write(executable, path, export_kwargs or host_lib.export_kwargs(executable) or None)
         if LINK_FROM_CACHE and not export_kwargs and getattr(executable, "_jitted_mod", True) is None \
                 and torch.cuda.is_available():
             import tvm
@@ -163,9 +163,10 @@ def link_now(kernel) -> None:
     if not torch.cuda.is_available():
         return
     get = getattr(getattr(kernel, "adapter", None), "get_exportable_executable", None)
-    jit = getattr(get(), "jit", None) if get is not None else None
+    executable = get() if get is not None else None
+    jit = getattr(executable, "jit", None)
     if jit is not None:
-        jit()
+        jit(**host_lib.export_kwargs(executable))
 
 
 def compile_many(items: Iterable[tuple[Any, Sequence[int] | int | None]], target: dict | str,
