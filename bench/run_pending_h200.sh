@@ -77,10 +77,12 @@
 #   part 55 (~6 min): each CUDA kernel's host library built through the assembler and the C compiler (session 43,
 #            lowering/host_lib.py: 0.30 -> 0.06 s a kernel on the 2-core machine): the e2e and artifact GPU tests with
 #            every kernel compiled afresh, then the MLP's and ResNet-50's cold compiles with it off and on.
+#   part 56 (~2 min): ResNet-50's convolutions (channels last, BN and ReLU as the epilogue) through conv2d's seeds
+#            and 7 configs more against cuDNN alone and with eager BN and ReLU (bench/bench_conv.py, session 43).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-55; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-56; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -280,6 +282,10 @@ elif [ "$part" = 55 ]; then  # (session 43: each CUDA kernel's host library buil
     TILEFUSE_FAST_HOST_LIB=0 timeout 100 python3 bench/compile_time.py --models resnet --compilers tilefuse --timeline \
         --out "$OUT/logs/compile_resnet_host0.json" > "$OUT/logs/compile_resnet_host0.log" 2>&1
     grep -E "^(resnet|model)" "$OUT/logs/compile_resnet_host0.log"
+elif [ "$part" = 56 ]; then  # (session 43: ResNet-50's convolutions through conv2d's configs against cuDNN; the
+    # default takes the first seed, 128 columns wide, for the 64-channel ones too)
+    timeout 240 python3 bench/bench_conv.py --json "$OUT/logs/bench_conv.json" > "$OUT/logs/bench_conv.log" 2>&1
+    grep -v -i warn "$OUT/logs/bench_conv.log" | cut -c1-160 | tail -110
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
