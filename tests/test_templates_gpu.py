@@ -146,16 +146,19 @@ def test_fused_residual_norm_multi_tile(rng, target, dtype, kind, block_rows, bl
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC", "NHWC/OIHW"])
-def test_conv2d(rng, target, dtype, layout):
+@pytest.mark.parametrize("config", ["small", "default"])
+def test_conv2d(rng, target, dtype, layout, config):
+    """Each layout at a small config and at the default (the first seed: 128 x 64 x 32 in 3 stages on CUDA)."""
     layout, _, weight_layout = layout.partition("/")
+    tiles = ({"block_M": 64, "block_N": 64, "block_K": 32, "num_stages": 2, "threads": 128} if config == "small"
+             else conv.get_configs(target, dtype)[0])
     xs = (2, 32, 17, 19) if layout == "NCHW" else (2, 17, 19, 32)
     ws = (64, 3, 3, 32) if layout == "NHWC" and not weight_layout else (64, 32, 3, 3)
     bias_shape = (64, 1, 1) if layout == "NCHW" else (64,)
     epi = call("relu", Acc() + Arg(0))
     f = conv.conv2d(xs, ws, stride=(2, 1), padding=(1, 1), dilation=(1, 2), layout=layout,
                     weight_layout=weight_layout or None, in_dtype=dtype, epilogue=epi, extra_shapes=[bias_shape],
-                    extra_dtypes=[dtype], block_M=64, block_N=64, block_K=32, num_stages=2, threads=128,
-                    target=target)
+                    extra_dtypes=[dtype], **tiles, target=target)
     x, w, bias = randn(rng, xs, dtype), randn(rng, ws, dtype), randn(rng, bias_shape, dtype)
     out = compile_kernel(f, target, out_idx=[-1])(x, w, bias)
     ref = conv.reference(x.cpu(), w.cpu(), [bias.cpu()], stride=(2, 1), padding=(1, 1), dilation=(1, 2),
