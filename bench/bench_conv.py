@@ -7,7 +7,10 @@ norm and ReLU after it in eager torch (what the measured choice's "torch" path r
 checked against the float64 reference first (fp16 tolerance); times are medians with L2 flushed before every call
 (``profile_kernels.time_ms``), all candidates compiled first, in parallel.
 
-Usage (device):  python bench/bench_conv.py [--json FILE] [--reps 50] [--shapes stem,l1,...]
+``--tma`` adds ``proto_conv_tma``'s kernel (A loaded by TMA in im2col mode) at its configs where it applies, given the
+weight permuted to OHWI once; ``permute_ms`` is what that permute would cost a call.
+
+Usage (device):  python bench/bench_conv.py [--json FILE] [--reps 50] [--shapes stem,l1,...] [--tma] [--no-seeds]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proto_conv_tma  # noqa: E402
 from profile_kernels import time_ms  # noqa: E402
 
 from tilefuse.lowering.compile import compile_many  # noqa: E402
@@ -54,8 +58,18 @@ def configs() -> list[dict]:
 
 def build(shape, cfg):
     _, x, w, s, p = shape
+    if cfg.get("kind") == "tma":
+        tiles = {k: v for k, v in cfg.items() if k != "kind"}
+        return proto_conv_tma.conv_tma(x, w, s, p, **tiles)
     return conv.conv2d(x, w, stride=(s, s), padding=(p, p), layout="NHWC", weight_layout="OIHW", epilogue=EPILOGUE,
                        extra_shapes=[(w[0],), (w[0],)], extra_dtypes=["float16", "float16"], **cfg, target=SM90)
+
+
+def tma_configs(shape) -> list[dict]:
+    """``proto_conv_tma``'s configs that take ``shape``."""
+    _, x, w, s, p = shape
+    return [{"kind": "tma", "block_M": m, "block_N": n, "block_K": k, "stages": st, "threads": t}
+            for m, n, k, st, t in proto_conv_tma.CONFIGS if proto_conv_tma.applies(x, w, s, p, m, n, k)]
 
 
 def bench_shape(shape, cfgs, kernels, reps: int) -> dict:
@@ -74,16 +88,23 @@ def bench_shape(shape, cfgs, kernels, reps: int) -> dict:
                                    + shift[:, None, None]), reps=reps)
     row = {"shape": label, "x": xs, "w": ws, "stride": s, "padding": p, "cudnn_ms": cudnn, "eager_ms": eager,
            "configs": []}
+    w_ohwi = w.permute(0, 2, 3, 1).reshape(ws[0], -1).contiguous()  # (O, KH * KW * C): proto_conv_tma's weight
+    if any(c.get("kind") == "tma" for c in cfgs):
+        row["permute_ms"] = time_ms(lambda: w.permute(0, 2, 3, 1).contiguous(), reps=reps)
     for cfg, k in zip(cfgs, kernels):
         entry = {"config": cfg}
+        args = (x, w_ohwi, scale, shift) if cfg.get("kind") == "tma" else (x, w, scale, shift)
         if isinstance(k, BaseException):
             entry["error"] = str(k).strip().splitlines()[-1][:200] if str(k).strip() else type(k).__name__
         else:
-            out = k(x, w, scale, shift).float()
-            err = ((out - ref).abs() / (ref.abs().amax() + 1e-6)).amax().item()
-            entry.update(err=err, ok=bool(err < 1e-2))
-            if entry["ok"]:
-                entry["ms"] = time_ms(lambda k=k: k(x, w, scale, shift), reps=reps)
+            try:
+                out = k(*args).float().reshape(ref.shape)
+                err = ((out - ref).abs() / (ref.abs().amax() + 1e-6)).amax().item()
+                entry.update(err=err, ok=bool(err < 1e-2))
+                if entry["ok"]:
+                    entry["ms"] = time_ms(lambda k=k, args=args: k(*args), reps=reps)
+            except Exception as e:  # noqa: BLE001  (a launch failing: reported, the other configs still run)
+                entry["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
         row["configs"].append(entry)
     return row
 
@@ -91,11 +112,13 @@ def bench_shape(shape, cfgs, kernels, reps: int) -> dict:
 def print_row(row: dict) -> None:
     timed = [c for c in row["configs"] if "ms" in c]
     best = min(timed, key=lambda c: c["ms"]) if timed else None
+    permute = f", weight permute {row['permute_ms']:.4f} ms" if "permute_ms" in row else ""
     print(f"{row['shape']:5s} x{row['x']} w{row['w']} s{row['stride']}: cuDNN {row['cudnn_ms']:.4f} ms, "
-          f"+bn+relu eager {row['eager_ms']:.4f} ms", flush=True)
+          f"+bn+relu eager {row['eager_ms']:.4f} ms{permute}", flush=True)
     for c in row["configs"]:
         cfg = c["config"]
-        tag = f"{cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} s{cfg['num_stages']} t{cfg['threads']}"
+        tag = (f"{cfg.get('kind', 'conv2d')} {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} "
+               f"s{cfg.get('num_stages', cfg.get('stages'))} t{cfg['threads']}")
         if "ms" in c:
             mark = " <- best" if c is best else ""
             print(f"    {tag:24s} {c['ms']:.4f} ms  x cuDNN {row['cudnn_ms'] / c['ms']:.2f}  "
@@ -109,12 +132,15 @@ def main() -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--shapes", default="", help="labels, comma-separated (default: all)")
+    ap.add_argument("--tma", action="store_true", help="add proto_conv_tma's kernel where it applies")
+    ap.add_argument("--no-seeds", action="store_true", help="only conv2d's default config (and --tma's)")
     a = ap.parse_args()
     shapes = [s for s in SHAPES if not a.shapes or s[0] in a.shapes.split(",")]
-    cfgs = configs()
+    per_shape = [(configs()[:1] if a.no_seeds else configs()) + (tma_configs(shape) if a.tma else [])
+                 for shape in shapes]
     t0 = time.monotonic()
     built = []
-    for shape in shapes:
+    for shape, cfgs in zip(shapes, per_shape):
         for cfg in cfgs:
             try:
                 built.append((build(shape, cfg), [-1]))
@@ -122,12 +148,13 @@ def main() -> int:
                 built.append(e)
     good = iter(compile_many([b for b in built if not isinstance(b, BaseException)], SM90, return_exceptions=True))
     kernels = [b if isinstance(b, BaseException) else next(good) for b in built]
-    print(f"compiled {len(built)} kernels ({len(cfgs)} configs x {len(shapes)} shapes) in "
-          f"{time.monotonic() - t0:.0f} s", flush=True)
+    print(f"compiled {len(built)} kernels for {len(shapes)} shapes in {time.monotonic() - t0:.0f} s", flush=True)
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "python": platform.python_version(), "rows": []}
-    for i, shape in enumerate(shapes):
-        row = bench_shape(shape, cfgs, kernels[i * len(cfgs):(i + 1) * len(cfgs)], a.reps)
+    first = 0
+    for shape, cfgs in zip(shapes, per_shape):
+        row = bench_shape(shape, cfgs, kernels[first:first + len(cfgs)], a.reps)
+        first += len(cfgs)
         result["rows"].append(row)
         print_row(row)
     if a.json:
