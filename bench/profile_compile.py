@@ -1,6 +1,7 @@
 """Where a warm compile's time goes: dynamo, AOTAutograd, planning, lowering, the first call.
 
 Usage (on the device machine):  python bench/profile_compile.py --model gpt2 [--tune fast] [--top 40] [--cold]
+(``--model``: a zoo model, or a held-out one of ``heldout.BUILDERS``: hf-bert, hf-gpt2, ...)
 
 Compiles the zoo model once (cold: fills the tuning database and the kernel cache), resets dynamo, then
 compiles it again under cProfile (warm: what ``bench_models.py`` reports as the warm compile) and prints
@@ -23,6 +24,9 @@ import torch
 import tilefuse
 from tilefuse import models
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+import heldout  # noqa: E402
+
 PHASES = ("convert_frame.py", "aot_autograd.py", "tilefuse/backend.py", "planner/__init__.py", "lowering/lower.py",
           "tilefuse/pipeline.py", "lowering/tune.py", "runtime/plan_runner.py", "runtime/graphs.py", "tilelang/jit")
 
@@ -37,7 +41,10 @@ def main() -> int:
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if device == "cuda" else torch.float32
-    model, inputs = models.build(args.model, args.size, dtype=dtype, device=device)
+    if args.model in heldout.BUILDERS:  # a Hugging Face or timm model (fp16, on the GPU)
+        model, inputs = heldout.build(args.model)
+    else:
+        model, inputs = models.build(args.model, args.size, dtype=dtype, device=device)
 
     def compile_and_call() -> float:
         torch._dynamo.reset()

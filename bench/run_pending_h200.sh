@@ -8,7 +8,7 @@
 # 37-39 on an H100 (bench/results/2026-12-05-h200-session38; 37-38, the overlapped epilogue, at commits 1a9899a-5684c11,
 # since reverted). Session 40 ran parts 30, 31, 39, 43 and 45 on the H200 (bench/results/2026-12-05-h200-session40).
 # Session 43 ran parts 55, 56, 31, 30 and 39 on an H100 (bench/results/2026-12-06-h100-session43).
-# Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; parts 46 and 57 are not yet run.
+# Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; parts 46, 57 and 58 are not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -82,10 +82,12 @@
 #            and 7 configs more against cuDNN alone and with eager BN and ReLU (bench/bench_conv.py, session 43).
 #   part 57 (~2 min): ResNet-50's 3x3 convolutions with A loaded by TMA in im2col mode (bench/proto_conv_tma.py,
 #            session 43: 26 kernels compiled for sm_90a on the CPU, never run) against conv2d's default and cuDNN.
+#   part 58 (~3 min): HF BERT's cold compile under cProfile (58-91 s on the device machine in sessions 35-43, its
+#            tilefuse phases ~10 s; not reproduced on the CPU: bench/profile_compile.py --model hf-bert --cold).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-57; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-58; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -294,6 +296,11 @@ elif [ "$part" = 57 ]; then  # (session 43: ResNet-50's 3x3 convolutions with A 
     timeout 240 python3 bench/bench_conv.py --tma --no-seeds --json "$OUT/logs/bench_conv_tma.json" \
         > "$OUT/logs/bench_conv_tma.log" 2>&1
     grep -v -i warn "$OUT/logs/bench_conv_tma.log" | cut -c1-160 | tail -60
+elif [ "$part" = 58 ]; then  # (session 43: HF BERT's cold compile took 58-91 s in sessions 35-43, its tilefuse phases
+    # ~10 s, Inductor's 12.8 s; on the CPU full BERT-base compiles in 14.4 s: where do the other ~60 s go?)
+    timeout 300 python3 bench/profile_compile.py --model hf-bert --tune none --cold --top 30 \
+        > "$OUT/logs/profile_compile_hf_bert.log" 2>&1
+    grep -v -i warn "$OUT/logs/profile_compile_hf_bert.log" | cut -c1-200 | head -150
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
