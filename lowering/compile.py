@@ -73,7 +73,7 @@ for _module in (tl_eager_ast, tl_eager_builder):
 
 # TileLang links a CUDA kernel's host module twice: its kernel cache exports the executable (a host compile and link
 # into the cache's ``executable.so``), then the first call (``link_now``) exports it again into a temporary folder and
-# loads that (``tvm.runtime.Executable.jit``). Both exports take ``host_lib.export_kwargs()``, so the cache's
+# loads that (``tvm.runtime.Executable.jit``). Both exports take ``host_lib.export_kwargs(executable)``, so the cache's
 # library is the same one: loaded as the executable's module, it spares each kernel's compile one host compile (about
 # 0.44 s a kernel on the H200's machine, in the compile threads). On by default since the H200 ran it (session 40,
 # bench/results/2026-12-05-h200-session40: the end-to-end and artifact GPU tests pass with every kernel compiled
