@@ -2,10 +2,11 @@
 cuDNN: channels-last activations (NHWC), the model's OIHW weights, fp16, batch 64, the folded batch norm and ReLU as
 the epilogue (``relu(acc * scale + shift)``), as the zoo ResNet-50's regions build them by default.
 
-Peers, in the same process: ``F.conv2d`` on channels-last tensors alone (cuDNN; the split's head), and with the batch
-norm and ReLU after it in eager torch (what the measured choice's "torch" path runs). Every config's output is
-checked against the float64 reference first (fp16 tolerance); times are medians with L2 flushed before every call
-(``profile_kernels.time_ms``), all candidates compiled first, in parallel.
+Peers, in the same process: ``F.conv2d`` on channels-last tensors alone (cuDNN), the same with the model's OIHW weight
+as it is (``cudnn_oihw_ms``: how the split's head calls it), and with the batch norm and ReLU after it in eager torch
+(what the measured choice's "torch" path runs). Every config's output is checked against the float64 reference first
+(fp16 tolerance); times are medians with L2 flushed before every call (``profile_kernels.time_ms``), all candidates
+compiled first, in parallel.
 
 ``--tma`` adds ``proto_conv_tma``'s kernel (A loaded by TMA in im2col mode) at its configs where it applies, given the
 weight permuted to OHWI once; ``permute_ms`` is what that permute would cost a call.
@@ -84,10 +85,13 @@ def bench_shape(shape, cfgs, kernels, reps: int) -> dict:
     x_cl = x.permute(0, 3, 1, 2)  # (N, C, H, W) viewed over NHWC memory: channels last
     w_cl = w.contiguous(memory_format=torch.channels_last)
     cudnn = time_ms(lambda: F.conv2d(x_cl, w_cl, stride=s, padding=p), reps=reps)
+    # the model's own (OIHW-contiguous) weight under channels-last input, as the split heads call cuDNN: a difference
+    # is what converting the weight costs each call (session 43's lead: 20 direct_copy kernels in ResNet-50's profile)
+    cudnn_oihw = time_ms(lambda: F.conv2d(x_cl, w, stride=s, padding=p), reps=reps)
     eager = time_ms(lambda: F.relu(F.conv2d(x_cl, w_cl, stride=s, padding=p) * scale[:, None, None]
                                    + shift[:, None, None]), reps=reps)
-    row = {"shape": label, "x": xs, "w": ws, "stride": s, "padding": p, "cudnn_ms": cudnn, "eager_ms": eager,
-           "configs": []}
+    row = {"shape": label, "x": xs, "w": ws, "stride": s, "padding": p, "cudnn_ms": cudnn, "cudnn_oihw_ms": cudnn_oihw,
+           "eager_ms": eager, "configs": []}
     w_ohwi = w.permute(0, 2, 3, 1).reshape(ws[0], -1).contiguous()  # (O, KH * KW * C): proto_conv_tma's weight
     if any(c.get("kind") == "tma" for c in cfgs):
         row["permute_ms"] = time_ms(lambda: w.permute(0, 2, 3, 1).contiguous(), reps=reps)
@@ -113,8 +117,8 @@ def print_row(row: dict) -> None:
     timed = [c for c in row["configs"] if "ms" in c]
     best = min(timed, key=lambda c: c["ms"]) if timed else None
     permute = f", weight permute {row['permute_ms']:.4f} ms" if "permute_ms" in row else ""
-    print(f"{row['shape']:5s} x{row['x']} w{row['w']} s{row['stride']}: cuDNN {row['cudnn_ms']:.4f} ms, "
-          f"+bn+relu eager {row['eager_ms']:.4f} ms{permute}", flush=True)
+    print(f"{row['shape']:5s} x{row['x']} w{row['w']} s{row['stride']}: cuDNN {row['cudnn_ms']:.4f} ms "
+          f"(OIHW weight {row['cudnn_oihw_ms']:.4f}), +bn+relu eager {row['eager_ms']:.4f} ms{permute}", flush=True)
     for c in row["configs"]:
         cfg = c["config"]
         tag = (f"{cfg.get('kind', 'conv2d')} {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} "

@@ -81,7 +81,8 @@
 #   part 56 (~2 min): ResNet-50's convolutions (channels last, BN and ReLU as the epilogue) through conv2d's seeds
 #            and 7 configs more against cuDNN alone and with eager BN and ReLU (bench/bench_conv.py, session 43).
 #   part 57 (~2 min): ResNet-50's 3x3 convolutions with A loaded by TMA in im2col mode (bench/proto_conv_tma.py,
-#            session 43: 26 kernels compiled for sm_90a on the CPU, never run) against conv2d's default and cuDNN.
+#            session 43: 26 kernels compiled for sm_90a on the CPU, never run) against conv2d's default and cuDNN;
+#            cuDNN also with the model's OIHW weight (what converting it to channels last costs each split head).
 #   part 58 (~3 min): HF BERT's cold compile under cProfile (58-91 s on the device machine in sessions 35-43, its
 #            tilefuse phases ~10 s; not reproduced on the CPU: bench/profile_compile.py --model hf-bert --cold).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
