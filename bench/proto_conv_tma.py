@@ -22,6 +22,7 @@ from __future__ import annotations
 import tilelang.language as T
 
 from tilefuse.lowering.templates.common import param
+from tilefuse.lowering.templates.conv import output_hw
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 # (block_M, block_N, block_K, stages, threads): one warp group (128) or two (256) consumers of a plain pipeline
@@ -33,8 +34,7 @@ def applies(x_shape, w_shape, stride: int, padding: int, block_M: int, block_N: 
     """Whether the prototype takes this convolution at this tile (see the module's note)."""
     N, H, W, C = x_shape
     O, _, KH, KW = w_shape
-    OH = (H + 2 * padding - KH) // stride + 1
-    OW = (W + 2 * padding - KW) // stride + 1
+    OH, OW = output_hw(H, W, KH, KW, (stride, stride), (padding, padding), (1, 1))
     return KH == KW and C % block_K == 0 and (N * OH * OW) % block_M == 0 and O % block_N == 0 and C * 2 >= 16
 
 
@@ -46,8 +46,7 @@ def conv_tma(x_shape, w_shape, stride: int, padding: int, *, block_M: int = 128,
         raise ValueError(f"conv_tma: {x_shape} by {w_shape} at {block_M}x{block_N}x{block_K} is not taken")
     N, H, W, C = x_shape
     O, _, KH, _ = w_shape
-    OH = (H + 2 * padding - KH) // stride + 1
-    OW = (W + 2 * padding - KH) // stride + 1
+    OH, OW = output_hw(H, W, KH, KH, (stride, stride), (padding, padding), (1, 1))
     M, K = N * OH * OW, KH * KH * C
 
     @T.prim_func

@@ -9,8 +9,8 @@ per kernel on the device machine's 16 threads (session 42's ResNet-50 timeline),
 Here the same bytes go into the library through the assembler (``.incbin`` of the packed blob: the symbol
 ``__tvm_ffi__library_bin``, its contents and its length prefix exactly as ``devc.c`` has them), and the host wrapper,
 which TVM writes as C, is compiled as C: 0.04-0.05 s a kernel on the 2-core machine. Where the C compiler refuses
-the wrapper, ``g++`` builds it as before (logged). Where the library is not a plain ELF shared library (a system
-library, a symbol prefix, another OS), TVM's own packing is used. ``TILEFUSE_FAST_HOST_LIB=0`` turns it off.
+the wrapper, ``g++`` builds it as before (logged). Only a C host module that imports CUDA modules, on Linux, is built
+this way (``export_kwargs``); anything else keeps TVM's export. ``TILEFUSE_FAST_HOST_LIB=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -60,14 +60,10 @@ def assembler_source(blob_path: str, symbol: str = BLOB_SYMBOL) -> str:
 
 def pack_imports(mod, is_system_lib: bool, symbol_prefix: str, workspace_dir: str) -> str:
     """``export_library``'s ``fpack_imports``: the packed imports as ``devc.bin`` and an assembler file that
-    includes it, or TVM's C source for a system library (its imports registered, its symbols prefixed)."""
+    includes it. (TVM makes a system library, or prefixes the symbols, only for an LLVM host module, which
+    ``export_kwargs`` never takes.)"""
     if is_system_lib or symbol_prefix:
-        import tvm_ffi
-
-        path = os.path.join(workspace_dir, f"{symbol_prefix}devc.c")
-        with open(path, "w") as f:
-            f.write(tvm_ffi.get_global_func("runtime.ModulePackImportsToC")(mod, is_system_lib, symbol_prefix))
-        return path
+        raise ValueError("host_lib packs the imports of a plain shared library, not of a system library")
     blob_path = os.path.join(workspace_dir, "devc.bin")
     with open(blob_path, "wb") as f:
         f.write(packed_bytes(mod))

@@ -85,8 +85,9 @@ def test_it_applies_only_to_a_c_host_module_with_cuda_imports_and_can_be_turned_
     assert host_lib.export_kwargs(executable) == {}
 
 
-def test_a_system_library_keeps_tvms_packing(executable, tmp_path):
-    path = host_lib.pack_imports(executable.mod, True, "pre_", str(tmp_path))
-    assert path.endswith("pre_devc.c") and "__tvm_ffi__library_bin" in open(path).read()
+def test_it_packs_a_plain_librarys_imports_and_refuses_a_system_librarys(executable, tmp_path):
+    for system_lib, prefix in ((True, ""), (False, "pre_"), (True, "pre_")):
+        with pytest.raises(ValueError, match="system library"):
+            host_lib.pack_imports(executable.mod, system_lib, prefix, str(tmp_path))
     path = host_lib.pack_imports(executable.mod, False, "", str(tmp_path))
     assert path.endswith("devc.S") and (tmp_path / "devc.bin").read_bytes() == host_lib.packed_bytes(executable.mod)
