@@ -588,9 +588,11 @@ GEMM: dict[Any, Converter] = {
 
 CONVERTERS: dict[Any, Converter] = {**POINTWISE, **VIEWS, **REDUCTIONS, **GEMM, **COLLECTIVES}
 
-# Ops that make a tensor from sizes and values only: the importer evaluates them once into constants.
-GENERATORS = frozenset({
-    aten.arange, aten.full, aten.full_like, aten.zeros, aten.zeros_like, aten.ones, aten.ones_like,
-    aten.empty, aten.empty_like, aten.empty_strided, aten.new_ones, aten.new_zeros, aten.new_full,
-    aten.new_empty, aten.new_empty_strided, aten.scalar_tensor, aten.eye,
-})
+# Ops that make a tensor from sizes and values only, with the one value every element holds (an int, the name of
+# the argument that gives it, or None where elements differ): the importer evaluates a small one into a constant,
+# and makes a large uniform one an expand of a 0-d constant (frontends/fx.py: FOLD_NUMEL).
+GENERATORS: dict[Any, int | str | None] = {
+    aten.arange: None, aten.eye: None, aten.scalar_tensor: None, aten.full: "fill_value", aten.full_like: "fill_value",
+    aten.new_full: "fill_value", aten.ones: 1, aten.ones_like: 1, aten.new_ones: 1, **dict.fromkeys((
+        aten.zeros, aten.zeros_like, aten.new_zeros, aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
+        aten.new_empty_strided), 0)}

@@ -32,6 +32,9 @@ from .c10d_table import is_collective
 from .fx_context import Ctx, FxImportError, tensor_type, used
 
 log = logging.getLogger("tilefuse")
+# A generator's result with more elements than this that holds one value throughout is not folded into a constant
+# (an expand of a 0-d one instead: ``_Importer._uniform``).
+FOLD_NUMEL = 1 << 16
 
 aten = torch.ops.aten
 
@@ -392,7 +395,14 @@ class _Importer:
         return rebuild(layout)
 
     def _fold(self, node: fx.Node, op: torch._ops.OpOverload) -> str | None:
-        """Evaluate a tensor-creating op now (on the CPU) and make its result a constant."""
+        """Evaluate a tensor-creating op now (on the CPU) and make its result a constant; a large one whose elements
+        all hold one value becomes that value as a 0-d constant, expanded (``_uniform``)."""
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.numel() > FOLD_NUMEL:
+            uniform = self._uniform(node, op, val)
+            if uniform is not None:
+                return uniform
+
         def concrete(n: fx.Node) -> Any:
             v = self.env[n]
             if isinstance(v, str):
@@ -417,6 +427,21 @@ class _Importer:
             return None
         self.persistent[name] = "constant"
         return name
+
+    def _uniform(self, node: fx.Node, op: torch._ops.OpOverload, val: torch.Tensor) -> str | None:
+        """``op``'s result as an expand of its one value (``GENERATORS``), or None where its elements differ or the
+        value is not a Python number. HF BERT's SDPA made each layer's float mask from ``zeros_like`` of the
+        (32, 12, 512, 512) boolean one: folded, 12 constants of 403 MB (4.8 GB on the GPU, and 42 s of a cold
+        compile to write them into the graph cache)."""
+        value = GENERATORS[op.overloadpacket]
+        if isinstance(value, str):
+            value = bind(op, node.args, node.kwargs).get(value)
+        if not isinstance(value, int | float):  # a SymInt, a tensor, None
+            return None
+        dtype = val.dtype
+        name = self.add("expand", [self.scalar(torch.tensor(value, dtype=dtype).item(), dtype)], node.name,
+                        {"shape": tuple(val.shape)})[0]
+        return None if self._mismatch(val, name) else name
 
     # -- helpers the converters reach through Ctx ------------------------------------------------
     def add(self, op: str, inputs: Sequence[str | None], base: str, attrs: dict[str, Any]) -> list[str]:

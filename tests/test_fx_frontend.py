@@ -291,6 +291,31 @@ def test_generators_become_constants(rng):
     assert all(t.device.type == "cpu" for t in p.graph.constants.values())
 
 
+def test_large_uniform_generators_are_expands_not_constants(rng):
+    # HF BERT's SDPA on CUDA made each layer's float mask from zeros_like of a (32, 12, 512, 512) boolean one: as
+    # constants, 4.8 GB. A large generator that holds one value becomes an expand of a 0-d constant; the output of
+    # one is a fresh tensor (not a view of the constant), and a large arange stays a constant (its elements differ).
+    n = fxf.FOLD_NUMEL + 7
+    x, mask = randn(rng, 4, n), torch.rand(4, n, generator=rng) > 0.3
+    x[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+
+    def f(x, mask):
+        bias = torch.zeros_like(mask, dtype=x.dtype).masked_fill(mask.logical_not(), float("-inf"))
+        return (x + bias + torch.full((4, n), -2.5) * x.new_ones(n), torch.full_like(x, 1.5) * x,
+                torch.ones(4, n, dtype=torch.float16), torch.arange(n) * x, torch.full((4, n), True))
+
+    p = import_fx_program(make_fx(f, tracing_mode="fake")(x, mask), (x, mask))
+    assert p.fallback_ops == () and "expand" in ops_of(p)
+    assert {n: tuple(t.shape) for n, t in p.graph.constants.items() if t.numel() > fxf.FOLD_NUMEL} == {"arange": (n,)}
+    out = p.fx_outputs((x, mask), run_graph(p.graph, *p.graph_inputs((x, mask))))
+    for got, want in zip(out, f(x, mask), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert out[2].is_contiguous() and out[2].dtype == torch.float16 and out[4].dtype == torch.bool
+    out[2].add_(1)  # a returned tensor is the caller's: writing it changes nothing the graph keeps
+    again = p.fx_outputs((x, mask), run_graph(p.graph, *p.graph_inputs((x, mask))))
+    assert bool((again[2] == 1).all())
+
+
 def test_gemm_conv_pool(rng):
     a, w, b, c = randn(rng, 3, 5, 8), randn(rng, 6, 8), randn(rng, 6), randn(rng, 2, 6, 6)
     p = imported(lambda a, w, b, c: (F.linear(a, w, b), a @ w.t(), torch.bmm(c, c.transpose(1, 2)),

@@ -133,6 +133,21 @@ def test_training_graphs_and_updated_inputs_and_aliased_outputs_are_not_kept(cac
     assert b[0]._base is x and b[1] is x and torch.equal(b[2], x + 1)
 
 
+def test_an_import_with_large_constants_is_not_kept(cache, rng, monkeypatch):
+    def f(x):
+        return x + torch.arange(4096, dtype=x.dtype)  # a constant of 16 KB (fp32)
+
+    x = torch.randn(2, 4096, generator=rng)
+    monkeypatch.setattr(graph_cache, "MAX_CONSTANT_BYTES", 8 << 10)
+    (_, warm), (a, b), _ = compile_twice(f, (x,))
+    assert warm.cached == [] and entries(cache) == []
+    torch.testing.assert_close(b, f(x), **FP32)
+    monkeypatch.setattr(graph_cache, "MAX_CONSTANT_BYTES", 32 << 10)
+    (_, warm), (a, b), _ = compile_twice(f, (x,))
+    assert warm.cached == ["graph0"] and len(entries(cache)) == 1
+    torch.testing.assert_close(b, f(x), **FP32)
+
+
 def test_the_key_follows_inputs_state_and_held_tensors(rng):
     keys = []
 

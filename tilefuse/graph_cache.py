@@ -21,9 +21,10 @@ backends enabled, torch's version and a digest of the source of the packages tha
 its frontends). A graph with a submodule (``call_module``, or a ``get_attr`` of a module: higher-order ops) is not
 kept.
 
-An entry is one JSON file (constants as base64 safetensors) written atomically; an unreadable one is a miss, and the
-compile rewrites it. ``TILEFUSE_GRAPH_CACHE=0`` turns the cache off, ``TILEFUSE_GRAPH_CACHE_DIR`` moves it (default
-``~/.cache/tilefuse/graphs``); its size is bounded (``tilefuse/disk_cache.py``).
+An entry is one JSON file (constants as base64 safetensors, at most ``MAX_CONSTANT_BYTES``) written atomically; an
+unreadable one is a miss, and the compile rewrites it. ``TILEFUSE_GRAPH_CACHE=0`` turns the cache off,
+``TILEFUSE_GRAPH_CACHE_DIR`` moves it (default ``~/.cache/tilefuse/graphs``); its size is bounded
+(``tilefuse/disk_cache.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ FORMAT = 1
 # A graph holding a larger tensor (a module's weights as attributes: dynamo without inlining nn modules, which
 # AOTAutograd then lifts to inputs, so such a graph is never kept) is not hashed whole on every compile.
 HELD_NUMEL = 1 << 16
+# An import whose constants take more bytes than this is not kept: writing it (base64 in JSON) and reading it back
+# would cost more than the AOTAutograd trace it saves (HF BERT's 4.8 GB of folded masks took 42 s to write, session 44;
+# the importer no longer folds such masks, frontends/fx.py: FOLD_NUMEL).
+MAX_CONSTANT_BYTES = 64 << 20
 
 
 CACHE = disk_cache.DiskCache("GRAPH_CACHE", "graphs")
@@ -160,6 +165,10 @@ def store(k: str, program: FxProgram, static: Sequence[int]) -> None:
     if program.mutations:
         raise ValueError("a program that updates its inputs is not cached")
     graph = program.graph
+    size = sum(t.numel() * t.element_size() for t in graph.constants.values())
+    if size > MAX_CONSTANT_BYTES:
+        _log.debug("tilefuse: graph cache: %s not kept (its constants take %d bytes)", graph.name, size)
+        return
     try:
         doc = {"format": FORMAT, "graph": graph_to_json(graph),
                "constants": base64.b64encode(weights_bytes(graph.constants)).decode() if graph.constants else None,
