@@ -8,7 +8,8 @@
 # 37-39 on an H100 (bench/results/2026-12-05-h200-session38; 37-38, the overlapped epilogue, at commits 1a9899a-5684c11,
 # since reverted). Session 40 ran parts 30, 31, 39, 43 and 45 on the H200 (bench/results/2026-12-05-h200-session40).
 # Session 43 ran parts 55, 56, 31, 30 and 39 on an H100 (bench/results/2026-12-06-h100-session43).
-# Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; parts 46, 57 and 58 are not yet run.
+# Session 44 ran parts 57, 58, 31 and 30 on an H100 (bench/results/2026-12-06-h100-session44).
+# Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -85,10 +86,14 @@
 #            cuDNN also with the model's OIHW weight (what converting it to channels last costs each split head).
 #   part 58 (~3 min): HF BERT's cold compile under cProfile (58-91 s on the device machine in sessions 35-43, its
 #            tilefuse phases ~10 s; not reproduced on the CPU: bench/profile_compile.py --model hf-bert --cold).
+#   part 59 (~6 min): convolutions the library leads get no kernel built (lower.library_first, session 44: ResNet-50's
+#            16 3x3 regions, which the measured choice split anyway after compiling 7 conv2d kernels of ~7 s each): the
+#            GPU tests of the measured choice, e2e and artifacts; ResNet-50's cold compile against Inductor with the
+#            timeline; zoo ResNet-50 and timm's against Inductor default.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-58; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-59; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -302,6 +307,17 @@ elif [ "$part" = 58 ]; then  # (session 43: HF BERT's cold compile took 58-91 s 
     timeout 300 python3 bench/profile_compile.py --model hf-bert --tune none --cold --top 30 \
         > "$OUT/logs/profile_compile_hf_bert.log" 2>&1
     grep -v -i warn "$OUT/logs/profile_compile_hf_bert.log" | cut -c1-200 | head -150
+elif [ "$part" = 59 ]; then  # (session 44: no kernel built where the library leads: ResNet-50's 3x3 convolutions)
+    TILELANG_CACHE_DIR=$(mktemp -d) TILEFUSE_FUNC_CACHE_DIR=$(mktemp -d) timeout 200 python3 -m pytest -q -n 8 -m gpu \
+        -p no:cacheprovider tests/test_library_first.py tests/test_tune.py tests/test_dynamo_e2e.py tests/test_artifact.py \
+        > "$OUT/logs/gpu_tests_library_first.log" 2>&1
+    echo "measured choice, e2e and artifact GPU tests: $(tail -1 "$OUT/logs/gpu_tests_library_first.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_library_first.log" | cut -c1-200 | head -8
+    timeout 150 python3 bench/compile_time.py --models resnet --compilers tilefuse,inductor --timeline \
+        --out "$OUT/logs/compile_library_first.json" > "$OUT/logs/compile_library_first.log" 2>&1
+    grep -E "^(resnet|model)" "$OUT/logs/compile_library_first.log"
+    python3 bench/compile_time.py --summarize "$OUT/logs/compile_library_first.json" 2>&1 | head -12
+    zoo resnet,timm-resnet50 200 zoo_resnets_library_first
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

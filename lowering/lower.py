@@ -55,6 +55,13 @@ TEMPLATES = {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.r
 COMPILE_FIRST = (("conv2d",), ("gemm", "gemm_sp", "flash_attention"))
 
 
+def library_first(spec: KernelSpec, target: dict) -> str | None:
+    """Why ``spec``'s kernel is not worth building on ``target`` where the measured choice may run its region through
+    the library (its template's ``library_first``: a profitability rule from measurements), or None."""
+    rule = getattr(TEMPLATES[spec.template][0], "library_first", None) if spec.template in TEMPLATES else None
+    return rule(dict(spec.params), target) if rule is not None else None
+
+
 def compile_rank(template: str) -> int:
     """Where a kernel of ``template`` goes in a batch's order (``COMPILE_FIRST``; the rest after, a stable sort)."""
     for rank, group in enumerate(COMPILE_FIRST):

@@ -32,7 +32,7 @@ from tilefuse.ir import Graph
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import failure_reason
 from tilefuse.lowering.dispatch import build, graph_facts
-from tilefuse.lowering.lower import Lowered, lower
+from tilefuse.lowering.lower import Lowered, library_first, lower
 from tilefuse.lowering.split import node_maps, split
 from tilefuse.lowering.timing import device_time, rotations
 from tilefuse.lowering.tune import BUDGETS, stored_choices, tune_specs, tuned_configs
@@ -166,6 +166,20 @@ def split_candidates(regions: Sequence[Region], specs: Mapping[str, KernelSpec],
             and (db.get(specs[r.name], target, "choice") or {}).get("split", True) is not False]
 
 
+def library_regions(specs: Mapping[str, KernelSpec], db: TuningDB, target: dict) -> dict[str, KernelSpec]:
+    """The regions (by name, with their specs) whose fused kernel the measured choice would not run, so it is not
+    built: those whose stored choice is torch or the split, and, with no stored choice, those whose template's
+    profitability rule says the library leads (``lower.library_first``: ResNet-50's 3x3 convolutions on sm_90). A
+    stored choice of the kernel builds it."""
+    out = {}
+    for name, spec in specs.items():
+        choice = db.get(spec, target, "choice")
+        if (choice is None and library_first(spec, target)) or \
+                (choice is not None and (choice.get("torch") or choice.get("split"))):
+            out[name] = spec
+    return out
+
+
 def splits_step(p: FusionPlan, regions: Sequence[Region], target: dict,
                 configs: Mapping[str, dict] | None = None, **kw) -> dict[str, SplitRegion]:
     """The split of each of ``regions`` that has one and whose tail lowers (all tails compiled in one batch, or
@@ -214,6 +228,7 @@ class Decision:
     sparse: bool = False  # a 2:4 region: its kernel is gemm_sp, torch and the split run the dense 2:4 weight
 
     def line(self) -> str:
+        kernel = f"kernel {self.kernel_ms:.3f} ms" if self.kernel_ms is not None else "no kernel built"
         if self.sparse:
             dense = "dense GEMM on the 2:4 weight" + (" + TileLang epilogue" if self.runs == "split" else "")
             if self.runs == "kernel":
@@ -222,9 +237,10 @@ class Decision:
             return f"{self.region}: {dense} {self.split_ms if self.runs == 'split' else self.torch_ms:.3f} ms < " \
                    f"gemm_sp {self.kernel_ms:.3f} ms"
         if self.runs == "split":
-            return (f"{self.region}: split {self.split_ms:.3f} ms (torch GEMM + TileLang epilogue) < kernel "
-                    f"{self.kernel_ms:.3f} ms, torch {self.torch_ms:.3f} ms")
-        return f"{self.region}: torch {self.torch_ms:.3f} ms < kernel {self.kernel_ms:.3f} ms"
+            return (f"{self.region}: split {self.split_ms:.3f} ms (torch GEMM + TileLang epilogue) < "
+                    f"torch {self.torch_ms:.3f} ms, {kernel}")
+        split = f", split {self.split_ms:.3f} ms" if self.split_ms is not None else ""
+        return f"{self.region}: torch {self.torch_ms:.3f} ms < {kernel}{split}"
 
     def note(self) -> str:
         """The plan's note: the line and what it means."""
@@ -236,19 +252,20 @@ class Decision:
 
 
 def decide(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, target: dict,
-           splits: Mapping[str, SplitRegion]) -> list[Decision]:
+           splits: Mapping[str, SplitRegion], library: Mapping[str, KernelSpec] | None = None) -> list[Decision]:
     """Run ``runner``'s plan once on ``args``, region by region; for each region with a kernel, time the kernel, the
     region's own ops through torch and its split where ``splits`` has one, on the same inputs (answers come from
     ``db`` when it has them; new ones are stored there), and choose the fastest: the fused kernel stays unless
     another way is ``KEEP_KERNEL_MARGIN`` faster. Each region then runs the way chosen, so the regions after it are
     timed on inputs as they will get them (strides and layout included: measured on a kernel's output instead, one
     of ResNet-50's convolutions took its split at 0.21 ms and ran it at 0.63, 2026-12-01 on the H200). Nothing is
-    changed: the runner applies the decisions."""
-    p, kind, out = runner.plan, target.get("kind", "c"), []
+    changed: the runner applies the decisions. ``library``: regions without a kernel (``library_regions``), by name
+    with their specs: torch or the split, whichever is faster."""
+    p, kind, out, library = runner.plan, target.get("kind", "c"), [], library or {}
 
     def measure(k: int, region: Region, ins: list) -> Callable | None:
         kernel = runner.kernels.get(region.name)
-        spec = getattr(kernel, "spec", None)
+        spec = getattr(kernel, "spec", None) or library.get(region.name)
         if spec is None:
             return None
         sp = splits.get(region.name)
@@ -256,15 +273,15 @@ def decide(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
         ref = NodesFn(p.graph, region.nodes, region.inputs, region.outputs)
         if choice is None or ("split_ms" not in choice and sp is not None):
             sets = rotations((ins,)) if kind == "cuda" else None  # (one set of cold copies for every way)
-            choice = {"kernel_ms": device_time(kernel, (ins,), kind, sets) * 1e3,
+            choice = {"kernel_ms": device_time(kernel, (ins,), kind, sets) * 1e3 if kernel is not None else None,
                       "torch_ms": device_time(ref, (ins,), kind, sets) * 1e3,
                       "split_ms": device_time(sp, (ins,), kind, sets) * 1e3 if sp is not None else None}
             other = min(("torch", "split"), key=lambda w: choice[f"{w}_ms"] or float("inf"))
-            beaten = choice[f"{other}_ms"] < KEEP_KERNEL_MARGIN * choice["kernel_ms"]
+            beaten = kernel is None or choice[f"{other}_ms"] < KEEP_KERNEL_MARGIN * choice["kernel_ms"]
             choice.update({"torch": beaten and other == "torch", "split": beaten and other == "split"})
             db.put(spec, target, choice, "choice")
-        runs = "split" if choice.get("split") and sp is not None else \
-            "torch" if choice["torch"] or choice.get("split") else "kernel"  # a stored split that does not lower here
+        runs = "split" if choice.get("split") and sp is not None else "torch" \
+            if choice["torch"] or choice.get("split") or kernel is None else "kernel"  # (a split that does not lower)
         out.append(Decision(region.name, runs, choice.get("kernel_ms"), choice.get("torch_ms"), choice.get("split_ms"),
                             sparse=region.kind == "gemm_sp"))
         return {"split": sp, "torch": ref}.get(runs)  # the later regions' inputs come as the chosen way makes them
@@ -273,17 +290,20 @@ def decide(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
     return out
 
 
-def choose(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, target: dict) -> list[str]:
+def choose(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, target: dict,
+           library: Mapping[str, KernelSpec] | None = None) -> list[str]:
     """The measured choice on ``args``: ``decide``, then the runner applies the decisions. Returns one line per
-    region not run as its fused kernel, e.g. ``"fused_sdpa_3: torch 0.096 ms < kernel 0.197 ms"``."""
-    p = runner.plan
+    region not run as its fused kernel, e.g. ``"fused_sdpa_3: torch 0.096 ms < kernel 0.197 ms"``. ``library``: the
+    regions built without a kernel (``library_regions``)."""
+    p, library = runner.plan, library or {}
     # splits are compiled (one batch) only where no stored choice rules them out
-    candidates = split_candidates(p.regions, {name: k.spec for name, k in runner.kernels.items()}, db, target)
+    specs = {**{name: k.spec for name, k in runner.kernels.items() if hasattr(k, "spec")}, **library}
+    candidates = split_candidates(p.regions, specs, db, target)
     t0 = time.perf_counter()
     splits = splits_step(p, candidates, target)
     t1 = time.perf_counter()
     with torch.no_grad():
-        decided = from_rank0(decide(runner, args, db, target, splits), p)  # several ranks run rank 0's choice
+        decided = from_rank0(decide(runner, args, db, target, splits, library), p)  # several ranks run rank 0's choice
     runner.phases.update(splits=t1 - t0, decide=time.perf_counter() - t1)
     changed = [d for d in decided if d.runs != "kernel"]
     missing = {d.region for d in changed if d.runs == "split" and d.region not in splits}
@@ -297,11 +317,12 @@ def choose(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
     return [d.line() for d in changed]
 
 
-def measured_choice(runner: PlanRunner, db: TuningDB, target: dict) -> Callable[[Sequence[torch.Tensor]], None]:
+def measured_choice(runner: PlanRunner, db: TuningDB, target: dict, library: Mapping[str, KernelSpec] | None = None
+                    ) -> Callable[[Sequence[torch.Tensor]], None]:
     """The runner's first-call step (``PlanRunner.first_call``): ``choose`` on that call's inputs."""
 
     def first_call(args: Sequence[torch.Tensor]) -> None:
-        choose(runner, args, db, target)
+        choose(runner, args, db, target, library)
 
     return first_call
 
@@ -324,20 +345,23 @@ def build_runner(graph: Graph, options: Options, example_inputs_: Sequence[torch
     if p.sparsity is not None:
         p = dataclasses.replace(p, sparsity=_measure_sparsity(graph, p, options, example_inputs_))
         planned = Planned(p, planned.specs)
-    kernels, db = {}, None
+    kernels, db, library = {}, None, {}
     measure = options.measure and options.target.get("kind") in ("cuda", *CPU_KINDS)
     if options.lower:
-        configs, db = configs_step(planned, options)
-        db = TuningDB() if db is None and measure else db
+        db = TuningDB() if measure else None
+        # regions the measured choice runs through the library: no kernel built (nor tuned) for them
+        library = library_regions(planned.specs, db, options.target) if measure else {}
+        built = Planned(p, {name: s for name, s in planned.specs.items() if name not in library})
+        configs, db = configs_step(built, options, db)
         tails = split_tails(p, split_candidates(p.regions, planned.specs, db, options.target), options.target) \
             if measure else {}
-        p, kernels = lower_step(planned, configs, options.target, progress=wanted(options.quiet), prefetch=tails)
+        p, kernels = lower_step(built, configs, options.target, progress=wanted(options.quiet), prefetch=tails)
     t_lower = time.perf_counter()
     runner = runner_step(p, kernels, options, static_inputs, check, updates)
     runner.phases.update(plan=t_plan - t0, lower=t_lower - t_plan)
     runner.sparsity_report = p.sparsity
-    if from_rank0(bool(kernels) and measure, p):
-        runner.first_call = measured_choice(runner, db, options.target)
+    if from_rank0(bool(kernels or library) and measure, p):
+        runner.first_call = measured_choice(runner, db, options.target, library)
     runner.compile_seconds = time.perf_counter() - t0
     runner.source_graph = graph
     if options.observer is not None:

@@ -256,3 +256,20 @@ def get_configs(target: dict | str, dtype: str = "float16") -> list[dict]:
     elif dtype == "float32":  # the exact FMA loop (see allow_tf32): modest tiles, its inner loop is unrolled
         seeds = [(64, 64, 32, 2, 128), (128, 64, 32, 2, 128)]
     return [{"block_M": m, "block_N": n, "block_K": k, "num_stages": st, "threads": t} for m, n, k, st, t in seeds]
+
+
+def library_first(params: dict, target: dict | str) -> str | None:
+    """Profitability, not legality: why, on ``target``, this convolution's fused kernel is not worth building where
+    the measured choice can run it through the library instead (cuDNN, its epilogue split off as our kernel), or
+    None. ResNet-50's 3x3 convolutions (NHWC, 64-512 channels, the model's OIHW weight, BN and ReLU after) ran
+    0.15-0.37x cuDNN in the best of 11 configs on the H100 (``bench/bench_conv.py``, sessions 43-44; a TMA-im2col
+    prototype reached 0.56-0.85x): writing and reading back the output, what the split adds, costs far less, so the
+    measured choice split every one of them, after compiling each fused kernel (7 s of compile-thread time apiece,
+    the longest ResNet-50 builds). Few-channel inputs (the 7x7 stem: 0.65x, and fused it wins) are left to the
+    measurement."""
+    if target_kind(target) != "cuda" or params.get("transposed") or params.get("groups", 1) != 1:
+        return None
+    _, c, kh, kw = params["w_shape"]
+    if params.get("layout") == "NHWC" and kh * kw > 1 and c >= 64 and params.get("in_dtype") in ("float16", "bfloat16"):
+        return f"conv2d runs a {kh}x{kw} convolution of {c} channels at 0.15-0.37x cuDNN (sm_90, bench_conv.py)"
+    return None
