@@ -228,14 +228,15 @@ class Decision:
     sparse: bool = False  # a 2:4 region: its kernel is gemm_sp, torch and the split run the dense 2:4 weight
 
     def line(self) -> str:
-        kernel = f"kernel {self.kernel_ms:.3f} ms" if self.kernel_ms is not None else "no kernel built"
+        built = self.kernel_ms is not None  # (a region the library leads: no kernel built, ``library_regions``)
+        kernel = f"kernel {self.kernel_ms:.3f} ms" if built else "no kernel built"
         if self.sparse:
             dense = "dense GEMM on the 2:4 weight" + (" + TileLang epilogue" if self.runs == "split" else "")
             if self.runs == "kernel":
                 others = " / ".join(f"{t:.3f}" for t in (self.torch_ms, self.split_ms) if t is not None)
                 return f"{self.region}: gemm_sp {self.kernel_ms:.3f} ms, dense GEMM on the 2:4 weight {others} ms"
             return f"{self.region}: {dense} {self.split_ms if self.runs == 'split' else self.torch_ms:.3f} ms < " \
-                   f"gemm_sp {self.kernel_ms:.3f} ms"
+                   f"gemm_sp {f'{self.kernel_ms:.3f} ms' if built else 'not built'}"
         if self.runs == "split":
             return (f"{self.region}: split {self.split_ms:.3f} ms (torch GEMM + TileLang epilogue) < "
                     f"torch {self.torch_ms:.3f} ms, {kernel}")
