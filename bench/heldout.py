@@ -31,10 +31,10 @@ def _hf(config, cls, inputs):
     return _First(model), inputs
 
 
-def hf_gpt2(batch: int = 8, seq: int = 1024):
+def hf_gpt2(batch: int = 8, seq: int = 1024, attn: str = "sdpa"):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(n_positions=max(seq, 1024), attn_implementation="sdpa")
+    cfg = GPT2Config(n_positions=max(seq, 1024), attn_implementation=attn)
     return _hf(cfg, GPT2LMHeadModel, (torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"),))
 
 
@@ -47,11 +47,21 @@ def hf_llama(batch: int = 4, seq: int = 2048):
     return _hf(cfg, LlamaForCausalLM, (torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"),))
 
 
-def hf_bert(batch: int = 32, seq: int = 512):
+def hf_bert(batch: int = 32, seq: int = 512, attn: str = "sdpa"):
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(attn_implementation="sdpa")
+    cfg = BertConfig(attn_implementation=attn)
     return _hf(cfg, BertModel, (torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"),))
+
+
+def hf_bert_eager():
+    """BERT with ``attn_implementation="eager"``: attention as matmul, softmax, matmul (#14's arithmetic form)."""
+    return hf_bert(attn="eager")
+
+
+def hf_gpt2_eager():
+    """GPT-2 with ``attn_implementation="eager"``: the causal mask and attention as arithmetic (#14)."""
+    return hf_gpt2(attn="eager")
 
 
 def hf_vit(batch: int = 64):
@@ -70,7 +80,7 @@ def timm_resnet50(batch: int = 64):
 
 
 BUILDERS = {"hf-gpt2": hf_gpt2, "hf-llama": hf_llama, "hf-bert": hf_bert, "hf-vit": hf_vit,
-            "timm-resnet50": timm_resnet50}
+            "timm-resnet50": timm_resnet50, "hf-bert-eager": hf_bert_eager, "hf-gpt2-eager": hf_gpt2_eager}
 
 
 def build(name: str, size: str = "bench"):

@@ -90,10 +90,12 @@
 #            16 3x3 regions, which the measured choice split anyway after compiling 7 conv2d kernels of ~7 s each): the
 #            GPU tests of the measured choice, e2e and artifacts; ResNet-50's cold compile against Inductor with the
 #            timeline; zoo ResNet-50 and timm's against Inductor default.
+#   part 60 (~8 min): real models not measured before: HF BERT and GPT-2 built with attn_implementation="eager"
+#            (#14's arithmetic attention), HF ViT and HF LLaMA, against eager and Inductor default.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
-#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-59; several run in order;
+#                  bash bench/run_pending_h200.sh PART...   (PART: 29-35, 39-60; several run in order;
 #                  logs and JSON under $OUT, tarred into one file)
 set -u
 OUT=${OUT:-/tmp/pending}
@@ -318,6 +320,9 @@ elif [ "$part" = 59 ]; then  # (session 44: no kernel built where the library le
     grep -E "^(resnet|model)" "$OUT/logs/compile_library_first.log"
     python3 bench/compile_time.py --summarize "$OUT/logs/compile_library_first.json" 2>&1 | head -12
     zoo resnet,timm-resnet50 200 zoo_resnets_library_first
+elif [ "$part" = 60 ]; then  # (session 44: held-out models in forms not measured before)
+    zoo hf-bert-eager,hf-gpt2-eager,hf-vit 250 hf_eager_vit eager,default
+    zoo hf-llama 230 hf_llama eager,default
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
