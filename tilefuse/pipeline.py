@@ -350,8 +350,10 @@ def build_runner(graph: Graph, options: Options, example_inputs_: Sequence[torch
     measure = options.measure and options.target.get("kind") in ("cuda", *CPU_KINDS)
     if options.lower:
         db = TuningDB() if measure else None
-        # regions the measured choice runs through the library: no kernel built (nor tuned) for them
-        library = library_regions(planned.specs, db, options.target) if measure else {}
+        # regions the measured choice runs through the library: no kernel built (nor tuned) for them; rank 0's (each
+        # rank's tuning database may hold other choices, and the ranks' plans must agree)
+        names = from_rank0(sorted(library_regions(planned.specs, db, options.target)) if measure else [], p)
+        library = {name: planned.specs[name] for name in names}
         built = Planned(p, {name: s for name, s in planned.specs.items() if name not in library})
         configs, db = configs_step(built, options, db)
         tails = split_tails(p, split_candidates(p.regions, planned.specs, db, options.target), options.target) \
