@@ -263,10 +263,10 @@ def library_first(params: dict, target: dict | str) -> str | None:
     the measured choice can run it through the library instead (cuDNN, its epilogue split off as our kernel), or
     None. ResNet-50's 3x3 convolutions (NHWC, 64-512 channels, the model's OIHW weight, BN and ReLU after) ran
     0.15-0.37x cuDNN in the best of 11 configs on the H100 (``bench/bench_conv.py``, sessions 43-44; a TMA-im2col
-    prototype reached 0.56-0.85x): writing and reading back the output, what the split adds, costs far less, so the
-    measured choice split every one of them, after compiling each fused kernel (7 s of compile-thread time apiece,
-    the longest ResNet-50 builds). Few-channel inputs (the 7x7 stem: 0.65x, and fused it wins) are left to the
-    measurement."""
+    prototype's best configs 0.64-0.85x): writing and reading back the output, what the split adds, costs far
+    less, so the measured choice split every one of them, after compiling each fused kernel (7 s of compile-thread
+    time apiece, the longest ResNet-50 builds). Few-channel inputs (the 7x7 stem: 0.65x, and fused it wins) are left
+    to the measurement."""
     if target_kind(target) != "cuda" or params.get("transposed") or params.get("groups", 1) != 1:
         return None
     _, c, kh, kw = params["w_shape"]
