@@ -63,7 +63,7 @@ def test_a_region_the_library_leads_is_not_built_and_takes_the_faster_of_torch_a
         return {"SplitRegion": split_ms}.get(type(fn).__name__, 1.5e-3)
 
     monkeypatch.setattr(pipeline, "device_time", fake_time)
-    n = 12 if runs == "split" else 20
+    n = 14 if runs == "split" else 22  # (tails of shapes no other test compiles: test_tune's count theirs)
     graph = epilogue_graph(40, n)
     runner = build_runner(graph, Options(target=C, cuda_graphs=False, measure=True))
     (gemm,) = [r for r in runner.plan.regions if r.kind == "gemm"]
@@ -94,12 +94,12 @@ def test_a_stored_choice_decides_what_is_built(tmp_path, monkeypatch, rng, batch
     monkeypatch.setenv("TILEFUSE_TUNING_DB", str(tmp_path / "t.json"))
     monkeypatch.setattr(pipeline, "device_time", lambda fn, *a, **kw: {"SplitRegion": 1e-3, "RegionKernel": 2e-3}.get(
         type(fn).__name__, 1.5e-3))
-    graph = epilogue_graph(52, 28)
+    graph = epilogue_graph(52, 30)
     first = build_runner(graph, Options(target=C, cuda_graphs=False, measure=True))
     (gemm,) = [r for r in first.plan.regions if r.kind == "gemm"]
     assert gemm.name in first.kernels
     spec = first.kernels[gemm.name].spec
-    x, g = torch.randn(16, 52, generator=rng), torch.randn(16, 28, generator=rng)
+    x, g = torch.randn(16, 52, generator=rng), torch.randn(16, 30, generator=rng)
     want = first(x, g)[0]
     db = tuning_db.TuningDB()
     assert db.get(spec, C, "choice")["split"] is True
