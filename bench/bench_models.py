@@ -147,18 +147,25 @@ def _label(side: str, key: str) -> str:
     return key if side == "peers" else f"tilefuse tune={key}"
 
 
-def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: float, reps: int, fns: dict) -> dict:
-    name = row["model"]
+def _mode(mode: str) -> tuple[str, str]:
+    """A ``--tune`` mode's tuning and its experimental schedules: ``"none+pdl_all"`` -> ``("none", "pdl_all")``."""
+    tune, *experimental = mode.split("+")
+    return tune, ",".join(experimental)
+
+
+def _bench_tilefuse(row: dict, model, inputs, ref, mode: str, tune_seconds: float, reps: int, fns: dict) -> dict:
+    name, (tune, experimental) = row["model"], _mode(mode)
     torch._dynamo.reset()
     runners: list = []
     t0 = time.perf_counter()
-    fn = tilefuse.compile(model, observer=runners.append, tune=tune, tune_seconds=tune_seconds)
+    extra = {"experimental": experimental} if experimental else {}  # (else TILEFUSE_EXPERIMENTAL's)
+    fn = tilefuse.compile(model, observer=runners.append, tune=tune, tune_seconds=tune_seconds, **extra)
     out = fn(*inputs)
     torch.cuda.synchronize()
     compile_s = time.perf_counter() - t0  # (as the peers': compile and first call, not the timing that follows)
     res = {"ms": cuda_time_ms(fn, *inputs, reps=reps), "compile_s": compile_s, "max_rel_err": _max_rel(out, ref),
-           "tune": tune, "phases": phase_totals(runners)}
-    fns[("tilefuse", tune)] = fn
+           "tune": tune, "experimental": experimental, "phases": phase_totals(runners)}
+    fns[("tilefuse", mode)] = fn
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -172,7 +179,7 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
         row["eager_peak"] = {"peak_mb": (torch.cuda.max_memory_allocated() - base) / 2**20}
     if PROFILE and ROUNDS <= 1:  # (else in turns with the peers: ``in_turns``)
         res["profile"] = profile(fn, *inputs)
-        print(f"  {name}: tilefuse tune={tune} kernels ms/call: {category_line(res['profile'])}", flush=True)
+        print(f"  {name}: tilefuse tune={mode} kernels ms/call: {category_line(res['profile'])}", flush=True)
     for r in runners:
         r.record = True
     fn(*inputs)
@@ -183,22 +190,22 @@ def _bench_tilefuse(row: dict, model, inputs, ref, tune: str, tune_seconds: floa
     res["compute_nodes"] = sum(p.source_nodes for p in plans)
     res["regions"] = kernel_table(runners) if KERNEL_TABLE else []
     res["chosen_sum_ms"] = chosen_sum_ms(runners)
-    print(f"  {name}: tune={tune}: the regions as chosen sum to {res['chosen_sum_ms']:.3f} ms timed one by one with "
+    print(f"  {name}: tune={mode}: the regions as chosen sum to {res['chosen_sum_ms']:.3f} ms timed one by one with "
           f"cold caches, {res['chosen_sum_ms'] / res['ms']:.2f}x the whole model's {res['ms']:.3f} ms", flush=True)
     notes = [n for r in runners for n in r.plan.notes if "measured" in n]
     res["given_to_torch"] = notes
     res["backends"] = {b: sum(1 for r in runners for g in r.plan.regions if g.launches and g.backend == b)
                        for b in ("tilelang", "torch", "split")}
-    print(f"  {name}: tune={tune}: launching regions by how they run: {res['backends']}", flush=True)
+    print(f"  {name}: tune={mode}: launching regions by how they run: {res['backends']}", flush=True)
     if tune != "none":  # last: a dynamo reset makes ``fn`` recompile (and report a second runner) if called again
         torch._dynamo.reset()
         t0 = time.perf_counter()
-        tilefuse.compile(model, tune=tune, tune_seconds=tune_seconds)(*inputs)
+        tilefuse.compile(model, tune=tune, tune_seconds=tune_seconds, **extra)(*inputs)
         torch.cuda.synchronize()
         res["warm_compile_s"] = time.perf_counter() - t0
-        print(f"  {name}: tune={tune}: warm compile {res['warm_compile_s']:.1f} s; {len(notes)} regions measured "
+        print(f"  {name}: tune={mode}: warm compile {res['warm_compile_s']:.1f} s; {len(notes)} regions measured "
               f"faster through torch", flush=True)
-    print(f"  {name}: tilefuse tune={tune} {res['ms']:.3f} ms (compile {res['compile_s']:.1f} s: "
+    print(f"  {name}: tilefuse tune={mode} {res['ms']:.3f} ms (compile {res['compile_s']:.1f} s: "
           f"{', '.join(f'{k} {v:.2f}' for k, v in res['phases'].items())}), err {res['max_rel_err']:.1e}", flush=True)
     return res
 
@@ -347,7 +354,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json")
     ap.add_argument("--tune", default="none",
-                    help="comma-separated tuning modes (none, fast, max): one tilefuse row each; a tuned row's "
+                    help="comma-separated tuning modes (none, fast, max), each optionally with '+'-joined "
+                         "experimental schedules (none+pdl_all): one tilefuse row each; a tuned row's "
                          "compile time is the cold one (use a fresh TILEFUSE_TUNING_DB) and it also reports a warm "
                          "compile (tuning database and caches hit)")
     ap.add_argument("--tune-seconds", type=float, default=120.0)
@@ -364,7 +372,10 @@ def main() -> int:
         return 2
     peers = [p for p in args.peers.split(",") if p]
     tunes = [m for m in args.tune.split(",") if m]
-    bad = [m for m in tunes if m not in ("none", "fast", "max")] + [p for p in peers if p not in PEERS]
+    from tilefuse.config import EXPERIMENTAL
+
+    bad = [m for m in tunes if _mode(m)[0] not in ("none", "fast", "max")
+           or any(x not in EXPERIMENTAL for x in _mode(m)[1].split(",") if x)] + [p for p in peers if p not in PEERS]
     if bad:
         print(f"bench_models: unknown tuning mode or peer {bad}; modes: none, fast, max; peers: {', '.join(PEERS)}",
               file=sys.stderr)

@@ -93,6 +93,8 @@
 #   part 60 (~8 min): real models not measured before: HF BERT and GPT-2 built with attn_implementation="eager"
 #            (#14's arithmetic attention), HF ViT and HF LLaMA, against eager and Inductor default.
 #   part 61 (~3 min): HF GPT-2 (SDPA)'s cold compile under cProfile (18.1 s against Inductor's 13.5, session 44).
+#   part 62 (~8 min): every kernel a programmatic dependent (pdl_all, session 45): its GPU tests, then zoo GPT-2 and
+#            BERT without and with it against Inductor default, in turns.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -329,6 +331,15 @@ elif [ "$part" = 61 ]; then  # (session 45: HF GPT-2 with SDPA compiled in 18.1 
     timeout 300 python3 bench/profile_compile.py --model hf-gpt2 --tune none --cold --top 30 \
         > "$OUT/logs/profile_compile_hf_gpt2.log" 2>&1
     grep -v -i warn "$OUT/logs/profile_compile_hf_gpt2.log" | cut -c1-200 | head -150
+elif [ "$part" = 62 ]; then  # (session 45: every kernel a programmatic dependent, TILEFUSE_EXPERIMENTAL=pdl_all)
+    TILELANG_CACHE_DIR=$(mktemp -d) timeout 200 python3 -m pytest -q -n 6 -m gpu -p no:cacheprovider tests/test_pdl.py \
+        > "$OUT/logs/gpu_tests_pdl_all.log" 2>&1
+    echo "PDL GPU tests: $(tail -1 "$OUT/logs/gpu_tests_pdl_all.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_pdl_all.log" | cut -c1-200 | head -8
+    timeout 330 python3 bench/bench_models.py --models gpt2,bert --peers default --tune none,none+pdl_all --no-warm \
+        --reps 30 --json "$OUT/logs/zoo_pdl_all.json" > "$OUT/logs/zoo_pdl_all.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_pdl_all.log" | grep -v "regions as chosen\|launching" \
+        | cut -c1-220 | head -40
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -12,14 +12,15 @@ import torch
 
 from tilefuse.config import Options, default_target
 from tilefuse.lowering.compile import compile_kernel, kernel_source
-from tilefuse.lowering.expr import Arg, Call
-from tilefuse.lowering.templates import gemv
-from tilefuse.lowering.templates.attention import decode_configs, flash_attention
-from tilefuse.lowering.templates.common import PDL_MAX_ELEMENTS, uses_pdl
+from tilefuse.lowering.expr import Acc, Arg, Call, call
+from tilefuse.lowering.templates import gemm, gemv
+from tilefuse.lowering.templates.attention import decode_configs, flash_attention, get_configs
+from tilefuse.lowering.templates.common import PDL_ALL, PDL_MAX_ELEMENTS, dialect, uses_pdl
 from tilefuse.lowering.templates.elementwise import elementwise
 from tilefuse.lowering.templates.reduction import row_reduction
 
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
+ALL = {**SM90, "experimental": [PDL_ALL]}  # (``Options(experimental="pdl_all")``'s target)
 WAIT = "cudaGridDependencySynchronize();"
 TRIGGER = "cudaTriggerProgrammaticLaunchCompletion();"
 
@@ -88,6 +89,48 @@ def test_kernels_larger_than_a_decode_steps_launch_plainly(build):
     assert WAIT not in src and TRIGGER not in src
     assert src == kernel_source(build({**SM90, "pdl": False}), {**SM90, "pdl": False})
     assert 2048 * 1024 > PDL_MAX_ELEMENTS
+
+
+def _ws_attention_config() -> dict:
+    return next(c for c in get_configs(SM90, 64, ws=True) if c.get("ws"))
+
+
+ALL_KERNELS = {  # a prefill's kernels of every family that waits for its inputs
+    "ws_gemm": lambda t: gemm.gemm(1024, 3072, 768, trans_B=True, A_dtype="float16",
+                                   epilogue=call("gelu", Acc() + Arg(0)), extra_shapes=[(3072,)],
+                                   extra_dtypes=["float16"], ws=True, target=t, block_M=128, block_N=256, block_K=64,
+                                   num_stages=3),
+    "gemm": lambda t: gemm.gemm(1024, 3072, 768, trans_B=True, A_dtype="float16", target=t, block_M=128, block_N=128,
+                                block_K=64, num_stages=3, threads=256),
+    "ws_attention": lambda t: flash_attention(2, 8, 1024, 1024, 64, is_causal=True, dtype="float16", target=t,
+                                              **_ws_attention_config()),
+    "elementwise_2M": lambda t: elementwise([(2048, 1024)], ["float16"], [Call("silu", (Arg(0),))], ["float16"],
+                                            target=t),
+    "rms_norm_2M": lambda t: row_reduction((2048, 1024), "rms_norm", x_dtype="float16", has_weight=True, target=t),
+}
+
+
+def test_pdl_all_is_an_experimental_option_of_sm90_targets():
+    assert Options(target=dict(SM90), experimental="pdl_all").target == ALL
+    assert dialect(ALL).pdl_all and not dialect(SM90).pdl_all
+    assert not dialect({**ALL, "pdl": False}).pdl_all  # (the option off wins)
+    assert not dialect({"kind": "cuda", "arch": "sm_80", "experimental": [PDL_ALL]}).pdl_all
+
+
+@pytest.mark.parametrize("name", sorted(ALL_KERNELS))
+def test_with_pdl_all_every_kernel_waits_before_anything(name):
+    """With ``pdl_all`` the GEMMs (both schedules), the ws attention and large elementwise and norm kernels wait
+    first (then trigger): no operand is read, by a load or a TMA copy, before the wait. Without it their source has
+    neither."""
+    build = ALL_KERNELS[name]
+    body = _body(kernel_source(build(ALL), ALL))
+    wait = body.index(WAIT)
+    assert body.index(TRIGGER) == wait + len(WAIT) + body[wait + len(WAIT):].index(TRIGGER)
+    before = body[:wait]
+    assert not re.search(r"\b(in0|X|X_nd|Q|K|V|O|A|B|C|extra\d)\b(\[| \+)", before), before
+    assert "tma_load" not in before and "tma_store" not in before
+    assert re.search(r"tma_load|\b(in0|X|X_nd)\b(\[| \+)", body[wait:])
+    assert WAIT not in kernel_source(build(SM90), SM90)
 
 
 def _decode_config(target) -> dict:
@@ -174,3 +217,64 @@ def test_a_gemv_behind_a_slow_kernel_reads_its_finished_output(kind):
         fill(i + 1)
         graph.replay()
         check(a, c, i)
+
+
+@pytest.mark.gpu
+def test_ws_gemms_launched_as_programmatic_dependents_read_finished_outputs():
+    """With ``pdl_all``, two ws GEMMs, the second reading the first's output (each about 0.2 ms, launched back to
+    back): every one of 10 calls, eager and replayed in a CUDA graph, gives the product of the first one's finished
+    output for that call's fresh A (a read before the wait would see the previous call's), and the graph's edge
+    between them is programmatic."""
+    target = {**default_target(), "experimental": [PDL_ALL]}
+    assert dialect(target).pdl_all, target
+    M = N = K = 4096
+    cfg = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3}
+    first, second = (compile_kernel(gemm.gemm(M, N, K, trans_B=True, A_dtype="float16", ws=True, target=target, **cfg),
+                                    target, out_idx=[-1]) for _ in range(2))
+    gen = torch.Generator(device="cuda").manual_seed(20)
+    A = torch.empty(M, K, device="cuda", dtype=torch.float16)
+    W1, W2 = ((torch.randn(N, K, device="cuda", generator=gen) / K ** 0.5).half() for _ in range(2))
+
+    def step():
+        c1 = first(A, W1)
+        return c1, second(c1, W2)
+
+    def check(c1, c2, i):
+        want1 = (A.float() @ W1.float().T)
+        torch.testing.assert_close(c1.float(), want1, rtol=1e-2, atol=2e-2, msg=lambda m: f"call {i}, first: {m}")
+        want2 = c1.float() @ W2.float().T
+        torch.testing.assert_close(c2.float(), want2, rtol=1e-2, atol=2e-2, msg=lambda m: f"call {i}, second: {m}")
+
+    def fill(i):
+        A.copy_(torch.randn(A.shape, device="cuda", generator=gen).half() + (i % 5 - 2))
+
+    for i in range(10):
+        fill(i)
+        check(*step(), i)
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        c1, c2 = step()
+    assert 1 in _edge_types(graph.raw_cuda_graph())
+    for i in range(10):
+        fill(i + 1)
+        graph.replay()
+        check(c1, c2, i)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "vit", "mlp"])
+def test_zoo_models_with_pdl_all_match_eager(name):
+    """The zoo's transformers and MLP (fp16, small) with every kernel a programmatic dependent, every region a kernel
+    (``measure=False``), CUDA graphs on: three calls on fresh inputs match eager."""
+    import tilefuse
+    from tilefuse import models
+
+    model, _ = models.build(name, "small", dtype=torch.float16, device="cuda")
+    compiled = tilefuse.compile(model, experimental="pdl_all", measure=False)
+    with torch.no_grad():
+        for _ in range(3):
+            inputs = models.example_inputs(name, "small", dtype=torch.float16, device="cuda")
+            torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-2, atol=1e-2)

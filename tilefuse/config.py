@@ -118,7 +118,7 @@ def _on(v: str) -> bool:
 # (Measured wins left this list for the defaults: the ws GEMM and the ws attention with a padding mask,
 # lowering/lower.py config_space; attention_ws's pair_rows and fast_math, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain")
+                "attention_chain", "pdl_all")
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,8 @@ class Options:
     # "attention_chain" adds ``chain`` (each tile's first scores under the previous tile's last P V; measured
     # 2026-12-05: slower than without at all 13 of the sweep's shapes; with late_store and fast math on 192x128 tiles
     # it led one, 2x32/8 heads x 8192 D 64, 1.06x cuDNN against 0.96x: bench/results/2026-12-05-h200-session33).
+    # "pdl_all": every kernel launches as a programmatic dependent, not only a decode step's small ones
+    # (lowering/templates/common.py ``PDL_ALL``; written 2026-12-06 without a GPU run, to be measured).
     # (``exp_poly``, a share of the attention's exponents on the FMA units, measured slower than without at all 13
     # shapes on the H100, 2026-12-05: the template and bench_attention.py keep it, no option offers it.)
     # (The ws attention with a padding mask and with nvcc's fast math, opt-in until then, are now the defaults.)

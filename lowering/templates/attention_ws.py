@@ -32,7 +32,7 @@ import tilelang.language as T
 
 from tilefuse.config import device_facts
 from tilefuse.lowering.templates import common
-from tilefuse.lowering.templates.common import broadcast_index, param, poly_exp2, target_kind
+from tilefuse.lowering.templates.common import broadcast_index, dialect, param, poly_exp2, target_kind
 
 LOG2E = 1.4426950408889634
 # ``bound_keys`` (both schedules): a key whose mask is at least this far below its row's largest mask value is skipped.
@@ -474,6 +474,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                                 m_cur=m_cur, r_scale=r_scale, r_sum=r_sum, l_sum=l_sum, q_full=q_full, q_empty=q_empty,
                                 k_full=k_full, v_full=v_full, k_empty=k_empty, v_empty=v_empty, O=O, Mask=Mask,
                                 m_use=m_use, bound_s=bound_s, scan=scan, kn=kn)  # (the macros')
+            dialect(target).wait_inputs(False)  # (PDL only with ``common.PDL_ALL``)
             if bound_keys:
                 key_bounds(b)
             if T.get_thread_binding() >= threads:  # the producer

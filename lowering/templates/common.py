@@ -66,6 +66,7 @@ class Dialect:
     metal: bool = False
     trap: str = "__trap"  # the device function that aborts the kernel as an assert does (HIP: __builtin_trap)
     pdl: bool = False  # programmatic dependent launch (CUDA sm_90+, see the note above)
+    pdl_all: bool = False  # every kernel that waits for its inputs a programmatic dependent (``PDL_ALL``)
 
     def kernel(self, *grid, threads: int = 128):
         """The launch frame: a grid of tile programs (with ``threads`` on GPUs)."""
@@ -80,8 +81,8 @@ class Dialect:
         the next one launch; nothing elsewhere. Call it before any load of an input or store of an output.
         ``launch_bound``: whether the kernel is small enough for its launch to matter (``PDL_MAX_ELEMENTS``, a decode
         step's); a larger one launches plainly, its source as before PDL (TileLang drops ``__restrict__`` from the
-        parameters of a PDL kernel, and a large kernel's loads may need it)."""
-        if self.pdl and launch_bound:
+        parameters of a PDL kernel, and a large kernel's loads may need it); with ``pdl_all``, every kernel."""
+        if self.pdl and (launch_bound or self.pdl_all):
             from tilelang.cuda.language import pdl_sync, pdl_trigger
 
             T.evaluate(pdl_sync())
@@ -142,6 +143,14 @@ def _serial_reduce(op: str, rows: int, cols: int, clear: bool):
 PDL_MAX_ELEMENTS = 1 << 20
 
 
+# The experimental name (``Options.experimental``) by which every kernel that calls ``Dialect.wait_inputs`` launches as
+# a programmatic dependent, not only a decode step's: GEMMs (both schedules), attention, norms and elementwise kernels
+# of any size. Each then waits for the kernel before it first thing and lets the next one launch at once, so the next
+# kernel's launch and set-up (barriers, register reallocation) run under this one's last wave. Measured: see
+# ``config.EXPERIMENTAL``.
+PDL_ALL = "pdl_all"
+
+
 def uses_pdl(target: dict | str) -> bool:
     """Whether kernels for ``target`` launch as programmatic dependents: CUDA sm_90 or later, unless the target
     says ``"pdl": False``."""
@@ -153,8 +162,10 @@ def uses_pdl(target: dict | str) -> bool:
 
 def dialect(target: dict | str) -> Dialect:
     kind = target_kind(target)
+    pdl = uses_pdl(target)
     return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal", trap="__builtin_trap" if kind == "hip" else "__trap",
-                   pdl=uses_pdl(target))
+                   pdl=pdl, pdl_all=pdl and PDL_ALL in ((target.get("experimental") or ()) if isinstance(target, dict)
+                                                       else ()))
 
 
 def check_dtype(dtype: str, target: dict | str, what: str) -> None:

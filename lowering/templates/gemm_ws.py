@@ -61,7 +61,7 @@ import tilelang.language as T
 from tilefuse.config import DEVICE_FACTS, device_facts
 from tilefuse.lowering.expr import Expr
 from tilefuse.lowering.templates import gemm_configs
-from tilefuse.lowering.templates.common import param, target_kind
+from tilefuse.lowering.templates.common import dialect, param, target_kind
 
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 # The cooperative seed leads (is the default pick) from this many rows: the H200 measured it at 8192 (1.00-1.08x
@@ -357,6 +357,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             tx = T.get_thread_binding()
             if cluster > 1:  # every CTA's barriers set up before a peer arrives on them or multicasts into it
                 T.cluster_sync()
+            dialect(target).wait_inputs(False)  # (PDL only with ``PDL_ALL``)
             if tx >= 256:
                 produce(A, B, A_s, B_s, full, empty, pid, rank, extras, C_s0, xfull, xfree)
             elif pingpong:
