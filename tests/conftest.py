@@ -1,6 +1,7 @@
 """Shared test setup: GPU tests are skipped visibly where there is no CUDA device; ``slow`` tests are skipped
 visibly unless selected (``-m slow``, or any ``-m`` expression naming ``slow``) or ``TILEFUSE_SLOW=1``; the measured
-choice and the graph cache are off unless ``TILEFUSE_MEASURE`` / ``TILEFUSE_GRAPH_CACHE`` is set."""
+choice and the graph cache are off unless ``TILEFUSE_MEASURE`` / ``TILEFUSE_GRAPH_CACHE`` is set; each test has a tuning
+database of its own."""
 
 import os
 import sys
@@ -35,6 +36,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _own_tuning_db(tmp_path_factory, monkeypatch):
+    """Each test its own, empty tuning database (``TILEFUSE_TUNING_DB``, inherited by the processes it starts): never
+    the user's ``~/.cache/tilefuse/tuning.json``, and no choice or config one test stored decides another's plan (tests
+    run in any order, several at once). A test that sets the variable itself overrides it."""
+    monkeypatch.setenv("TILEFUSE_TUNING_DB", str(tmp_path_factory.mktemp("tuning") / "tuning.json"))
 
 
 @pytest.fixture
