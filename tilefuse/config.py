@@ -169,7 +169,9 @@ class Options:
     # 2026-12-05: slower than without at all 13 of the sweep's shapes; with late_store and fast math on 192x128 tiles
     # it led one, 2x32/8 heads x 8192 D 64, 1.06x cuDNN against 0.96x: bench/results/2026-12-05-h200-session33).
     # "pdl_all": every kernel launches as a programmatic dependent, not only a decode step's small ones
-    # (lowering/templates/common.py ``PDL_ALL``; written 2026-12-06 without a GPU run, to be measured).
+    # (lowering/templates/common.py ``PDL_ALL``). Measured 2026-12-06 on an H100 (bench/results/2026-12-06-h100-
+    # session45): its GPU tests pass, but zoo GPT-2 ran 4.683 against 4.599 ms without it and BERT 6.904 against 6.697
+    # (in turns), their GPU busy time 3% longer.
     # (``exp_poly``, a share of the attention's exponents on the FMA units, measured slower than without at all 13
     # shapes on the H100, 2026-12-05: the template and bench_attention.py keep it, no option offers it.)
     # (The ws attention with a padding mask and with nvcc's fast math, opt-in until then, are now the defaults.)
