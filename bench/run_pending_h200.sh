@@ -96,6 +96,9 @@
 #   part 61 (~3 min): HF GPT-2 (SDPA)'s cold compile under cProfile (18.1 s against Inductor's 13.5, session 44).
 #   part 62 (~8 min): every kernel a programmatic dependent (pdl_all, session 45): its GPU tests, then zoo GPT-2 and
 #            BERT without and with it against Inductor default, in turns.
+#   part 63 (~3 min): PDL for the GEMMs and the ws attention alone (pdl_tma): zoo GPT-2 and BERT without and with it.
+#   part 64 (~4 min): #13's compile bar on the H200 where it failed (MLP 2.7x, ResNet-50 2.7x Inductor's in session
+#            40), with the default ratio beside.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -341,6 +344,14 @@ elif [ "$part" = 62 ]; then  # (session 45: every kernel a programmatic dependen
         --reps 30 --json "$OUT/logs/zoo_pdl_all.json" > "$OUT/logs/zoo_pdl_all.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_pdl_all.log" | grep -v "regions as chosen\|launching" \
         | cut -c1-220 | head -40
+elif [ "$part" = 63 ]; then  # (session 45: PDL for the TMA-fed GEMMs and attention alone, TILEFUSE_EXPERIMENTAL=pdl_tma)
+    timeout 330 python3 bench/bench_models.py --models gpt2,bert --peers default --tune none,none+pdl_tma --no-warm \
+        --reps 30 --json "$OUT/logs/zoo_pdl_tma.json" > "$OUT/logs/zoo_pdl_tma.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_pdl_tma.log" | grep -v "regions as chosen\|launching" \
+        | cut -c1-220 | head -40
+elif [ "$part" = 64 ]; then  # (session 45: #13's compile bar where it failed on the H200, MLP and ResNet-50, after
+    # sessions 41-44's compile work; their default ratio beside)
+    zoo mlp,resnet 330 zoo_default_mr
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

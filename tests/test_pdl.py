@@ -15,7 +15,7 @@ from tilefuse.lowering.compile import compile_kernel, kernel_source
 from tilefuse.lowering.expr import Acc, Arg, Call, call
 from tilefuse.lowering.templates import gemm, gemv
 from tilefuse.lowering.templates.attention import decode_configs, flash_attention, get_configs
-from tilefuse.lowering.templates.common import PDL_ALL, PDL_MAX_ELEMENTS, dialect, uses_pdl
+from tilefuse.lowering.templates.common import PDL_ALL, PDL_MAX_ELEMENTS, PDL_TMA, dialect, uses_pdl
 from tilefuse.lowering.templates.elementwise import elementwise
 from tilefuse.lowering.templates.reduction import row_reduction
 
@@ -131,6 +131,20 @@ def test_with_pdl_all_every_kernel_waits_before_anything(name):
     assert "tma_load" not in before and "tma_store" not in before
     assert re.search(r"tma_load|\b(in0|X|X_nd)\b(\[| \+)", body[wait:])
     assert WAIT not in kernel_source(build(SM90), SM90)
+
+
+@pytest.mark.parametrize("name", sorted(ALL_KERNELS))
+def test_with_pdl_tma_only_the_tma_fed_kernels_wait(name):
+    """``pdl_tma``: the GEMMs and the ws attention wait first, as with ``pdl_all``; the large elementwise and norm
+    kernels launch plainly, their source unchanged (``__restrict__`` parameters kept)."""
+    tma = {**SM90, "experimental": [PDL_TMA]}
+    assert dialect(tma).pdl_tma and not dialect(tma).pdl_all
+    src = kernel_source(ALL_KERNELS[name](tma), tma)
+    if name in ("ws_gemm", "gemm", "ws_attention"):
+        body = _body(src)
+        assert "tma_load" not in body[:body.index(WAIT)] and TRIGGER in body
+    else:
+        assert src == kernel_source(ALL_KERNELS[name](SM90), SM90)
 
 
 def _decode_config(target) -> dict:

@@ -118,7 +118,7 @@ def _on(v: str) -> bool:
 # (Measured wins left this list for the defaults: the ws GEMM and the ws attention with a padding mask,
 # lowering/lower.py config_space; attention_ws's pair_rows and fast_math, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain", "pdl_all")
+                "attention_chain", "pdl_all", "pdl_tma")
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,8 @@ class Options:
     # (lowering/templates/common.py ``PDL_ALL``). Measured 2026-12-06 on an H100 (bench/results/2026-12-06-h100-
     # session45): its GPU tests pass, but zoo GPT-2 ran 4.683 against 4.599 ms without it and BERT 6.904 against 6.697
     # (in turns), their GPU busy time 3% longer.
+    # "pdl_tma": the same for the GEMMs and the ws attention alone (their operands come by TMA: TileLang's dropping
+    # of ``__restrict__`` from a PDL kernel's parameters costs them nothing), not yet measured.
     # (``exp_poly``, a share of the attention's exponents on the FMA units, measured slower than without at all 13
     # shapes on the H100, 2026-12-05: the template and bench_attention.py keep it, no option offers it.)
     # (The ws attention with a padding mask and with nvcc's fast math, opt-in until then, are now the defaults.)

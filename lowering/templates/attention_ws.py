@@ -474,7 +474,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                                 m_cur=m_cur, r_scale=r_scale, r_sum=r_sum, l_sum=l_sum, q_full=q_full, q_empty=q_empty,
                                 k_full=k_full, v_full=v_full, k_empty=k_empty, v_empty=v_empty, O=O, Mask=Mask,
                                 m_use=m_use, bound_s=bound_s, scan=scan, kn=kn)  # (the macros')
-            dialect(target).wait_inputs(False)  # (PDL only with ``common.PDL_ALL``)
+            dialect(target).wait_inputs(False, tma=True)  # (PDL only with ``common.PDL_ALL``/``PDL_TMA``)
             if bound_keys:
                 key_bounds(b)
             if T.get_thread_binding() >= threads:  # the producer

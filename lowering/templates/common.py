@@ -67,6 +67,7 @@ class Dialect:
     trap: str = "__trap"  # the device function that aborts the kernel as an assert does (HIP: __builtin_trap)
     pdl: bool = False  # programmatic dependent launch (CUDA sm_90+, see the note above)
     pdl_all: bool = False  # every kernel that waits for its inputs a programmatic dependent (``PDL_ALL``)
+    pdl_tma: bool = False  # so are the TMA-fed GEMMs and attention (``PDL_TMA``)
 
     def kernel(self, *grid, threads: int = 128):
         """The launch frame: a grid of tile programs (with ``threads`` on GPUs)."""
@@ -76,13 +77,14 @@ class Dialect:
             return TC.Kernel(*grid)
         return T.Kernel(*grid, threads=threads)
 
-    def wait_inputs(self, launch_bound: bool = True):
+    def wait_inputs(self, launch_bound: bool = True, tma: bool = False):
         """Where a kernel may first read what earlier kernels wrote: with PDL, wait for the kernel before it and let
         the next one launch; nothing elsewhere. Call it before any load of an input or store of an output.
         ``launch_bound``: whether the kernel is small enough for its launch to matter (``PDL_MAX_ELEMENTS``, a decode
         step's); a larger one launches plainly, its source as before PDL (TileLang drops ``__restrict__`` from the
-        parameters of a PDL kernel, and a large kernel's loads may need it); with ``pdl_all``, every kernel."""
-        if self.pdl and (launch_bound or self.pdl_all):
+        parameters of a PDL kernel, and a large kernel's loads may need it); with ``pdl_all``, every kernel; with
+        ``pdl_tma``, a kernel whose operands come by TMA (``tma``: GEMMs, the ws attention), which needs none."""
+        if self.pdl and (launch_bound or self.pdl_all or (tma and self.pdl_tma)):
             from tilelang.cuda.language import pdl_sync, pdl_trigger
 
             T.evaluate(pdl_sync())
@@ -150,6 +152,9 @@ PDL_MAX_ELEMENTS = 1 << 20
 # H100 (2026-12-06: zoo GPT-2 and BERT 2-3% longer, their GPU busy time 3% longer; ``config.Options.experimental``),
 # so it stays opt-in and a prefill's kernels launch plainly.
 PDL_ALL = "pdl_all"
+# The same for the kernels whose operands come by TMA alone (the GEMMs and the ws attention): norms and elementwise
+# kernels keep their ``__restrict__`` parameters. Measured: see ``config.Options.experimental``.
+PDL_TMA = "pdl_tma"
 
 
 def uses_pdl(target: dict | str) -> bool:
@@ -164,9 +169,9 @@ def uses_pdl(target: dict | str) -> bool:
 def dialect(target: dict | str) -> Dialect:
     kind = target_kind(target)
     pdl = uses_pdl(target)
+    experimental = (target.get("experimental") or ()) if isinstance(target, dict) else ()
     return Dialect(cpu=kind in CPU_KINDS, metal=kind == "metal", trap="__builtin_trap" if kind == "hip" else "__trap",
-                   pdl=pdl, pdl_all=pdl and PDL_ALL in ((target.get("experimental") or ()) if isinstance(target, dict)
-                                                       else ()))
+                   pdl=pdl, pdl_all=pdl and PDL_ALL in experimental, pdl_tma=pdl and PDL_TMA in experimental)
 
 
 def check_dtype(dtype: str, target: dict | str, what: str) -> None:

@@ -357,7 +357,7 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             tx = T.get_thread_binding()
             if cluster > 1:  # every CTA's barriers set up before a peer arrives on them or multicasts into it
                 T.cluster_sync()
-            dialect(target).wait_inputs(False)  # (PDL only with ``PDL_ALL``)
+            dialect(target).wait_inputs(False, tma=True)  # (PDL only with ``PDL_ALL``/``PDL_TMA``)
             if tx >= 256:
                 produce(A, B, A_s, B_s, full, empty, pid, rank, extras, C_s0, xfull, xfree)
             elif pingpong:
