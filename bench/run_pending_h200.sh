@@ -9,7 +9,7 @@
 # since reverted). Session 40 ran parts 30, 31, 39, 43 and 45 on the H200 (bench/results/2026-12-05-h200-session40).
 # Session 43 ran parts 55, 56, 31, 30 and 39 on an H100 (bench/results/2026-12-06-h100-session43).
 # Session 44 ran parts 57, 58, 31 and 30 on an H100 (bench/results/2026-12-06-h100-session44).
-# Session 45 ran parts 62 and 61 on an H100 (bench/results/2026-12-06-h100-session45).
+# Session 45 ran parts 62, 61 and 63 on an H100 (bench/results/2026-12-06-h100-session45).
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then

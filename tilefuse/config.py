@@ -173,7 +173,8 @@ class Options:
     # session45): its GPU tests pass, but zoo GPT-2 ran 4.683 against 4.599 ms without it and BERT 6.904 against 6.697
     # (in turns), their GPU busy time 3% longer.
     # "pdl_tma": the same for the GEMMs and the ws attention alone (their operands come by TMA: TileLang's dropping
-    # of ``__restrict__`` from a PDL kernel's parameters costs them nothing), not yet measured.
+    # of ``__restrict__`` from a PDL kernel's parameters costs them nothing). Slower too on the H100 (same run):
+    # GPT-2 4.609 against 4.583 ms, BERT 6.823 against 6.706, GPU busy time 1.7-2% longer, the norms' unchanged.
     # (``exp_poly``, a share of the attention's exponents on the FMA units, measured slower than without at all 13
     # shapes on the H100, 2026-12-05: the template and bench_attention.py keep it, no option offers it.)
     # (The ws attention with a padding mask and with nvcc's fast math, opt-in until then, are now the defaults.)
