@@ -1,7 +1,7 @@
 """Benchmark the flash-attention template against PyTorch SDPA (cuDNN and flash backends) on a GPU.
 
 Usage (on the device machine):  python bench/bench_attention.py [--json out.json] [--reps 30]
-    [--shapes issue|llm|zoo|sweep|masked|all] [--configs all|seeds|variants|chain|poly]
+    [--shapes issue|llm|zoo|sweep|masked|all] [--configs all|seeds|variants|chain|poly|pin]
 
 For each shape every config in the template's config space is compiled (in parallel), checked
 against SDPA on the same inputs and timed (median of ``--reps`` CUDA-event runs after warm-up); the
@@ -99,6 +99,15 @@ def poly_variants(D: int, causal: bool = False) -> list[dict]:
     return [{**c, **x} for c in seeds for x in ({}, {"exp_poly": 8}, {"exp_poly": 4})]
 
 
+def pin_variants(D: int, causal: bool = False, masked: bool = False) -> list[dict]:
+    """The ws seeds as the default runs them (fast math; causal: paired rows; masked: keys bounded), and each with the
+    softmax's exponents pinned before the wait for the previous key tile's ``P V`` (``pin_softmax``)."""
+    seeds = [{**c, **({"bound_keys": True} if masked else {})}
+             for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)
+             if c.get("ws")]
+    return [{**c, **x} for c in seeds for x in ({}, {"pin_softmax": True})]
+
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -159,7 +168,7 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph", ma
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "masked", "all"])
-    p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly"])
+    p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly", "pin"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timing", default="graph", choices=["graph", "events"])
     p.add_argument("--json")
@@ -189,6 +198,8 @@ def main(argv=None) -> int:
                 configs = variants(D, causal)
             elif a.configs == "poly":
                 configs = poly_variants(D, causal)
+            elif a.configs == "pin":
+                configs = pin_variants(D, causal, masked)
             else:
                 configs = attention.config_space(target, D, ws=ws, causal=causal)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing, masked)
@@ -199,7 +210,7 @@ def main(argv=None) -> int:
         for e in row["tilefuse"]:
             if "error" in e:
                 print(f"  config {e['config']}: {e['error']}", flush=True)
-            elif a.configs in ("variants", "chain", "poly"):
+            elif a.configs in ("variants", "chain", "poly", "pin"):
                 print(f"  config {e['config']}: {e['ms']:.4f} ms, x cuDNN {cudnn / e['ms'] if cudnn else float('nan'):.3f}",
                       flush=True)
 
@@ -211,6 +222,7 @@ def main(argv=None) -> int:
         bc += "".join(f"/{k}" for k in ("pingpong", "pair_rows", "late_store", "double_q", "chain")
                       if best and best["config"].get(k))
         bc += f"/exp_poly{best['config']['exp_poly']}" if best and best["config"].get("exp_poly") else ""
+        bc += "/pin" if best and best["config"].get("pin_softmax") else ""
         print(f"| {B} | {Hq}/{Hkv} | {S} | {D} | {causal} | {bc} | {best['ms'] if best else float('nan'):.3f} | "
               f"{best['tflops'] if best else float('nan'):.0f} | {cu[0]} | {cu[1]} | {fl[0]} | {fl[1]} |", flush=True)
         if a.json:  # (after every shape: a run cut off by its time limit keeps what it measured)

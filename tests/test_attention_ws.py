@@ -150,7 +150,9 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
                                      {"chain": True, "late_store": True, "mask_shape": (2, 1, 1, 1024),
                                       "mask_dtype": "float16", "bound_keys": True},
                                      {"chain": True, "late_store": True, "fast_math": True},
-                                     {"fast_math": True, "exp_poly": 4}])
+                                     {"fast_math": True, "exp_poly": 4}, {"fast_math": True, "pin_softmax": True},
+                                     {"pin_softmax": True, "pair_rows": True, "mask_shape": (2, 1, 1, 1024),
+                                      "mask_dtype": "float16", "bound_keys": True}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
 def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_path):
     """ptxas keeps the two products' WGMMAs asynchronous: it serializes them (warnings C7513/C7514, "wgmma.mma_async
@@ -328,6 +330,7 @@ VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True}, "l
             "double_q": {"double_q": True}, "chain": {"chain": True},
             "chain_pairs": {"chain": True, "pair_rows": True, "double_q": True}, "fast_math": {"fast_math": True},
             "exp_poly": {"fast_math": True, "exp_poly": 4}, "exp_poly_half": {"fast_math": True, "exp_poly": 2},
+            "pin_softmax": {"fast_math": True, "pin_softmax": True},
             "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True, "chain": True,
                     "fast_math": True}}
 
@@ -385,6 +388,7 @@ MASKED = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", [{}, {"chain": True}, {"bound_keys": True},
                                      {"chain": True, "bound_keys": True, "fast_math": True},
+                                     {"bound_keys": True, "fast_math": True, "pin_softmax": True},
                                      {"bound_keys": True, "fast_math": True, "exp_poly": 4}])
 def test_ws_gpu_padding_mask_matches_sdpa(variant, rng):
     """A padding mask added to every key tile's scores, in each layout of the mask, with the chained schedule and the

@@ -127,6 +127,7 @@ def flash_attention(
     chain: bool = False,
     fast_math: bool = False,
     exp_poly: int = 0,
+    pin_softmax: bool = False,
     bound_keys: bool = False,
     splits: int = 1,
     split_max: int | None = None,
@@ -193,9 +194,9 @@ def flash_attention(
     if bound_keys and d.metal:
         raise NotImplementedError("flash_attention: bound_keys has no Metal form")
     bound = bool(bound_keys)
-    if (pingpong or pair_rows or late_store or double_q or chain or fast_math or exp_poly) and not ws:
-        raise ValueError("flash_attention: pingpong, pair_rows, late_store, double_q, chain, fast_math and exp_poly "
-                         "are options of ws=True")
+    if (pingpong or pair_rows or late_store or double_q or chain or fast_math or exp_poly or pin_softmax) and not ws:
+        raise ValueError("flash_attention: pingpong, pair_rows, late_store, double_q, chain, fast_math, exp_poly and "
+                         "pin_softmax are options of ws=True")
     if ws:
         if not attention_ws.eligible(target, D=D, dtype=dtype, mask_shape=mask_shape, mask_dtype=mask_dtype,
                                      scale=scale, window=window,
@@ -211,7 +212,8 @@ def flash_attention(
             shapes=(q_shape, k_shape, v_shape, o_shape), layouts=(q_layout, k_layout, v_layout, o_layout),
             pingpong=bool(pingpong), pair_rows=bool(pair_rows), late_store=bool(late_store),
             double_q=bool(double_q), chain=bool(chain), mask_shape=mask_shape, mask_dtype=mask_dtype,
-            bound_keys=bool(bound_keys), fast_math=bool(fast_math), exp_poly=int(exp_poly))
+            bound_keys=bool(bound_keys), fast_math=bool(fast_math), exp_poly=int(exp_poly),
+            pin_softmax=bool(pin_softmax))
     stage_out = (bool(stage_out) and target_kind(target) == "cuda" and not (pack or int(splits) > 1)
                  and Sq % block_M == 0)
     rows = groups * Sq if pack else Sq  # a program's rows run over these

@@ -43,6 +43,19 @@ LOG2E = 1.4426950408889634
 HIDDEN_GAP = 1e4
 PRODUCER_REGS, CONSUMER_REGS = 24, {2: 240, 3: 160}  # setmaxnreg per warp group: 24 + consumers' within 64K
 TURN_BARRIER = 12  # ping-pong: consumer warp group w waits on named barrier 12 + w (TileLang numbers its own from 3)
+# ``pin_softmax``: ptxas (CUDA 13) places the wait for key tile k-1's ``P V`` (``wgmma.wait_group 0``) right after
+# the wait for tile k's scores, ahead of tile k's exponents: its SASS sinks the 64 MUFU.EX2 a thread computes below
+# the WARPGROUP.DEPBAR, so the softmax never runs under ``P V`` as the schedule intends. Neither a second P buffer
+# (ptxas gives both the same registers), a separate buffer for the exponents, a predicated wait (ptxas then
+# serializes every WGMMA) nor a named barrier alone (register arithmetic crosses it) moves it. A shared-memory store of
+# each row sum, which reads every exponent of the row, then a named barrier of the warp group (``PIN_BARRIER`` + w),
+# does: memory operations do not cross the barrier, and the wait follows it. The stored values are never read.
+PIN_BARRIER = 9
+PIN_SRC = r"""
+__device__ __forceinline__ void tf_pin_store(float* slot, float x) {
+  asm volatile("st.shared.f32 [%0], %1;" :: "r"((unsigned)__cvta_generic_to_shared(slot)), "f"(x) : "memory");
+}
+"""
 
 # (block_M, block_N, num_stages, consumer threads) by head dim, the default pick first. H200, fp16, 2026-12-03
 # (bench/results/2026-12-03-h200-session20): 128 x 128 with 2 stages led at 9 of 13 points of the sweep (512-8192
@@ -191,7 +204,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                        target: dict | str, shapes: tuple, layouts: tuple, pingpong: bool = False,
                        pair_rows: bool = False, late_store: bool = False, double_q: bool = False,
                        chain: bool = False, mask_shape=None, mask_dtype: str | None = None,
-                       bound_keys: bool = False, fast_math: bool = False, exp_poly: int = 0):
+                       bound_keys: bool = False, fast_math: bool = False, exp_poly: int = 0,
+                       pin_softmax: bool = False):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
@@ -399,6 +413,10 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             T.wait_wgmma(1)
             T.barrier_arrive(b.k_empty[s])
             online_softmax(b, k, m0, bz)
+            if pin_softmax:  # (see PIN_SRC) every exponent computed before the wait for P V
+                for i in T.Parallel(block_M):
+                    T.call_extern("handle", "tf_pin_store", T.address_of(b.pin[i]), b.r_sum[i])
+                T.sync_threads(PIN_BARRIER + wg, 128)
             T.wait_wgmma(0)
             T.barrier_arrive(b.v_empty[sp])
             for i in T.Parallel(block_M):
@@ -451,6 +469,9 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             O_sh = T.alloc_shared((block_M, D), out_dtype) if stage_out else None
             S_f = T.alloc_fragment((block_M, block_N), accum)
             P_c = T.alloc_fragment((block_M, block_N), dtype)
+            pin = T.alloc_shared((block_M,), accum) if pin_softmax else None
+            if pin_softmax:
+                T.import_source(PIN_SRC)
             O_f = T.alloc_fragment((block_M, D), accum)
             m_prev = T.alloc_fragment((block_M,), accum)
             m_cur = T.alloc_fragment((block_M,), accum)
@@ -470,7 +491,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             it = T.alloc_var("int32", init=0)  # key tiles this warp group walked in earlier tiles (the stage ring)
             # Q buffers filled so far (the Q barriers' phase): the step count, unless paired steps skip some
             qn = T.alloc_var("int32", init=0) if order.pair else None
-            b = SimpleNamespace(Q_s=Q_s, K_s=K_s, V_s=V_s, O_sh=O_sh, S_f=S_f, P_c=P_c, O_f=O_f, m_prev=m_prev,
+            b = SimpleNamespace(Q_s=Q_s, K_s=K_s, V_s=V_s, O_sh=O_sh, S_f=S_f, pin=pin, P_c=P_c, O_f=O_f, m_prev=m_prev,
                                 m_cur=m_cur, r_scale=r_scale, r_sum=r_sum, l_sum=l_sum, q_full=q_full, q_empty=q_empty,
                                 k_full=k_full, v_full=v_full, k_empty=k_empty, v_empty=v_empty, O=O, Mask=Mask,
                                 m_use=m_use, bound_s=bound_s, scan=scan, kn=kn)  # (the macros')
