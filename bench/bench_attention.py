@@ -1,7 +1,7 @@
 """Benchmark the flash-attention template against PyTorch SDPA (cuDNN and flash backends) on a GPU.
 
 Usage (on the device machine):  python bench/bench_attention.py [--json out.json] [--reps 30]
-    [--shapes issue|llm|zoo|sweep|masked|all] [--configs all|seeds|variants|chain|poly|pin]
+    [--shapes issue|llm|zoo|sweep|d64|masked|all] [--configs all|seeds|variants|chain|poly|pin]
 
 For each shape every config in the template's config space is compiled (in parallel), checked
 against SDPA on the same inputs and timed (median of ``--reps`` CUDA-event runs after warm-up); the
@@ -167,7 +167,7 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph", ma
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "masked", "all"])
+    p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "d64", "masked", "all"])
     p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly", "pin"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timing", default="graph", choices=["graph", "events"])
@@ -176,6 +176,7 @@ def main(argv=None) -> int:
     major, minor = torch.cuda.get_device_capability()
     target = {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
     shapes = {"issue": ISSUE, "llm": LLM, "zoo": ZOO, "sweep": ZOO + SWEEP, "masked": MASKED,
+              "d64": ZOO + [s for s in SWEEP if s[4] == 64],
               "all": ISSUE + ZOO + LLM}[a.shapes]
     masked = a.shapes == "masked"
     import tilelang

@@ -99,8 +99,9 @@
 #   part 63 (~3 min): PDL for the GEMMs and the ws attention alone (pdl_tma): zoo GPT-2 and BERT without and with it.
 #   part 64 (~4 min): #13's compile bar on the H200 where it failed (MLP 2.7x, ResNet-50 2.7x Inductor's in session
 #            40), with the default ratio beside.
-#   part 65 (~8 min): the ws attention with its exponents pinned before the wait for the previous P V (pin_softmax,
-#            session 45: ptxas put that wait ahead of the softmax): GPU tests, then #14's sweep with and without it.
+#   part 65 (~6 min): the ws attention with its exponents pinned before the wait for the previous P V (pin_softmax,
+#            session 45: ptxas put that wait ahead of the softmax): GPU tests, then #14's sweep at D 64 (PIN_SHAPES=sweep:
+#            all of it) with and without it.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -355,11 +356,11 @@ elif [ "$part" = 64 ]; then  # (session 45: #13's compile bar where it failed on
     # sessions 41-44's compile work; their default ratio beside)
     zoo mlp,resnet 330 zoo_default_mr
 elif [ "$part" = 65 ]; then  # (session 45: the ws attention's exponents pinned before the wait for P V, pin_softmax)
-    TILELANG_CACHE_DIR=$(mktemp -d) timeout 150 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
+    TILELANG_CACHE_DIR=$(mktemp -d) timeout 120 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
         tests/test_attention_ws.py -k "pin_softmax or (padding_mask and variant4)" > "$OUT/logs/gpu_tests_pin.log" 2>&1
     echo "pin_softmax GPU tests: $(tail -1 "$OUT/logs/gpu_tests_pin.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_pin.log" | cut -c1-200 | head -8
-    timeout 330 python3 bench/bench_attention.py --shapes sweep --configs pin --json "$OUT/logs/attn_pin.json" \
+    timeout 230 python3 bench/bench_attention.py --shapes "${PIN_SHAPES:-d64}" --configs pin --json "$OUT/logs/attn_pin.json" \
         > "$OUT/logs/attn_pin.log" 2>&1
     grep -v -i warn "$OUT/logs/attn_pin.log" | cut -c1-170 | tail -60
 elif [ "$part" = 34 ]; then
