@@ -43,13 +43,12 @@ LOG2E = 1.4426950408889634
 HIDDEN_GAP = 1e4
 PRODUCER_REGS, CONSUMER_REGS = 24, {2: 240, 3: 160}  # setmaxnreg per warp group: 24 + consumers' within 64K
 TURN_BARRIER = 12  # ping-pong: consumer warp group w waits on named barrier 12 + w (TileLang numbers its own from 3)
-# ``pin_softmax``: ptxas (CUDA 13) places the wait for key tile k-1's ``P V`` (``wgmma.wait_group 0``) right after
-# the wait for tile k's scores, ahead of tile k's exponents: its SASS sinks the 64 MUFU.EX2 a thread computes below
-# the WARPGROUP.DEPBAR, so the softmax never runs under ``P V`` as the schedule intends. Neither a second P buffer
-# (ptxas gives both the same registers), a separate buffer for the exponents, a predicated wait (ptxas then
-# serializes every WGMMA) nor a named barrier alone (register arithmetic crosses it) moves it. A shared-memory store of
-# each row sum, which reads every exponent of the row, then a named barrier of the warp group (``PIN_BARRIER`` + w),
-# does: memory operations do not cross the barrier, and the wait follows it. The stored values are never read.
+# ``pin_softmax``: ptxas (CUDA 13) puts the wait for key tile k-1's ``P V`` (``wgmma.wait_group 0``) right after the
+# wait for tile k's scores: its SASS sinks the 64 MUFU.EX2 a thread computes below that WARPGROUP.DEPBAR, so the
+# softmax never runs under ``P V``. A second P buffer (ptxas gives both the same registers), a separate buffer for the
+# exponents, a predicated wait (ptxas then serializes every WGMMA) or a named barrier alone (register arithmetic
+# crosses it) leave it so. A shared-memory store of each row sum, which reads every exponent of the row, then a named
+# barrier of the warp group (``PIN_BARRIER`` + w) moves it: stores do not cross the barrier. Nothing reads the stores.
 PIN_BARRIER = 9
 PIN_SRC = r"""
 __device__ __forceinline__ void tf_pin_store(float* slot, float x) {
@@ -233,7 +232,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     this schedule.
     ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on the H200 (2026-12-03, within +-3% of
     the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed offers these five;
-    ``bench_attention.py``'s variants do, and ``Options.experimental`` all but ``exp_poly``."""
+    ``bench_attention.py``'s variants do, and ``Options.experimental`` all but ``exp_poly``. ``pin_softmax``: each
+    key tile's exponents computed before the wait for the previous tile's P V, which ptxas puts first (``PIN_SRC``)."""
     consumers = threads // 128
     if exp_poly and (exp_poly < 2 or block_N % (8 * exp_poly)):
         raise ValueError(f"flash_attention(ws=True): exp_poly={exp_poly}: every k-th of a key tile's 8-column blocks, "
