@@ -192,7 +192,7 @@ def test_pingpong_takes_turns_through_named_barriers(cfg):
     assert pp.count(turn) == 3 and pp.count(f"tl::__named_barrier_arrive(({passes}), 256);") == 3
     assert f"if ((((int)threadIdx.x) >> 7) == {groups - 1}) {{\n      tl::__named_barrier_arrive(12, 256);" in pp
     assert pp.count("wgmma_ss") == plain.count("wgmma_ss") and pp.count("wgmma_rs") == plain.count("wgmma_rs")
-    with pytest.raises(ValueError, match="late_store, double_q, chain, fast_math and exp_poly are options of ws=True"):
+    with pytest.raises(ValueError, match="chain, fast_math, exp_poly and pin_softmax are options of ws=True"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, pingpong=True)
 
 
