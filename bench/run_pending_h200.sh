@@ -9,7 +9,8 @@
 # since reverted). Session 40 ran parts 30, 31, 39, 43 and 45 on the H200 (bench/results/2026-12-05-h200-session40).
 # Session 43 ran parts 55, 56, 31, 30 and 39 on an H100 (bench/results/2026-12-06-h100-session43).
 # Session 44 ran parts 57, 58, 31 and 30 on an H100 (bench/results/2026-12-06-h100-session44).
-# Session 45 ran parts 62, 61 and 63 on an H100 (bench/results/2026-12-06-h100-session45).
+# Session 45 ran parts 62, 61 and 63 on an H100 (bench/results/2026-12-06-h100-session45). Next: 65 and 66 (pin_softmax,
+# not yet run), then the bars' parts 64, 30, 31, 39 and 34 on an H200.
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
@@ -102,6 +103,7 @@
 #   part 65 (~6 min): the ws attention with its exponents pinned before the wait for the previous P V (pin_softmax,
 #            session 45: ptxas put that wait ahead of the softmax): GPU tests, then #14's sweep at D 64 (PIN_SHAPES=sweep:
 #            all of it) with and without it.
+#   part 66 (~5 min): pin_softmax in whole models: zoo BERT and GPT-2 without and with attention_pin_softmax.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -364,6 +366,11 @@ elif [ "$part" = 65 ]; then  # (session 45: the ws attention's exponents pinned 
     timeout "${PIN_LIMIT:-230}" python3 bench/bench_attention.py --shapes "${PIN_SHAPES:-d64}" --configs pin --json "$OUT/logs/attn_pin.json" \
         > "$OUT/logs/attn_pin.log" 2>&1
     grep -v -i warn "$OUT/logs/attn_pin.log" | cut -c1-170 | tail -60
+elif [ "$part" = 66 ]; then  # (session 45: pin_softmax in whole models, TILEFUSE_EXPERIMENTAL=attention_pin_softmax)
+    timeout 330 python3 bench/bench_models.py --models bert,gpt2 --peers default --no-warm --reps 30 \
+        --tune none,none+attention_pin_softmax --json "$OUT/logs/zoo_pin.json" > "$OUT/logs/zoo_pin.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_pin.log" | grep -v "regions as chosen\|launching" \
+        | cut -c1-220 | head -40
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

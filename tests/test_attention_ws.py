@@ -500,7 +500,7 @@ def test_the_zoo_berts_padding_mask_takes_the_ws_schedule():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("experimental", ["", "attention_chain"])
+@pytest.mark.parametrize("experimental", ["", "attention_chain", "attention_pin_softmax"])
 def test_zoo_bert_with_the_masked_ws_schedule_matches_eager_gpu(experimental):
     """The zoo BERT (batch 4 x 100 tokens, D 32, random padding past row 0) through torch.compile with the masked ws
     schedule (the default; chained where asked), every region its kernel (no measured choice): against eager, fp16

@@ -374,6 +374,9 @@ def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_the
                                                        "double_q": True, "late_store": True}
     chained = Options(target=SM90, experimental="attention_chain")
     assert lower.default_config(attn, chained.target) == {**lower.default_config(attn, plain.target), "chain": True}
+    pinned = Options(target=SM90, experimental="attention_pin_softmax")
+    assert lower.default_config(attn, pinned.target) == {**lower.default_config(attn, plain.target),
+                                                         "pin_softmax": True}
     with pytest.raises(ValueError, match="attention_exp_poly"):  # (measured slower everywhere: no option offers it)
         Options(target=SM90, experimental="attention_exp_poly")
     assert gemm_ws.seed()["block_N"] == 192 and gemm_ws.seed()["num_stages"] == 4

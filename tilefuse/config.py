@@ -118,7 +118,7 @@ def _on(v: str) -> bool:
 # (Measured wins left this list for the defaults: the ws GEMM and the ws attention with a padding mask,
 # lowering/lower.py config_space; attention_ws's pair_rows and fast_math, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain", "pdl_all", "pdl_tma")
+                "attention_chain", "attention_pin_softmax", "pdl_all", "pdl_tma")
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,9 @@ class Options:
     # "attention_chain" adds ``chain`` (each tile's first scores under the previous tile's last P V; measured
     # 2026-12-05: slower than without at all 13 of the sweep's shapes; with late_store and fast math on 192x128 tiles
     # it led one, 2x32/8 heads x 8192 D 64, 1.06x cuDNN against 0.96x: bench/results/2026-12-05-h200-session33).
+    # "attention_pin_softmax" adds ``pin_softmax`` (each key tile's exponents ahead of the wait for the previous P V,
+    # where ptxas put that wait first: lowering/templates/attention_ws.py ``PIN_SRC``; written 2026-12-06 from the
+    # SASS, not yet measured: bench/run_pending_h200.sh part 65).
     # "pdl_all": every kernel launches as a programmatic dependent, not only a decode step's small ones
     # (lowering/templates/common.py ``PDL_ALL``). Measured 2026-12-06 on an H100 (bench/results/2026-12-06-h100-
     # session45): its GPU tests pass, but zoo GPT-2 ran 4.683 against 4.599 ms without it and BERT 6.904 against 6.697
