@@ -147,6 +147,19 @@ def test_with_pdl_tma_only_the_tma_fed_kernels_wait(name):
         assert src == kernel_source(ALL_KERNELS[name](SM90), SM90)
 
 
+def test_with_pdl_tma_a_gemm_with_a_prologue_launches_plainly():
+    """A GEMM whose A tile is computed element by element (a prologue) is not fed by TMA alone: with ``pdl_tma`` it
+    keeps its plain launch and ``__restrict__`` parameters, unlike the same GEMM without the prologue."""
+    tma = {**SM90, "experimental": [PDL_TMA]}
+
+    def build(target, prologue):
+        return gemm.gemm(1024, 3072, 768, trans_B=True, A_dtype="float16", prologue=prologue, target=target,
+                         block_M=128, block_N=128, block_K=64, num_stages=3, threads=256)
+
+    assert kernel_source(build(tma, Acc() * 2.0), tma) == kernel_source(build(SM90, Acc() * 2.0), SM90)
+    assert WAIT in kernel_source(build(tma, None), tma)
+
+
 def _decode_config(target) -> dict:
     """The default decode attention config on a GPU target (packed, keys bounded by the mask); none on the CPU."""
     configs = decode_configs(target, 1, 4, keys_masked=True)

@@ -161,7 +161,7 @@ def gemm(
                 T.use_swizzle(panel_size)
             bcoords = unravel(bz, batch)
             m0, n0 = by * block_M, bx * block_N
-            d.wait_inputs(False, tma=True)  # (PDL only with ``common.PDL_ALL``/``PDL_TMA``)
+            d.wait_inputs(False, tma=load_A_direct)  # (PDL only with ``common.PDL_ALL``/``PDL_TMA``)
             T.clear(C_f)
             for ko in d.pipelined(T.ceildiv(K, block_K), num_stages):
                 if load_A_direct:
