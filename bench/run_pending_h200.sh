@@ -104,6 +104,9 @@
 #            session 45: ptxas put that wait ahead of the softmax): GPU tests, then #14's sweep at D 64 (PIN_SHAPES=sweep:
 #            all of it) with and without it.
 #   part 66 (~5 min): pin_softmax in whole models: zoo BERT and GPT-2 without and with attention_pin_softmax.
+#   part 67 (~3 min): Nsight Compute (--set full) on the ws attention's default pick and cuDNN at BERT's shape
+#            (32x12x512x64, 0.92x cuDNN on the H100) and at 2x32/8x8192x64 (NCU_SHAPES; bench/ncu_attention.py):
+#            details and raw metrics (tensor pipe, issue stalls) of both, for #14's D-64 gap.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -371,6 +374,19 @@ elif [ "$part" = 66 ]; then  # (session 45: pin_softmax in whole models, TILEFUS
         --tune none,none+attention_pin_softmax --json "$OUT/logs/zoo_pin.json" > "$OUT/logs/zoo_pin.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_pin.log" | grep -v "regions as chosen\|launching" \
         | cut -c1-220 | head -40
+elif [ "$part" = 67 ]; then  # (session 46: Nsight Compute on the ws attention and cuDNN, #14's D-64 gap)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: $NCU"
+    for shape in ${NCU_SHAPES:-bert long}; do
+        rep="$OUT/logs/ncu_$shape"
+        timeout 240 "$NCU" --profile-from-start off --clock-control none --set full -f -o "$rep" \
+            python3 bench/ncu_attention.py --shape "$shape" > "$rep.log" 2>&1
+        echo "== $shape: ncu exit $?"; grep -v "^==PROF==" "$rep.log" | grep -v -i warn | tail -4 | cut -c1-200
+        "$NCU" --import "$rep.ncu-rep" --page details > "${rep}_details.txt" 2>&1
+        "$NCU" --import "$rep.ncu-rep" --page raw --csv > "${rep}_raw.csv" 2>&1
+        grep -E "^  [A-Za-z_].*\(|Duration|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Dynamic Shared" \
+            "${rep}_details.txt" | cut -c1-160 | head -40
+    done
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
