@@ -169,8 +169,9 @@ class Options:
     # 2026-12-05: slower than without at all 13 of the sweep's shapes; with late_store and fast math on 192x128 tiles
     # it led one, 2x32/8 heads x 8192 D 64, 1.06x cuDNN against 0.96x: bench/results/2026-12-05-h200-session33).
     # "attention_pin_softmax" adds ``pin_softmax`` (each key tile's exponents ahead of the wait for the previous P V,
-    # where ptxas put that wait first: lowering/templates/attention_ws.py ``PIN_SRC``; written 2026-12-06 from the
-    # SASS, not yet measured: bench/run_pending_h200.sh part 65).
+    # where ptxas put that wait first: lowering/templates/attention_ws.py ``PIN_SRC``; measured 2026-12-06 on an H100:
+    # its GPU tests pass, slower at 16 of the 18 D-64 points of the sweep, by 1-8%:
+    # bench/results/2026-12-06-h100-session46).
     # "pdl_all": every kernel launches as a programmatic dependent, not only a decode step's small ones
     # (lowering/templates/common.py ``PDL_ALL``). Measured 2026-12-06 on an H100 (bench/results/2026-12-06-h100-
     # session45): its GPU tests pass, but zoo GPT-2 ran 4.683 against 4.599 ms without it and BERT 6.904 against 6.697

@@ -233,7 +233,8 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on the H200 (2026-12-03, within +-3% of
     the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed offers these five;
     ``bench_attention.py``'s variants do, and ``Options.experimental`` all but ``exp_poly``. ``pin_softmax``: each
-    key tile's exponents computed before the wait for the previous tile's P V, which ptxas puts first (``PIN_SRC``)."""
+    key tile's exponents computed before the wait for the previous tile's P V, which ptxas puts first (``PIN_SRC``):
+    on the H100 (2026-12-06, bench/results/2026-12-06-h100-session46) slower at 16 of 18 D-64 points (to 0.92x)."""
     consumers = threads // 128
     if exp_poly and (exp_poly < 2 or block_N % (8 * exp_poly)):
         raise ValueError(f"flash_attention(ws=True): exp_poly={exp_poly}: every k-th of a key tile's 8-column blocks, "
