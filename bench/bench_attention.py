@@ -108,6 +108,16 @@ def pin_variants(D: int, causal: bool = False, masked: bool = False) -> list[dic
     return [{**c, **x} for c in seeds for x in ({}, {"pin_softmax": True})]
 
 
+def recheck_variants(D: int, causal: bool = False) -> list[dict]:
+    """The default ws pick (fast math since 2026-12-05; causal: paired rows) alone and with each schedule option last
+    measured before fast math (2026-12-03: consumer groups taking turns, 3 stages, the late store, two Q buffers), and
+    the pairs of them that FlashAttention-3 runs together."""
+    seed = attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)[0]
+    extra = [{}, {"pingpong": True}, {"num_stages": 3}, {"pingpong": True, "num_stages": 3}, {"late_store": True},
+             {"double_q": True}, {"late_store": True, "double_q": True}]
+    return [{**seed, **x} for x in extra]
+
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -168,7 +178,8 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph", ma
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "d64", "masked", "all"])
-    p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly", "pin"])
+    p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly", "pin",
+                                                              "recheck"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timing", default="graph", choices=["graph", "events"])
     p.add_argument("--json")
@@ -201,6 +212,8 @@ def main(argv=None) -> int:
                 configs = poly_variants(D, causal)
             elif a.configs == "pin":
                 configs = pin_variants(D, causal, masked)
+            elif a.configs == "recheck":
+                configs = recheck_variants(D, causal)
             else:
                 configs = attention.config_space(target, D, ws=ws, causal=causal)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing, masked)
@@ -211,7 +224,7 @@ def main(argv=None) -> int:
         for e in row["tilefuse"]:
             if "error" in e:
                 print(f"  config {e['config']}: {e['error']}", flush=True)
-            elif a.configs in ("variants", "chain", "poly", "pin"):
+            elif a.configs in ("variants", "chain", "poly", "pin", "recheck"):
                 print(f"  config {e['config']}: {e['ms']:.4f} ms, x cuDNN {cudnn / e['ms'] if cudnn else float('nan'):.3f}",
                       flush=True)
 

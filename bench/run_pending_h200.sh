@@ -107,6 +107,9 @@
 #   part 67 (~3 min): Nsight Compute (--set full) on the ws attention's default pick and cuDNN at BERT's shape
 #            (32x12x512x64, 0.92x cuDNN on the H100) and at 2x32/8x8192x64 (NCU_SHAPES; bench/ncu_attention.py):
 #            details and raw metrics (tensor pipe, issue stalls) of both, for #14's D-64 gap.
+#   part 68 (~6 min): part 67's report's SASS page (stall samples by instruction; the report carried as ncu/), then the
+#            default ws pick at D 64 alone and with pingpong, 3 stages, both, late_store, double_q and both (all last
+#            measured before fast math) against cuDNN (bench_attention.py --configs recheck; RECHECK_LIMIT).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -387,6 +390,17 @@ elif [ "$part" = 67 ]; then  # (session 46: Nsight Compute on the ws attention a
         grep -E "^  [A-Za-z_].*\(|Duration|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Dynamic Shared" \
             "${rep}_details.txt" | cut -c1-160 | head -40
     done
+elif [ "$part" = 68 ]; then  # (session 46: where the ws attention's warps stall, by SASS line; the options rechecked)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for rep in ${NCU_REPS:-ncu/ncu_bert.ncu-rep}; do  # (a report of part 67's, carried in the working tree)
+        [ -f "$rep" ] || { echo "no report $rep"; continue; }
+        "$NCU" --import "$rep" --page source --csv --print-source sass > "$OUT/logs/$(basename "$rep" .ncu-rep)_sass.csv" \
+            2> "$OUT/logs/ncu_source.err"
+        echo "source page: exit $?, $(wc -l < "$OUT/logs/$(basename "$rep" .ncu-rep)_sass.csv") lines"; tail -3 "$OUT/logs/ncu_source.err"
+    done
+    timeout "${RECHECK_LIMIT:-330}" python3 bench/bench_attention.py --shapes d64 --configs recheck \
+        --json "$OUT/logs/attn_recheck.json" > "$OUT/logs/attn_recheck.log" 2>&1
+    grep -v -i warn "$OUT/logs/attn_recheck.log" | cut -c1-200 | tail -80
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
