@@ -29,6 +29,7 @@ from bench_models import cuda_time_ms
 
 from tilefuse.lowering.compile import compile_many
 from tilefuse.lowering.templates import attention, attention_ws
+from tilefuse.lowering.templates.attention_configs import SHORT_OPTIONS
 from tilefuse.lowering.timing import device_time
 
 # (B, Hq, Hkv, S, D, causal)
@@ -118,6 +119,15 @@ def recheck_variants(D: int, causal: bool = False) -> list[dict]:
     return [{**seed, **x} for x in extra]
 
 
+def short_variants(D: int, causal: bool = False, masked: bool = False) -> list[dict]:
+    """Each plain ws seed (fast math; causal: paired rows; masked: keys bounded) without and with the options that
+    lead at D 64 up to ``SHORT_KEYS`` keys (``attention_configs.SHORT_OPTIONS``: the late store, two Q buffers)."""
+    seeds = [{**c, **({"bound_keys": True} if masked else {})}
+             for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)
+             if c.get("ws")]
+    return [{**c, **x} for c in seeds for x in ({}, SHORT_OPTIONS)]
+
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -179,7 +189,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "d64", "masked", "all"])
     p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly", "pin",
-                                                              "recheck"])
+                                                              "recheck", "short"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timing", default="graph", choices=["graph", "events"])
     p.add_argument("--json")
@@ -214,6 +224,8 @@ def main(argv=None) -> int:
                 configs = pin_variants(D, causal, masked)
             elif a.configs == "recheck":
                 configs = recheck_variants(D, causal)
+            elif a.configs == "short":
+                configs = short_variants(D, causal, masked)
             else:
                 configs = attention.config_space(target, D, ws=ws, causal=causal)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing, masked)
@@ -224,7 +236,7 @@ def main(argv=None) -> int:
         for e in row["tilefuse"]:
             if "error" in e:
                 print(f"  config {e['config']}: {e['error']}", flush=True)
-            elif a.configs in ("variants", "chain", "poly", "pin", "recheck"):
+            elif a.configs in ("variants", "chain", "poly", "pin", "recheck", "short"):
                 print(f"  config {e['config']}: {e['ms']:.4f} ms, x cuDNN {cudnn / e['ms'] if cudnn else float('nan'):.3f}",
                       flush=True)
 

@@ -110,6 +110,9 @@
 #   part 68 (~6 min): part 67's report's SASS page (stall samples by instruction; the report carried as ncu/), then the
 #            default ws pick at D 64 alone and with pingpong, 3 stages, both, late_store, double_q and both (all last
 #            measured before fast math) against cuDNN (bench_attention.py --configs recheck; RECHECK_LIMIT).
+#   part 69 (~8 min): the late store and two Q buffers leading at D 64 up to 2048 keys (attention_configs.SHORT_KEYS,
+#            from part 68): their GPU tests, then each ws seed without and with them over the sweep (D 64 and 128) and
+#            the masked shapes (bench_attention.py --configs short; SHORT_SHAPES, SHORT_LIMIT).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -401,6 +404,16 @@ elif [ "$part" = 68 ]; then  # (session 46: where the ws attention's warps stall
     timeout "${RECHECK_LIMIT:-330}" python3 bench/bench_attention.py --shapes d64 --configs recheck \
         --json "$OUT/logs/attn_recheck.json" > "$OUT/logs/attn_recheck.log" 2>&1
     grep -v -i warn "$OUT/logs/attn_recheck.log" | cut -c1-200 | tail -80
+elif [ "$part" = 69 ]; then  # (session 46: the late store and two Q buffers leading at D 64 up to 2048 keys)
+    TILELANG_CACHE_DIR=$(mktemp -d) timeout "${SHORT_TEST_LIMIT:-150}" python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
+        tests/test_attention_ws.py -k "short_keys or variant6 or zoo_bert or ws_gpu_matches_sdpa" > "$OUT/logs/gpu_tests_short.log" 2>&1
+    echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_short.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_short.log" | cut -c1-200 | head -8
+    for shapes in ${SHORT_SHAPES:-sweep masked}; do
+        timeout "${SHORT_LIMIT:-240}" python3 bench/bench_attention.py --shapes "$shapes" --configs short \
+            --json "$OUT/logs/attn_short_$shapes.json" > "$OUT/logs/attn_short_$shapes.log" 2>&1
+        grep -v -i warn "$OUT/logs/attn_short_$shapes.log" | cut -c1-200 | tail -70
+    done
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

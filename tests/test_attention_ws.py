@@ -17,6 +17,7 @@ from tilefuse.lowering import lower
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import asks_fast_math, compile_kernel, compile_many, kernel_source
 from tilefuse.lowering.templates import attention, attention_ws
+from tilefuse.lowering.templates.attention_configs import SHORT_KEYS, SHORT_OPTIONS
 
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
 SM80 = {"kind": "cuda", "arch": "sm_80"}
@@ -94,6 +95,21 @@ def test_configs_offer_ws_only_where_it_applies():
     assert not lower.default_config(_spec(mask_shape=(2, 1, 256, 256)), SM90).get("ws")
     decode = _spec(Sq=1, Skv=512, Hkv=1, mask_shape=(2, 1, 1, 512))
     assert not any(c.get("ws") for c in lower.config_space(decode, SM90))
+
+
+def test_short_key_runs_at_head_dim_64_lead_with_the_late_store_and_two_q_buffers():
+    """Up to ``SHORT_KEYS`` keys at D 64 the default pick is the first ws seed with ``SHORT_OPTIONS`` (H100,
+    2026-12-06: 0.88-0.91x cuDNN -> 1.06-1.12x at 512 keys), the plain seeds after it for tuning; past it, and at
+    D 128 (not measured), the plain seed leads. A padding mask keeps its key bound on top."""
+    plain = lower.default_config(_spec(Sq=8192, Skv=8192), SM90)
+    assert plain["ws"] and not any(plain.get(o) for o in SHORT_OPTIONS)
+    for Skv in (197, 512, 1024, SHORT_KEYS):
+        space = lower.config_space(_spec(Sq=Skv, Skv=Skv, is_causal=Skv == 1024), SM90)
+        assert space[0] == {**space[1], **SHORT_OPTIONS} and not space[1].get("late_store"), Skv
+    assert lower.default_config(_spec(Sq=SHORT_KEYS + 1, Skv=SHORT_KEYS + 1), SM90) == plain
+    assert not lower.default_config(_spec(D=128), SM90).get("double_q")
+    masked = lower.default_config(_spec(mask_shape=(2, 1, 1, 256)), SM90)
+    assert masked == {**plain, **SHORT_OPTIONS, "bound_keys": True}
 
 
 # (B, Hq, Hkv, Sq, Skv, D, kwargs): tails in rows and keys, GQA, causal with Sq != Skv, fused-QKV token rows, and
@@ -331,6 +347,7 @@ VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True}, "l
             "chain_pairs": {"chain": True, "pair_rows": True, "double_q": True}, "fast_math": {"fast_math": True},
             "exp_poly": {"fast_math": True, "exp_poly": 4}, "exp_poly_half": {"fast_math": True, "exp_poly": 2},
             "pin_softmax": {"fast_math": True, "pin_softmax": True},
+            "short_keys": {"fast_math": True, **SHORT_OPTIONS},  # (the default lead at D 64 up to SHORT_KEYS keys)
             "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True, "chain": True,
                     "fast_math": True}}
 
@@ -389,7 +406,8 @@ MASKED = {
 @pytest.mark.parametrize("variant", [{}, {"chain": True}, {"bound_keys": True},
                                      {"chain": True, "bound_keys": True, "fast_math": True},
                                      {"bound_keys": True, "fast_math": True, "pin_softmax": True},
-                                     {"bound_keys": True, "fast_math": True, "exp_poly": 4}])
+                                     {"bound_keys": True, "fast_math": True, "exp_poly": 4},
+                                     {"bound_keys": True, "fast_math": True, **SHORT_OPTIONS}])
 def test_ws_gpu_padding_mask_matches_sdpa(variant, rng):
     """A padding mask added to every key tile's scores, in each layout of the mask, with the chained schedule and the
     key bound too; a batch whose keys are all -inf gives 0 (the template's and torch's fused kernels' convention),

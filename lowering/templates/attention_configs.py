@@ -10,8 +10,17 @@ from tilefuse.config import device_facts
 from tilefuse.lowering.templates import attention_ws
 from tilefuse.lowering.templates.common import dialect
 
+# The ws schedule's late store and two Q buffers (``attention_ws.flash_attention_ws``'s ``late_store``, ``double_q``)
+# lead the seeds at head dim 64 for at most this many keys. H100, fp16, 128 x 128 tiles with fast math, 2026-12-06
+# (bench/results/2026-12-06-h100-session46), x cuDNN without -> with: 512 keys 0.91 -> 1.07, 0.90 -> 1.06 and causal
+# 0.88 -> 1.12; GPT-2's 1024 causal 1.05 -> 1.21; 2048 0.93 -> 0.96 and causal 1.06 -> 1.09; ViT's 197 1.07 either
+# way; but 8192 0.99 -> 0.94 and causal 1.02 -> 0.97 (each option alone lost there too).
+SHORT_KEYS = 2048
+SHORT_OPTIONS = {"late_store": True, "double_q": True}
 
-def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool = False) -> list[dict]:
+
+def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool = False,
+                Skv: int | None = None) -> list[dict]:
     """Seed configs for head dim ``D``; keys are exactly ``flash_attention``'s tunables. The first is the
     default pick; tuning measures the others (and ``config_space``'s) on the device. ``ws``: the attention can take
     the warp-specialized schedule (``attention_ws.eligible``), whose seeds then lead on sm_90; ``causal``: they pair
@@ -19,7 +28,8 @@ def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool
     0.82-0.95x, D 128 from 0.77x to 0.89x; bench/results/2026-12-03-h200-session22). The ws seeds compile with nvcc's
     fast math (``fast_math``: one ex2.approx an exponent): over the 13 shapes of the H200 sweep of 2026-12-05 it took
     the 128x128 seed from 0.80-0.99x cuDNN to 0.90-1.08x, every fp16 test passing
-    (bench/results/2026-12-05-h200-session33)."""
+    (bench/results/2026-12-05-h200-session33). ``Skv``: at head dim 64 and at most ``SHORT_KEYS`` keys the 128-row
+    seed leads with the late store and two Q buffers (``SHORT_OPTIONS``), the plain seeds after it."""
     if dialect(target).cpu:
         return [_config(32, 32, 0, 1), _config(64, 64, 0, 1)]
     if dialect(target).metal:  # small tiles: Q, K, V, scores and two D-wide fp32 outputs in 32 KB of threadgroup
@@ -31,8 +41,9 @@ def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool
         if D <= 64:
             seeds[1:1] = [(192, 128, 2, 384), (128, 128, 3, 256)]
         if ws and D <= 128:
-            return [_config(*s, ws=True, pair_rows=causal, fast_math=True) for s in attention_ws.seeds(D)] + \
-                [_config(*s) for s in seeds]
+            plain = [_config(*s, ws=True, pair_rows=causal, fast_math=True) for s in attention_ws.seeds(D)]
+            short = D <= 64 and Skv is not None and 0 < Skv <= SHORT_KEYS
+            return ([{**plain[0], **SHORT_OPTIONS}] if short else []) + plain + [_config(*s) for s in seeds]
     else:
         # sm_80: causal with num_stages >= 2 crashes codegen (TILELANG.md); one stage is safe for both.
         seeds = [(128, 64, 1, 128), (64, 64, 1, 128)]
@@ -124,8 +135,8 @@ def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups
     it. A FlashAttention-3 style manual schedule (``T.Pipelined`` order/stage) was tried and dropped:
     TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower (at D 64 too, 2026-12-03). The
     overlap it aimed at is ``attention_ws``'s hand-written schedule (``ws``: its seeds first, where it applies)."""
-    seeds = get_configs(target, D, ws, causal) + (decode_configs(target, Sq, groups, keys_masked, B, Hkv, Skv)
-                                      if Sq is not None else [])
+    seeds = get_configs(target, D, ws, causal, Skv or None) + (
+        decode_configs(target, Sq, groups, keys_masked, B, Hkv, Skv) if Sq is not None else [])
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     if dialect(target).cpu or not arch.startswith("sm_90") or D > 128:
         return seeds
