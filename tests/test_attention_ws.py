@@ -97,17 +97,18 @@ def test_configs_offer_ws_only_where_it_applies():
     assert not any(c.get("ws") for c in lower.config_space(decode, SM90))
 
 
-def test_short_key_runs_at_head_dim_64_lead_with_the_late_store_and_two_q_buffers():
-    """Up to ``SHORT_KEYS`` keys at D 64 the default pick is the first ws seed with ``SHORT_OPTIONS`` (H100,
-    2026-12-06: 0.88-0.91x cuDNN -> 1.06-1.12x at 512 keys), the plain seeds after it for tuning; past it, and at
-    D 128 (not measured), the plain seed leads. A padding mask keeps its key bound on top."""
+def test_short_key_runs_lead_with_the_late_store_and_two_q_buffers():
+    """Up to ``SHORT_KEYS`` keys the default pick is the first ws seed with ``SHORT_OPTIONS`` (H100, 2026-12-06:
+    D 64 at 512 keys 0.88-0.91x cuDNN -> 1.06-1.12x), the plain seeds after it for tuning; past it the plain seed
+    leads. A padding mask keeps its key bound on top."""
     plain = lower.default_config(_spec(Sq=8192, Skv=8192), SM90)
     assert plain["ws"] and not any(plain.get(o) for o in SHORT_OPTIONS)
     for Skv in (197, 512, 1024, SHORT_KEYS):
         space = lower.config_space(_spec(Sq=Skv, Skv=Skv, is_causal=Skv == 1024), SM90)
         assert space[0] == {**space[1], **SHORT_OPTIONS} and not space[1].get("late_store"), Skv
     assert lower.default_config(_spec(Sq=SHORT_KEYS + 1, Skv=SHORT_KEYS + 1), SM90) == plain
-    assert not lower.default_config(_spec(D=128), SM90).get("double_q")
+    assert lower.default_config(_spec(D=128), SM90)["double_q"]
+    assert not lower.default_config(_spec(D=128, Sq=4096, Skv=4096), SM90).get("double_q")
     masked = lower.default_config(_spec(mask_shape=(2, 1, 1, 256)), SM90)
     assert masked == {**plain, **SHORT_OPTIONS, "bound_keys": True}
 
@@ -167,6 +168,7 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
                                       "mask_dtype": "float16", "bound_keys": True},
                                      {"chain": True, "late_store": True, "fast_math": True},
                                      {"fast_math": True, "exp_poly": 4}, {"fast_math": True, "pin_softmax": True},
+                                     {"fast_math": True, **SHORT_OPTIONS},
                                      {"pin_softmax": True, "pair_rows": True, "mask_shape": (2, 1, 1, 1024),
                                       "mask_dtype": "float16", "bound_keys": True}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])

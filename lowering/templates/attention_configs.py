@@ -11,10 +11,12 @@ from tilefuse.lowering.templates import attention_ws
 from tilefuse.lowering.templates.common import dialect
 
 # The ws schedule's late store and two Q buffers (``attention_ws.flash_attention_ws``'s ``late_store``, ``double_q``)
-# lead the seeds at head dim 64 for at most this many keys. H100, fp16, 128 x 128 tiles with fast math, 2026-12-06
-# (bench/results/2026-12-06-h100-session46), x cuDNN without -> with: 512 keys 0.91 -> 1.07, 0.90 -> 1.06 and causal
-# 0.88 -> 1.12; GPT-2's 1024 causal 1.05 -> 1.21; 2048 0.93 -> 0.96 and causal 1.06 -> 1.09; ViT's 197 1.07 either
-# way; but 8192 0.99 -> 0.94 and causal 1.02 -> 0.97 (each option alone lost there too).
+# lead the seeds for at most this many keys. H100, fp16, 128 x 128 tiles with fast math, 2026-12-06, two runs
+# (bench/results/2026-12-06-h100-session46), x cuDNN without -> with: D 64: 512 keys 0.91 -> 1.07, 0.90 -> 1.06 and
+# causal 0.88 -> 1.12; GPT-2's 1024 causal 1.05 -> 1.20; 2048 0.94 -> 0.98 and causal 0.99 -> 1.06; ViT's 197 1.06
+# either way; BERT's padding mask at 512 1.47 -> 1.60, at 2048 2.16 -> 2.22 (causal 1.60 -> 1.55, the one loss under
+# 8192 keys); D 128: 1024 keys 1.00 -> 1.03, causal 1.03 -> 1.07; 4096 1.02 -> 1.03, causal 1.05 either way. But at
+# 8192 keys (D 64) 0.97-0.99 -> 0.94-0.95 (each option alone lost there too).
 SHORT_KEYS = 2048
 SHORT_OPTIONS = {"late_store": True, "double_q": True}
 
@@ -28,8 +30,8 @@ def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool
     0.82-0.95x, D 128 from 0.77x to 0.89x; bench/results/2026-12-03-h200-session22). The ws seeds compile with nvcc's
     fast math (``fast_math``: one ex2.approx an exponent): over the 13 shapes of the H200 sweep of 2026-12-05 it took
     the 128x128 seed from 0.80-0.99x cuDNN to 0.90-1.08x, every fp16 test passing
-    (bench/results/2026-12-05-h200-session33). ``Skv``: at head dim 64 and at most ``SHORT_KEYS`` keys the 128-row
-    seed leads with the late store and two Q buffers (``SHORT_OPTIONS``), the plain seeds after it."""
+    (bench/results/2026-12-05-h200-session33). ``Skv``: for at most ``SHORT_KEYS`` keys the 128-row seed leads with
+    the late store and two Q buffers (``SHORT_OPTIONS``), the plain seeds after it."""
     if dialect(target).cpu:
         return [_config(32, 32, 0, 1), _config(64, 64, 0, 1)]
     if dialect(target).metal:  # small tiles: Q, K, V, scores and two D-wide fp32 outputs in 32 KB of threadgroup
@@ -42,7 +44,7 @@ def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool
             seeds[1:1] = [(192, 128, 2, 384), (128, 128, 3, 256)]
         if ws and D <= 128:
             plain = [_config(*s, ws=True, pair_rows=causal, fast_math=True) for s in attention_ws.seeds(D)]
-            short = D <= 64 and Skv is not None and 0 < Skv <= SHORT_KEYS
+            short = Skv is not None and 0 < Skv <= SHORT_KEYS
             return ([{**plain[0], **SHORT_OPTIONS}] if short else []) + plain + [_config(*s) for s in seeds]
     else:
         # sm_80: causal with num_stages >= 2 crashes codegen (TILELANG.md); one stage is safe for both.

@@ -230,9 +230,9 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     bench/results/2026-12-05-h100-session37) slower than without at all 13 of the sweep's shapes (k = 4: 0.69-0.97x
     the plain kernel's speed at 128-row tiles, down to 0.11x at 192-row ones), so MUFU is not what holds D 64 back in
     this schedule.
-    ``pingpong``, ``late_store`` and ``double_q`` measured no consistent win on the H200 (2026-12-03, within +-3% of
-    the plain schedule, ``pingpong`` up to 8% slower at 128-row tiles). No seed offers these five;
-    ``bench_attention.py``'s variants do, and ``Options.experimental`` all but ``exp_poly``. ``pin_softmax``: each
+    ``pingpong`` (up to 8% slower, H200 2026-12-03) and the others no seed offers (``bench_attention.py``'s variants,
+    ``Options.experimental`` but ``exp_poly``); ``late_store`` with ``double_q`` leads up to 2048 keys (fast math made
+    them win, H100 2026-12-06: ``attention_configs.SHORT_KEYS``), each alone ran within +-3%. ``pin_softmax``: each
     key tile's exponents computed before the wait for the previous tile's P V, which ptxas puts first (``PIN_SRC``):
     on the H100 (2026-12-06, bench/results/2026-12-06-h100-session46) slower at 16 of 18 D-64 points (to 0.92x)."""
     consumers = threads // 128
