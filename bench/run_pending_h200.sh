@@ -9,8 +9,10 @@
 # since reverted). Session 40 ran parts 30, 31, 39, 43 and 45 on the H200 (bench/results/2026-12-05-h200-session40).
 # Session 43 ran parts 55, 56, 31, 30 and 39 on an H100 (bench/results/2026-12-06-h100-session43).
 # Session 44 ran parts 57, 58, 31 and 30 on an H100 (bench/results/2026-12-06-h100-session44).
-# Session 45 ran parts 62, 61 and 63 on an H100 (bench/results/2026-12-06-h100-session45). Next: 65 and 66 (pin_softmax,
-# not yet run), then the bars' parts 64, 30, 31, 39 and 34 on an H200.
+# Session 45 ran parts 62, 61 and 63 on an H100 (bench/results/2026-12-06-h100-session45).
+# Session 46 ran parts 65, 67, 68, 69, 30 and 34 on an H100 (bench/results/2026-12-06-h100-session46; 66 not needed:
+# pin_softmax lost at every shape). Next, on an H200: the bars' parts 30, 31, 34, 64 and 39, and 69 (the short-key
+# lead's sweep there); on either: 31 (zoo LLaMA, whose D-128 attention the short-key lead now takes).
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
