@@ -349,7 +349,7 @@ VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True}, "l
             "chain_pairs": {"chain": True, "pair_rows": True, "double_q": True}, "fast_math": {"fast_math": True},
             "exp_poly": {"fast_math": True, "exp_poly": 4}, "exp_poly_half": {"fast_math": True, "exp_poly": 2},
             "pin_softmax": {"fast_math": True, "pin_softmax": True},
-            "short_keys": {"fast_math": True, **SHORT_OPTIONS},  # (the default lead at D 64 up to SHORT_KEYS keys)
+            "short_keys": {"fast_math": True, **SHORT_OPTIONS},  # (the default lead up to SHORT_KEYS keys)
             "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True, "chain": True,
                     "fast_math": True}}
 

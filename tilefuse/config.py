@@ -164,7 +164,8 @@ class Options:
     # ``EXPERIMENTAL`` names; the target then carries them, so their kernels are cached apart): "gemm_ws_pingpong"
     # puts gemm(ws=True, pingpong=True)'s seed first where it applies;
     # "attention_pingpong", "attention_late_store" and "attention_double_q" add those options to the warp-specialized
-    # attention's seeds (measured 2026-12-03: none of them a consistent win; bench/results/2026-12-03-h200-session22);
+    # attention's seeds (measured 2026-12-03: none of them a consistent win; bench/results/2026-12-03-h200-session22;
+    # with fast math the last two together lead up to 2048 keys: lowering/templates/attention_configs.py SHORT_KEYS);
     # "attention_chain" adds ``chain`` (each tile's first scores under the previous tile's last P V; measured
     # 2026-12-05: slower than without at all 13 of the sweep's shapes; with late_store and fast math on 192x128 tiles
     # it led one, 2x32/8 heads x 8192 D 64, 1.06x cuDNN against 0.96x: bench/results/2026-12-05-h200-session33).
