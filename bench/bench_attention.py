@@ -1,7 +1,7 @@
 """Benchmark the flash-attention template against PyTorch SDPA (cuDNN and flash backends) on a GPU.
 
 Usage (on the device machine):  python bench/bench_attention.py [--json out.json] [--reps 30]
-    [--shapes issue|llm|zoo|sweep|d64|masked|all] [--configs all|seeds|variants|chain|poly|pin]
+    [--shapes issue|llm|zoo|sweep|d64|masked|all] [--configs all|seeds|variants|chain|poly|pin|recheck|short]
 
 For each shape every config in the template's config space is compiled (in parallel), checked
 against SDPA on the same inputs and timed (median of ``--reps`` CUDA-event runs after warm-up); the
@@ -92,40 +92,38 @@ def chain_variants(D: int, causal: bool = False, S: int | None = None) -> list[d
                          for i, (m, n, st, t) in enumerate(tiles) for x in (extra if i == 0 else [{}, fast])]
 
 
+def ws_seeds(D: int, causal: bool = False, masked: bool = False) -> list[dict]:
+    """The plain ws seeds as the default runs them (fast math; causal: paired rows; masked: keys bounded)."""
+    return [{**c, **({"bound_keys": True} if masked else {})}
+            for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)
+            if c.get("ws")]
+
+
 def poly_variants(D: int, causal: bool = False) -> list[dict]:
-    """The ws seeds as the default runs them (fast math; causal: paired rows), and each with every 8th and 4th
-    8-column block of a key tile's exponents on the FMA units (``exp_poly``; ``common.poly_exp2``)."""
-    seeds = [c for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)
-             if c.get("ws")]
-    return [{**c, **x} for c in seeds for x in ({}, {"exp_poly": 8}, {"exp_poly": 4})]
+    """Each ws seed, and with every 8th and 4th 8-column block of a key tile's exponents on the FMA units
+    (``exp_poly``; ``common.poly_exp2``)."""
+    return [{**c, **x} for c in ws_seeds(D, causal) for x in ({}, {"exp_poly": 8}, {"exp_poly": 4})]
 
 
 def pin_variants(D: int, causal: bool = False, masked: bool = False) -> list[dict]:
-    """The ws seeds as the default runs them (fast math; causal: paired rows; masked: keys bounded), and each with the
-    softmax's exponents pinned before the wait for the previous key tile's ``P V`` (``pin_softmax``)."""
-    seeds = [{**c, **({"bound_keys": True} if masked else {})}
-             for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)
-             if c.get("ws")]
-    return [{**c, **x} for c in seeds for x in ({}, {"pin_softmax": True})]
+    """Each ws seed, and with the softmax's exponents pinned before the wait for the previous key tile's ``P V``
+    (``pin_softmax``)."""
+    return [{**c, **x} for c in ws_seeds(D, causal, masked) for x in ({}, {"pin_softmax": True})]
 
 
 def recheck_variants(D: int, causal: bool = False) -> list[dict]:
     """The default ws pick (fast math since 2026-12-05; causal: paired rows) alone and with each schedule option last
     measured before fast math (2026-12-03: consumer groups taking turns, 3 stages, the late store, two Q buffers), and
     the pairs of them that FlashAttention-3 runs together."""
-    seed = attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)[0]
     extra = [{}, {"pingpong": True}, {"num_stages": 3}, {"pingpong": True, "num_stages": 3}, {"late_store": True},
              {"double_q": True}, {"late_store": True, "double_q": True}]
-    return [{**seed, **x} for x in extra]
+    return [{**ws_seeds(D, causal)[0], **x} for x in extra]
 
 
 def short_variants(D: int, causal: bool = False, masked: bool = False) -> list[dict]:
-    """Each plain ws seed (fast math; causal: paired rows; masked: keys bounded) without and with the options that
-    lead at D 64 up to ``SHORT_KEYS`` keys (``attention_configs.SHORT_OPTIONS``: the late store, two Q buffers)."""
-    seeds = [{**c, **({"bound_keys": True} if masked else {})}
-             for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)
-             if c.get("ws")]
-    return [{**c, **x} for c in seeds for x in ({}, SHORT_OPTIONS)]
+    """Each ws seed, and with the options that lead up to ``SHORT_KEYS`` keys (``attention_configs.SHORT_OPTIONS``:
+    the late store, two Q buffers)."""
+    return [{**c, **x} for c in ws_seeds(D, causal, masked) for x in ({}, SHORT_OPTIONS)]
 
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
