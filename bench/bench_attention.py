@@ -1,7 +1,7 @@
 """Benchmark the flash-attention template against PyTorch SDPA (cuDNN and flash backends) on a GPU.
 
 Usage (on the device machine):  python bench/bench_attention.py [--json out.json] [--reps 30]
-    [--shapes issue|llm|zoo|sweep|d64|masked|all] [--configs all|seeds|variants|chain|poly|pin|recheck|short]
+    [--shapes issue|llm|zoo|sweep|d64|masked|all] [--configs all|seeds|variants|chain|poly|pin|recheck|short|lean]
 
 For each shape every config in the template's config space is compiled (in parallel), checked
 against SDPA on the same inputs and timed (median of ``--reps`` CUDA-event runs after warm-up); the
@@ -126,6 +126,15 @@ def short_variants(D: int, causal: bool = False, masked: bool = False) -> list[d
     return [{**c, **x} for c in ws_seeds(D, causal, masked) for x in ({}, SHORT_OPTIONS)]
 
 
+def lean_variants(D: int, causal: bool = False, masked: bool = False, S: int | None = None) -> list[dict]:
+    """The ws seeds as the default orders them for ``S`` keys (the short-key lead first), each with one producer warp
+    (``lean_producer``) and without."""
+    seeds = [{**c, **({"bound_keys": True} if masked else {})}
+             for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal, Skv=S)
+             if c.get("ws")]
+    return [{**c, **x} for c in seeds for x in ({}, {"lean_producer": True})]
+
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -187,7 +196,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "d64", "masked", "all"])
     p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly", "pin",
-                                                              "recheck", "short"])
+                                                              "recheck", "short", "lean"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timing", default="graph", choices=["graph", "events"])
     p.add_argument("--json")
@@ -224,6 +233,8 @@ def main(argv=None) -> int:
                 configs = recheck_variants(D, causal)
             elif a.configs == "short":
                 configs = short_variants(D, causal, masked)
+            elif a.configs == "lean":
+                configs = lean_variants(D, causal, masked, S)
             else:
                 configs = attention.config_space(target, D, ws=ws, causal=causal)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing, masked)
@@ -234,7 +245,7 @@ def main(argv=None) -> int:
         for e in row["tilefuse"]:
             if "error" in e:
                 print(f"  config {e['config']}: {e['error']}", flush=True)
-            elif a.configs in ("variants", "chain", "poly", "pin", "recheck", "short"):
+            elif a.configs in ("variants", "chain", "poly", "pin", "recheck", "short", "lean"):
                 print(f"  config {e['config']}: {e['ms']:.4f} ms, x cuDNN {cudnn / e['ms'] if cudnn else float('nan'):.3f}",
                       flush=True)
 
@@ -247,6 +258,7 @@ def main(argv=None) -> int:
                       if best and best["config"].get(k))
         bc += f"/exp_poly{best['config']['exp_poly']}" if best and best["config"].get("exp_poly") else ""
         bc += "/pin" if best and best["config"].get("pin_softmax") else ""
+        bc += "/lean" if best and best["config"].get("lean_producer") else ""
         print(f"| {B} | {Hq}/{Hkv} | {S} | {D} | {causal} | {bc} | {best['ms'] if best else float('nan'):.3f} | "
               f"{best['tflops'] if best else float('nan'):.0f} | {cu[0]} | {cu[1]} | {fl[0]} | {fl[1]} |", flush=True)
         if a.json:  # (after every shape: a run cut off by its time limit keeps what it measured)

@@ -115,6 +115,10 @@
 #   part 69 (~8 min): the late store and two Q buffers leading at D 64 up to 2048 keys (attention_configs.SHORT_KEYS,
 #            from part 68): their GPU tests, then each ws seed without and with them over the sweep (D 64 and 128) and
 #            the masked shapes (bench_attention.py --configs short; SHORT_SHAPES, SHORT_LIMIT).
+#   part 70 (~7 min): one producer warp (flash_attention(ws=True, lean_producer=True), session 47, from part 67's
+#            profile: all four producer warps spin on the "empty" barriers, cuDNN keeps one): its GPU tests, then the
+#            ws seeds as the default orders them, without and with it, over the sweep and the masked shapes
+#            (bench_attention.py --configs lean; LEAN_SHAPES, LEAN_LIMIT).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -415,6 +419,16 @@ elif [ "$part" = 69 ]; then  # (session 46: the late store and two Q buffers lea
         timeout "${SHORT_LIMIT:-240}" python3 bench/bench_attention.py --shapes "$shapes" --configs short \
             --json "$OUT/logs/attn_short_$shapes.json" > "$OUT/logs/attn_short_$shapes.log" 2>&1
         grep -v -i warn "$OUT/logs/attn_short_$shapes.log" | cut -c1-200 | tail -70
+    done
+elif [ "$part" = 70 ]; then  # (session 47: one producer warp)
+    TILELANG_CACHE_DIR=$(mktemp -d) timeout "${LEAN_TEST_LIMIT:-150}" python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
+        tests/test_attention_ws.py -k "lean or (padding and variant7)" > "$OUT/logs/gpu_tests_lean.log" 2>&1
+    echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_lean.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_lean.log" | cut -c1-200 | head -8
+    for shapes in ${LEAN_SHAPES:-sweep masked}; do
+        timeout "${LEAN_LIMIT:-240}" python3 bench/bench_attention.py --shapes "$shapes" --configs lean \
+            --json "$OUT/logs/attn_lean_$shapes.json" > "$OUT/logs/attn_lean_$shapes.log" 2>&1
+        grep -v -i warn "$OUT/logs/attn_lean_$shapes.log" | cut -c1-200 | tail -70
     done
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager

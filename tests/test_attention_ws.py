@@ -169,6 +169,7 @@ def test_ws_lowers_for_sm90a_with_the_overlap():
                                      {"chain": True, "late_store": True, "fast_math": True},
                                      {"fast_math": True, "exp_poly": 4}, {"fast_math": True, "pin_softmax": True},
                                      {"fast_math": True, **SHORT_OPTIONS},
+                                     {"fast_math": True, **SHORT_OPTIONS, "lean_producer": True},
                                      {"pin_softmax": True, "pair_rows": True, "mask_shape": (2, 1, 1, 1024),
                                       "mask_dtype": "float16", "bound_keys": True}])
 @pytest.mark.parametrize("D,is_causal,cfg", [(64, True, 0), (64, False, 1), (128, True, 0)])
@@ -193,6 +194,23 @@ def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_p
     assert "0 bytes spill stores" in log, log[-3000:]
 
 
+def test_lean_producer_loads_from_one_warp():
+    """``lean_producer``: only the producer warp group's first warp walks the loads (the others leave after giving up
+    their registers), so the "full" barriers count 32 arrivals, not 128; the consumers' "empty" ones are unchanged."""
+    def source(**kw):
+        return kernel_source(attention.flash_attention(2, 8, 1024, 1024, 64, dtype="float16", target=SM90,
+                                                       **_ws_configs(64, **kw)[0]), SM90)
+    plain, lean = source(), source(lean_producer=True)
+    threads = _ws_configs(64)[0]["threads"]
+    assert f"if (((int)threadIdx.x) < {threads + 32}) {{" in lean and "tl_shuffle_elect<32>" in lean
+    assert f"< {threads + 32})" not in plain and "tl_shuffle_elect<32>" not in plain
+    for name in ("q_full", "k_full", "v_full"):
+        assert f"{name}[0].init(32);" in lean and f"{name}[0].init(128);" in plain, name
+    for name in ("q_empty", "k_empty", "v_empty"):
+        assert f"{name}[0].init({threads});" in lean and f"{name}[0].init({threads});" in plain, name
+    assert lean.count("warpgroup_reg_dealloc") == plain.count("warpgroup_reg_dealloc") == 1
+
+
 @pytest.mark.parametrize("cfg", [0, 1])
 def test_pingpong_takes_turns_through_named_barriers(cfg):
     """``pingpong``: each consumer warp group waits for its turn (``bar.sync`` on barrier 12 + its index, with the
@@ -210,7 +228,7 @@ def test_pingpong_takes_turns_through_named_barriers(cfg):
     assert pp.count(turn) == 3 and pp.count(f"tl::__named_barrier_arrive(({passes}), 256);") == 3
     assert f"if ((((int)threadIdx.x) >> 7) == {groups - 1}) {{\n      tl::__named_barrier_arrive(12, 256);" in pp
     assert pp.count("wgmma_ss") == plain.count("wgmma_ss") and pp.count("wgmma_rs") == plain.count("wgmma_rs")
-    with pytest.raises(ValueError, match="chain, fast_math, exp_poly and pin_softmax are options of ws=True"):
+    with pytest.raises(ValueError, match="exp_poly, pin_softmax and lean_producer are options of ws=True"):
         attention.flash_attention(1, 2, 64, 64, 64, dtype="float16", target=SM90, pingpong=True)
 
 
@@ -350,6 +368,8 @@ VARIANTS = {"pingpong": {"pingpong": True}, "pair_rows": {"pair_rows": True}, "l
             "exp_poly": {"fast_math": True, "exp_poly": 4}, "exp_poly_half": {"fast_math": True, "exp_poly": 2},
             "pin_softmax": {"fast_math": True, "pin_softmax": True},
             "short_keys": {"fast_math": True, **SHORT_OPTIONS},  # (the default lead up to SHORT_KEYS keys)
+            "lean_producer": {"fast_math": True, "lean_producer": True},
+            "short_keys_lean": {"fast_math": True, **SHORT_OPTIONS, "lean_producer": True},
             "all": {"pingpong": True, "pair_rows": True, "late_store": True, "double_q": True, "chain": True,
                     "fast_math": True}}
 
@@ -409,7 +429,8 @@ MASKED = {
                                      {"chain": True, "bound_keys": True, "fast_math": True},
                                      {"bound_keys": True, "fast_math": True, "pin_softmax": True},
                                      {"bound_keys": True, "fast_math": True, "exp_poly": 4},
-                                     {"bound_keys": True, "fast_math": True, **SHORT_OPTIONS}])
+                                     {"bound_keys": True, "fast_math": True, **SHORT_OPTIONS},
+                                     {"bound_keys": True, "fast_math": True, **SHORT_OPTIONS, "lean_producer": True}])
 def test_ws_gpu_padding_mask_matches_sdpa(variant, rng):
     """A padding mask added to every key tile's scores, in each layout of the mask, with the chained schedule and the
     key bound too; a batch whose keys are all -inf gives 0 (the template's and torch's fused kernels' convention),

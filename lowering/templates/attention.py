@@ -128,6 +128,7 @@ def flash_attention(
     fast_math: bool = False,
     exp_poly: int = 0,
     pin_softmax: bool = False,
+    lean_producer: bool = False,
     bound_keys: bool = False,
     splits: int = 1,
     split_max: int | None = None,
@@ -161,7 +162,7 @@ def flash_attention(
     with ``pingpong`` its consumer warp groups taking turns at the tensor cores, with ``pair_rows`` (causal) each program's
     row tiles in heavy/light pairs (``attention_ws.TileOrder``), with ``late_store`` O's TMA store waited for only before
     the next tile's, with ``double_q`` two Q buffers, with ``chain`` each tile's first scores under the previous tile's
-    last ``P V``, with ``fast_math`` nvcc's fast math (``ex2.approx.ftz``).
+    last ``P V``, with ``fast_math`` nvcc's fast math (``ex2.approx.ftz``), with ``lean_producer`` one producer warp.
     """
     Hkv = Hkv or Hq
     out_dtype = out_dtype or dtype
@@ -194,9 +195,10 @@ def flash_attention(
     if bound_keys and d.metal:
         raise NotImplementedError("flash_attention: bound_keys has no Metal form")
     bound = bool(bound_keys)
-    if (pingpong or pair_rows or late_store or double_q or chain or fast_math or exp_poly or pin_softmax) and not ws:
-        raise ValueError("flash_attention: pingpong, pair_rows, late_store, double_q, chain, fast_math, exp_poly and "
-                         "pin_softmax are options of ws=True")
+    if (pingpong or pair_rows or late_store or double_q or chain or fast_math or exp_poly or pin_softmax
+            or lean_producer) and not ws:
+        raise ValueError("flash_attention: pingpong, pair_rows, late_store, double_q, chain, fast_math, exp_poly, "
+                         "pin_softmax and lean_producer are options of ws=True")
     if ws:
         if not attention_ws.eligible(target, D=D, dtype=dtype, mask_shape=mask_shape, mask_dtype=mask_dtype,
                                      scale=scale, window=window,
@@ -213,7 +215,7 @@ def flash_attention(
             pingpong=bool(pingpong), pair_rows=bool(pair_rows), late_store=bool(late_store),
             double_q=bool(double_q), chain=bool(chain), mask_shape=mask_shape, mask_dtype=mask_dtype,
             bound_keys=bool(bound_keys), fast_math=bool(fast_math), exp_poly=int(exp_poly),
-            pin_softmax=bool(pin_softmax))
+            pin_softmax=bool(pin_softmax), lean_producer=bool(lean_producer))
     stage_out = (bool(stage_out) and target_kind(target) == "cuda" and not (pack or int(splits) > 1)
                  and Sq % block_M == 0)
     rows = groups * Sq if pack else Sq  # a program's rows run over these

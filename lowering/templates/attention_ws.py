@@ -43,12 +43,10 @@ LOG2E = 1.4426950408889634
 HIDDEN_GAP = 1e4
 PRODUCER_REGS, CONSUMER_REGS = 24, {2: 240, 3: 160}  # setmaxnreg per warp group: 24 + consumers' within 64K
 TURN_BARRIER = 12  # ping-pong: consumer warp group w waits on named barrier 12 + w (TileLang numbers its own from 3)
-# ``pin_softmax``: ptxas (CUDA 13) puts the wait for key tile k-1's ``P V`` (``wgmma.wait_group 0``) right after the
-# wait for tile k's scores: its SASS sinks the 64 MUFU.EX2 a thread computes below that WARPGROUP.DEPBAR, so the
-# softmax never runs under ``P V``. A second P buffer (ptxas gives both the same registers), a separate buffer for the
-# exponents, a predicated wait (ptxas then serializes every WGMMA) or a named barrier alone (register arithmetic
-# crosses it) leave it so. A shared-memory store of each row sum, which reads every exponent of the row, then a named
-# barrier of the warp group (``PIN_BARRIER`` + w) moves it: stores do not cross the barrier. Nothing reads the stores.
+# ``pin_softmax``: ptxas (CUDA 13) sinks key tile k's exponents below the wait for tile k-1's ``P V`` (the
+# WARPGROUP.DEPBAR after the scores' wait); a second P buffer, a predicated wait or a named barrier alone leave it so.
+# A shared-memory store of each row sum (it reads every exponent of the row), then a named barrier of the warp group
+# (``PIN_BARRIER`` + w), moves them: stores do not cross the barrier. Nothing reads the stores.
 PIN_BARRIER = 9
 PIN_SRC = r"""
 __device__ __forceinline__ void tf_pin_store(float* slot, float x) {
@@ -204,7 +202,7 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                        pair_rows: bool = False, late_store: bool = False, double_q: bool = False,
                        chain: bool = False, mask_shape=None, mask_dtype: str | None = None,
                        bound_keys: bool = False, fast_math: bool = False, exp_poly: int = 0,
-                       pin_softmax: bool = False):
+                       pin_softmax: bool = False, lean_producer: bool = False):
     """The warp-specialized ``T.prim_func`` (parameters ``Q, K, V, O``); ``flash_attention`` checks the arguments
     and passes the operands' parameter ``shapes`` and ``layouts`` (``TokenRows`` or None each, in Q, K, V, O
     order). ``pingpong``: the consumer warp groups take turns at the tensor cores (FlashAttention-3's inter-warpgroup
@@ -234,7 +232,9 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     ``Options.experimental`` but ``exp_poly``); ``late_store`` with ``double_q`` leads up to 2048 keys (fast math made
     them win, H100 2026-12-06: ``attention_configs.SHORT_KEYS``), each alone ran within +-3%. ``pin_softmax``: each
     key tile's exponents computed before the wait for the previous tile's P V, which ptxas puts first (``PIN_SRC``):
-    on the H100 (2026-12-06, bench/results/2026-12-06-h100-session46) slower at 16 of 18 D-64 points (to 0.92x)."""
+    on the H100 (2026-12-06, bench/results/2026-12-06-h100-session46) slower at 16 of 18 D-64 points (to 0.92x).
+    ``lean_producer``: one warp of the producer warp group loads (cuDNN's form); the other three leave once they
+    have given up their registers, where otherwise all four wait on every "empty" barrier (Nsight Compute, H100)."""
     consumers = threads // 128
     if exp_poly and (exp_poly < 2 or block_N % (8 * exp_poly)):
         raise ValueError(f"flash_attention(ws=True): exp_poly={exp_poly}: every k-th of a key tile's 8-column blocks, "
@@ -483,10 +483,11 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
             bound_s = T.alloc_shared((mask_batches,), "int32") if bound_keys else None
             scan = T.alloc_local((2,), accum) if bound_keys else None
             kn = T.alloc_local((1,), "int32") if bound_keys else None
-            q_full = T.alloc_barrier([128, 128] if double_q else 128)
+            loaders = 32 if lean_producer else 128  # (the producer's threads that arrive on the "full" barriers)
+            q_full = T.alloc_barrier([loaders, loaders] if double_q else loaders)
             q_empty = T.alloc_barrier([threads, threads] if double_q else threads)
-            k_full = T.alloc_barrier([128] * num_stages)
-            v_full = T.alloc_barrier([128] * num_stages)
+            k_full = T.alloc_barrier([loaders] * num_stages)
+            v_full = T.alloc_barrier([loaders] * num_stages)
             k_empty = T.alloc_barrier([threads] * num_stages)
             v_empty = T.alloc_barrier([threads] * num_stages)
             it = T.alloc_var("int32", init=0)  # key tiles this warp group walked in earlier tiles (the stage ring)
@@ -501,34 +502,35 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
                 key_bounds(b)
             if T.get_thread_binding() >= threads:  # the producer
                 T.dec_max_nreg(PRODUCER_REGS)
-                for t in T.serial(order.steps):
-                    if order.at(pid, t)[0]:
-                        _, bx, by, bz = order.at(pid, t)
-                        m0 = bx * block_M
-                        n = key_count(b, m0, bz)
-                        if double_q:  # Q buffer (count % 2), its phase (count // 2) % 2
-                            qi = (qn if order.pair else t) % 2
-                            T.mbarrier_wait_parity(q_empty[qi], (((qn if order.pair else t) // 2) % 2) ^ 1)
-                            T.tma_copy(_region(Q, q_lay, bz, by, m0, block_M, D), Q_s[qi, :, :], barrier=q_full[qi])
-                            T.barrier_arrive(q_full[qi])
-                        else:
-                            T.mbarrier_wait_parity(q_empty, ((qn if order.pair else t) % 2) ^ 1)
-                            T.tma_copy(_region(Q, q_lay, bz, by, m0, block_M, D), Q_s, barrier=q_full)
-                            T.barrier_arrive(q_full)
-                        for k in T.serial(n):
-                            s = (it + k) % num_stages
-                            ph = ((it + k) // num_stages) % 2
-                            T.mbarrier_wait_parity(k_empty[s], ph ^ 1)
-                            T.tma_copy(_region(K, k_lay, bz, by // groups, k * block_N, block_N, D), K_s[s, :, :],
-                                       barrier=k_full[s])
-                            T.barrier_arrive(k_full[s])
-                            T.mbarrier_wait_parity(v_empty[s], ph ^ 1)
-                            T.tma_copy(_region(V, v_lay, bz, by // groups, k * block_N, block_N, D), V_s[s, :, :],
-                                       barrier=v_full[s])
-                            T.barrier_arrive(v_full[s])
-                        it = it + n
-                        if order.pair:
-                            qn = qn + 1
+                if not lean_producer or T.get_thread_binding() < threads + 32:  # (Python decides the first)
+                    for t in T.serial(order.steps):
+                        if order.at(pid, t)[0]:
+                            _, bx, by, bz = order.at(pid, t)
+                            m0 = bx * block_M
+                            n = key_count(b, m0, bz)
+                            if double_q:  # Q buffer (count % 2), its phase (count // 2) % 2
+                                qi = (qn if order.pair else t) % 2
+                                T.mbarrier_wait_parity(q_empty[qi], (((qn if order.pair else t) // 2) % 2) ^ 1)
+                                T.tma_copy(_region(Q, q_lay, bz, by, m0, block_M, D), Q_s[qi, :, :], barrier=q_full[qi])
+                                T.barrier_arrive(q_full[qi])
+                            else:
+                                T.mbarrier_wait_parity(q_empty, ((qn if order.pair else t) % 2) ^ 1)
+                                T.tma_copy(_region(Q, q_lay, bz, by, m0, block_M, D), Q_s, barrier=q_full)
+                                T.barrier_arrive(q_full)
+                            for k in T.serial(n):
+                                s = (it + k) % num_stages
+                                ph = ((it + k) // num_stages) % 2
+                                T.mbarrier_wait_parity(k_empty[s], ph ^ 1)
+                                T.tma_copy(_region(K, k_lay, bz, by // groups, k * block_N, block_N, D), K_s[s, :, :],
+                                           barrier=k_full[s])
+                                T.barrier_arrive(k_full[s])
+                                T.mbarrier_wait_parity(v_empty[s], ph ^ 1)
+                                T.tma_copy(_region(V, v_lay, bz, by // groups, k * block_N, block_N, D), V_s[s, :, :],
+                                           barrier=v_full[s])
+                                T.barrier_arrive(v_full[s])
+                            it = it + n
+                            if order.pair:
+                                qn = qn + 1
             else:  # the consumers: 64 rows per warp group
                 T.inc_max_nreg(CONSUMER_REGS[consumers])
                 wg = T.get_thread_binding() // 128
