@@ -119,6 +119,8 @@
 #            profile: all four producer warps spin on the "empty" barriers, cuDNN keeps one): its GPU tests, then the
 #            ws seeds as the default orders them, without and with it, over the sweep and the masked shapes
 #            (bench_attention.py --configs lean; LEAN_SHAPES, LEAN_LIMIT).
+#   part 71 (~5 min): part 70's lean producer in whole models: zoo BERT and GPT-2 without and with
+#            attention_lean_producer (TILEFUSE_EXPERIMENTAL), no options otherwise, against Inductor default.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -430,6 +432,12 @@ elif [ "$part" = 70 ]; then  # (session 47: one producer warp)
             --json "$OUT/logs/attn_lean_$shapes.json" > "$OUT/logs/attn_lean_$shapes.log" 2>&1
         grep -v -i warn "$OUT/logs/attn_lean_$shapes.log" | cut -c1-200 | tail -70
     done
+elif [ "$part" = 71 ]; then  # (session 47: the lean producer in whole models)
+    timeout "${LEAN_ZOO_LIMIT:-330}" python3 bench/bench_models.py --models "${LEAN_MODELS:-bert,gpt2}" --peers default \
+        --no-warm --reps 30 --tune none,none+attention_lean_producer --json "$OUT/logs/zoo_lean.json" \
+        > "$OUT/logs/zoo_lean.log" 2>&1
+    grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_lean.log" | grep -v "regions as chosen\|launching" \
+        | cut -c1-220 | head -40
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

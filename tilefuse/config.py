@@ -118,7 +118,7 @@ def _on(v: str) -> bool:
 # (Measured wins left this list for the defaults: the ws GEMM and the ws attention with a padding mask,
 # lowering/lower.py config_space; attention_ws's pair_rows and fast_math, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain", "attention_pin_softmax", "pdl_all", "pdl_tma")
+                "attention_chain", "attention_pin_softmax", "attention_lean_producer", "pdl_all", "pdl_tma")
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,7 @@ class Options:
     # where ptxas put that wait first: lowering/templates/attention_ws.py ``PIN_SRC``; measured 2026-12-06 on an H100:
     # its GPU tests pass, slower at 16 of the 18 D-64 points of the sweep, by 1-8%:
     # bench/results/2026-12-06-h100-session46).
+    # "attention_lean_producer" adds ``lean_producer`` (one producer warp loads; the others leave: cuDNN's form).
     # "pdl_all": every kernel launches as a programmatic dependent, not only a decode step's small ones
     # (lowering/templates/common.py ``PDL_ALL``). Measured 2026-12-06 on an H100 (bench/results/2026-12-06-h100-
     # session45): its GPU tests pass, but zoo GPT-2 ran 4.683 against 4.599 ms without it and BERT 6.904 against 6.697
