@@ -161,6 +161,18 @@ nvrtc_compile() {  # timeout, models, compilers, name, [--timeline]: cold and wa
         --out "$OUT/logs/$4.json" > "$OUT/logs/$4.log" 2>&1
     grep -E "^(mlp|resnet|model)" "$OUT/logs/$4.log"
 }
+attn_variants() {  # configs, tests' -k, their timeout, each sweep's timeout, shapes...: GPU tests, then the sweeps
+    local name=$1 tests=$2 tlimit=$3 limit=$4; shift 4
+    TILELANG_CACHE_DIR=$(mktemp -d) timeout "$tlimit" python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
+        tests/test_attention_ws.py -k "$tests" > "$OUT/logs/gpu_tests_$name.log" 2>&1
+    echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_$name.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_$name.log" | cut -c1-200 | head -8
+    for shapes in "$@"; do
+        timeout "$limit" python3 bench/bench_attention.py --shapes "$shapes" --configs "$name" \
+            --json "$OUT/logs/attn_${name}_$shapes.json" > "$OUT/logs/attn_${name}_$shapes.log" 2>&1
+        grep -v -i warn "$OUT/logs/attn_${name}_$shapes.log" | cut -c1-200 | tail -70
+    done
+}
 for part in "${@:-29}"; do
 echo "== part $part (at ${SECONDS} s)"
 if [ "$part" = 29 ]; then
@@ -413,25 +425,11 @@ elif [ "$part" = 68 ]; then  # (session 46: where the ws attention's warps stall
         --json "$OUT/logs/attn_recheck.json" > "$OUT/logs/attn_recheck.log" 2>&1
     grep -v -i warn "$OUT/logs/attn_recheck.log" | cut -c1-200 | tail -80
 elif [ "$part" = 69 ]; then  # (session 46: the late store and two Q buffers leading at D 64 up to 2048 keys)
-    TILELANG_CACHE_DIR=$(mktemp -d) timeout "${SHORT_TEST_LIMIT:-150}" python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
-        tests/test_attention_ws.py -k "short_keys or variant6 or zoo_bert" > "$OUT/logs/gpu_tests_short.log" 2>&1
-    echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_short.log")"
-    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_short.log" | cut -c1-200 | head -8
-    for shapes in ${SHORT_SHAPES:-sweep masked}; do
-        timeout "${SHORT_LIMIT:-240}" python3 bench/bench_attention.py --shapes "$shapes" --configs short \
-            --json "$OUT/logs/attn_short_$shapes.json" > "$OUT/logs/attn_short_$shapes.log" 2>&1
-        grep -v -i warn "$OUT/logs/attn_short_$shapes.log" | cut -c1-200 | tail -70
-    done
+    attn_variants short "short_keys or variant6 or zoo_bert" "${SHORT_TEST_LIMIT:-150}" "${SHORT_LIMIT:-240}" \
+        ${SHORT_SHAPES:-sweep masked}
 elif [ "$part" = 70 ]; then  # (session 47: one producer warp)
-    TILELANG_CACHE_DIR=$(mktemp -d) timeout "${LEAN_TEST_LIMIT:-150}" python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
-        tests/test_attention_ws.py -k "lean or (padding and variant7)" > "$OUT/logs/gpu_tests_lean.log" 2>&1
-    echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_lean.log")"
-    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_lean.log" | cut -c1-200 | head -8
-    for shapes in ${LEAN_SHAPES:-sweep masked}; do
-        timeout "${LEAN_LIMIT:-240}" python3 bench/bench_attention.py --shapes "$shapes" --configs lean \
-            --json "$OUT/logs/attn_lean_$shapes.json" > "$OUT/logs/attn_lean_$shapes.log" 2>&1
-        grep -v -i warn "$OUT/logs/attn_lean_$shapes.log" | cut -c1-200 | tail -70
-    done
+    attn_variants lean "lean or (padding and variant7)" "${LEAN_TEST_LIMIT:-150}" "${LEAN_LIMIT:-240}" \
+        ${LEAN_SHAPES:-sweep masked}
 elif [ "$part" = 71 ]; then  # (session 47: the lean producer in whole models)
     timeout "${LEAN_ZOO_LIMIT:-330}" python3 bench/bench_models.py --models "${LEAN_MODELS:-bert,gpt2}" --peers default \
         --no-warm --reps 30 --tune none,none+attention_lean_producer --json "$OUT/logs/zoo_lean.json" \
