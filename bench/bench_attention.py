@@ -1,7 +1,7 @@
 """Benchmark the flash-attention template against PyTorch SDPA (cuDNN and flash backends) on a GPU.
 
 Usage (on the device machine):  python bench/bench_attention.py [--json out.json] [--reps 30]
-    [--shapes issue|llm|zoo|sweep|d64|masked|all] [--configs all|seeds|variants|chain|poly|pin|recheck|short|lean]
+    [--shapes issue|llm|zoo|sweep|d64|masked|long|all] [--configs all|seeds|variants|chain|poly|pin|recheck|short|lean]
 
 For each shape every config in the template's config space is compiled (in parallel), checked
 against SDPA on the same inputs and timed (median of ``--reps`` CUDA-event runs after warm-up); the
@@ -42,6 +42,11 @@ SWEEP = [(32, 16, 16, 512, 64, c) for c in (False, True)] + [(8, 16, 16, 2048, 6
     [(2, 32, 8, 8192, 64, c) for c in (False, True)] + [(16, 32, 8, 1024, 128, c) for c in (False, True)] + \
     [(4, 32, 8, 4096, 128, c) for c in (False, True)]
 
+# Past SHORT_KEYS at head dim 64 (--shapes long): SDXL's 64x64 level (10 heads, 4096 tokens), longer encoders, causal;
+# and the zoo LLaMA's attention (head dim 128, 2048 keys, causal: the short-key lead's last point)
+LONG = [(4, 32, 8, 2048, 128, True), (2, 10, 10, 4096, 64, False), (4, 16, 16, 4096, 64, False), (4, 16, 16, 4096, 64, True),
+        (2, 16, 16, 3072, 64, False), (2, 32, 8, 8192, 64, False), (1, 16, 16, 16384, 64, False),
+        (1, 16, 16, 16384, 64, True)]
 
 # BERT's attention with its padding mask (B, 1, 1, S) as the zoo builds it: batch 0 sees every key, the others a
 # random prefix; --shapes masked (the ws schedule's default for it since 2026-12-05, bounded by the mask)
@@ -194,7 +199,8 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph", ma
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "d64", "masked", "all"])
+    p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "d64", "masked", "long",
+                                                            "all"])
     p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly", "pin",
                                                               "recheck", "short", "lean"])
     p.add_argument("--reps", type=int, default=30)
@@ -203,7 +209,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     major, minor = torch.cuda.get_device_capability()
     target = {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
-    shapes = {"issue": ISSUE, "llm": LLM, "zoo": ZOO, "sweep": ZOO + SWEEP, "masked": MASKED,
+    shapes = {"issue": ISSUE, "llm": LLM, "zoo": ZOO, "sweep": ZOO + SWEEP, "masked": MASKED, "long": LONG,
               "d64": ZOO + [s for s in SWEEP if s[4] == 64],
               "all": ISSUE + ZOO + LLM}[a.shapes]
     masked = a.shapes == "masked"

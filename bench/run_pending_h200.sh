@@ -121,6 +121,9 @@
 #            (bench_attention.py --configs lean; LEAN_SHAPES, LEAN_LIMIT).
 #   part 71 (~5 min): part 70's lean producer in whole models: zoo BERT and GPT-2 without and with
 #            attention_lean_producer (TILEFUSE_EXPERIMENTAL), no options otherwise, against Inductor default.
+#   part 72 (~3 min): past SHORT_KEYS at D 64 (bench_attention.py --shapes long: 3072-16384 keys, SDXL's 4096):
+#            each ws seed without and with the short options, whether the 192-row seed should lead non-causal long
+#            runs (it led at 8192 keys in sessions 45-47, 1.04-1.08x cuDNN against 0.96-0.97x for 128 rows).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -436,6 +439,10 @@ elif [ "$part" = 71 ]; then  # (session 47: the lean producer in whole models)
         > "$OUT/logs/zoo_lean.log" 2>&1
     grep -E "^  [a-z0-9-]+: |^model |^[a-z0-9-]+ +[0-9t]" "$OUT/logs/zoo_lean.log" | grep -v "regions as chosen\|launching" \
         | cut -c1-220 | head -40
+elif [ "$part" = 72 ]; then  # (session 47: which ws seed leads past SHORT_KEYS at D 64)
+    timeout "${LONG_LIMIT:-300}" python3 bench/bench_attention.py --shapes long --configs short \
+        --json "$OUT/logs/attn_long.json" > "$OUT/logs/attn_long.log" 2>&1
+    grep -v -i warn "$OUT/logs/attn_long.log" | cut -c1-200 | tail -60
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
