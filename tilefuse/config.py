@@ -174,6 +174,8 @@ class Options:
     # its GPU tests pass, slower at 16 of the 18 D-64 points of the sweep, by 1-8%:
     # bench/results/2026-12-06-h100-session46).
     # "attention_lean_producer" adds ``lean_producer`` (one producer warp loads; the others leave: cuDNN's form).
+    # Measured 2026-12-06 on an H100 (bench/results/2026-12-06-h100-session47): its GPU tests pass; within 1% of the
+    # default pick at most points of the sweep, 4-8% slower at some, so the three idle warps cost nothing.
     # "pdl_all": every kernel launches as a programmatic dependent, not only a decode step's small ones
     # (lowering/templates/common.py ``PDL_ALL``). Measured 2026-12-06 on an H100 (bench/results/2026-12-06-h100-
     # session45): its GPU tests pass, but zoo GPT-2 ran 4.683 against 4.599 ms without it and BERT 6.904 against 6.697

@@ -224,17 +224,16 @@ def flash_attention_ws(B: int, Hq: int, Sq: int, Skv: int, D: int, *, Hkv: int, 
     subnormal results (about three more instructions a score; what FlashAttention-3 compiles with), O's division
     approximate; the default of the ws seeds since the H200's sweep of 2026-12-05 (``attention_configs.get_configs``).
     ``exp_poly`` (k > 1): every k-th 8-column block of a key tile's scores takes its exponents from
-    ``common.poly_exp2`` on the FMA units instead of MUFU: on the H100 (2026-12-05,
-    bench/results/2026-12-05-h100-session37) slower than without at all 13 of the sweep's shapes (k = 4: 0.69-0.97x
-    the plain kernel's speed at 128-row tiles, down to 0.11x at 192-row ones), so MUFU is not what holds D 64 back in
-    this schedule.
+    ``common.poly_exp2`` on the FMA units instead of MUFU: on the H100 (2026-12-05, session 37) slower at all 13 of
+    the sweep's shapes (k = 4: 0.69-0.97x the plain kernel's speed at 128-row tiles, down to 0.11x at 192-row ones).
     ``pingpong`` (up to 8% slower, H200 2026-12-03) and the others no seed offers (``bench_attention.py``'s variants,
     ``Options.experimental`` but ``exp_poly``); ``late_store`` with ``double_q`` leads up to 2048 keys (fast math made
     them win, H100 2026-12-06: ``attention_configs.SHORT_KEYS``), each alone ran within +-3%. ``pin_softmax``: each
     key tile's exponents computed before the wait for the previous tile's P V, which ptxas puts first (``PIN_SRC``):
     on the H100 (2026-12-06, bench/results/2026-12-06-h100-session46) slower at 16 of 18 D-64 points (to 0.92x).
-    ``lean_producer``: one warp of the producer warp group loads (cuDNN's form); the other three leave once they
-    have given up their registers, where otherwise all four wait on every "empty" barrier (Nsight Compute, H100)."""
+    ``lean_producer``: one warp of the producer warp group loads (cuDNN's form; the others leave after ``setmaxnreg``),
+    where all four wait on every "empty" barrier: on the H100 (2026-12-06, session 47) within 1% at most points, 4-8%
+    slower at some: those warps' spin, most of Nsight Compute's stall samples, costs nothing (opt-in)."""
     consumers = threads // 128
     if exp_poly and (exp_poly < 2 or block_N % (8 * exp_poly)):
         raise ValueError(f"flash_attention(ws=True): exp_poly={exp_poly}: every k-th of a key tile's 8-column blocks, "
