@@ -13,6 +13,8 @@
 # Session 46 ran parts 65, 67, 68, 69, 30 and 34 on an H100 (bench/results/2026-12-06-h100-session46; 66 not needed:
 # pin_softmax lost at every shape). Next, on an H200: the bars' parts 30, 31, 34, 64 and 39, and 69 (the short-key
 # lead's sweep there); on either: 31 (zoo LLaMA, whose D-128 attention the short-key lead now takes).
+# Session 47 ran parts 70 and 31 on an H100 (bench/results/2026-12-06-h100-session47; 71 not needed: lean_producer
+# gained nowhere on the default pick). Part 72 (which ws seed leads past SHORT_KEYS at D 64) is ready, not run.
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
