@@ -97,10 +97,11 @@ def chain_variants(D: int, causal: bool = False, S: int | None = None) -> list[d
                          for i, (m, n, st, t) in enumerate(tiles) for x in (extra if i == 0 else [{}, fast])]
 
 
-def ws_seeds(D: int, causal: bool = False, masked: bool = False) -> list[dict]:
-    """The plain ws seeds as the default runs them (fast math; causal: paired rows; masked: keys bounded)."""
+def ws_seeds(D: int, causal: bool = False, masked: bool = False, S: int | None = None) -> list[dict]:
+    """The ws seeds as the default runs them (fast math; causal: paired rows; masked: keys bounded); with ``S`` keys,
+    in the default's order for them (the short-key lead first), else the plain seeds."""
     return [{**c, **({"bound_keys": True} if masked else {})}
-            for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal)
+            for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal, Skv=S)
             if c.get("ws")]
 
 
@@ -134,10 +135,7 @@ def short_variants(D: int, causal: bool = False, masked: bool = False) -> list[d
 def lean_variants(D: int, causal: bool = False, masked: bool = False, S: int | None = None) -> list[dict]:
     """The ws seeds as the default orders them for ``S`` keys (the short-key lead first), each with one producer warp
     (``lean_producer``) and without."""
-    seeds = [{**c, **({"bound_keys": True} if masked else {})}
-             for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal, Skv=S)
-             if c.get("ws")]
-    return [{**c, **x} for c in seeds for x in ({}, {"lean_producer": True})]
+    return [{**c, **x} for c in ws_seeds(D, causal, masked, S) for x in ({}, {"lean_producer": True})]
 
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}

@@ -5,6 +5,7 @@ full-size residual, a plain B, bf16, an fp32 output, one tile, several rounds pe
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import subprocess
 
@@ -377,6 +378,14 @@ def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_the
     pinned = Options(target=SM90, experimental="attention_pin_softmax")
     assert lower.default_config(attn, pinned.target) == {**lower.default_config(attn, plain.target),
                                                          "pin_softmax": True}
+    lean = Options(target=SM90, experimental="attention_lean_producer")
+    assert lower.default_config(attn, lean.target) == {**lower.default_config(attn, plain.target),
+                                                       "lean_producer": True}
+    # (config_space passes each "attention_<option>" on as flash_attention's option of that name)
+    from tilefuse.config import EXPERIMENTAL
+    from tilefuse.lowering.templates import attention
+    names = inspect.signature(attention.flash_attention).parameters
+    assert all(n.removeprefix("attention_") in names for n in EXPERIMENTAL if n.startswith("attention_"))
     with pytest.raises(ValueError, match="attention_exp_poly"):  # (measured slower everywhere: no option offers it)
         Options(target=SM90, experimental="attention_exp_poly")
     assert gemm_ws.seed()["block_N"] == 192 and gemm_ws.seed()["num_stages"] == 4
