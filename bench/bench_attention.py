@@ -1,7 +1,8 @@
 """Benchmark the flash-attention template against PyTorch SDPA (cuDNN and flash backends) on a GPU.
 
 Usage (on the device machine):  python bench/bench_attention.py [--json out.json] [--reps 30]
-    [--shapes issue|llm|zoo|sweep|d64|masked|long|all] [--configs all|seeds|variants|chain|poly|pin|recheck|short|lean]
+    [--shapes issue|llm|zoo|sweep|d64|masked|long|all]
+    [--configs all|seeds|variants|chain|poly|pin|recheck|short|lean|wide]
 
 For each shape every config in the template's config space is compiled (in parallel), checked
 against SDPA on the same inputs and timed (median of ``--reps`` CUDA-event runs after warm-up); the
@@ -138,6 +139,18 @@ def lean_variants(D: int, causal: bool = False, masked: bool = False, S: int | N
     return [{**c, **x} for c in ws_seeds(D, causal, masked, S) for x in ({}, {"lean_producer": True})]
 
 
+# Wider key tiles for the 128-row ws seeds (--configs wide; FlashAttention-3's non-causal picks are 192 x 192 at D 64,
+# with P through shared memory, and 128 x 176 at D 128): each lowers without spills for sm_90a (ptxas, 2026-12-06);
+# 192 x 192 and 192 x 160 (P in registers) and 128 x 256 spill.
+WIDE = {64: (160, 192), 128: (160, 176)}
+
+
+def wide_variants(D: int, causal: bool = False, masked: bool = False, S: int | None = None) -> list[dict]:
+    """The ws seeds as the default orders them for ``S`` keys, then each 128-row seed with the key tiles of ``WIDE``."""
+    seeds = ws_seeds(D, causal, masked, S)
+    return seeds + [{**c, "block_N": n} for c in seeds if c["block_M"] == 128 for n in WIDE[64 if D <= 64 else 128]]
+
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -200,7 +213,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "d64", "masked", "long",
                                                             "all"])
     p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly", "pin",
-                                                              "recheck", "short", "lean"])
+                                                              "recheck", "short", "lean", "wide"])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--timing", default="graph", choices=["graph", "events"])
     p.add_argument("--json")
@@ -239,6 +252,8 @@ def main(argv=None) -> int:
                 configs = short_variants(D, causal, masked)
             elif a.configs == "lean":
                 configs = lean_variants(D, causal, masked, S)
+            elif a.configs == "wide":
+                configs = wide_variants(D, causal, masked, S)
             else:
                 configs = attention.config_space(target, D, ws=ws, causal=causal)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing, masked)
@@ -249,7 +264,7 @@ def main(argv=None) -> int:
         for e in row["tilefuse"]:
             if "error" in e:
                 print(f"  config {e['config']}: {e['error']}", flush=True)
-            elif a.configs in ("variants", "chain", "poly", "pin", "recheck", "short", "lean"):
+            elif a.configs in ("variants", "chain", "poly", "pin", "recheck", "short", "lean", "wide"):
                 print(f"  config {e['config']}: {e['ms']:.4f} ms, x cuDNN {cudnn / e['ms'] if cudnn else float('nan'):.3f}",
                       flush=True)
 

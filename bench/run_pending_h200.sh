@@ -126,6 +126,9 @@
 #   part 72 (~3 min): past SHORT_KEYS at D 64 (bench_attention.py --shapes long: 3072-16384 keys, SDXL's 4096):
 #            each ws seed without and with the short options, whether the 192-row seed should lead non-causal long
 #            runs (it led at 8192 keys in sessions 45-47, 1.04-1.08x cuDNN against 0.96-0.97x for 128 rows).
+#   part 73 (~9 min): wider key tiles (bench_attention.py --configs wide: 160 and 192 keys at D 64, 160 and 176 at
+#            D 128, FlashAttention-3's non-causal picks, on the 128-row ws seeds) against the default's seeds over the
+#            sweep, the long runs (part 72's shapes) and the padding masks, x cuDNN.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -445,6 +448,12 @@ elif [ "$part" = 72 ]; then  # (session 47: which ws seed leads past SHORT_KEYS 
     timeout "${LONG_LIMIT:-300}" python3 bench/bench_attention.py --shapes long --configs short \
         --json "$OUT/logs/attn_long.json" > "$OUT/logs/attn_long.log" 2>&1
     grep -v -i warn "$OUT/logs/attn_long.log" | cut -c1-200 | tail -60
+elif [ "$part" = 73 ]; then  # (session 48: wider key tiles for the 128-row ws seeds, and part 72's long runs)
+    for shapes in sweep long masked; do
+        timeout "$(case $shapes in sweep) echo 250;; long) echo 200;; *) echo 100;; esac)" python3 bench/bench_attention.py \
+            --shapes "$shapes" --configs wide --json "$OUT/logs/attn_wide_$shapes.json" > "$OUT/logs/attn_wide_$shapes.log" 2>&1
+        grep -v -i warn "$OUT/logs/attn_wide_$shapes.log" | cut -c1-160 | tail -80
+    done
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
