@@ -1,7 +1,7 @@
 """Benchmark the flash-attention template against PyTorch SDPA (cuDNN and flash backends) on a GPU.
 
 Usage (on the device machine):  python bench/bench_attention.py [--json out.json] [--reps 30]
-    [--shapes issue|llm|zoo|sweep|d64|masked|long|all]
+    [--shapes issue|llm|zoo|sweep|d64|d128|masked|long|all]
     [--configs all|seeds|variants|chain|poly|pin|recheck|short|lean|wide]
 
 For each shape every config in the template's config space is compiled (in parallel), checked
@@ -141,8 +141,8 @@ def lean_variants(D: int, causal: bool = False, masked: bool = False, S: int | N
 
 # Wider key tiles for the 128-row ws seeds (--configs wide; FlashAttention-3's non-causal picks are 192 x 192 at D 64,
 # with P through shared memory, and 128 x 176 at D 128): each lowers without spills for sm_90a (ptxas, 2026-12-06);
-# 192 x 192 and 192 x 160 (P in registers) and 128 x 256 spill.
-WIDE = {64: (160, 192), 128: (160, 176)}
+# 192 x 192 and 192 x 160 (P in registers) and 128 x 256 spill, and 128 x 176 at D 128 needs 240 KB of shared memory.
+WIDE = {64: (160, 192), 128: (160,)}
 
 
 def wide_variants(D: int, causal: bool = False, masked: bool = False, S: int | None = None) -> list[dict]:
@@ -196,10 +196,15 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph", ma
         if isinstance(kern, BaseException):
             entry["error"] = f"{type(kern).__name__}: {str(kern)[:200]}"
         else:
-            got = kern(*operands)
-            err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+            try:
+                got = kern(*operands)
+            except Exception as e:  # noqa: BLE001  (a launch the device refuses: recorded, the others still run)
+                got, entry["error"] = None, f"launch: {type(e).__name__}: {str(e)[:200]}"
+            err = float((got.float() - want.float()).abs().max() / want.float().abs().max()) if got is not None else 0
             entry["max_rel_err"] = err
-            if err > 2e-2:
+            if got is None:
+                pass
+            elif err > 2e-2:
                 entry["error"] = f"wrong result (max rel err {err:.2e})"
             else:
                 entry["ms"] = timed(kern, *operands, reps=reps, how=how)
@@ -211,7 +216,7 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph", ma
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="all", choices=["issue", "llm", "zoo", "sweep", "d64", "masked", "long",
-                                                            "all"])
+                                                            "d128", "all"])
     p.add_argument("--configs", default="all", choices=["all", "seeds", "variants", "chain", "poly", "pin",
                                                               "recheck", "short", "lean", "wide"])
     p.add_argument("--reps", type=int, default=30)
@@ -221,7 +226,7 @@ def main(argv=None) -> int:
     major, minor = torch.cuda.get_device_capability()
     target = {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}
     shapes = {"issue": ISSUE, "llm": LLM, "zoo": ZOO, "sweep": ZOO + SWEEP, "masked": MASKED, "long": LONG,
-              "d64": ZOO + [s for s in SWEEP if s[4] == 64],
+              "d64": ZOO + [s for s in SWEEP if s[4] == 64], "d128": [s for s in SWEEP if s[4] == 128],
               "all": ISSUE + ZOO + LLM}[a.shapes]
     masked = a.shapes == "masked"
     import tilelang

@@ -129,6 +129,8 @@
 #   part 73 (~9 min): wider key tiles (bench_attention.py --configs wide: 160 and 192 keys at D 64, 160 and 176 at
 #            D 128, FlashAttention-3's non-causal picks, on the 128-row ws seeds) against the default's seeds over the
 #            sweep, the long runs (part 72's shapes) and the padding masks, x cuDNN.
+#   part 74 (~6 min): part 73's long runs and D 128 (its sweep stopped at a launch the device refused: 128 x 160 at
+#            D 128 with two Q buffers, 256 KB of shared memory, now refused when built).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -453,6 +455,12 @@ elif [ "$part" = 73 ]; then  # (session 48: wider key tiles for the 128-row ws s
         timeout "$(case $shapes in sweep) echo 250;; long) echo 200;; *) echo 100;; esac)" python3 bench/bench_attention.py \
             --shapes "$shapes" --configs wide --json "$OUT/logs/attn_wide_$shapes.json" > "$OUT/logs/attn_wide_$shapes.log" 2>&1
         grep -v -i warn "$OUT/logs/attn_wide_$shapes.log" | cut -c1-160 | tail -80
+    done
+elif [ "$part" = 74 ]; then  # (session 48: part 73's long runs and D 128, which a refused launch cut short)
+    for shapes in long d128; do
+        timeout 240 python3 bench/bench_attention.py --shapes "$shapes" --configs wide \
+            --json "$OUT/logs/attn_wide_$shapes.json" > "$OUT/logs/attn_wide_$shapes.log" 2>&1
+        grep "^|\|error\|Error" "$OUT/logs/attn_wide_$shapes.log" | cut -c1-160 | tail -40
     done
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager

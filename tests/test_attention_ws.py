@@ -194,6 +194,14 @@ def test_ws_wgmmas_are_not_serialized_by_ptxas(D, is_causal, cfg, variant, tmp_p
     assert "0 bytes spill stores" in log, log[-3000:]
 
 
+def test_ws_tiles_past_shared_memory_are_a_clear_error():
+    """Tiles whose buffers overflow an SM's shared memory (D 128, 160 keys, two Q buffers: 256 KB) are refused when
+    the kernel is built, not left to a launch the driver refuses (as a sweep of wider key tiles met on the H100)."""
+    with pytest.raises(ValueError, match="need 256 KB of shared memory; the target has 227 KB"):
+        attention.flash_attention(2, 8, 1024, 1024, 128, dtype="float16", target=SM90,
+                                  **{**_ws_configs(128)[0], "block_N": 160, "double_q": True})
+
+
 def test_lean_producer_loads_from_one_warp():
     """``lean_producer``: only the producer warp group's first warp walks the loads (the others leave after giving up
     their registers), so the "full" barriers count 32 arrivals, not 128; the consumers' "empty" ones are unchanged."""

@@ -36,6 +36,7 @@ import tilelang.language as T
 import torch
 import torch.nn.functional as F
 
+from tilefuse.config import device_facts
 from tilefuse.lowering.templates import attention_ws
 from tilefuse.lowering.templates.attention_configs import (  # noqa: F401 -- the template's config space
     SPLIT_MAX,
@@ -208,6 +209,11 @@ def flash_attention(
                              "(one float per key and batch), a positive scale, "
                              "no window, packed rows or split keys, a head dim of 16-128 in steps of 16, token "
                              "rows in 16-byte units and the output in the operands' dtype")
+        smem, room = 2 * D * (block_M * (3 if double_q else 2) + 2 * num_stages * block_N), device_facts(target)
+        if smem > room.smem_per_block:  # (Q once or twice, O's stage, K and V per stage: TileLang's allocation)
+            raise ValueError(f"flash_attention(ws=True): {block_M} x {block_N} tiles of head dim {D} in {num_stages} "
+                             f"stages{' with two Q buffers' if double_q else ''} need {smem // 1024} KB of shared "
+                             f"memory; the target has {room.smem_per_block // 1024} KB")
         return attention_ws.flash_attention_ws(
             B, Hq, Sq, Skv, D, Hkv=Hkv, is_causal=is_causal, scale=scale, dtype=dtype, out_dtype=out_dtype,
             block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads, target=target,
