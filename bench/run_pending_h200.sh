@@ -129,7 +129,7 @@
 #   part 73 (~9 min): wider key tiles (bench_attention.py --configs wide: 160 and 192 keys at D 64, 160 and 176 at
 #            D 128, FlashAttention-3's non-causal picks, on the 128-row ws seeds) against the default's seeds over the
 #            sweep, the long runs (part 72's shapes) and the padding masks, x cuDNN.
-#   part 74 (~6 min): part 73's long runs and D 128 (its sweep stopped at a launch the device refused: 128 x 160 at
+#   part 74 (~8 min): part 73's long runs, D 64 again (a second run) and D 128 (its sweep stopped at a launch the device refused: 128 x 160 at
 #            D 128 with two Q buffers, 256 KB of shared memory, now refused when built).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
@@ -457,8 +457,8 @@ elif [ "$part" = 73 ]; then  # (session 48: wider key tiles for the 128-row ws s
         grep -v -i warn "$OUT/logs/attn_wide_$shapes.log" | cut -c1-160 | tail -80
     done
 elif [ "$part" = 74 ]; then  # (session 48: part 73's long runs and D 128, which a refused launch cut short)
-    for shapes in long d128; do
-        timeout 240 python3 bench/bench_attention.py --shapes "$shapes" --configs wide \
+    for shapes in long d64 d128; do
+        timeout 200 python3 bench/bench_attention.py --shapes "$shapes" --configs wide \
             --json "$OUT/logs/attn_wide_$shapes.json" > "$OUT/logs/attn_wide_$shapes.log" 2>&1
         grep "^|\|error\|Error" "$OUT/logs/attn_wide_$shapes.log" | cut -c1-160 | tail -40
     done
