@@ -98,7 +98,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         ws = attention_ws.eligible(target, **kw) and (
             kw.get("mask_shape") is None or not attention.decodes(target, kw["Sq"], _groups(kw)))
         configs = space(target, kw.get("D"), Sq=kw["Sq"], groups=_groups(kw), keys_masked=_keys_masked(kw),
-                        ws=ws, causal=kw.get("is_causal", False), **{"Skv": kw["Skv"], **_decode_shape(kw)})
+                        ws=ws, causal=kw.get("is_causal", False), heads=kw["B"] * kw["Hq"],
+                        **{"Skv": kw["Skv"], **_decode_shape(kw)})
         # each "attention_<option>" of Options.experimental is flash_attention's ws option of that name
         options = {o.removeprefix("attention_"): True for o in trying if o.startswith("attention_")}
         if ws and kw.get("mask_shape") is not None:  # the padding mask's bound: no key tile past the last kept key

@@ -17,7 +17,7 @@ from tilefuse.lowering import lower
 from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import asks_fast_math, compile_kernel, compile_many, kernel_source
 from tilefuse.lowering.templates import attention, attention_ws
-from tilefuse.lowering.templates.attention_configs import SHORT_KEYS, SHORT_OPTIONS
+from tilefuse.lowering.templates.attention_configs import SHORT_OPTIONS
 
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
 SM80 = {"kind": "cuda", "arch": "sm_80"}
@@ -95,22 +95,6 @@ def test_configs_offer_ws_only_where_it_applies():
     assert not lower.default_config(_spec(mask_shape=(2, 1, 256, 256)), SM90).get("ws")
     decode = _spec(Sq=1, Skv=512, Hkv=1, mask_shape=(2, 1, 1, 512))
     assert not any(c.get("ws") for c in lower.config_space(decode, SM90))
-
-
-def test_short_key_runs_lead_with_the_late_store_and_two_q_buffers():
-    """Up to ``SHORT_KEYS`` keys the default pick is the first ws seed with ``SHORT_OPTIONS`` (H100, 2026-12-06:
-    D 64 at 512 keys 0.88-0.91x cuDNN -> 1.06-1.12x), the plain seeds after it for tuning; past it the plain seed
-    leads. A padding mask keeps its key bound on top."""
-    plain = lower.default_config(_spec(Sq=8192, Skv=8192), SM90)
-    assert plain["ws"] and not any(plain.get(o) for o in SHORT_OPTIONS)
-    for Skv in (197, 512, 1024, SHORT_KEYS):
-        space = lower.config_space(_spec(Sq=Skv, Skv=Skv, is_causal=Skv == 1024), SM90)
-        assert space[0] == {**space[1], **SHORT_OPTIONS} and not space[1].get("late_store"), Skv
-    assert lower.default_config(_spec(Sq=SHORT_KEYS + 1, Skv=SHORT_KEYS + 1), SM90) == plain
-    assert lower.default_config(_spec(D=128), SM90)["double_q"]
-    assert not lower.default_config(_spec(D=128, Sq=4096, Skv=4096), SM90).get("double_q")
-    masked = lower.default_config(_spec(mask_shape=(2, 1, 1, 256)), SM90)
-    assert masked == {**plain, **SHORT_OPTIONS, "bound_keys": True}
 
 
 # (B, Hq, Hkv, Sq, Skv, D, kwargs): tails in rows and keys, GQA, causal with Sq != Skv, fused-QKV token rows, and

@@ -19,10 +19,15 @@ from tilefuse.lowering.templates.common import dialect
 # 8192 keys (D 64) 0.97-0.99 -> 0.94-0.95 (each option alone lost there too).
 SHORT_KEYS = 2048
 SHORT_OPTIONS = {"late_store": True, "double_q": True}
+# Past SHORT_KEYS at head dim 64 without a causal mask, a 192-row ws tile (three consumer warp groups) takes about
+# LONG_ROW_COST of a 128-row tile's time a row: H100, fp16, 2 x 32/8 heads x 8192 keys, 0.91 and 0.90 in two runs
+# (bench/results/2026-12-06-h100-session46, -session48); x cuDNN 1.04-1.08 against 0.94-0.97 in sessions 45-48. It
+# leads where that outweighs the persistent programs' rounds (``long_rows_lead``).
+LONG_ROW_COST = 0.9
 
 
 def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool = False,
-                Skv: int | None = None) -> list[dict]:
+                Skv: int | None = None, Sq: int | None = None, heads: int = 0) -> list[dict]:
     """Seed configs for head dim ``D``; keys are exactly ``flash_attention``'s tunables. The first is the
     default pick; tuning measures the others (and ``config_space``'s) on the device. ``ws``: the attention can take
     the warp-specialized schedule (``attention_ws.eligible``), whose seeds then lead on sm_90; ``causal``: they pair
@@ -31,7 +36,8 @@ def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool
     fast math (``fast_math``: one ex2.approx an exponent): over the 13 shapes of the H200 sweep of 2026-12-05 it took
     the 128x128 seed from 0.80-0.99x cuDNN to 0.90-1.08x, every fp16 test passing
     (bench/results/2026-12-05-h200-session33). ``Skv``: for at most ``SHORT_KEYS`` keys the 128-row seed leads with
-    the late store and two Q buffers (``SHORT_OPTIONS``), the plain seeds after it."""
+    the late store and two Q buffers (``SHORT_OPTIONS``), the plain seeds after it; given ``Sq`` and ``heads`` (batch
+    times query heads) too, past it the 192-row seed leads where ``long_rows_lead`` says."""
     if dialect(target).cpu:
         return [_config(32, 32, 0, 1), _config(64, 64, 0, 1)]
     if dialect(target).metal:  # small tiles: Q, K, V, scores and two D-wide fp32 outputs in 32 KB of threadgroup
@@ -45,11 +51,25 @@ def get_configs(target: dict | str, D: int = 128, ws: bool = False, causal: bool
         if ws and D <= 128:
             plain = [_config(*s, ws=True, pair_rows=causal, fast_math=True) for s in attention_ws.seeds(D)]
             short = Skv is not None and 0 < Skv <= SHORT_KEYS
+            if long_rows_lead(target, D, causal, Sq, Skv, heads):
+                plain = [c for c in plain if c["block_M"] == 192] + [c for c in plain if c["block_M"] != 192]
             return ([{**plain[0], **SHORT_OPTIONS}] if short else []) + plain + [_config(*s) for s in seeds]
     else:
         # sm_80: causal with num_stages >= 2 crashes codegen (TILELANG.md); one stage is safe for both.
         seeds = [(128, 64, 1, 128), (64, 64, 1, 128)]
     return [_config(*s) for s in seeds]
+
+
+def long_rows_lead(target: dict | str, D: int, causal: bool, Sq: int | None, Skv: int | None, heads: int) -> bool:
+    """Whether the 192-row ws seed leads: head dim 64, no causal mask, more than ``SHORT_KEYS`` keys, and its rounds of
+    row tiles over the SMs (``heads`` x row tiles each) take less time than the 128-row seed's at ``LONG_ROW_COST``."""
+    if D > 64 or causal or not (Sq and Skv and heads) or Skv <= SHORT_KEYS:
+        return False
+    sms = device_facts(target).sms
+
+    def rows_walked(rows: int) -> int:  # (a program's rounds times a tile's rows)
+        return math.ceil(heads * math.ceil(Sq / rows) / sms) * rows
+    return rows_walked(192) * LONG_ROW_COST < rows_walked(128)
 
 
 def cpu_config(Sq: int, Skv: int, most: int = 128) -> dict:
@@ -129,15 +149,17 @@ def decode_splits(target: dict | str, rows: int, B: int, Hkv: int, Skv: int, blo
 
 def config_space(target: dict | str, D: int = 128, Sq: int | None = None, groups: int = 1,
                  keys_masked: bool = False, B: int = 0, Hkv: int = 0, Skv: int = 0, ws: bool = False,
-                 causal: bool = False) -> list[dict]:
-    """Everything worth measuring for head dim ``D``: the seeds, then more Hopper tiles.
+                 causal: bool = False, heads: int = 0) -> list[dict]:
+    """Everything worth measuring for head dim ``D``: the seeds, then more Hopper tiles (``heads``: batch times query
+    heads, for ``get_configs``).
 
     Measured on the H200 (B4 H32 S4096 D128 fp16, bench/results): 128x128 and 128x176 key tiles with
     2 stages and 256 threads lead (491-496 TFLOP/s non-causal); 128 threads on 128-row tiles halve
     it. A FlashAttention-3 style manual schedule (``T.Pipelined`` order/stage) was tried and dropped:
     TileLang 0.1.15 then gives up TMA and warp specialization and it ran 5-10% slower (at D 64 too, 2026-12-03). The
     overlap it aimed at is ``attention_ws``'s hand-written schedule (``ws``: its seeds first, where it applies)."""
-    seeds = get_configs(target, D, ws, causal, Skv or None) + (
+    # (the 192-row lead past SHORT_KEYS is measured without masks)
+    seeds = get_configs(target, D, ws, causal, Skv or None, Sq, 0 if keys_masked else heads) + (
         decode_configs(target, Sq, groups, keys_masked, B, Hkv, Skv) if Sq is not None else [])
     arch = target.get("arch", "") if isinstance(target, dict) else ""
     if dialect(target).cpu or not arch.startswith("sm_90") or D > 128:
