@@ -188,9 +188,15 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph", ma
             row["sdpa"][name] = None
             print(f"  sdpa {name}: {type(e).__name__}: {str(e)[:120]}", flush=True)
     mask_kw = {"mask_shape": (B, 1, 1, S), "mask_dtype": "float16"} if masked else {}
-    funcs = [attention.flash_attention(B, Hq, S, S, D, Hkv=Hkv, is_causal=causal, target=target, **mask_kw, **c)
-             for c in configs]
-    kernels = compile_many([(f, [-1]) for f in funcs], target, return_exceptions=True)
+    funcs = []
+    for c in configs:  # (tiles the target cannot hold are refused when built: recorded, the others still run)
+        try:
+            funcs.append(attention.flash_attention(B, Hq, S, S, D, Hkv=Hkv, is_causal=causal, target=target,
+                                                   **mask_kw, **c))
+        except ValueError as e:
+            funcs.append(e)
+    built = compile_many([(f, [-1]) for f in funcs if not isinstance(f, Exception)], target, return_exceptions=True)
+    kernels = [f if isinstance(f, Exception) else built.pop(0) for f in funcs]
     for cfg, kern in zip(configs, kernels):
         entry = {"config": cfg}
         if isinstance(kern, BaseException):

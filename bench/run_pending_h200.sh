@@ -457,8 +457,8 @@ elif [ "$part" = 73 ]; then  # (session 48: wider key tiles for the 128-row ws s
         grep -v -i warn "$OUT/logs/attn_wide_$shapes.log" | cut -c1-160 | tail -80
     done
 elif [ "$part" = 74 ]; then  # (session 48: part 73's long runs and D 128, which a refused launch cut short)
-    for shapes in long d64 d128; do
-        timeout "$(case $shapes in long) echo 200;; *) echo 150;; esac)" python3 bench/bench_attention.py --shapes "$shapes" --configs wide \
+    for shapes in ${PART74_SHAPES:-long d64 d128}; do
+        timeout "$(case $shapes in long) echo 220;; *) echo 150;; esac)" python3 bench/bench_attention.py --shapes "$shapes" --configs wide \
             --json "$OUT/logs/attn_wide_$shapes.json" > "$OUT/logs/attn_wide_$shapes.log" 2>&1
         grep "^|\|error\|Error" "$OUT/logs/attn_wide_$shapes.log" | cut -c1-160 | tail -40
     done
