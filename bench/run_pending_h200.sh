@@ -134,6 +134,9 @@
 #            sweep, the long runs (part 72's shapes) and the padding masks, x cuDNN.
 #   part 74 (~8 min): part 73's long runs, D 64 again (a second run) and D 128 (its sweep stopped at a launch the device refused: 128 x 160 at
 #            D 128 with two Q buffers, 256 KB of shared memory, now refused when built).
+#   part 75 (~3 min): the late store and two Q buffers (SHORT_OPTIONS) on each ws seed over the long runs and the D 64
+#            sweep (--configs short): whether the 192-row seed, which leads past SHORT_KEYS at D 64 where
+#            long_rows_lead says, gains from them as the 128-row seed does up to SHORT_KEYS.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -464,6 +467,12 @@ elif [ "$part" = 74 ]; then  # (session 48: part 73's long runs and D 128, which
         timeout "$(case $shapes in long) echo 220;; *) echo 150;; esac)" python3 bench/bench_attention.py --shapes "$shapes" --configs wide \
             --json "$OUT/logs/attn_wide_$shapes.json" > "$OUT/logs/attn_wide_$shapes.log" 2>&1
         grep "^|\|error\|Error" "$OUT/logs/attn_wide_$shapes.log" | cut -c1-160 | tail -40
+    done
+elif [ "$part" = 75 ]; then  # (session 49: the short-key options on the 192-row seed past SHORT_KEYS)
+    for shapes in long d64; do
+        timeout "$(case $shapes in long) echo 100;; *) echo 90;; esac)" python3 bench/bench_attention.py \
+            --shapes "$shapes" --configs short --json "$OUT/logs/attn_short_$shapes.json" > "$OUT/logs/attn_short_$shapes.log" 2>&1
+        grep "^|\|rror" "$OUT/logs/attn_short_$shapes.log" | cut -c1-160 | tail -40
     done
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
