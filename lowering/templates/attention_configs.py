@@ -22,7 +22,9 @@ SHORT_OPTIONS = {"late_store": True, "double_q": True}
 # Past SHORT_KEYS at head dim 64 without a causal mask, a 192-row ws tile (three consumer warp groups) takes about
 # LONG_ROW_COST of a 128-row tile's time a row: H100, fp16, 2 x 32/8 heads x 8192 keys, 0.91 and 0.90 in two runs
 # (bench/results/2026-12-06-h100-session46, -session48); x cuDNN 1.04-1.08 against 0.94-0.97 in sessions 45-48. It
-# leads where that outweighs the persistent programs' rounds (``long_rows_lead``).
+# leads where that outweighs the persistent programs' rounds (``long_rows_lead``). Checked after it was set, H100,
+# 2026-12-06 (bench/results/2026-12-06-h100-session49): at each of 7 long runs (3072-16384 keys, SDXL's 2 x 10 x
+# 4096, causal and not) the seed it put first ran fastest.
 LONG_ROW_COST = 0.9
 
 
