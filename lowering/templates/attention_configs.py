@@ -24,7 +24,7 @@ SHORT_OPTIONS = {"late_store": True, "double_q": True}
 # (bench/results/2026-12-06-h100-session46, -session48); x cuDNN 1.04-1.08 against 0.94-0.97 in sessions 45-48. It
 # leads where that outweighs the persistent programs' rounds (``long_rows_lead``). Checked after it was set, H100,
 # 2026-12-06 (bench/results/2026-12-06-h100-session49): at each of 7 long runs (3072-16384 keys, SDXL's 2 x 10 x
-# 4096, causal and not) the seed it put first ran fastest.
+# 4096, causal and not) the seed it put first ran fastest of the seeds.
 LONG_ROW_COST = 0.9
 
 
