@@ -98,11 +98,13 @@ def chain_variants(D: int, causal: bool = False, S: int | None = None) -> list[d
                          for i, (m, n, st, t) in enumerate(tiles) for x in (extra if i == 0 else [{}, fast])]
 
 
-def ws_seeds(D: int, causal: bool = False, masked: bool = False, S: int | None = None) -> list[dict]:
-    """The ws seeds as the default runs them (fast math; causal: paired rows; masked: keys bounded); with ``S`` keys,
-    in the default's order for them (the short-key lead first), else the plain seeds."""
+def ws_seeds(D: int, causal: bool = False, masked: bool = False, S: int | None = None, heads: int = 0) -> list[dict]:
+    """The ws seeds as the default runs them (fast math; causal: paired rows; masked: keys bounded); with ``S`` keys
+    (and ``heads``, batch times query heads), in the default's order for them (the short-key lead first, the 192-row
+    lead past it: ``attention_configs.long_rows_lead``), else the plain seeds."""
     return [{**c, **({"bound_keys": True} if masked else {})}
-            for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal, Skv=S)
+            for c in attention.get_configs({"kind": "cuda", "arch": "sm_90a"}, D, ws=True, causal=causal, Skv=S, Sq=S,
+                                           heads=0 if masked else heads)
             if c.get("ws")]
 
 
@@ -133,10 +135,11 @@ def short_variants(D: int, causal: bool = False, masked: bool = False) -> list[d
     return [{**c, **x} for c in ws_seeds(D, causal, masked) for x in ({}, SHORT_OPTIONS)]
 
 
-def lean_variants(D: int, causal: bool = False, masked: bool = False, S: int | None = None) -> list[dict]:
+def lean_variants(D: int, causal: bool = False, masked: bool = False, S: int | None = None,
+                  heads: int = 0) -> list[dict]:
     """The ws seeds as the default orders them for ``S`` keys (the short-key lead first), each with one producer warp
     (``lean_producer``) and without."""
-    return [{**c, **x} for c in ws_seeds(D, causal, masked, S) for x in ({}, {"lean_producer": True})]
+    return [{**c, **x} for c in ws_seeds(D, causal, masked, S, heads) for x in ({}, {"lean_producer": True})]
 
 
 # Wider key tiles for the 128-row ws seeds (--configs wide; FlashAttention-3's non-causal picks are 192 x 192 at D 64,
@@ -145,9 +148,10 @@ def lean_variants(D: int, causal: bool = False, masked: bool = False, S: int | N
 WIDE = {64: (160, 192), 128: (160,)}
 
 
-def wide_variants(D: int, causal: bool = False, masked: bool = False, S: int | None = None) -> list[dict]:
+def wide_variants(D: int, causal: bool = False, masked: bool = False, S: int | None = None,
+                  heads: int = 0) -> list[dict]:
     """The ws seeds as the default orders them for ``S`` keys, then each 128-row seed with the key tiles of ``WIDE``."""
-    seeds = ws_seeds(D, causal, masked, S)
+    seeds = ws_seeds(D, causal, masked, S, heads)
     return seeds + [{**c, "block_N": n} for c in seeds if c["block_M"] == 128 for n in WIDE[64 if D <= 64 else 128]]
 
 
@@ -195,27 +199,26 @@ def bench_shape(B, Hq, Hkv, S, D, causal, reps, target, configs, how="graph", ma
                                                    **mask_kw, **c))
         except ValueError as e:
             funcs.append(e)
-    built = compile_many([(f, [-1]) for f in funcs if not isinstance(f, Exception)], target, return_exceptions=True)
-    kernels = [f if isinstance(f, Exception) else built.pop(0) for f in funcs]
-    for cfg, kern in zip(configs, kernels):
+    built = iter(compile_many([(f, [-1]) for f in funcs if not isinstance(f, Exception)], target,
+                              return_exceptions=True))
+    for cfg, func in zip(configs, funcs):
         entry = {"config": cfg}
+        row["tilefuse"].append(entry)
+        kern = func if isinstance(func, Exception) else next(built)
         if isinstance(kern, BaseException):
             entry["error"] = f"{type(kern).__name__}: {str(kern)[:200]}"
-        else:
-            try:
-                got = kern(*operands)
-            except Exception as e:  # noqa: BLE001  (a launch the device refuses: recorded, the others still run)
-                got, entry["error"] = None, f"launch: {type(e).__name__}: {str(e)[:200]}"
-            err = float((got.float() - want.float()).abs().max() / want.float().abs().max()) if got is not None else 0
-            entry["max_rel_err"] = err
-            if got is None:
-                pass
-            elif err > 2e-2:
-                entry["error"] = f"wrong result (max rel err {err:.2e})"
-            else:
-                entry["ms"] = timed(kern, *operands, reps=reps, how=how)
-                entry["tflops"] = flops(B, Hq, S, D, causal) / entry["ms"] / 1e9
-        row["tilefuse"].append(entry)
+            continue
+        try:
+            got = kern(*operands)
+        except Exception as e:  # noqa: BLE001  (a launch the device refuses: recorded, the others still run)
+            entry["error"] = f"launch: {type(e).__name__}: {str(e)[:200]}"
+            continue
+        entry["max_rel_err"] = err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+        if err > 2e-2:
+            entry["error"] = f"wrong result (max rel err {err:.2e})"
+            continue
+        entry["ms"] = timed(kern, *operands, reps=reps, how=how)
+        entry["tflops"] = flops(B, Hq, S, D, causal) / entry["ms"] / 1e9
     return row
 
 
@@ -262,9 +265,9 @@ def main(argv=None) -> int:
             elif a.configs == "short":
                 configs = short_variants(D, causal, masked)
             elif a.configs == "lean":
-                configs = lean_variants(D, causal, masked, S)
+                configs = lean_variants(D, causal, masked, S, B * Hq)
             elif a.configs == "wide":
-                configs = wide_variants(D, causal, masked, S)
+                configs = wide_variants(D, causal, masked, S, B * Hq)
             else:
                 configs = attention.config_space(target, D, ws=ws, causal=causal)
         row = bench_shape(B, Hq, Hkv, S, D, causal, a.reps, target, configs, a.timing, masked)

@@ -12,11 +12,13 @@ import subprocess
 import pytest
 import torch
 
-from tilefuse.config import default_target
-from tilefuse.lowering import emitters
+from tilefuse.config import EXPERIMENTAL, Options, default_target
+from tilefuse.lowering import emitters, lower
+from tilefuse.lowering.builders import KernelSpec
 from tilefuse.lowering.compile import compile_many, kernel_source
 from tilefuse.lowering.expr import Acc, Arg, call
-from tilefuse.lowering.templates import gemm, gemm_ws
+from tilefuse.lowering.templates import attention, gemm, gemm_sp, gemm_sp_ws, gemm_ws
+from tilefuse.ops.sparse_layout import compress_2_4, prune_2_4
 
 SM90 = {"kind": "cuda", "arch": "sm_90a"}
 COOP = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3}
@@ -310,8 +312,6 @@ def _check_on_the_gpu(runs, dtype, rng):
     (8192, 4096, 16384, 256), (8192, 2048, 2048, 128), (8192, 512, 2048, 128), (8192, 8192, 2048, 256),
     (8192, 2048, 8192, 256), (8192, 32000, 2048, 256), (16384, 768, 3072, 192)])
 def test_the_ws_seeds_rank_as_the_h200_measured(M, N, K, block_N):
-    from tilefuse.lowering import lower
-    from tilefuse.lowering.builders import KernelSpec
     ranked = gemm_ws.seeds("float16", M, N, K, 132)
     first = ranked[0]
     assert first == gemm_ws.seed(block_N=block_N, stages=5 if block_N == 128 else 4) and len(ranked) == 3
@@ -332,8 +332,6 @@ def test_the_ws_seeds_rank_as_the_h200_measured(M, N, K, block_N):
     (8192, 768, 768, {"gelu"}, False, False),  # more padded waves than 192
 ])
 def test_the_sliced_seed_leads_at_short_k_under_a_special_function(M, N, K, ops, staged, sliced):
-    from tilefuse.lowering import lower
-    from tilefuse.lowering.builders import KernelSpec
     first = gemm_ws.seeds("float16", M, N, K, 132, frozenset(ops), staged)[0]
     assert (first == gemm_ws.seed(block_N=256, slice_N=64)) is sliced
     assert gemm_ws.seed(block_N=256, slice_N=64)["num_stages"] == 4 and gemm_ws.seed(block_N=256)["num_stages"] == 3
@@ -347,9 +345,6 @@ def test_the_sliced_seed_leads_at_short_k_under_a_special_function(M, N, K, ops,
 
 
 def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_theirs():
-    from tilefuse.config import Options
-    from tilefuse.lowering import lower
-    from tilefuse.lowering.builders import KernelSpec
 
     def spec(template, **kw):
         return KernelSpec(template, tuple(sorted(kw.items())), (-1,), (), ())
@@ -382,8 +377,6 @@ def test_the_ws_gemm_leads_where_it_applies_and_the_experimental_options_add_the
     assert lower.default_config(attn, lean.target) == {**lower.default_config(attn, plain.target),
                                                        "lean_producer": True}
     # (config_space passes each "attention_<option>" on as flash_attention's option of that name)
-    from tilefuse.config import EXPERIMENTAL
-    from tilefuse.lowering.templates import attention
     names = inspect.signature(attention.flash_attention).parameters
     assert all(n.removeprefix("attention_") in names for n in EXPERIMENTAL if n.startswith("attention_"))
     with pytest.raises(ValueError, match="attention_exp_poly"):  # (measured slower everywhere: no option offers it)
@@ -416,12 +409,10 @@ SPARSE_CASES = {  # name -> (M, N, K, gemm_sp kwargs, extras' shapes)
     ({"kind": "cuda", "arch": "sm_80"}, {"meta_k_major": True}, False),
 ])
 def test_sparse_eligible(target, kw, ok):
-    from tilefuse.lowering.templates import gemm_sp_ws
     assert gemm_sp_ws.eligible(target, **{"N": 256, "K": 128, **kw}) is ok
 
 
 def _sparse_funcs(dtype="float16"):
-    from tilefuse.lowering.templates import gemm_sp, gemm_sp_ws
     for name, (M, N, K, kw, extras) in sorted(SPARSE_CASES.items()):
         cfg = gemm_sp_ws.seed(K, dtype, [dtype] * len(gemm_sp.staged_extras(M, N, kw.get("epilogue"), extras)))
         cfg = {k: v for k, v in cfg.items() if k != "ws"}
@@ -431,7 +422,6 @@ def _sparse_funcs(dtype="float16"):
 
 
 def test_gemm_sp_ws_lowers_with_the_overlap_and_refuses_what_it_cannot_build():
-    from tilefuse.lowering.templates import gemm_sp
     for name, _, f in _sparse_funcs():
         src = kernel_source(f, SM90)
         assert "wgmma_sp_ss<" in src and "tma_load" in src and "tma_store" in src, name
@@ -453,9 +443,6 @@ def test_gemm_sp_ws_wgmmas_are_not_serialized_by_ptxas(tmp_path):
 
 
 def test_no_config_space_offers_gemm_sp_ws():
-    from tilefuse.config import Options
-    from tilefuse.lowering import lower
-    from tilefuse.lowering.builders import KernelSpec
 
     k_major = KernelSpec("gemm_sp", tuple(sorted({"M": 4096, "N": 4096, "K": 4096, "dtype": "float16",
                                                       "meta_k_major": True}.items())), (-1,), (), ())
@@ -470,8 +457,6 @@ def test_no_config_space_offers_gemm_sp_ws():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gemm_sp_ws_gpu_matches_the_reference(dtype, case, rng):
     """A 2:4-pruned random weight, fresh inputs, every element checked, a NaN token row."""
-    from tilefuse.lowering.templates import gemm_sp
-    from tilefuse.ops.sparse_layout import compress_2_4, prune_2_4
     runs = [r for r in _sparse_funcs(dtype) if r[0] == case]
     kernels = compile_many([(f, [-1]) for _, _, f in runs], default_target(), return_exceptions=True)
     tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == "bfloat16" else {"rtol": 1e-2, "atol": 1e-2}
@@ -527,7 +512,6 @@ def test_the_epilogues_sigmoid_is_fast_only_where_the_output_rounds_to_half_prec
 def test_the_sparse_epilogues_sigmoid_is_fast_as_the_dense_ones(ws):
     """``gemm_sp`` (both schedules) takes the dense template's rule: silu by ``__fdividef`` where the output is fp16 on
     CUDA, ``expf`` and the IEEE division for an fp32 output."""
-    from tilefuse.lowering.templates import gemm_sp
     cfg = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 2, "meta_k_major": True} if ws else {}
 
     def source(out_dtype):
