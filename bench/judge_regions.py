@@ -26,6 +26,19 @@ import tilefuse
 from tilefuse import models
 from tilefuse.lowering.timing import device_time
 
+# the kinds of region tabled (a convolution's 1x1 ones lower to the GEMM template)
+KINDS = ("gemm", "conv", "attention", "reduction")
+
+
+def built(kernel) -> dict:
+    """The template, its GEMM's M x N x K where it has one, and the config of a region's compiled kernel."""
+    spec, config = getattr(kernel, "spec", None), getattr(kernel, "config", None)
+    if spec is None:
+        return {}
+    kw = spec.factory_kwargs()
+    mnk = "x".join(str(kw[d]) for d in ("M", "N", "K")) if all(d in kw for d in ("M", "N", "K")) else ""
+    return {"template": spec.template, "mnk": mnk, "config": config}
+
 
 def _kernel_ms(fn, args) -> tuple[float, list]:
     p = profile(fn, *args, calls=5, top=6)
@@ -68,17 +81,20 @@ def regions(name: str, size: str) -> dict:
                 outs = fn_ref(ins)
                 kernel = runner.kernels.get(region.name)
                 key = (region.ops, tuple(tuple(t.shape) for t in ins))
-                if kernel is not None and key not in seen and region.kind in ("gemm", "attention", "reduction"):
+                if kernel is not None and key not in seen and region.kind in KINDS:
                     seen.add(key)
                     row = {"region": region.name, "kind": region.kind, "ops": " ".join(region.ops),
                            "shapes": [list(t.shape) for t in ins],
-                           "backend": region.backend, "runs": getattr(chosen.get(region.name), "__name__", None)}
+                           "backend": region.backend, "runs": getattr(chosen.get(region.name), "__name__", None),
+                           **built(kernel)}
                     for label, f in (("kernel", kernel), ("torch", fn_ref)):
                         row[f"{label}_device_time"] = device_time(f, (ins,), "cuda") * 1e3
                         row[f"{label}_do_bench"] = time_ms(f, ins)
                         row[f"{label}_profiled"], row[f"{label}_top"] = _kernel_ms(f, (ins,))
                     rows.append(row)
-                    print(f"  {name} {region.name:28} {row['ops'][:28]:28} kernel dt {row['kernel_device_time']:.4f} "
+                    print(f"  {name} {region.name:28} {row['ops'][:28]:28} {row.get('mnk', '')} "
+                          f"{row.get('config', '')} "
+                          f"kernel dt {row['kernel_device_time']:.4f} "
                           f"bench {row['kernel_do_bench']:.4f} prof {row['kernel_profiled']:.4f} | torch dt "
                           f"{row['torch_device_time']:.4f} bench {row['torch_do_bench']:.4f} prof "
                           f"{row['torch_profiled']:.4f} {row['torch_top'][:3]}", flush=True)

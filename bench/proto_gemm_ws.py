@@ -65,6 +65,11 @@ PINGPONG_CONFIGS = [{"block_M": m, "block_N": n, "block_K": 64, "stages": st}
 SLICED_CONFIGS = [{"block_M": 128, "block_N": n, "block_K": 64, "stages": st, "slice_N": sn}
                   for n, st, sn in ((256, 4, 64), (256, 4, 32), (256, 3, 64), (128, 6, 64))]
 
+# --narrow: tiles for few output tiles or short K (ResNet-50's 1x1 convolutions, session 50: 128 x 256 fills 98 of 132
+# SMs at 12544 x 256 x 1024, 50 at 3136 x 512 x 2048), and two stages where a tile holds one or two k-blocks
+NARROW_CONFIGS = [{"block_M": 128, "block_N": n, "block_K": 64, "stages": st}
+                  for n, st in ((64, 4), (64, 6), (128, 3), (128, 2), (192, 2), (256, 2))]
+
 # --tall: 256 x 128 tiles, each consumer warp group 128 rows (cuBLAS's coopA tile; measured in session 39: no seed)
 TALL_CONFIGS = [{"block_M": 256, "block_N": 128, "block_K": 64, "stages": st, **({"slice_N": sn} if sn else {})}
                 for st, sn in ((3, None), (4, 32))]
@@ -178,6 +183,11 @@ def build(shape, builders) -> tuple[list, list]:
     return items, meta
 
 
+def moved_bytes(M: int, N: int, K: int) -> int:
+    """fp16 bytes a GEMM must move at least: A, W, the output, and the extra (a bias, or a full-size operand)."""
+    return 2 * (M * K + N * K + M * N + (M * N if FULL else N))
+
+
 def time_kernels(shape, meta, kernels, args, want, peers: dict) -> list[dict]:
     """Each of ``shape``'s compiled kernels checked against ``want`` and timed with rotated operands (a failed
     compile or launch is a printed row, not the end of the sweep); ``peers``: name -> ms, the ratios' bases."""
@@ -200,8 +210,10 @@ def time_kernels(shape, meta, kernels, args, want, peers: dict) -> list[dict]:
         err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
         ms = device_time(k, args, "cuda") * 1e3 if err < 1e-2 or "probe=" in name else float("nan")
         vs = "".join(f"  x {p} {t / ms:.3f}" for p, t in peers.items() if t)
-        print(f"   {name:90s} {ms:.4f} ms{vs}  err {err:.1e}", flush=True)
-        rows.append({"shape": list(shape), "name": name, "ms": ms, "err": err, **{f"{p}_ms": t for p, t in peers.items()}})
+        tbs = moved_bytes(*shape) / ms / 1e9  # (bytes / ms / 1e9: TB/s)
+        print(f"   {name:90s} {ms:.4f} ms{vs}  {tbs:.2f} TB/s  err {err:.1e}", flush=True)
+        rows.append({"shape": list(shape), "name": name, "ms": ms, "err": err, "tb_s": tbs,
+                     **{f"{p}_ms": t for p, t in peers.items()}})
     return rows
 
 
@@ -233,6 +245,7 @@ def main(argv=None) -> int:
                     help="with --epilogue gelu: the seed's and 128 x 192's configs with each of PROBES for the GELU")
     ap.add_argument("--sliced", action="store_true", help="the sliced epilogue's configs too (SLICED_CONFIGS)")
     ap.add_argument("--tall", action="store_true", help="the 256 x 128 tiles too (TALL_CONFIGS)")
+    ap.add_argument("--narrow", action="store_true", help="the narrow and two-stage tiles too (NARROW_CONFIGS)")
     a = ap.parse_args(argv)
     global EPILOGUE, FULL
     EPILOGUE, FULL = EPILOGUES[a.epilogue], a.epilogue in ("silu_mul", "residual")
@@ -251,6 +264,7 @@ def main(argv=None) -> int:
     gathered += [("ws cluster 2", gemm_ws, [{**c, "cluster": 2} for c in CONFIGS])] if a.cluster else []
     gathered += [("ws sliced", gemm_ws, SLICED_CONFIGS)] if a.sliced else []
     gathered += [("ws tall", gemm_ws, TALL_CONFIGS)] if a.tall else []
+    gathered += [("ws narrow", gemm_ws, NARROW_CONFIGS)] if a.narrow else []
     builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:

@@ -138,6 +138,12 @@
 #   part 75 (~3 min): the late store and two Q buffers (SHORT_OPTIONS) on each ws seed over the long runs and the D 64
 #            sweep (--configs short): whether the 192-row seed, which leads past SHORT_KEYS at D 64 where
 #            long_rows_lead says, gains from them as the 128-row seed does up to SHORT_KEYS.
+#   part 76 (~6 min): ResNet-50's 1x1 convolutions (session 50: our ws GEMMs with their BN, ReLU and residual
+#            epilogues took 1.155 ms against cuBLAS's 0.79 of bare products in session 47's profile; by their bytes
+#            some 1.6 TB/s): each region's kernel, config and M x N x K against its ops through torch
+#            (judge_regions.py), then the ws GEMM at their shapes, each seed and the narrow and two-stage tiles
+#            (proto_gemm_ws.py --narrow, TB/s beside each), bias epilogues at the conv1 and downsample shapes and
+#            residual ones at the conv3 shapes, against cuBLAS.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -474,6 +480,19 @@ elif [ "$part" = 75 ]; then  # (session 49: the short-key options on the 192-row
         timeout "$(case $shapes in long) echo 100;; *) echo 90;; esac)" python3 bench/bench_attention.py \
             --shapes "$shapes" --configs short --json "$OUT/logs/attn_short_$shapes.json" > "$OUT/logs/attn_short_$shapes.log" 2>&1
         grep "^|\|rror" "$OUT/logs/attn_short_$shapes.log" | cut -c1-160 | tail -40
+    done
+elif [ "$part" = 76 ]; then  # (session 50: ResNet-50's 1x1 convolutions as ws GEMMs)
+    timeout 200 python3 bench/judge_regions.py --models resnet --out "$OUT/logs/judge_resnet.json" \
+        > "$OUT/logs/judge_resnet.log" 2>&1
+    grep "resnet" "$OUT/logs/judge_resnet.log" | cut -c1-330 | tail -45
+    R1=200704x64x64,200704x64x256,200704x128x256,50176x128x512,50176x256x512,12544x256x1024,12544x512x1024
+    R1=$R1,3136x512x2048,200704x256x64,50176x512x256,12544x1024x512,3136x2048x1024
+    for ep in bias residual; do
+        shapes=$R1; [ $ep = residual ] && shapes=200704x256x64,50176x512x128,12544x1024x256,3136x2048x512
+        timeout 170 python3 bench/proto_gemm_ws.py --ws-only --narrow --epilogue $ep --shapes "$shapes" \
+            --json "$OUT/logs/resnet_gemm_$ep.json" > "$OUT/logs/resnet_gemm_$ep.log" 2>&1
+        grep -v "^ *$" "$OUT/logs/resnet_gemm_$ep.log" | sed 's/{"block_M": 128, "block_N": /n/; s/"block_K": 64, "stages": /st /' \
+            | cut -c1-150 | tail -130
     done
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
