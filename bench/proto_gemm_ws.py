@@ -37,13 +37,13 @@ EPILOGUE, FULL = EPILOGUES["bias"], False  # FULL: the extra input is (M, N), no
 
 def gemm_ws(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 256, block_K: int = 64, stages: int = 4,
             pingpong: bool = False, dtype: str = "float16", stage_extra: bool = True, prefetch_extra: bool = True,
-            cluster: int = 1, slice_N: int | None = None):
+            cluster: int = 1, slice_N: int | None = None, extra_buffers: int = 1):
     """``C (M, N) = A (M, K) @ W (N, K)^T + bias (N)`` through ``gemm(ws=True)`` (``lowering/templates/gemm_ws.py``,
     where the prototype of session 20 now lives); parameters ``A, W, bias, C``."""
     return gemm.gemm(M, N, K, trans_B=True, A_dtype=dtype, epilogue=EPILOGUE, extra_shapes=[(M, N) if FULL else (N,)],
                      extra_dtypes=[dtype], block_M=block_M, block_N=block_N, block_K=block_K, num_stages=stages,
                      ws=True, pingpong=pingpong, stage_extra=stage_extra, prefetch_extra=prefetch_extra,
-                     cluster=cluster, slice_N=slice_N, target=TARGET)
+                     cluster=cluster, slice_N=slice_N, extra_buffers=extra_buffers, target=TARGET)
 
 
 def gemm_ws_pingpong(M: int, N: int, K: int, *, block_M: int = 128, block_N: int = 128, block_K: int = 64,
@@ -246,6 +246,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sliced", action="store_true", help="the sliced epilogue's configs too (SLICED_CONFIGS)")
     ap.add_argument("--tall", action="store_true", help="the 256 x 128 tiles too (TALL_CONFIGS)")
     ap.add_argument("--narrow", action="store_true", help="the narrow and two-stage tiles too (NARROW_CONFIGS)")
+    ap.add_argument("--turned", action="store_true",
+                    help="with --epilogue residual or silu_mul: each config also with two output tiles taking turns "
+                         "(extra_buffers=2: the next tile's extra loaded during this one's epilogue)")
     a = ap.parse_args(argv)
     global EPILOGUE, FULL
     EPILOGUE, FULL = EPILOGUES[a.epilogue], a.epilogue in ("silu_mul", "residual")
@@ -265,6 +268,8 @@ def main(argv=None) -> int:
     gathered += [("ws sliced", gemm_ws, SLICED_CONFIGS)] if a.sliced else []
     gathered += [("ws tall", gemm_ws, TALL_CONFIGS)] if a.tall else []
     gathered += [("ws narrow", gemm_ws, NARROW_CONFIGS)] if a.narrow else []
+    gathered += [("ws turned", gemm_ws, [{**c, "extra_buffers": 2} for c in CONFIGS + NARROW_CONFIGS * a.narrow])] \
+        if a.turned else []
     builders = [("ws", gemm_ws, CONFIGS)] + gathered + pingpong + ([] if a.ws_only else [("template", template, leaders)])
     items, meta = [], []
     for shape in shapes:

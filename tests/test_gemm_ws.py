@@ -6,6 +6,7 @@ full-size residual, a plain B, bf16, an fp32 output, one tile, several rounds pe
 from __future__ import annotations
 
 import inspect
+import re
 import shutil
 import subprocess
 
@@ -252,6 +253,64 @@ def test_gemm_ws_options_gpu_match_the_reference(variant, rng):
                       extra_dtypes=_extra_dtypes(M, N, kw, extras, "float16"), **kw, **cfg)
         runs.append((f"{name} {cfg}", (M, N, K, kw, extras), f))
     _check_on_the_gpu(runs, "float16", rng)
+
+
+# the staged extras' cases (one k-block and several, rounds of tiles a program, tails in M and N, a bias beside)
+TURNED_CASES = ("silu_mul_staged", "residual_rounds", "residual_rounds_one_k_block", "bias_residual")
+
+
+def _turned_funcs(dtype="float16"):
+    """The staged extras' cases, every cooperative tile, with two output tiles taking turns (``extra_buffers=2``), as
+    many stages as then fit."""
+    for name in TURNED_CASES:
+        M, N, K, kw, extras = CASES[name]
+        for cfg in (COOP, NARROW, SHORT, TALL):
+            cfg = {**cfg, "extra_buffers": 2}
+            while gemm_ws.smem_bytes(cfg["block_M"], cfg["block_N"], 64, cfg["num_stages"], "float16", False, None,
+                                     2) > gemm_ws.SMEM_MAX:
+                cfg["num_stages"] -= 1
+            f = gemm.gemm(M, N, K, A_dtype=dtype, extra_shapes=extras, ws=True, target=SM90,
+                          extra_dtypes=_extra_dtypes(M, N, kw, extras, dtype), **kw, **cfg)
+            yield f"{name} {cfg}", (M, N, K, kw, extras), f
+
+
+def test_two_output_tiles_take_turns_for_a_staged_extra(tmp_path):
+    """``extra_buffers=2``: the producer loads tile t's extra into output tile t % 2 behind that tile's barriers, and
+    the consumers hand the other back once the previous tile's store has read it, before this tile's epilogue (so the
+    next tile's extra loads under it); every cooperative tile keeps two stages or more. Where no staged extra is
+    loaded by the producer it is refused, not ignored."""
+    runs = list(_turned_funcs())
+    assert len(runs) == len(TURNED_CASES) * 4 and all("'num_stages': 1" not in name for name, _, _ in runs)
+    for name, _, f in runs:
+        src = kernel_source(f, SM90)
+        assert "xfull[1].init(128);" in src and "xfree[1].init(256);" in src, name
+        if "rounds" in name:  # (one round a program: a single tile, its turn resolved when built)
+            assert re.search(r"tma_load\(extra0_desc, xfull\[(t|\(t & 1\))\]", src), name
+            assert re.search(r"xfree\[(t|\(t & 1\))\]\.wait\(", src), name
+            handed_back = r"if \(0 < t_1\) \{\s*tl::tma_store_wait<0, true>\(\);\s*xfree\[[^]]+\]\.arrive\(\);"
+            assert re.search(handed_back, src), name
+    if shutil.which("nvcc"):
+        log = _ptxas_log(kernel_source(runs[0][2], SM90), tmp_path)
+        assert "0 bytes spill stores" in log and "serialized" not in log, log[-3000:]
+    M, N, K, kw, extras = CASES["residual_rounds"]
+    for bad in ({"extra_buffers": 3}, {"extra_buffers": 2, "prefetch_extra": False},
+                {"extra_buffers": 2, "stage_extra": False}, {"extra_buffers": 2, **PP}):
+        with pytest.raises(ValueError, match="extra_buffers"):
+            gemm.gemm(M, N, K, extra_shapes=extras, extra_dtypes=["float16"], ws=True, target=SM90,
+                      **kw, **{**COOP, **bad})
+    with pytest.raises(ValueError, match="extra_buffers"):  # (a bias is no staged extra)
+        gemm.gemm(1000, 3072, 776, extra_shapes=[(3072,)], extra_dtypes=["float16"], ws=True, target=SM90,
+                  trans_B=True, epilogue=Acc() + Arg(0), **COOP, extra_buffers=2)
+    with pytest.raises(ValueError, match="options of ws=True"):
+        gemm.gemm(M, N, K, extra_shapes=extras, extra_dtypes=["float16"], target=SM90, **kw, extra_buffers=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_two_output_tiles_taking_turns_gpu_match_the_reference(dtype, rng):
+    """``extra_buffers=2`` on the GPU: an output tile rewritten before its store read it, or an extra loaded into a
+    tile still being stored, gives wrong numbers; a hand-back that never comes, a hang (run under a timeout)."""
+    _check_on_the_gpu(list(_turned_funcs(dtype)), dtype, rng)
 
 
 def _bf16_logpoly_gelu_funcs():

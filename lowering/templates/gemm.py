@@ -68,6 +68,7 @@ def gemm(
     prefetch_extra: bool = True,
     cluster: int = 1,
     slice_N: int | None = None,
+    extra_buffers: int = 1,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` for ``C = epilogue(prologue(A) @ B)``; parameters ``A, B, extra_0.., C``.
@@ -89,7 +90,8 @@ def gemm(
     epilogue reading a full-size extra input of the output's dtype from a coalesced copy in the output tile, which
     ``prefetch_extra`` (the default; cooperative schedule) has the producer load by TMA during the tile's main loop;
     ``cluster=2`` runs it in 2-CTA clusters that share each B stage by TMA multicast, and ``slice_N`` has its epilogue
-    store the tile in slices of that many columns (``gemm_ws.gemm_ws`` says more of both).
+    store the tile in slices of that many columns, and ``extra_buffers=2`` loads the next tile's staged extra into a
+    second output tile during this one's epilogue (``gemm_ws.gemm_ws`` says more of them).
     """
     B_dtype, out_dtype, extra_shapes = operand_types("gemm", A_dtype, B_dtype, out_dtype, extra_shapes, extra_dtypes,
                                                      prologue, target)
@@ -126,8 +128,8 @@ def gemm(
         n = T.min(n0 + j, N - 1) if clamp_n else n0 + j
         return epilogue_at(epilogue, C_f[i, j], extras, extra_shapes, [*bcoords, m, n], accum_dtype, staged, fast)
 
-    if (pingpong or cluster != 1 or slice_N) and not ws:
-        raise ValueError("gemm: pingpong=True, cluster=2 and slice_N are options of ws=True")
+    if (pingpong or cluster != 1 or slice_N or extra_buffers != 1) and not ws:
+        raise ValueError("gemm: pingpong=True, cluster=2, slice_N and extra_buffers are options of ws=True")
     if ws:
         if not gemm_ws.eligible(target, N=N, K=K, trans_A=trans_A, trans_B=trans_B, batch_A=batch_A,
                                 batch_B=batch_B, A_dtype=A_dtype, B_dtype=B_dtype, out_dtype=out_dtype,
@@ -141,7 +143,7 @@ def gemm(
             M, N, K, trans_B=trans_B, dtype=mma_dtype, out_dtype=out_dtype, extra_shapes=extra_shapes,
             extra_dtypes=extra_dtypes, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
             pingpong=pingpong, target=target, staged=staged, prefetch_extra=prefetch_extra, cluster=cluster,
-            slice_N=slice_N,
+            slice_N=slice_N, extra_buffers=extra_buffers,
             epilogue_elem=lambda C_f, extras, i, j, m0, n0, tile=None: (
                 C_f[i, j] if epilogue is None else
                 C_elem(C_f, extras, (), i, j, m0, n0, None if tile is None else {staged: tile[i, j]})))

@@ -156,17 +156,27 @@ def grouped(t, tm: int, tn: int, group: int):
     return first + r % rows, r // rows
 
 
+class Turn:
+    """Output tile ``b`` of the two (``extra_buffers=2``), read as a tile (``[i, j]``) by the epilogue."""
+
+    def __init__(self, tiles, b):
+        self.tiles, self.b = tiles, b
+
+    def __getitem__(self, ij):
+        return self.tiles[self.b, ij[0], ij[1]]
+
+
 def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int, out_dtype: str, pingpong: bool,
-               slice_N: int | None = None) -> int:
+               slice_N: int | None = None, extra_buffers: int = 1) -> int:
     """Operand stages and the output tile(s), or the two output slices of ``slice_N`` columns."""
-    out = 2 * block_M * slice_N if slice_N else (2 if pingpong else 1) * block_M * block_N
+    out = 2 * block_M * slice_N if slice_N else (2 if pingpong else extra_buffers) * block_M * block_N
     return num_stages * (block_M + block_N) * block_K * 2 + out * ITEM[out_dtype]
 
 
 def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str, epilogue_elem, extra_shapes,
             extra_dtypes, block_M: int, block_N: int, block_K: int, num_stages: int, pingpong: bool = False,
             group: int = 8, staged: int | None = None, prefetch_extra: bool = True, cluster: int = 1,
-            slice_N: int | None = None, target: dict | str):
+            slice_N: int | None = None, extra_buffers: int = 1, target: dict | str):
     """The warp-specialized ``T.prim_func`` (parameters ``A, B, extra_0.., C``); ``gemm`` checks the arguments and
     passes ``epilogue_elem(C_f, extras, i, j, m0, n0, tile)``, the accumulator element through the epilogue (fp32).
     ``staged``: the extra input (of the output's shape and dtype) copied into the output tile before the epilogue, which
@@ -177,7 +187,10 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     at four of the zoo's GEMM-bound shapes; no seed uses it).
     ``slice_N`` (cooperative schedule): the epilogue runs and stores the tile in slices of that many columns through two
     shared-memory buffers taking turns (each waits only for the store two slices back), not one whole output tile: a
-    128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged)."""
+    128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged).
+    ``extra_buffers=2`` (a staged extra the producer loads): two output tiles taking turns, so that the producer loads
+    the next tile's extra while this tile's epilogue runs and its store drains (a residual under a short K, where the
+    main loop is too short to hide the load: ResNet-50's 1x1 convolutions)."""
     accum = "float32"
     if slice_N is not None and (pingpong or slice_N <= 0 or block_N % slice_N or slice_N * ITEM[out_dtype] % 16):
         raise ValueError(f"gemm(ws=True): slice_N={slice_N}; a divisor of block_N={block_N} (16-byte rows), with the "
@@ -185,7 +198,12 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     staged = None if slice_N else staged
     if num_stages < 2:  # (a consumer frees a stage only once the next one's WGMMA is issued)
         raise ValueError(f"gemm(ws=True): {num_stages} stage(s); the pipeline needs at least 2")
-    smem = smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong, slice_N)
+    prefetch = staged is not None and not pingpong and prefetch_extra and ITEM[out_dtype] == 2
+    if extra_buffers not in (1, 2) or (extra_buffers == 2 and not prefetch):
+        raise ValueError(f"gemm(ws=True): extra_buffers={extra_buffers}; 1, or 2 where the producer loads a staged "
+                         "full-size extra (the cooperative schedule, a 16-bit output)")
+    xb = extra_buffers
+    smem = smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong, slice_N, xb)
     if smem > SMEM_MAX:
         raise ValueError(f"gemm(ws=True): {smem} bytes of shared memory for {block_M}x{block_N}x{block_K}, "
                          f"{num_stages} stages{', two output tiles' if pingpong else ''}; at most {SMEM_MAX}")
@@ -199,8 +217,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     tm, tn = -(-M // block_M), -(-N // block_N)
     # work items: ``cluster`` row tiles (a row past the last one computes zeros and stores nothing) of one column tile
     tiles = -(-tm // cluster) * tn
-    # (fp16/bf16 outputs: the ones measured and checked on the H200; an fp32 output's extra is copied by the consumers)
-    prefetch = staged is not None and not pingpong and prefetch_extra and ITEM[out_dtype] == 2
+    # (prefetch: fp16/bf16 outputs, the ones measured and checked on the H200; an fp32 output's extra is copied by the
+    # consumers)
     grid = min(device_facts(target).sms // cluster, tiles)  # programs: clusters of ``cluster`` CTAs
     rounds = -(-tiles // grid)
     nk = -(-K // block_K)
@@ -247,10 +265,12 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                     T.barrier_arrive(full[s])
                     if prefetch:
                         if k == min(num_stages, nk) - 1:
-                            T.mbarrier_wait_parity(xfree[0], (t % 2) ^ 1)
+                            b = t % xb  # (the output tile it goes to, and its barriers' phase t // xb)
+                            T.mbarrier_wait_parity(xfree[b], ((t // xb) % 2) ^ 1)
                             T.tma_copy(extras[staged][bm * block_M:(bm + 1) * block_M,
-                                                      bn * block_N:(bn + 1) * block_N], C_s, barrier=xfull[0])
-                            T.barrier_arrive(xfull[0])
+                                                      bn * block_N:(bn + 1) * block_N],
+                                       C_s if xb == 1 else C_s[b, :, :], barrier=xfull[b])
+                            T.barrier_arrive(xfull[b])
 
     @T.macro
     def main_loop(A_s, B_s, C_f, full, empty, t, policy):
@@ -301,6 +321,20 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             T.barrier_arrive(xfree[0])
 
     @T.macro
+    def turned_epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree):
+        """``extra_buffers=2``: tile ``t``'s extra in output tile ``t % 2``, the other handed back to the producer as
+        soon as the previous tile's store has read it (the issuing thread waits), before this tile's epilogue."""
+        if t > 0:
+            T.tma_store_wait()
+            T.barrier_arrive(xfree[(t + 1) % 2])
+        T.mbarrier_wait_parity(xfull[t % 2], (t // 2) % 2)
+        for i, j in T.Parallel(block_M, block_N):
+            C_f[i, j] = epilogue_elem(C_f, extras, i, j, bm * block_M, bn * block_N, Turn(C_s, t % 2))
+        for i, j in T.Parallel(block_M, block_N):
+            C_s[t % 2, i, j] = T.Cast(out_dtype, C_f[i, j])
+        T.tma_copy(C_s[t % 2, :, :], C[bm * block_M:(bm + 1) * block_M, bn * block_N:(bn + 1) * block_N])
+
+    @T.macro
     def take_turns(A_s, B_s, C_f, C_s, full, empty, C, extras, pid, w):
         """Ping-pong group ``w``: its tiles' main loops in its turns, each epilogue under the other group's."""
         if w == 1:  # the first turn is group 0's
@@ -329,6 +363,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
                 release(empty, (t * nk + nk - 1) % num_stages)
                 if slice_N:
                     sliced_epilogue(C, C_f, C_s, extras, bm, bn)
+                elif xb == 2:
+                    turned_epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree)
                 else:
                     epilogue(C, C_f, C_s, extras, bm, bn, t, xfull, xfree)
         T.tma_store_wait()
@@ -342,7 +378,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
         with T.Kernel(grid * cluster, threads=384, cluster_dims=cluster if cluster > 1 else None) as cta:
             A_s = T.alloc_shared((num_stages, block_M, block_K), dtype)
             B_s = T.alloc_shared((num_stages, *B_tile), dtype)
-            C_s0 = T.alloc_shared((2, block_M, slice_N) if slice_N else (block_M, block_N), out_dtype)
+            C_s0 = T.alloc_shared((2, block_M, slice_N) if slice_N else (2, block_M, block_N) if xb == 2
+                                  else (block_M, block_N), out_dtype)
             C_f0 = T.alloc_fragment((block_M, block_N), accum)
             C_s1 = T.alloc_shared((block_M, block_N), out_dtype) if pingpong else None  # group 1's own tile
             C_f1 = T.alloc_fragment((block_M, block_N), accum) if pingpong else None
@@ -352,8 +389,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
             else:  # every consumer of the cluster frees each stage
                 empty = T.alloc_cluster_barrier([256 * cluster] * num_stages)
             pid, rank = cta // cluster, cta % cluster  # (a cluster is ``cluster`` consecutive CTAs)
-            xfull = T.alloc_barrier([128]) if prefetch else None  # the staged extra's tile is in C_s
-            xfree = T.alloc_barrier([256]) if prefetch else None  # the last store has read C_s
+            xfull = T.alloc_barrier([128] * xb) if prefetch else None  # the staged extra's tile is in C_s
+            xfree = T.alloc_barrier([256] * xb) if prefetch else None  # the last store has read C_s
             tx = T.get_thread_binding()
             if cluster > 1:  # every CTA's barriers set up before a peer arrives on them or multicasts into it
                 T.cluster_sync()
