@@ -143,7 +143,8 @@
 #            some 1.6 TB/s): each region's kernel, config and M x N x K against its ops through torch
 #            (judge_regions.py), then the ws GEMM at their shapes, each seed and the narrow and two-stage tiles
 #            (proto_gemm_ws.py --narrow, TB/s beside each), bias epilogues at the conv1 and downsample shapes and
-#            residual ones at the conv3 shapes, against cuBLAS.
+#            residual ones at the conv3 shapes, against cuBLAS; first the GPU numerics of extra_buffers=2 (two output
+#            tiles taking turns: the next tile's residual loaded during this one's epilogue), also in the residual sweep.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -482,18 +483,22 @@ elif [ "$part" = 75 ]; then  # (session 49: the short-key options on the 192-row
         grep "^|\|rror" "$OUT/logs/attn_short_$shapes.log" | cut -c1-160 | tail -40
     done
 elif [ "$part" = 76 ]; then  # (session 50: ResNet-50's 1x1 convolutions as ws GEMMs)
-    timeout 200 python3 bench/judge_regions.py --models resnet --out "$OUT/logs/judge_resnet.json" \
-        > "$OUT/logs/judge_resnet.log" 2>&1
-    grep "resnet" "$OUT/logs/judge_resnet.log" | cut -c1-330 | tail -45
+    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k taking_turns \
+        > "$OUT/logs/gpu_tests_turned.log" 2>&1
+    echo "GPU tests, extra_buffers=2: $(tail -1 "$OUT/logs/gpu_tests_turned.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_turned.log" | cut -c1-200 | head -8
     R1=200704x64x64,200704x64x256,200704x128x256,50176x128x512,50176x256x512,12544x256x1024,12544x512x1024
     R1=$R1,3136x512x2048,200704x256x64,50176x512x256,12544x1024x512,3136x2048x1024
-    for ep in bias residual; do
-        shapes=$R1; [ $ep = residual ] && shapes=200704x256x64,50176x512x128,12544x1024x256,3136x2048x512
-        timeout 170 python3 bench/proto_gemm_ws.py --ws-only --narrow --epilogue $ep --shapes "$shapes" \
-            --json "$OUT/logs/resnet_gemm_$ep.json" > "$OUT/logs/resnet_gemm_$ep.log" 2>&1
+    for ep in residual bias; do
+        shapes=$R1 more=""; [ $ep = residual ] && shapes=200704x256x64,50176x512x128,12544x1024x256,3136x2048x512 more=--turned
+        timeout "$(case $ep in residual) echo 130;; *) echo 150;; esac)" python3 bench/proto_gemm_ws.py --ws-only --narrow \
+            $more --epilogue $ep --shapes "$shapes" --json "$OUT/logs/resnet_gemm_$ep.json" > "$OUT/logs/resnet_gemm_$ep.log" 2>&1
         grep -v "^ *$" "$OUT/logs/resnet_gemm_$ep.log" | sed 's/{"block_M": 128, "block_N": /n/; s/"block_K": 64, "stages": /st /' \
-            | cut -c1-150 | tail -130
+            | cut -c1-150 | tail -45
     done
+    timeout 170 python3 bench/judge_regions.py --models resnet --out "$OUT/logs/judge_resnet.json" \
+        > "$OUT/logs/judge_resnet.log" 2>&1
+    grep "resnet" "$OUT/logs/judge_resnet.log" | cut -c1-330 | tail -45
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
