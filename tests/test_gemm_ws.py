@@ -56,7 +56,7 @@ def test_gemm_ws_refuses_what_it_cannot_build():
         gemm.gemm(256, 256, 128, prologue=Acc() * 2.0, target=SM90, ws=True, **COOP)
     with pytest.raises(ValueError, match="ws=True needs"):
         gemm.gemm(256, 256, 128, target={"kind": "cuda", "arch": "sm_80"}, ws=True, **COOP)
-    with pytest.raises(ValueError, match="pingpong=True, cluster=2 and slice_N are options of ws=True"):
+    with pytest.raises(ValueError, match="pingpong=True, cluster=2, slice_N and extra_buffers are options of ws=True"):
         gemm.gemm(256, 256, 128, target=SM90, pingpong=True)
     with pytest.raises(ValueError, match="shared memory"):
         gemm.gemm(256, 256, 128, target=SM90, ws=True, **{**COOP, "num_stages": 4})
@@ -189,7 +189,7 @@ def test_gemm_ws_in_2_cta_clusters_multicasts_b_and_frees_each_stage_in_both(tmp
     assert "multicast" not in plain and "cluster" not in plain
     with pytest.raises(ValueError, match="cooperative"):
         gemm.gemm(1000, 4096, 1024, trans_B=True, ws=True, target=SM90, cluster=2, **PP)
-    with pytest.raises(ValueError, match="cluster=2 and slice_N are options of ws=True"):
+    with pytest.raises(ValueError, match="cluster=2, slice_N and extra_buffers are options of ws=True"):
         gemm.gemm(1000, 4096, 1024, trans_B=True, target=SM90, cluster=2)
     if shutil.which("nvcc"):
         log = _ptxas_log(src, tmp_path)
