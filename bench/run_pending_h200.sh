@@ -483,7 +483,7 @@ elif [ "$part" = 75 ]; then  # (session 49: the short-key options on the 192-row
         grep "^|\|rror" "$OUT/logs/attn_short_$shapes.log" | cut -c1-160 | tail -40
     done
 elif [ "$part" = 76 ]; then  # (session 50: ResNet-50's 1x1 convolutions as ws GEMMs)
-    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k taking_turns \
+    timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py -k taking_turns \
         > "$OUT/logs/gpu_tests_turned.log" 2>&1
     echo "GPU tests, extra_buffers=2: $(tail -1 "$OUT/logs/gpu_tests_turned.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_turned.log" | cut -c1-200 | head -8
@@ -491,12 +491,12 @@ elif [ "$part" = 76 ]; then  # (session 50: ResNet-50's 1x1 convolutions as ws G
     R1=$R1,3136x512x2048,200704x256x64,50176x512x256,12544x1024x512,3136x2048x1024
     for ep in residual bias; do
         shapes=$R1 more=""; [ $ep = residual ] && shapes=200704x256x64,50176x512x128,12544x1024x256,3136x2048x512 more=--turned
-        timeout "$(case $ep in residual) echo 130;; *) echo 150;; esac)" python3 bench/proto_gemm_ws.py --ws-only --narrow \
+        timeout "$(case $ep in residual) echo 120;; *) echo 130;; esac)" python3 bench/proto_gemm_ws.py --ws-only --narrow \
             $more --epilogue $ep --shapes "$shapes" --json "$OUT/logs/resnet_gemm_$ep.json" > "$OUT/logs/resnet_gemm_$ep.log" 2>&1
         grep -v "^ *$" "$OUT/logs/resnet_gemm_$ep.log" | sed 's/{"block_M": 128, "block_N": /n/; s/"block_K": 64, "stages": /st /' \
             | cut -c1-150 | tail -45
     done
-    timeout 170 python3 bench/judge_regions.py --models resnet --out "$OUT/logs/judge_resnet.json" \
+    timeout 150 python3 bench/judge_regions.py --models resnet --out "$OUT/logs/judge_resnet.json" \
         > "$OUT/logs/judge_resnet.log" 2>&1
     grep "resnet" "$OUT/logs/judge_resnet.log" | cut -c1-330 | tail -45
 elif [ "$part" = 34 ]; then
