@@ -17,7 +17,8 @@
 # gained nowhere on the default pick). Part 72 (which ws seed leads past SHORT_KEYS at D 64) is ready, not run.
 # Session 48 ran part 73 on an H100 (bench/results/2026-12-06-h100-session48); session 49 ran part 74 twice on an H100
 # (bench/results/2026-12-06-h100-session49; part 72 is superseded by 73 and 74, which measured its long runs).
-# Part 75 is ready, not run (no device time left). Next, on an H200: the bars' parts 30, 31, 34 and 39, and 74 (the
+# Part 75 is ready, not run (no device time left). Session 50 got no machine (eleven requests, none started): parts 75
+# and 76 are ready, not run. Next, on an H200: the bars' parts 30, 31, 34 and 39, and 74 (the
 # long-run lead there).
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
@@ -139,8 +140,9 @@
 #            sweep (--configs short): whether the 192-row seed, which leads past SHORT_KEYS at D 64 where
 #            long_rows_lead says, gains from them as the 128-row seed does up to SHORT_KEYS.
 #   part 76 (~6 min): ResNet-50's 1x1 convolutions (session 50: our ws GEMMs with their BN, ReLU and residual
-#            epilogues took 1.155 ms against cuBLAS's 0.79 of bare products in session 47's profile; by their bytes
-#            some 1.6 TB/s): each region's kernel, config and M x N x K against its ops through torch
+#            epilogues took 1.155 ms against cuBLAS's 0.79 of bare products in session 47's profile: 25 kernels, by
+#            my count the 16 residual conv3s and 9 conv1s, 2.36 GB, about 2.0 TB/s where a copy reaches some 3): each
+#            region's kernel, config and M x N x K against its ops through torch
 #            (judge_regions.py), then the ws GEMM at their shapes, each seed and the narrow and two-stage tiles
 #            (proto_gemm_ws.py --narrow, TB/s beside each), bias epilogues at the conv1 and downsample shapes and
 #            residual ones at the conv3 shapes, against cuBLAS; first the GPU numerics of extra_buffers=2 (two output
