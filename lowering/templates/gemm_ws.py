@@ -189,8 +189,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     shared-memory buffers taking turns (each waits only for the store two slices back), not one whole output tile: a
     128 x 256 tile then leaves room for a fourth stage. A full-size extra is then read where it lies (not staged).
     ``extra_buffers=2`` (a staged extra the producer loads): two output tiles taking turns, so that the producer loads
-    the next tile's extra while this tile's epilogue runs and its store drains (a residual under a short K, where the
-    main loop is too short to hide the load: ResNet-50's 1x1 convolutions)."""
+    the next tile's extra while this tile's epilogue runs and its store drains. Meant for a residual under a short K,
+    where the main loop is too short to hide the load (ResNet-50's 1x1 convolutions); not yet measured, no seed."""
     accum = "float32"
     if slice_N is not None and (pingpong or slice_N <= 0 or block_N % slice_N or slice_N * ITEM[out_dtype] % 16):
         raise ValueError(f"gemm(ws=True): slice_N={slice_N}; a divisor of block_N={block_N} (16-byte rows), with the "
@@ -206,7 +206,8 @@ def gemm_ws(M: int, N: int, K: int, *, trans_B: bool, dtype: str, out_dtype: str
     smem = smem_bytes(block_M, block_N, block_K, num_stages, out_dtype, pingpong, slice_N, xb)
     if smem > SMEM_MAX:
         raise ValueError(f"gemm(ws=True): {smem} bytes of shared memory for {block_M}x{block_N}x{block_K}, "
-                         f"{num_stages} stages{', two output tiles' if pingpong else ''}; at most {SMEM_MAX}")
+                         f"{num_stages} stages{', two output tiles' if pingpong or xb == 2 else ''}; "
+                         f"at most {SMEM_MAX}")
     if pingpong and block_M * block_N > 128 * 128:  # (a warp group's accumulator: 128 registers a thread)
         raise ValueError(f"gemm(ws=True, pingpong=True): a {block_M}x{block_N} tile per warp group; at most 128 x 128")
     if not pingpong and (block_M not in (128, 256) or block_M * block_N > 256 * 128):
