@@ -95,17 +95,20 @@ CASES = {
 }
 
 
+def _fit(cfg, out_dtype="float16"):
+    """``cfg`` with as many stages as fit shared memory (its output tiles, slices or turns counted)."""
+    while gemm_ws.smem_bytes(cfg["block_M"], cfg["block_N"], cfg["block_K"], cfg["num_stages"], out_dtype,
+                             cfg.get("pingpong", False), cfg.get("slice_N"), cfg.get("extra_buffers", 1)) \
+            > gemm_ws.SMEM_MAX:
+        cfg = {**cfg, "num_stages": cfg["num_stages"] - 1}
+    return cfg
+
+
 def _configs(N, out_dtype="float16"):
     """Both schedules (and a 64 x 256 ping-pong tile where N allows; cooperative, all three seeds: 128 x 256, 192 and
     128 x 5 stages, and the 256 x 128 tile), each with as many stages as fit."""
-    out = []
-    for cfg in [COOP, NARROW, SHORT, TALL, PP] + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256
-                                            else []):
-        while gemm_ws.smem_bytes(cfg["block_M"], cfg["block_N"], cfg["block_K"], cfg["num_stages"], out_dtype,
-                                 cfg.get("pingpong", False)) > gemm_ws.SMEM_MAX:
-            cfg = {**cfg, "num_stages": cfg["num_stages"] - 1}
-        out.append(cfg)
-    return out
+    return [_fit(cfg, out_dtype) for cfg in [COOP, NARROW, SHORT, TALL, PP]
+            + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256 else [])]
 
 
 def _extra_dtypes(M, N, kw, extras, dtype):
@@ -243,10 +246,7 @@ def test_gemm_ws_options_gpu_match_the_reference(variant, rng):
         M, N, K, kw, extras = CASES[name]
         cfg = next(c for c in _configs(N, kw.get("out_dtype", "float16")) if not c.get("pingpong"))
         if "slice_N" in variant:
-            cfg = {**SLICED, **variant}
-            while gemm_ws.smem_bytes(128, 256, 64, cfg["num_stages"], kw.get("out_dtype", "float16"), False,
-                                     cfg["slice_N"]) > gemm_ws.SMEM_MAX:
-                cfg["num_stages"] -= 1
+            cfg = _fit({**SLICED, **variant}, kw.get("out_dtype", "float16"))
         else:
             cfg = {**cfg, **variant}
         f = gemm.gemm(M, N, K, A_dtype="float16", extra_shapes=extras, ws=True, target=SM90,
@@ -265,10 +265,7 @@ def _turned_funcs(dtype="float16"):
     for name in TURNED_CASES:
         M, N, K, kw, extras = CASES[name]
         for cfg in (COOP, NARROW, SHORT, TALL):
-            cfg = {**cfg, "extra_buffers": 2}
-            while gemm_ws.smem_bytes(cfg["block_M"], cfg["block_N"], 64, cfg["num_stages"], "float16", False, None,
-                                     2) > gemm_ws.SMEM_MAX:
-                cfg["num_stages"] -= 1
+            cfg = _fit({**cfg, "extra_buffers": 2})
             f = gemm.gemm(M, N, K, A_dtype=dtype, extra_shapes=extras, ws=True, target=SM90,
                           extra_dtypes=_extra_dtypes(M, N, kw, extras, dtype), **kw, **cfg)
             yield f"{name} {cfg}", (M, N, K, kw, extras), f
