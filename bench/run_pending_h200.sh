@@ -147,6 +147,9 @@
 #            (proto_gemm_ws.py --narrow, TB/s beside each), bias epilogues at the conv1 and downsample shapes and
 #            residual ones at the conv3 shapes, against cuBLAS; first the GPU numerics of extra_buffers=2 (two output
 #            tiles taking turns: the next tile's residual loaded during this one's epilogue), also in the residual sweep.
+#   part 77 (~6 min): memory-bound shapes' seeds (gemm_ws.MEMORY_DIM, session 51, from part 76's H100 sweep): the ws
+#            GPU numerics with the 128 x 64 x 6 tile (fp16 every case, turns fp16/bf16), then zoo ResNet-50 default
+#            against Inductor default with kernel categories (its 33 1x1-conv GEMMs: 1.197 -> 1.073 ms summed alone).
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -501,6 +504,12 @@ elif [ "$part" = 76 ]; then  # (session 50: ResNet-50's 1x1 convolutions as ws G
     timeout 150 python3 bench/judge_regions.py --models resnet --out "$OUT/logs/judge_resnet.json" \
         > "$OUT/logs/judge_resnet.log" 2>&1
     grep "resnet" "$OUT/logs/judge_resnet.log" | cut -c1-330 | tail -45
+elif [ "$part" = 77 ]; then  # (session 51: memory-bound shapes' seeds, 128 x 64 / 128 x 128 and turns for a residual)
+    timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemm_ws.py \
+        -k "taking_turns or (gpu_matches_the_reference and float16)" > "$OUT/logs/gpu_tests_ws.log" 2>&1
+    echo "GPU tests, ws GEMM (fp16 every case and tile, turns fp16/bf16): $(tail -1 "$OUT/logs/gpu_tests_ws.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_ws.log" | cut -c1-200 | head -8
+    zoo resnet 260 zoo_resnet_default
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -27,6 +27,7 @@ PP = {"block_M": 128, "block_N": 128, "block_K": 64, "num_stages": 4, "pingpong"
 NARROW = {**COOP, "block_N": 192, "num_stages": 4}  # (the other cooperative seeds)
 SHORT = {**COOP, "block_N": 128, "num_stages": 5}
 TALL = {**COOP, "block_M": 256, "block_N": 128, "num_stages": 3}  # (each group 128 rows; no seed: session 39)
+THIN = {**COOP, "block_N": 64, "num_stages": 6}  # (memory-bound shapes' seed: N <= 128, or K 64 with a residual)
 
 
 @pytest.mark.parametrize("target,kw,ok", [
@@ -105,9 +106,9 @@ def _fit(cfg, out_dtype="float16"):
 
 
 def _configs(N, out_dtype="float16"):
-    """Both schedules (and a 64 x 256 ping-pong tile where N allows; cooperative, all three seeds: 128 x 256, 192 and
-    128 x 5 stages, and the 256 x 128 tile), each with as many stages as fit."""
-    return [_fit(cfg, out_dtype) for cfg in [COOP, NARROW, SHORT, TALL, PP]
+    """Both schedules (and a 64 x 256 ping-pong tile where N allows; cooperative, all four seeds: 128 x 256, 192,
+    128 x 5 stages and 64 x 6, and the 256 x 128 tile), each with as many stages as fit."""
+    return [_fit(cfg, out_dtype) for cfg in [COOP, NARROW, SHORT, THIN, TALL, PP]
             + ([{**PP, "block_M": 64, "block_N": 256, "num_stages": 3}] if N >= 256 else [])]
 
 
@@ -169,7 +170,7 @@ def _ptxas_log(src: str, tmp_path) -> str:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("cfg", [COOP, PP, NARROW, TALL, {**TALL, "num_stages": 4, "slice_N": 32}])
+@pytest.mark.parametrize("cfg", [COOP, PP, NARROW, THIN, TALL, {**TALL, "num_stages": 4, "slice_N": 32}])
 def test_gemm_ws_wgmmas_are_not_serialized_by_ptxas(cfg, tmp_path):
     f = gemm.gemm(1000, 3072, 768, trans_B=True, epilogue=call("gelu", Acc() + Arg(0)), extra_shapes=[(3072,)],
                   extra_dtypes=["float16"], ws=True, target=SM90, **cfg)
@@ -264,7 +265,7 @@ def _turned_funcs(dtype="float16"):
     many stages as then fit."""
     for name in TURNED_CASES:
         M, N, K, kw, extras = CASES[name]
-        for cfg in (COOP, NARROW, SHORT, TALL):
+        for cfg in (COOP, NARROW, SHORT, THIN, TALL):
             cfg = _fit({**cfg, "extra_buffers": 2})
             f = gemm.gemm(M, N, K, A_dtype=dtype, extra_shapes=extras, ws=True, target=SM90,
                           extra_dtypes=_extra_dtypes(M, N, kw, extras, dtype), **kw, **cfg)
@@ -277,7 +278,7 @@ def test_two_output_tiles_take_turns_for_a_staged_extra(tmp_path):
     next tile's extra loads under it); every cooperative tile keeps two stages or more. Where no staged extra is
     loaded by the producer it is refused, not ignored."""
     runs = list(_turned_funcs())
-    assert len(runs) == len(TURNED_CASES) * 4 and all("'num_stages': 1" not in name for name, _, _ in runs)
+    assert len(runs) == len(TURNED_CASES) * 5 and all("'num_stages': 1" not in name for name, _, _ in runs)
     for name, _, f in runs:
         src = kernel_source(f, SM90)
         assert "xfull[1].init(128);" in src and "xfree[1].init(256);" in src, name
@@ -375,6 +376,30 @@ def test_the_ws_seeds_rank_as_the_h200_measured(M, N, K, block_N):
     spec = KernelSpec("gemm", tuple(sorted(dict(M=M, N=N, K=K, trans_B=True, A_dtype="float16").items())), (-1,),
                       (), ())
     assert lower.default_config(spec, SM90) == first
+
+
+@pytest.mark.parametrize(("M", "N", "K", "residual", "lead"), [
+    # an H100's sweeps at ResNet-50's 1x1 convolutions, b64 (bench/results/2026-12-07-h100-session51): memory-bound
+    # (K or N <= 512), 128 x 64 x 6 where N <= 128, else 128 x 128 x 5; a residual's tiles taking turns
+    (200704, 64, 64, False, (64, 6, 1)), (200704, 64, 256, False, (64, 6, 1)), (50176, 128, 512, False, (64, 6, 1)),
+    (200704, 256, 64, False, (128, 5, 1)), (12544, 256, 1024, False, (128, 5, 1)), (3136, 512, 2048, False, (128, 5, 1)),
+    (12544, 1024, 512, False, (128, 5, 1)), (3136, 2048, 1024, False, (256, 3, 1)),  # (neither dim short: as fitted)
+    (200704, 256, 64, True, (64, 6, 2)), (50176, 512, 128, True, (128, 5, 2)), (12544, 1024, 256, True, (128, 5, 2)),
+    (3136, 2048, 512, True, (128, 5, 2))])
+def test_memory_bound_shapes_lead_with_narrow_tiles_and_turns_for_a_residual(M, N, K, residual, lead):
+    ranked = gemm_ws.seeds("float16", M, N, K, 132, frozenset({"relu"}), residual)
+    assert [(c["block_N"], c["num_stages"], c.get("extra_buffers", 1)) for c in ranked][0] == lead
+    assert len(ranked) == len({str(c) for c in ranked}) >= 3  # (the others stay for tuning, once each)
+    # the default pick, as a conv's BN, residual and ReLU epilogue asks for it
+    bn = Acc() * Arg(0) + Arg(1)
+    epilogue = call("relu", bn + Arg(2) if residual else bn)
+    extras = ((N,), (N,), *([(M, N)] if residual else []))
+    kw = dict(M=M, N=N, K=K, trans_B=True, A_dtype="float16", epilogue=epilogue, extra_shapes=extras,
+              extra_dtypes=("float16",) * len(extras))
+    spec = KernelSpec("gemm", tuple(sorted(kw.items())), (-1,), (), ())
+    assert lower.default_config(spec, SM90) == ranked[0]
+    if residual:  # (built: two output tiles fit beside the stages)
+        assert gemm_ws.smem_bytes(128, lead[0], 64, lead[1], "float16", False, None, 2) <= gemm_ws.SMEM_MAX
 
 
 @pytest.mark.parametrize(("M", "N", "K", "ops", "staged", "sliced"), [

@@ -89,16 +89,17 @@ def eligible(target: dict | str, *, N: int, K: int, trans_A: bool = False, trans
 
 
 def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None = None, stages: int = 4,
-         slice_N: int | None = None) -> dict:
+         slice_N: int | None = None, extra_buffers: int = 1) -> dict:
     """A config of the cooperative schedule (128 x ``block_N`` tiles for both groups, 192 unless given; its epilogue in
-    ``slice_N``-column slices where given) or of ``pingpong`` (128 x 128 for each; the one ``Options.experimental``
-    "gemm_ws_pingpong" puts first), 64 deep, with as many stages (at most ``stages``) as shared memory holds.
-    ``seeds`` says which leads where."""
+    ``slice_N``-column slices where given; two output tiles taking turns with ``extra_buffers=2``) or of ``pingpong``
+    (128 x 128 for each; the one ``Options.experimental`` "gemm_ws_pingpong" puts first), 64 deep, with as many stages
+    (at most ``stages``) as shared memory holds. ``seeds`` says which leads where."""
     block_N = 128 if pingpong else (block_N or 192)
-    while stages > 2 and smem_bytes(128, block_N, 64, stages, out_dtype, pingpong, slice_N) > SMEM_MAX:
+    while stages > 2 and smem_bytes(128, block_N, 64, stages, out_dtype, pingpong, slice_N, extra_buffers) > SMEM_MAX:
         stages -= 1
     return {"block_M": 128, "block_N": block_N, "block_K": 64, "num_stages": stages, "ws": True,
-            **({"pingpong": True} if pingpong else {}), **({"slice_N": slice_N} if slice_N else {})}
+            **({"pingpong": True} if pingpong else {}), **({"slice_N": slice_N} if slice_N else {}),
+            **({"extra_buffers": extra_buffers} if extra_buffers != 1 else {})}
 
 
 # How the cooperative seeds rank, fitted to the H200's sweeps at M 8192-16384 (bench/proto_gemm_ws.py, bias epilogue;
@@ -119,6 +120,16 @@ def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None
 #   against 128 x 192 x 4: 16384x3072x768 0.1657 / 0.1620 against 0.1715 / 0.1742 ms (two runs), 8192x4096x1024 0.1325
 #   against 0.1439 (256 x 3: 0.1413), 8192x3072x768 0.0814 against 0.0825, 12608x3072x768 0.1250 against 0.1233. Not
 #   with a bias alone (1.5-2.5% slower at four K-768 shapes), nor at K 4096-16384 (2-6% slower than 256 x 3).
+# - Memory-bound shapes (K or N at most MEMORY_DIM: ResNet-50's 1x1 convolutions at batch 64, M 3136-200704; on an H100,
+#   bench/results/2026-12-07-h100-session51, BN and ReLU epilogues, residuals where they have one): 128 x 128 x 5 came
+#   within 3% of the best of 10 tiles at every bias shape (12 shapes; 128 x 192 / 256 ran 4-40% slower at 8 of them),
+#   and 128 x 64 x 6 led where N <= 128 (200704 x 64 x 256: 0.0450 against 0.0477 ms, 128 x 192's 0.0499). With a
+#   staged residual, two output tiles taking turns (``extra_buffers=2``: the next tile's residual loaded under this
+#   one's epilogue) led at all four conv3 shapes: 128 x 128 x 5 (12544x1024x256 0.0230 against 128 x 256 x 3's 0.0274
+#   ms, 3136x2048x512 0.0185 against 0.0213), 128 x 64 x 6 at K 64 (200704x256x64 0.0827 against 0.0908). Summed over
+#   the model's 33 such GEMMs: 1.197 -> 1.073 ms. The fits above had no shape with K or N that small but 8192x512x2048,
+#   where 128 x 128 x 5 led too.
+MEMORY_DIM = 512
 WIDE_GAIN, WIDE_K, WIDE_N = 0.96, 2048, 2048
 SHORT_K, SHORT_WAVES = range(2048, 3072), 4
 SLICE_GAIN, SLICE_K = 0.97, 1024
@@ -130,11 +141,19 @@ def seeds(out_dtype: str, M: int, N: int, K: int, sms: int, epilogue_ops: frozen
     """The cooperative schedule's seeds for an ``M`` x ``N`` x ``K`` GEMM over ``sms`` SMs whose epilogue calls
     ``epilogue_ops`` (``staged``: and reads a full-size extra of the output's dtype), the one to build with first:
     128 x 192 x 4 stages, and where shared memory holds 3 stages of 128 x 256, that, 128 x 128 x 5 and, at short K
-    under a special function, 128 x 256 x 4 sliced, ranked as the H200 measured (above)."""
+    under a special function, 128 x 256 x 4 sliced, ranked as the H200 measured (above); memory-bound shapes (K or N
+    at most ``MEMORY_DIM``) led by 128 x 128 x 5 or 128 x 64 x 6, with two output tiles taking turns for a staged
+    extra, as an H100 measured (above)."""
     narrow = seed(out_dtype)
     wide, short = seed(out_dtype, block_N=256), seed(out_dtype, block_N=128, stages=5)
     if wide["num_stages"] < 3:  # (fp32 outputs: 2 stages of the wide tile; none measured)
         return [narrow]
+    if K <= MEMORY_DIM or N <= MEMORY_DIM:  # (memory-bound: the tile whose loads and stores overlap best leads)
+        if staged:  # (a 16-bit output here: the producer loads the staged extra, so two output tiles can take turns)
+            lead = seed(out_dtype, block_N=64 if K <= 64 else 128, stages=6 if K <= 64 else 5, extra_buffers=2)
+        else:
+            lead = seed(out_dtype, block_N=64, stages=6) if N <= 128 else short
+        return [lead, *[c for c in (short, narrow, wide) if c != lead]]
     if K in SHORT_K and gemm_configs.wave_cost(wide, M, N, 1, sms) <= SHORT_WAVES * 128 * 256:
         return [short, narrow, wide]
     sliced = [seed(out_dtype, block_N=256, slice_N=64)] if K <= SLICE_K and epilogue_ops & SPECIAL_OPS \
