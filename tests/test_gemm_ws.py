@@ -383,7 +383,8 @@ def test_the_ws_seeds_rank_as_the_h200_measured(M, N, K, block_N):
     # (K or N <= 512), 128 x 64 x 6 where N <= 128, else 128 x 128 x 5; a residual's tiles taking turns
     (200704, 64, 64, False, (64, 6, 1)), (200704, 64, 256, False, (64, 6, 1)), (50176, 128, 512, False, (64, 6, 1)),
     (200704, 256, 64, False, (128, 5, 1)), (12544, 256, 1024, False, (128, 5, 1)),
-    (3136, 512, 2048, False, (128, 5, 1)), (12544, 1024, 512, False, (128, 5, 1)), (3136, 2048, 1024, False, (256, 3, 1)),  # (neither dim short: as fitted)
+    (3136, 512, 2048, False, (128, 5, 1)), (12544, 1024, 512, False, (128, 5, 1)),
+    (3136, 2048, 1024, False, (256, 3, 1)),  # (neither dim short: as fitted)
     (200704, 256, 64, True, (64, 6, 2)), (50176, 512, 128, True, (128, 5, 2)), (12544, 1024, 256, True, (128, 5, 2)),
     (3136, 2048, 512, True, (128, 5, 2))])
 def test_memory_bound_shapes_lead_with_narrow_tiles_and_turns_for_a_residual(M, N, K, residual, lead):
