@@ -122,8 +122,9 @@ def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None
 #   with a bias alone (1.5-2.5% slower at four K-768 shapes), nor at K 4096-16384 (2-6% slower than 256 x 3).
 # - Memory-bound shapes (K or N at most MEMORY_DIM: ResNet-50's 1x1 convolutions at batch 64, M 3136-200704; on an H100,
 #   bench/results/2026-12-07-h100-session51, BN and ReLU epilogues, residuals where they have one): 128 x 128 x 5 came
-#   within 3% of the best of 10 tiles at every bias shape (12 shapes; 128 x 192 / 256 ran 4-40% slower at 8 of them),
-#   and 128 x 64 x 6 led where N <= 128 (200704 x 64 x 256: 0.0450 against 0.0477 ms, 128 x 192's 0.0499). With a
+#   within 3% of the best of 10 tiles at every bias shape with N > 128 (8 shapes), 128 x 64 x 6 led where N <= 128
+#   (200704 x 64 x 256: 0.0450 against 0.0477 ms, 128 x 192's 0.0499); the old picks (128 x 192 x 4, 128 x 256 x 3)
+#   ran 6-25% slower at the 8 bias shapes of the model where they differ. With a
 #   staged residual, two output tiles taking turns (``extra_buffers=2``: the next tile's residual loaded under this
 #   one's epilogue) led at all four conv3 shapes: 128 x 128 x 5 (12544x1024x256 0.0230 against 128 x 256 x 3's 0.0274
 #   ms, 3136x2048x512 0.0185 against 0.0213), 128 x 64 x 6 at K 64 (200704x256x64 0.0827 against 0.0908). Summed over
