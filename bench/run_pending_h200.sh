@@ -18,10 +18,10 @@
 # Session 48 ran part 73 on an H100 (bench/results/2026-12-06-h100-session48); session 49 ran part 74 twice on an H100
 # (bench/results/2026-12-06-h100-session49; part 72 is superseded by 73 and 74, which measured its long runs).
 # Part 75 is ready, not run (no device time left). Session 50 got no machine (13 starts failed, 1,467 s of its
-# 1,800): parts 75 and 76 are ready, not run. Session 51 ran part 76 on an H100 (bench/results/2026-12-07-h100-session51:
-# extra_buffers=2 right; gemm_ws.MEMORY_DIM's seeds from its sweep); of its 11 other starts, none came. Next, on an
-# H200: the bars' parts 30, 31, 34 and 39, and 74 (the long-run lead there); on either: 77 (the memory-bound seeds'
-# GPU numerics and zoo ResNet-50 against Inductor), then 75.
+# 1,800): parts 75 and 76 are ready, not run. Session 51 ran parts 76 and 77 on an H100 (bench/results/
+# 2026-12-07-h100-session51: extra_buffers=2 right; gemm_ws.MEMORY_DIM's seeds from 76's sweep, ResNet-50 1.20x
+# Inductor with them); of its other starts, none came. Next, on an H200: the bars' parts 30, 31, 34 and 39, and 74 (the
+# long-run lead there); on either: 75.
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
