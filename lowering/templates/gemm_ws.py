@@ -128,8 +128,8 @@ def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None
 #   staged residual, two output tiles taking turns (``extra_buffers=2``: the next tile's residual loaded under this
 #   one's epilogue) led at all four conv3 shapes: 128 x 128 x 5 (12544x1024x256 0.0230 against 128 x 256 x 3's 0.0274
 #   ms, 3136x2048x512 0.0185 against 0.0213), 128 x 64 x 6 at K 64 (200704x256x64 0.0827 against 0.0908). Summed over
-#   the model's 33 such GEMMs: 1.197 -> 1.073 ms. The fits above had no shape with K or N that small but 8192x512x2048,
-#   where 128 x 128 x 5 led too.
+#   the model's 33 such GEMMs: 1.197 -> 1.073 ms; the whole model 2.629 -> 2.543 ms (1.20x Inductor). The fits above
+#   had no shape with K or N that small but 8192x512x2048, where 128 x 128 x 5 led too.
 MEMORY_DIM = 512
 WIDE_GAIN, WIDE_K, WIDE_N = 0.96, 2048, 2048
 SHORT_K, SHORT_WAVES = range(2048, 3072), 4
