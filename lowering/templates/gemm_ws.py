@@ -124,12 +124,12 @@ def seed(out_dtype: str = "float16", pingpong: bool = False, block_N: int | None
 #   bench/results/2026-12-07-h100-session51, BN and ReLU epilogues, residuals where they have one): 128 x 128 x 5 came
 #   within 3% of the best of 10 tiles at every bias shape with N > 128 (8 shapes), 128 x 64 x 6 led where N <= 128
 #   (200704 x 64 x 256: 0.0450 against 0.0477 ms, 128 x 192's 0.0499); the old picks (128 x 192 x 4, 128 x 256 x 3)
-#   ran 6-25% slower at the 8 bias shapes of the model where they differ. With a
-#   staged residual, two output tiles taking turns (``extra_buffers=2``: the next tile's residual loaded under this
-#   one's epilogue) led at all four conv3 shapes: 128 x 128 x 5 (12544x1024x256 0.0230 against 128 x 256 x 3's 0.0274
-#   ms, 3136x2048x512 0.0185 against 0.0213), 128 x 64 x 6 at K 64 (200704x256x64 0.0827 against 0.0908). Summed over
-#   the model's 33 such GEMMs: 1.197 -> 1.073 ms; the whole model 2.629 -> 2.543 ms (1.20x Inductor). The fits above
-#   had no shape with K or N that small but 8192x512x2048, where 128 x 128 x 5 led too.
+#   ran 6-25% slower at the 8 bias shapes of the model where they differ. With a staged residual, two output tiles
+#   taking turns (``extra_buffers=2``: the next tile's residual loaded under this one's epilogue) led at all four conv3
+#   shapes: 128 x 128 x 5 (12544x1024x256 0.0230 against 128 x 256 x 3's 0.0274 ms, 3136x2048x512 0.0185 against
+#   0.0213), 128 x 64 x 6 at K 64 (200704x256x64 0.0827 against 0.0908). Summed over the model's 33 such GEMMs: 1.197
+#   -> 1.073 ms; the whole model 2.629 -> 2.543 ms (1.20x Inductor). The fits above had no shape with K or N that small
+#   but 8192x512x2048, where 128 x 128 x 5 led too.
 MEMORY_DIM = 512
 WIDE_GAIN, WIDE_K, WIDE_N = 0.96, 2048, 2048
 SHORT_K, SHORT_WAVES = range(2048, 3072), 4
