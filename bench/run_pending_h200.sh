@@ -512,6 +512,13 @@ elif [ "$part" = 77 ]; then  # (session 51: memory-bound shapes' seeds, 128 x 64
     echo "GPU tests, ws GEMM (fp16 every case and tile, turns fp16/bf16): $(tail -1 "$OUT/logs/gpu_tests_ws.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_ws.log" | cut -c1-200 | head -8
     zoo resnet 260 zoo_resnet_default
+elif [ "$part" = 78 ]; then  # (session 52: judge_regions' conv fix, and where ResNet-50's ws GEMMs lose 0.1 ms in the model)
+    timeout 150 python3 bench/judge_regions.py --models resnet --out "$OUT/logs/judge_resnet.json" \
+        > "$OUT/logs/judge_resnet.log" 2>&1
+    grep "resnet" "$OUT/logs/judge_resnet.log" | cut -c1-330 | tail -45
+    timeout 200 python3 bench/profile_sequence.py --model resnet --calls 4 --top 40 --json "$OUT/logs/seq_resnet.json" \
+        > "$OUT/logs/seq_resnet.log" 2>&1
+    grep -v -i warn "$OUT/logs/seq_resnet.log" | cut -c1-170 | head -110
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
