@@ -107,6 +107,38 @@ def test_concat_depthwise_and_biased_convolutions_stay_channels_last(rng):
         torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("stride,hw", [((2, 2), (9, 8)), ((2, 1), (8, 7)), ((3, 3), (10, 11))])
+def test_a_strided_pointwise_convolution_is_a_slice_then_a_gemm(rng, stride, hw):
+    """A 1x1 convolution with a stride (ResNet's downsampling shortcut, its batch norm after) reads every stride-th
+    pixel: channels last it becomes that strided slice of its input and a unit-stride 1x1 convolution, which a CUDA
+    plan runs as one GEMM where the strided one took the implicit-GEMM conv2d. Odd sizes and unequal strides keep
+    their values; a padded one keeps its stride (the padding is read)."""
+    from tilefuse.config import Options
+    from tilefuse.pipeline import plan_step
+
+    b = GraphBuilder("shortcut")
+    x = b.input("x", TensorType((2, 4, *hw), "float32"))
+    w1, w2, w3 = (b.constant(f"w{i}", randn(rng, 6, c, k, k)) for i, (c, k) in enumerate(((4, 3), (6, 1), (6, 1))))
+    bn = [b.constant(f"bn{i}", randn(rng, 6).abs() + 0.1) for i in range(4)]
+    conv = {"dilation": (1, 1), "groups": 1}
+    c1 = b.add1("relu", [b.add1("conv", [x, w1, ""], stride=(1, 1), padding=(1, 1), **conv)])
+    down = b.add1("batch_norm", [b.add1("conv", [c1, w2, ""], stride=stride, padding=(0, 0), **conv), *bn])
+    padded = b.add1("conv", [c1, w3, ""], stride=stride, padding=(1, 1), **conv)
+    g = b.build([down, padded])
+    g2 = channels_last(g)
+    assert [n.attr["stride"] for n in g2.nodes if n.op == "conv"] == [(1, 1), (1, 1), stride]
+    assert [(n.attr["dim"], n.attr["step"]) for n in g2.nodes if n.op == "slice"] == \
+        [(d + 1, s) for d, s in enumerate(stride) if s != 1]
+    args = _inputs(rng, g)
+    _same_values(g, g2, args)
+    planned = plan_step(g, Options(target={"kind": "cuda", "arch": "sm_90a"}))
+    templates = {r.ops: planned.specs[r.name].template for r in planned.plan.regions if r.name in planned.specs}
+    assert templates[("conv", "batch_norm")] == "gemm", templates
+    compiled = compile_graph(g, target=C, quiet=True)
+    for w, o in zip(run_graph(g, *args), compiled(*args)):
+        torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
+
+
 def test_one_convolution_is_left_alone(rng):
     b = GraphBuilder("patchify")
     x = b.input("x", TensorType((2, 3, 8, 8), "float32"))
@@ -161,3 +193,38 @@ def test_channels_last_by_default_on_every_target(rng):
     assert nhwc(plan(g, C)) and nhwc(plan(g, cuda)) and not nhwc(plan(g, cuda, layout=False))
     assert Options(target=cuda).channels_last
     assert not nhwc(plan(g, C, layout=False))
+
+
+def test_a_channels_last_convolution_through_torch_rearranges_its_weight_once(rng, monkeypatch):
+    """A region run through torch (``NodesFn``: the split's head, the measured choice's torch way) hands cuDNN the
+    weight of a channels-last convolution channels last, rearranged on the first call and reused while it is the
+    same tensor at the same version; an in-place change is seen, an inference tensor passes as it is. (On the GPU
+    only: here ``wants`` is widened to the CPU to check the bookkeeping, every output element against the plain
+    reference.)"""
+    from tilefuse.ops import nn as nn_ops
+    from tilefuse.ops.reference import NodesFn
+
+    monkeypatch.setattr(nn_ops.WeightChannelsLast, "wants", staticmethod(
+        lambda w: w.dim() == 4 and w.shape[2] * w.shape[3] > 1 and not w.is_inference()))
+    g = channels_last(_net(rng, keepdim=True))
+    (conv,) = [n for n in g.nodes if n.op == "conv" and g.constants[n.inputs[1]].shape[2:] == (3, 3)]
+    fn = NodesFn(g, [conv.name], conv.inputs[:2], [conv.outputs[0].name])
+    step = fn.steps[0][1].ref
+    assert isinstance(step, nn_ops.WeightChannelsLast)
+    seen = []
+    plain = step.ref
+    step.ref = lambda x, weight, *a, **k: seen.append(weight) or plain(x, weight, *a, **k)
+    x = randn(rng, *g.values()[conv.inputs[0]].type.shape)
+    w = g.constants[conv.inputs[1]].clone()
+    for _ in range(2):
+        torch.testing.assert_close(fn([x, w])[0], nn_ops.conv(x, w, **conv.attr), rtol=1e-5, atol=1e-5)
+    assert seen[0] is seen[1] and seen[0] is not w and seen[0].is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(seen[0], w)
+    with torch.no_grad():
+        w.mul_(-2.0)  # in place: a new version
+    torch.testing.assert_close(fn([x, w])[0], nn_ops.conv(x, w, **conv.attr), rtol=1e-5, atol=1e-5)
+    assert seen[2] is not seen[1] and torch.equal(seen[2], w)
+    with torch.inference_mode():
+        frozen = w.clone()
+    torch.testing.assert_close(fn([x, frozen])[0], nn_ops.conv(x, frozen, **conv.attr), rtol=1e-5, atol=1e-5)
+    assert seen[3] is frozen

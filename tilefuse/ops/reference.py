@@ -106,11 +106,12 @@ def types_of(args: Sequence[torch.Tensor]) -> list[TensorType]:
 
 class NodesFn:
     """Some of a graph's nodes run through their references: ``fn(args)`` takes the values named ``inputs``
-    and returns those named ``outputs`` (a fusion region without a kernel runs so)."""
+    and returns those named ``outputs`` (a fusion region without a kernel runs so). Each node runs the reference
+    ``OpSpec.for_node`` gives it, which may keep state between calls (a channels-last convolution's weight)."""
 
     def __init__(self, graph: Graph, nodes: Sequence[str], inputs: Sequence[str], outputs: Sequence[str]):
         by_name = {n.name: n for n in graph.nodes}
-        self.steps = [(n, get(n.op), n.attr) for n in (by_name[m] for m in nodes)]
+        self.steps = [(n, get(n.op).for_node(n.attr), n.attr) for n in (by_name[m] for m in nodes)]
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -67,10 +67,17 @@ class OpSpec:
     num_outputs: int = 1
     doc: str = ""
     traits: frozenset[str] = frozenset()  # names from TRAITS
+    # (ref, a node's attrs) -> the reference that node runs with where it keeps state between calls (a convolution's
+    # weight rearranged once, ``ops.nn.conv``); None: ``ref`` itself
+    per_node: Callable[[Callable[..., Any], dict[str, Any]], Callable[..., Any]] | None = None
 
     def run(self, inputs: Sequence[torch.Tensor | None], attrs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
         out = self.ref(*inputs, **attrs)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    def for_node(self, attrs: dict[str, Any]) -> OpSpec:
+        """This op as a node with ``attrs`` runs it, called again and again (``NodesFn``): ``per_node``'s reference."""
+        return self if self.per_node is None else replace(self, ref=self.per_node(self.ref, attrs))
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -84,9 +91,10 @@ class InferenceError(ValueError):
 _REGISTRY: dict[str, OpSpec] = {}
 
 
-def register(name: str, kind: OpKind, *, infer=None, num_outputs: int = 1, traits: Iterable[str] = ()):
+def register(name: str, kind: OpKind, *, infer=None, num_outputs: int = 1, traits: Iterable[str] = (),
+             per_node=None):
     """Decorator: declare the op ``name`` with the decorated function as its torch reference and the facts
-    ``traits`` (names from ``TRAITS``) about it."""
+    ``traits`` (names from ``TRAITS``) about it; ``per_node``: ``OpSpec.per_node``."""
     traits = frozenset(traits)
     unknown = traits - TRAITS.keys()
     if unknown:
@@ -95,7 +103,7 @@ def register(name: str, kind: OpKind, *, infer=None, num_outputs: int = 1, trait
     def deco(fn):
         if name in _REGISTRY:
             raise ValueError(f"op {name!r} is registered twice")
-        _REGISTRY[name] = OpSpec(name, kind, fn, infer, num_outputs, (fn.__doc__ or "").strip(), traits)
+        _REGISTRY[name] = OpSpec(name, kind, fn, infer, num_outputs, (fn.__doc__ or "").strip(), traits, per_node)
         return fn
 
     return deco

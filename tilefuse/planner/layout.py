@@ -161,8 +161,9 @@ class _Rewriter(GraphEdit):
     def _rewrite(self, n: Node) -> None:
         attrs, name, x = n.attr, n.name, n.inputs[0]
         if n.op == "conv":
-            self.emit("conv", (self.operand(x), *n.inputs[1:]), {**attrs, "channels_last": True},
-                      self.last[n.outputs[0].name], node=name)
+            x, attrs = self._strided_pointwise(n, self.operand(x))
+            self.emit("conv", (x, *n.inputs[1:]), {**attrs, "channels_last": True}, self.last[n.outputs[0].name],
+                      node=name)
         elif n.op in ("batch_norm", *POOLS):
             self.emit(n.op, (self.last[x], *n.inputs[1:]), {**attrs, "channels_last": True},
                       self.last[n.outputs[0].name], node=name)
@@ -178,6 +179,24 @@ class _Rewriter(GraphEdit):
                 attrs = {**attrs, "dim": TO_NHWC.index(attrs["dim"] % 4)}
             self.emit(n.op, tuple(self.operand(i) for i in n.inputs), attrs, self.last[n.outputs[0].name],
                       node=name)
+
+    def _strided_pointwise(self, n: Node, x: str) -> tuple[str, dict]:
+        """(input, attributes) of conv ``n`` on NHWC ``x``: a 1x1 convolution with a stride, no padding or dilation
+        (ResNet's downsampling shortcut) reads every stride-th pixel, so it is that strided slice of x, then a 1x1
+        convolution with unit stride: one plain GEMM (``lowering.conv_builder``) where the strided one is an
+        implicit-GEMM convolution gathering element by element (0.13 ms at ResNet-50's 50176x512x256 on the H100,
+        against 0.09 for cuDNN and torch's batch norm)."""
+        a = n.attr
+        stride = tuple(a.get("stride") or (1, 1))
+        w = self.types[n.inputs[1]].shape
+        if len(stride) != 2 or stride == (1, 1) or tuple(w[2:]) != (1, 1) or a.get("groups", 1) != 1 or \
+                any(tuple(a.get(k) or (v, v)) != (v, v) for k, v in (("padding", 0), ("dilation", 1))):
+            return x, a
+        for dim, step in ((1, stride[0]), (2, stride[1])):
+            if step != 1:
+                x = self.emit("slice", (x,), {"dim": dim, "start": 0, "end": None, "step": step},
+                              base=f"{n.name}_s{dim}")
+        return x, {**a, "stride": (1, 1)}
 
 
 # ---- aligned GEMM outputs -----------------------------------------------------------------------------------------
