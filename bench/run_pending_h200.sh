@@ -519,6 +519,19 @@ elif [ "$part" = 78 ]; then  # (session 52: judge_regions' conv fix, and where R
     timeout 200 python3 bench/profile_sequence.py --model resnet --calls 4 --top 40 --json "$OUT/logs/seq_resnet.json" \
         > "$OUT/logs/seq_resnet.log" 2>&1
     grep -v -i warn "$OUT/logs/seq_resnet.log" | cut -c1-170 | head -110
+elif [ "$part" = 79 ]; then  # (session 52: the strided 1x1 as slice + GEMM, cuDNN's weights channels last once, pool tiles)
+    TILELANG_CACHE_DIR=$(mktemp -d) timeout 150 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
+        tests/test_templates_gpu.py -k pool tests/test_library_first.py tests/test_layout.py \
+        > "$OUT/logs/gpu_tests_79.log" 2>&1
+    echo "GPU tests, pools (pixel tiles), library-first convolutions: $(tail -1 "$OUT/logs/gpu_tests_79.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_79.log" | cut -c1-200 | head -8
+    timeout 100 python3 bench/bench_pool.py --json "$OUT/logs/pool.json" > "$OUT/logs/pool.log" 2>&1
+    grep -v -i warn "$OUT/logs/pool.log" | cut -c1-200 | tail -16
+    TILEFUSE_TUNING_DB="$OUT/logs/tuning_resnet.json" zoo resnet 260 zoo_resnet_default
+    python3 -c "import json, sys; d = json.load(open(sys.argv[1])); [print(k.split('|')[0][:60], v) for k, v in d.items() if k.endswith('|choice') and ('conv2d' in k or 'pool' in k)]" "$OUT/logs/tuning_resnet.json" 2>&1 | cut -c1-260 | head -12
+    TILEFUSE_TUNING_DB="$OUT/logs/tuning_resnet.json" timeout 120 python3 bench/profile_sequence.py --model resnet \
+        --only tilefuse --calls 4 --top 30 --json "$OUT/logs/seq_resnet.json" > "$OUT/logs/seq_resnet.log" 2>&1
+    grep -v -i warn "$OUT/logs/seq_resnet.log" | cut -c1-170 | head -45
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -108,6 +108,10 @@ def cases(target: dict | str) -> dict[str, Callable]:
     out["avg_pool_nhwc"] = lambda: pool.pool2d(
         (2, 9, 9, 16), "avg", kernel=(3, 3), stride=(2, 2), padding=(1, 1), ceil_mode=True, count_include_pad=False,
         channels_last=True, block=128, threads=threads, target=t)
+    out["max_pool_nhwc_pixel_tiles"] = lambda: pool.pool2d(  # (on the CPU the flat path: pixel_tiles is GPU-only)
+        (2, 9, 11, 64), "max", kernel=(3, 3), stride=(2, 2), padding=(1, 1), x_dtype=half,
+        producer=call("relu", Acc() + Arg(0)), extra_shapes=[(64,)], extra_dtypes=[half], channels_last=True,
+        pixel_tiles=True, block=1024, threads=threads, target=t)
     out["adaptive_avg_consumer"] = lambda: pool.pool2d(
         (2, 8, 13, 13), "adaptive_avg", output_size=(3, 5), consumer=Acc() * 2.0, block=128, threads=threads,
         target=t)

@@ -190,10 +190,13 @@ def test_elementwise_indexed_reads(rng, target, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", pool.KINDS)
-@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
-def test_pool2d(rng, target, kind, dtype, channels_last):
+@pytest.mark.parametrize("layout", ["nchw", "nhwc", "nhwc_pixels"])
+def test_pool2d(rng, target, kind, dtype, layout):
+    """``nhwc_pixels``: ``pixel_tiles`` with 16 pixels a program, so the last program has a tail of 8."""
     if dtype == "bfloat16":  # the registry refuses these regions with the same reason
         pytest.skip("bf16 pooling on CUDA: TileLang 0.1.15 emits an undefined __pack_bfloat162 (seen on the H200)")
+    channels_last = layout != "nchw"
+    tiles = {"pixel_tiles": True, "block": 1024, "threads": 128} if layout == "nhwc_pixels" else {}
     shape = (4, 28, 30, 64) if channels_last else (4, 64, 28, 30)
     geometry = {"output_size": (5, 7)} if kind == "adaptive_avg" else {
         "kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "ceil_mode": True}
@@ -203,10 +206,26 @@ def test_pool2d(rng, target, kind, dtype, channels_last):
     extra_shapes = [(64,), (64,)] if channels_last else [(64, 1, 1), (64, 1, 1)]
     f = pool.pool2d(shape, kind, **geometry, x_dtype=dtype, producer=producer, consumer=consumer,
                     extra_shapes=extra_shapes, extra_dtypes=[dtype, dtype], write_pre=True,
-                    channels_last=channels_last, target=target)
+                    channels_last=channels_last, target=target, **tiles)
     x, b, s = randn(rng, shape, dtype), randn(rng, extra_shapes[0], dtype), randn(rng, extra_shapes[1], dtype)
     out, pre = compile_kernel(f, target, out_idx=[-2, -1])(x, b, s)
     ref = pool.reference(x.cpu(), kind, **geometry, extras=[b.cpu(), s.cpu()], producer=producer, consumer=consumer,
                          channels_last=channels_last)
     torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
     torch.testing.assert_close(pre.cpu(), torch.relu(x + b).cpu(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("config", [(256, 128), (1024, 128), (2048, 256)])
+def test_pool2d_pixel_tiles_nan_and_inf_as_torch(rng, target, config):
+    """ResNet's stem pool, channels last with ``pixel_tiles``: NaN, +-inf and edge rows as torch's ``max_pool2d``
+    (a NaN in a window wins), every output element compared (an odd pixel count: the last program's tail)."""
+    shape = (3, 17, 15, 64)
+    x = randn(rng, shape, "float16")
+    x[0, 0, 0, :8], x[1, 5, 7, 8:16], x[2, 16, 14, 3] = float("nan"), float("inf"), float("nan")
+    x[0, 3, :, 20:30] = float("-inf")
+    block, threads = config
+    f = pool.pool2d(shape, "max", kernel=(3, 3), stride=(2, 2), padding=(1, 1), x_dtype="float16",
+                    channels_last=True, pixel_tiles=True, block=block, threads=threads, target=target)
+    out = compile_kernel(f, target, out_idx=-1)(x)
+    want = torch.nn.functional.max_pool2d(x.permute(0, 3, 1, 2), 3, 2, 1).permute(0, 2, 3, 1)
+    torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)

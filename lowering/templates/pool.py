@@ -88,6 +88,7 @@ def pool2d(
     channels_last: bool = False,
     block: int = 256,
     threads: int = 128,
+    pixel_tiles: bool = False,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` pooling ``X`` of ``x_shape`` (``(*lead, H, W)``, or ``(*lead, H, W, C)`` with
@@ -131,10 +132,14 @@ def pool2d(
     consumer = consumer if consumer is not None else Acc()
     f32 = "float32"
 
-    def place(idx):
-        """(plane, oh, ow, c) of output element idx (clamped: tail elements are never stored)."""
-        idx = T.min(idx, total - 1)
-        pix, c = (idx // Cc, idx % Cc) if channels_last else (idx, 0)
+    def split(idx):
+        """(output pixel, channel) of flat output element idx."""
+        return (idx // Cc, idx % Cc) if channels_last else (idx, 0)
+
+    def place(pc):
+        """(plane, oh, ow, c) of output (pixel, channel) pc (clamped: tail pixels are never stored)."""
+        pix, c = pc
+        pix = T.min(pix, total // Cc - 1)
         return pix // (OH * OW), (pix // OW) % OH, pix % OW, c
 
     def at(Xv, plane, h, w, c):
@@ -150,17 +155,23 @@ def pool2d(
             return (o * n) // n_out, ((o + 1) * n + n_out - 1) // n_out
         return o * s - p, o * s - p + k
 
-    def tap(Xv, extras, idx, kh, kw):
-        """(inside?, producer value) of window tap (kh, kw) of output element idx."""
-        plane, oh, ow, c = place(idx)
+    def where(pc, kh, kw):
+        """(inside?, plane, h, w, c): the input element window tap (kh, kw) of output (pixel, channel) pc reads,
+        clamped into the input (``inside`` says whether it counts)."""
+        plane, oh, ow, c = place(pc)
         (h0, h1), (w0, w1) = span(oh, H, OH, KH, stride[0], padding[0]), span(ow, W, OW, KW, stride[1], padding[1])
         h, w = (h0 + kh, w0 + kw) if kind == "adaptive_avg" else (h0 + kh * dilation[0], w0 + kw * dilation[1])
         if kind == "adaptive_avg":  # a tap past a short window's end does not count
             inside = T.And(h < h1, w < w1)
         else:
             inside = T.And(T.And(h >= 0, h < H), T.And(w >= 0, w < W))
-        hc, wc = T.max(T.min(h, H - 1), 0), T.max(T.min(w, W - 1), 0)
-        v = emit(producer, Env(acc=at(Xv, plane, hc, wc, c),
+        return inside, plane, T.max(T.min(h, H - 1), 0), T.max(T.min(w, W - 1), 0), c
+
+    def tap(Xv, extras, pc, kh, kw, loaded=None):
+        """(inside?, producer value) of window tap (kh, kw) of output (pixel, channel) pc; ``loaded``: the input
+        element there, already read."""
+        inside, plane, hc, wc, c = where(pc, kh, kw)
+        v = emit(producer, Env(acc=at(Xv, plane, hc, wc, c) if loaded is None else loaded,
                                arg=arg_loader(extras, extra_shapes, coords(plane, hc, wc, c))))
         return inside, T.Cast(f32, v)
 
@@ -173,14 +184,14 @@ def pool2d(
                                arg=arg_loader(extras, extra_shapes, coords(plane, h, w, c))))
         return T.Cast(pre_dtype, v)
 
-    def merged(acc, Xv, extras, idx, kh, kw):
-        inside, v = tap(Xv, extras, idx, kh, kw)
+    def merged(acc, Xv, extras, pc, kh, kw, loaded=None):
+        inside, v = tap(Xv, extras, pc, kh, kw, loaded)
         if kind == "max":
             return T.if_then_else(T.And(inside, T.Or(v > acc, T.isnan(v))), v, acc)
         return acc + T.if_then_else(inside, v, T.float32(0))
 
-    def finished(acc, extras, idx):
-        plane, oh, ow, c = place(idx)
+    def finished(acc, extras, pc):
+        plane, oh, ow, c = place(pc)
         if kind != "max":
             (h0, h1), (w0, w1) = span(oh, H, OH, KH, stride[0], padding[0]), span(ow, W, OW, KW, stride[1], padding[1])
             if kind == "avg" and count_include_pad:
@@ -192,6 +203,9 @@ def pool2d(
                                                                             coords(plane, oh, ow, c)))))
 
     fill = -math.inf if kind == "max" else 0.0
+    # With ``pixel_tiles`` a channels-last program takes block / C whole output pixels (C dividing block), so a tap's
+    # loads are contiguous along the channel loop index, where a flat index's ``% C`` hides that from the vectorizer.
+    pixels = block // Cc if pixel_tiles and channels_last and not d.cpu and block % Cc == 0 else 0
 
     @T.prim_func
     def pool2d_kernel():
@@ -209,16 +223,31 @@ def pool2d(
                         if T.And(t * block + i < pre_share, bx * pre_share + t * block + i < numel(x_shape)):
                             io["Pre"][bx * pre_share + t * block + i] = pre_value(io["X"], extras,
                                                                                   bx * pre_share + t * block + i)
-            acc = d.fragment((block,), f32)
-            for i in d.tile_loop(block):
-                acc[i] = T.float32(fill)
-            for kh in T.serial(KH):
-                for kw in T.serial(KW):
-                    for i in d.tile_loop(block):
-                        acc[i] = merged(acc[i], io["X"], extras, bx * block + i, kh, kw)
-            for i in d.tile_loop(block):
-                if bx * block + i < total:
-                    io["Out"][bx * block + i] = finished(acc[i], extras, bx * block + i)
+            if pixels:  # a tile of whole pixels: each channel is a loop index of its own (contiguous loads)
+                acc, tile = d.fragment((pixels, Cc), f32), d.fragment((pixels, Cc), x_dtype)
+                for p, c in d.tile_loop(pixels, Cc):
+                    acc[p, c] = T.float32(fill)
+                for kh in T.serial(KH):
+                    for kw in T.serial(KW):
+                        for p, c in d.tile_loop(pixels, Cc):  # the tap's loads alone: vector loads
+                            _, plane, hc, wc, _ = where((bx * pixels + p, c), kh, kw)
+                            tile[p, c] = io["X"][plane, hc, wc, c]
+                        for p, c in d.tile_loop(pixels, Cc):
+                            acc[p, c] = merged(acc[p, c], io["X"], extras, (bx * pixels + p, c), kh, kw, tile[p, c])
+                for p, c in d.tile_loop(pixels, Cc):
+                    if bx * pixels + p < total // Cc:
+                        io["Out"][(bx * pixels + p) * Cc + c] = finished(acc[p, c], extras, (bx * pixels + p, c))
+            else:
+                acc = d.fragment((block,), f32)
+                for i in d.tile_loop(block):
+                    acc[i] = T.float32(fill)
+                for kh in T.serial(KH):
+                    for kw in T.serial(KW):
+                        for i in d.tile_loop(block):
+                            acc[i] = merged(acc[i], io["X"], extras, split(bx * block + i), kh, kw)
+                for i in d.tile_loop(block):
+                    if bx * block + i < total:
+                        io["Out"][bx * block + i] = finished(acc[i], extras, split(bx * block + i))
 
     return pool2d_kernel
 
