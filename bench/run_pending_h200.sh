@@ -532,6 +532,16 @@ elif [ "$part" = 79 ]; then  # (session 52: the strided 1x1 as slice + GEMM, cuD
     TILEFUSE_TUNING_DB="$OUT/logs/tuning_resnet.json" timeout 120 python3 bench/profile_sequence.py --model resnet \
         --only tilefuse --calls 4 --top 30 --json "$OUT/logs/seq_resnet.json" > "$OUT/logs/seq_resnet.log" 2>&1
     grep -v -i warn "$OUT/logs/seq_resnet.log" | cut -c1-170 | head -45
+elif [ "$part" = 80 ]; then  # (session 52: part 79's changes, the pool's pixel tiles as the CUDA lead, views counted dense)
+    TILELANG_CACHE_DIR=$(mktemp -d) timeout 150 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider \
+        tests/test_dynamo_e2e.py tests/test_library_first.py tests/test_straight_line.py > "$OUT/logs/gpu_tests_80.log" 2>&1
+    echo "GPU tests, e2e, library-first, straight line: $(tail -1 "$OUT/logs/gpu_tests_80.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_80.log" | cut -c1-200 | head -8
+    TILEFUSE_TUNING_DB="$OUT/logs/tuning_resnet.json" zoo resnet 200 zoo_resnet_default
+    TILEFUSE_TUNING_DB="$OUT/logs/tuning_resnet.json" timeout 80 python3 bench/profile_sequence.py --model resnet \
+        --only tilefuse --calls 4 --top 30 --json "$OUT/logs/seq_resnet.json" > "$OUT/logs/seq_resnet.log" 2>&1
+    grep -v -i warn "$OUT/logs/seq_resnet.log" | cut -c1-170 | sed -n 11,30p
+    zoo bert,gpt2 230 zoo_default_bg
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -182,3 +182,33 @@ def test_the_runner_says_where_its_compile_time_went(timings, rng):
     assert after["measured_choice"] >= after["decide"] and after["plan"] == phases["plan"]
     _check(compiled(x, z), w, x, z)
     assert compiled.runner.phases == after  # later calls add nothing
+
+
+def test_a_view_read_by_a_kernel_is_timed_with_the_copy_the_kernel_makes(monkeypatch, tmp_path, rng):
+    """Through torch a strided slice is a view, free to make; the kernel reading it copies it first. So the measured
+    choice times a region's torch way with its outputs made dense where a region with a kernel reads them (ResNet-50's
+    input permute and shortcut slices ran as views, their copies uncounted), and not where none does (the graph's
+    caller gets the view)."""
+    timed = []
+
+    def fake_time(fn, args, kind, sets=None):
+        if not hasattr(fn, "spec"):  # a torch way: what it hands on
+            timed.append((type(fn).__name__, all(o.is_contiguous() for o in fn(*args))))
+        return 1e-3
+
+    monkeypatch.setattr(pipeline, "device_time", fake_time)
+    w = torch.randn(24, 16, generator=rng)
+    xv = torch.randn(32, 16, generator=rng)
+    for read_by_gemm in (True, False):
+        monkeypatch.setenv(tuning_db.DB_ENV, str(tmp_path / f"tuning_{read_by_gemm}.json"))  # (nothing remembered)
+        timed.append(read_by_gemm)
+        b = GraphBuilder("view_then_gemm")
+        x = b.input("x", TensorType((32, 16), "float32"))
+        t = b.add1("slice", [x], dim=0, start=0, end=None, step=2)  # (ResNet's shortcut: every other pixel)
+        g = b.build([b.add1("relu", [b.add1("linear", [t, b.constant("w", w), ""])]) if read_by_gemm else t])
+        compiled = compile_graph(g, target="c", measure=True)
+        assert ("elementwise", ("slice",)) in [(r.kind, r.ops) for r in compiled.plan.regions if r.launches]
+        (got,) = compiled(xv)
+        torch.testing.assert_close(got, torch.relu(xv[::2] @ w.T) if read_by_gemm else xv[::2], rtol=1e-5, atol=1e-5)
+    # the slice's torch way made dense, then the GEMM's; as the graph's output the slice's left a view
+    assert timed == [True, ("Dense", True), ("NodesFn", True), False, ("NodesFn", False)]

@@ -12,7 +12,7 @@ import torch
 
 from tilefuse.ir import TensorType
 from tilefuse.lowering.builders import KernelSpec
-from tilefuse.lowering.compile import compile_many
+from tilefuse.lowering.compile import compile_many, kernel_source
 from tilefuse.lowering.dispatch import build
 from tilefuse.lowering.expr import Acc, Arg, call
 from tilefuse.lowering.lower import make_prim_func
@@ -159,3 +159,17 @@ def test_pool_template_compiles_for_sm_80():
                     extra_dtypes=["float16"], write_pre=True, target=target)
     (k,) = compile_many([(f, [-2, -1])], target)
     assert "max(min(" in k.get_kernel_source()  # clamped taps
+
+
+def test_the_cuda_pool_seed_takes_whole_pixels_with_vector_loads():
+    """On CUDA the pool's lead config takes whole channels-last pixels a program (``pixel_tiles``: 1.8x the flat
+    seed at ResNet-50's stem pool on the H100), whose taps load several channels at once; other GPU targets keep the
+    flat seeds, and channels first, or channels that do not divide the block, take the flat path."""
+    cuda = {"kind": "cuda", "arch": "sm_90a"}
+    lead = pool.get_configs(cuda)[0]
+    assert lead.get("pixel_tiles") and not any(c.get("pixel_tiles") for c in pool.get_configs({"kind": "hip"}))
+    geometry = {"kind": "max", "kernel": (3, 3), "stride": (2, 2), "padding": (1, 1), "x_dtype": "float16"}
+    pixels = pool.pool2d((4, 28, 30, 64), channels_last=True, target=cuda, **geometry, **lead)
+    flat = pool.pool2d((4, 28, 30, 96), channels_last=True, target=cuda, **geometry, **lead)  # (96 does not divide 512)
+    src, flat_src = (kernel_source(f, cuda) for f in (pixels, flat))
+    assert "*(uint2*)(X_nd" in src and "*(uint2*)(X_nd" not in flat_src
