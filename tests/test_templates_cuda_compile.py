@@ -173,3 +173,16 @@ def test_the_cuda_pool_seed_takes_whole_pixels_with_vector_loads():
     flat = pool.pool2d((4, 28, 30, 96), channels_last=True, target=cuda, **geometry, **lead)  # (96 does not divide 512)
     src, flat_src = (kernel_source(f, cuda) for f in (pixels, flat))
     assert "*(uint2*)(X_nd" in src and "*(uint2*)(X_nd" not in flat_src
+
+
+def test_the_fp32_gemm_reads_a_short_a_tile_without_the_tma():
+    """The exact fp32 FMA loop reads A through the TMA where the tile's rows are all in the matrix, element by element
+    (bounds checked) where M is short of a tile (the TMA read wrong tiles at M 2 and 4 on the H100); fp16 keeps it."""
+    cuda = {"kind": "cuda", "arch": "sm_90a"}
+    cfg = {"block_M": 64, "block_N": 64, "block_K": 32, "num_stages": 2, "threads": 128}
+
+    def source(M, dtype):
+        return kernel_source(gemm.gemm(M, 256, 128, trans_B=True, A_dtype=dtype, target=cuda, **cfg), cuda)
+
+    assert "tma_load(A_desc" not in source(2, "float32") and "tma_load(A_desc" in source(64, "float32")
+    assert "tma_load(A_desc" in source(2, "float16")

@@ -229,3 +229,18 @@ def test_pool2d_pixel_tiles_nan_and_inf_as_torch(rng, target, config):
     out = compile_kernel(f, target, out_idx=-1)(x)
     want = torch.nn.functional.max_pool2d(x.permute(0, 3, 1, 2), 3, 2, 1).permute(0, 2, 3, 1)
     torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("K", [64, 128, 256])
+def test_fp32_gemm_with_fewer_rows_than_a_tile(rng, target, M, K):
+    """The exact fp32 FMA loop at a few rows (a 1x1 convolution on a 1x1 image, batch 2: ResNet's last shortcut at
+    the tiny size): through the TMA, M = 2 and 4 with K past two tiles read wrong A tiles (0.14-0.46 relative error
+    on the H100, session 52); such a tile is read element by element. Every output element against float64."""
+    f = gemm.gemm(M, 256, K, trans_B=True, A_dtype="float32", epilogue=Acc() + Arg(0), extra_shapes=[(256,)],
+                  extra_dtypes=["float32"], block_M=64, block_N=64, block_K=32, num_stages=2, threads=128,
+                  target=target)
+    a, b, bias = randn(rng, (M, K)), randn(rng, (256, K)), randn(rng, (256,))
+    got = compile_kernel(f, target, out_idx=-1)(a, b, bias)
+    want = (a.double() @ b.double().T + bias.double()).float()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
