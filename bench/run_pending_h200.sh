@@ -20,8 +20,10 @@
 # Part 75 is ready, not run (no device time left). Session 50 got no machine (13 starts failed, 1,467 s of its
 # 1,800): parts 75 and 76 are ready, not run. Session 51 ran parts 76 and 77 on an H100 (bench/results/
 # 2026-12-07-h100-session51: extra_buffers=2 right; gemm_ws.MEMORY_DIM's seeds from 76's sweep, ResNet-50 1.20x
-# Inductor with them); of its other starts, none came. Next, on an H200: the bars' parts 30, 31, 34 and 39, and 74 (the
-# long-run lead there); on either: 75.
+# Inductor with them); of its other starts, none came. Session 52 ran parts 78, 75, 79 and 80 on an H100
+# (bench/results/2026-12-07-h100-session52: ResNet-50 1.31x Inductor after the shortcut GEMMs, cuDNN's weights once, the
+# pool's pixel tiles and views counted dense; the fp32 GEMM at 2 or 4 rows fixed). Next, on an H200: the bars' parts
+# 30, 31, 34 and 39 (31 and 64 now with ResNet-50's changes), and 74 (the long-run lead there).
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
@@ -152,6 +154,12 @@
 #   part 77 (~6 min): memory-bound shapes' seeds (gemm_ws.MEMORY_DIM, session 51, from part 76's H100 sweep): the ws
 #            GPU numerics with the 128 x 64 x 6 tile (fp16 every case, turns fp16/bf16), then zoo ResNet-50 default
 #            against Inductor default with kernel categories (its 33 1x1-conv GEMMs: 1.197 -> 1.073 ms summed alone).
+#   part 78 (~5 min): judge_regions.py's conv rows rerun (session 51's fix), then ResNet-50's kernels in launch order,
+#            tilefuse and Inductor (profile_sequence.py): where the 0.1 ms of the ws GEMMs in the model went.
+#   part 79 (~3 min): session 52's ResNet-50 changes (a strided 1x1 as slice + GEMM, cuDNN's weights channels last once,
+#            pool2d's pixel tiles): their GPU tests, bench_pool.py, zoo ResNet-50 default and its kernel sequence.
+#   part 80 (~4 min): part 79 with pixel tiles leading and views counted dense (pipeline.Dense): the e2e GPU tests, zoo
+#            ResNet-50, BERT and GPT-2 default against Inductor.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
