@@ -159,7 +159,7 @@
 #   part 79 (~3 min): session 52's ResNet-50 changes (a strided 1x1 as slice + GEMM, cuDNN's weights channels last once,
 #            pool2d's pixel tiles): their GPU tests, bench_pool.py, zoo ResNet-50 default and its kernel sequence.
 #   part 80 (~4 min): part 79 with pixel tiles leading and views counted dense (pipeline.Dense): the e2e GPU tests, zoo
-#            ResNet-50, BERT and GPT-2 default against Inductor.
+#            ResNet-50, BERT and GPT-2 default against Inductor. Part 81 (~5 min): zoo ViT and LLaMA the same way.
 #   part 48 (~2 min): the measured choice's timing graphs of at most ~5 ms (lowering.timing.calls_per_graph, session
 #            41: the MLP's choice replayed 20 one-ms GEMMs 4 times a timing): the e2e and CUDA graph runner GPU tests.
 # Usage (device):  source .devcache/activate.sh && pip install -q --no-deps --no-build-isolation --no-index -e . &&
@@ -550,6 +550,8 @@ elif [ "$part" = 80 ]; then  # (session 52: part 79's changes, the pool's pixel 
         --only tilefuse --calls 4 --top 30 --json "$OUT/logs/seq_resnet.json" > "$OUT/logs/seq_resnet.log" 2>&1
     grep -v -i warn "$OUT/logs/seq_resnet.log" | cut -c1-170 | sed -n 11,30p
     zoo bert,gpt2 230 zoo_default_bg
+elif [ "$part" = 81 ]; then  # (session 52: views counted dense in the measured choice: ViT and LLaMA unchanged?)
+    zoo vit,llama 290 zoo_default_vl
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
