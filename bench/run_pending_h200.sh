@@ -551,7 +551,7 @@ elif [ "$part" = 80 ]; then  # (session 52: part 79's changes, the pool's pixel 
     grep -v -i warn "$OUT/logs/seq_resnet.log" | cut -c1-170 | sed -n 11,30p
     zoo bert,gpt2 230 zoo_default_bg
 elif [ "$part" = 81 ]; then  # (session 52: views counted dense in the measured choice: ViT and LLaMA unchanged?)
-    zoo vit,llama 290 zoo_default_vl
+    zoo "${ZOO81:-vit,llama}" 290 zoo_default_vl
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

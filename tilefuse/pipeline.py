@@ -38,6 +38,7 @@ from tilefuse.lowering.timing import device_time, rotations
 from tilefuse.lowering.tune import BUDGETS, stored_choices, tune_specs, tuned_configs
 from tilefuse.lowering.tuning_db import TuningDB
 from tilefuse.ops.reference import NodesFn
+from tilefuse.ops.registry import with_trait
 from tilefuse.planner import FusionPlan, Region
 from tilefuse.planner import plan as plan_regions
 from tilefuse.planner.sparsity import example_inputs, output_change
@@ -252,11 +253,17 @@ class Decision:
                               if self.runs == "split" else " (measured: the region runs through torch)")
 
 
+ALIASING = with_trait("may_alias")  # ops whose torch way may make a view of their input, moving nothing
+
+
 class Dense:
-    """A region's torch way as a kernel reading its outputs will get them: made dense. Through torch a permute or a
-    strided slice is a view, free to make, and the kernel after it copies it (``runtime.kernels.dense``); timed as a
-    view, ResNet-50's input permute ran so (``torch 0.000 ms < kernel 0.014 ms``) and cost a 0.027 ms copy in the
-    stem, its shortcuts' strided slices 0.019-0.036 ms copies (H100, session 52)."""
+    """A region of views' torch way as a kernel reading its outputs will get them: made dense. Through torch a permute
+    or a strided slice is a view, free to make, and the kernel after it copies it (``runtime.kernels.dense``); timed
+    as a view, ResNet-50's input permute ran so (``torch 0.000 ms < kernel 0.014 ms``) and cost a 0.027 ms copy in the
+    stem, its shortcuts' strided slices 0.019-0.036 ms copies (H100, session 52). Only regions whose every op may
+    alias its input (``ALIASING``): a compute region's view of its result may be one the kernel after it reads in
+    place (ViT's 12 linears into heads, at 0.082 ms through torch against 0.085 for their kernels, went to the
+    kernels when charged a copy, and the model ran 2% slower on the H100)."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
@@ -286,7 +293,7 @@ def decide(runner: PlanRunner, args: Sequence[torch.Tensor], db: TuningDB, targe
         sp = splits.get(region.name)
         choice = db.get(spec, target, "choice")
         ref = NodesFn(p.graph, region.nodes, region.inputs, region.outputs)
-        if fed & set(region.outputs):
+        if fed & set(region.outputs) and all(op in ALIASING for op in region.ops):
             ref = Dense(ref)
         if choice is None or ("split_ms" not in choice and sp is not None):
             sets = rotations((ins,)) if kind == "cuda" else None  # (one set of cold copies for every way)
