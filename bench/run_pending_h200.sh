@@ -20,7 +20,7 @@
 # Part 75 is ready, not run (no device time left). Session 50 got no machine (13 starts failed, 1,467 s of its
 # 1,800): parts 75 and 76 are ready, not run. Session 51 ran parts 76 and 77 on an H100 (bench/results/
 # 2026-12-07-h100-session51: extra_buffers=2 right; gemm_ws.MEMORY_DIM's seeds from 76's sweep, ResNet-50 1.20x
-# Inductor with them); of its other starts, none came. Session 52 ran parts 78, 75, 79 and 80 on an H100
+# Inductor with them); of its other starts, none came. Session 52 ran parts 78, 75, 79, 80 and 81 on an H100
 # (bench/results/2026-12-07-h100-session52: ResNet-50 1.31x Inductor after the shortcut GEMMs, cuDNN's weights once, the
 # pool's pixel tiles and views counted dense; the fp32 GEMM at 2 or 4 rows fixed). Next, on an H200: the bars' parts
 # 30, 31, 34 and 39 (31 and 64 now with ResNet-50's changes), and 74 (the long-run lead there).
