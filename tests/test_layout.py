@@ -198,7 +198,8 @@ def test_channels_last_by_default_on_every_target(rng):
 def test_a_channels_last_convolution_through_torch_rearranges_its_weight_once(rng, monkeypatch):
     """A region run through torch (``NodesFn``: the split's head, the measured choice's torch way) hands cuDNN the
     weight of a channels-last convolution channels last, rearranged on the first call and reused while it is the
-    same tensor at the same version; an in-place change is seen, an inference tensor passes as it is. (On the GPU
+    same tensor at the same address and version; an in-place change and a replaced ``.data`` are seen, an inference
+    tensor passes as it is. (On the GPU
     only: here ``wants`` is widened to the CPU to check the bookkeeping, every output element against the plain
     reference.)"""
     from tilefuse.ops import nn as nn_ops
@@ -224,7 +225,10 @@ def test_a_channels_last_convolution_through_torch_rearranges_its_weight_once(rn
         w.mul_(-2.0)  # in place: a new version
     torch.testing.assert_close(fn([x, w])[0], nn_ops.conv(x, w, **conv.attr), rtol=1e-5, atol=1e-5)
     assert seen[2] is not seen[1] and torch.equal(seen[2], w)
+    w.data = randn(rng, *w.shape)  # (a parameter's storage replaced: the same tensor, another address)
+    torch.testing.assert_close(fn([x, w])[0], nn_ops.conv(x, w, **conv.attr), rtol=1e-5, atol=1e-5)
+    assert torch.equal(seen[-1], w)
     with torch.inference_mode():
         frozen = w.clone()
     torch.testing.assert_close(fn([x, frozen])[0], nn_ops.conv(x, frozen, **conv.attr), rtol=1e-5, atol=1e-5)
-    assert seen[3] is frozen
+    assert seen[-1] is frozen

@@ -57,11 +57,14 @@ class WeightChannelsLast:
     """``conv``'s reference for one channels-last node on a GPU: cuDNN's NHWC kernels want the weight channels last
     too and, handed the model's (O, C, KH, KW) weight, rearrange it on every call (a copy kernel before each of
     ResNet-50's 3x3 convolutions, 2.5-9.6 us apiece on the H100, 0.07 ms a call). Here it is rearranged on the first
-    call and reused while the call passes the same tensor at the same version (a plan's constant), which is kept, so
-    no other tensor can take its address; an inference tensor (no version to check) is passed as it is."""
+    call and reused while the call passes the same tensor, at the same address and version (a plan's constant), which
+    is kept, so no other tensor can take its address; an inference tensor (no version to check) is passed as it is.
+    As for the GEMMs' packed weights (``runtime.kernels.RegionKernel.pack``), a change written through ``.data``
+    in place, which torch does not count as a version, is not seen; ``load_state_dict`` and in-place changes under
+    ``no_grad`` are, and so is a ``.data`` replaced."""
 
     def __init__(self, ref):
-        self.ref, self.held = ref, None  # held: (source, its version, rearranged)
+        self.ref, self.held = ref, None  # held: (source, (its version, its address), rearranged)
 
     @staticmethod
     def wants(weight: torch.Tensor) -> bool:
@@ -73,8 +76,9 @@ class WeightChannelsLast:
     def __call__(self, x, weight, *args, **kw):
         if self.wants(weight):
             held = self.held
-            if held is None or held[0] is not weight or held[1] != weight._version:
-                held = self.held = (weight, weight._version, weight.contiguous(memory_format=torch.channels_last))
+            if held is None or held[0] is not weight or held[1] != (weight._version, weight.data_ptr()):
+                held = self.held = (weight, (weight._version, weight.data_ptr()),
+                                    weight.contiguous(memory_format=torch.channels_last))
             weight = held[2]
         return self.ref(x, weight, *args, **kw)
 
