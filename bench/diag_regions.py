@@ -1,8 +1,9 @@
 """Which region of a compiled zoo model is off: each lowered region's kernel against its ops through torch, fed the
 reference values (``runtime.check.compare_regions``), worst first, with its template and config.
 
-Usage (on the device machine):  python bench/diag_regions.py --model resnet [--onnx] [--dtype float32] [--top 12]
-Every region runs as its kernel (``measure=False``), as ``tests/test_dynamo_e2e.py``'s GPU tests run them.
+Usage (on the device machine):  python bench/diag_regions.py --model resnet [--size tiny] [--top 12]
+The model goes through its ONNX export (fp32) and every region runs as its kernel (``measure=False``), as
+``tests/test_dynamo_e2e.py``'s ONNX GPU test runs it (session 52: it named a GEMM of 2 rows wrong in fp32).
 """
 
 from __future__ import annotations
@@ -23,22 +24,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet")
     ap.add_argument("--size", default="tiny")
-    ap.add_argument("--onnx", action="store_true", help="through the ONNX path (fp32), as the e2e ONNX test")
     ap.add_argument("--top", type=int, default=12)
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        if a.onnx:
-            compiled = tilefuse.compile_onnx(models.export_onnx(a.model, Path(tmp) / "m.onnx"), measure=False,
-                                             target=None if device == "cuda" else "c")
-        else:
-            model, _ = models.build(a.model, a.size, device=device)
-            compiled = tilefuse.compile_graph(tilefuse.capture.capture_graphs(model, models.example_inputs(
-                a.model, a.size, device=device))[0], measure=False, target=None if device == "cuda" else "c")
+        compiled = tilefuse.compile_onnx(models.export_onnx(a.model, Path(tmp) / "m.onnx", size=a.size),
+                                         measure=False, target=None if device == "cuda" else "c")
     runner = compiled.runner
-    inputs = models.example_inputs(a.model, a.size, device=device)
     with torch.no_grad():
-        report = compare_regions(runner, *inputs)
+        report = compare_regions(runner, *models.example_inputs(a.model, a.size, device=device))
     by = {r.name: r for r in runner.plan.regions}
     for name, err in sorted(report, key=lambda r: -r[1])[:a.top]:
         k = runner.kernels.get(name)

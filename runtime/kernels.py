@@ -14,6 +14,7 @@ import torch
 from tilefuse.ir import Node
 from tilefuse.lowering.lower import Lowered
 from tilefuse.ops import get as get_op
+from tilefuse.ops.derived import Derived
 from tilefuse.planner.plan import Region
 
 
@@ -32,7 +33,7 @@ class RegionKernel:
         if kw.get("scatters"):  # (in-place stores have no kernel output)
             dts = [dt for dt, sc in zip(dts, kw["scatters"]) if sc is None]
         self.bool_outputs = {k for k, dt in enumerate(dts) if dt == "bool"}
-        self.packs: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # input -> (source, its version, packed)
+        self.packs: dict[int, Derived] = {}  # input -> its transposed copy, kept while the input is unchanged
         # In-place stores (an elementwise kernel's ``scatters``): (dest, dim, index input) each
         self.scatters = tuple((sc[0], sc[1], sc[2].arg) for sc in kw.get("scatters") or () if sc is not None) \
             if spec.template == "elementwise" else ()
@@ -69,20 +70,11 @@ class RegionKernel:
 
 
     def pack(self, i: int, t: torch.Tensor) -> torch.Tensor:
-        """Input ``i`` with its last two dims swapped and made contiguous, reused while ``t`` is the same memory at
-        the same version (a weight: packed on the first call, again only after an in-place change). The source is
-        kept, so no other tensor can take its address meanwhile."""
-        if t.is_inference():  # (no version counter: an in-place change would go unseen, so no reuse)
-            return t.mT.contiguous()
-        got = self.packs.get(i)
-        if got is not None:
-            src, version, packed = got
-            if (t.data_ptr() == src.data_ptr() and t._version == version and t.shape == src.shape
-                    and t.stride() == src.stride() and t.dtype == src.dtype):
-                return packed
-        packed = t.mT.contiguous()
-        self.packs[i] = (t, t._version, packed)
-        return packed
+        """Input ``i`` with its last two dims swapped and made contiguous, reused while ``t`` is unchanged (a weight:
+        packed on the first call, again only after a change; ``ops.derived``)."""
+        if i not in self.packs:
+            self.packs[i] = Derived(lambda w: w.mT.contiguous())
+        return self.packs[i](t)
 
 
 def check_scatters(scatters, tensors: list[torch.Tensor]) -> None:

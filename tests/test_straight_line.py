@@ -203,12 +203,12 @@ def test_a_cpu_linear_weight_is_packed_once_per_version(monkeypatch, rng):
         kernels = [f for f in runners[0].fns if getattr(f, "spec", None) is not None and f.spec.template == "gemm"]
         assert len(kernels) == 1 and kernels[0].spec.packed == (1,)
         assert dict(kernels[0].spec.params)["trans_B"] is False
-        first = kernels[0].packs[1][2]
+        first = kernels[0].packs[1].made
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
-        assert kernels[0].packs[1][2] is first  # reused
+        assert kernels[0].packs[1].made is first  # reused
         model[0].weight.mul_(-0.5)  # in place: a new version
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
-        assert kernels[0].packs[1][2] is not first
+        assert kernels[0].packs[1].made is not first
     with torch.inference_mode():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tilefuse.ir import TensorType, torch_dtype
+from tilefuse.ops.derived import Derived
 from tilefuse.ops.registry import OpKind, register
 from tilefuse.ops.sparse_layout import decompress_2_4
 
@@ -56,31 +57,21 @@ def _channels_first(fn, x, *args, channels_last: bool = False, **kw):
 class WeightChannelsLast:
     """``conv``'s reference for one channels-last node on a GPU: cuDNN's NHWC kernels want the weight channels last
     too and, handed the model's (O, C, KH, KW) weight, rearrange it on every call (a copy kernel before each of
-    ResNet-50's 3x3 convolutions, 2.5-9.6 us apiece on the H100, 0.07 ms a call). Here it is rearranged on the first
-    call and reused while the call passes the same tensor, at the same address and version (a plan's constant), which
-    is kept, so no other tensor can take its address; an inference tensor (no version to check) is passed as it is.
-    As for the GEMMs' packed weights (``runtime.kernels.RegionKernel.pack``), a change written through ``.data``
-    in place, which torch does not count as a version, is not seen; ``load_state_dict`` and in-place changes under
-    ``no_grad`` are, and so is a ``.data`` replaced."""
+    ResNet-50's 3x3 convolutions, 2.5-9.6 us apiece on the H100, 0.07 ms a call). Here it is rearranged once and
+    reused while the weight is unchanged (``ops.derived``: what is seen as a change, what is not)."""
 
     def __init__(self, ref):
-        self.ref, self.held = ref, None  # held: (source, (its version, its address), rearranged)
+        self.ref, self.weight = ref, Derived(lambda w: w.contiguous(memory_format=torch.channels_last))
 
     @staticmethod
     def wants(weight: torch.Tensor) -> bool:
         """Is ``weight`` one to rearrange: a 2-D convolution's, larger than 1x1 (1x1 is channels last already), on a
-        GPU, with a version counter."""
+        GPU, not an inference tensor (no version to keep it by: cuDNN rearranges it, as it would)."""
         return weight.dim() == 4 and weight.shape[2] * weight.shape[3] > 1 and weight.is_cuda and \
             not weight.is_inference()
 
     def __call__(self, x, weight, *args, **kw):
-        if self.wants(weight):
-            held = self.held
-            if held is None or held[0] is not weight or held[1] != (weight._version, weight.data_ptr()):
-                held = self.held = (weight, (weight._version, weight.data_ptr()),
-                                    weight.contiguous(memory_format=torch.channels_last))
-            weight = held[2]
-        return self.ref(x, weight, *args, **kw)
+        return self.ref(x, self.weight(weight) if self.wants(weight) else weight, *args, **kw)
 
 
 def _conv_per_node(ref, attrs: dict):
