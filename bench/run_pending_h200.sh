@@ -552,6 +552,13 @@ elif [ "$part" = 80 ]; then  # (session 52: part 79's changes, the pool's pixel 
     zoo bert,gpt2 230 zoo_default_bg
 elif [ "$part" = 81 ]; then  # (session 52: views counted dense in the measured choice: ViT and LLaMA unchanged?)
     zoo "${ZOO81:-vit,llama}" 290 zoo_default_vl
+elif [ "$part" = 82 ]; then  # (session 53: is a packed fp16 exponent one MUFU op for two scores?)
+    nvcc -arch=sm_90a -O3 -o /tmp/mufu bench/probes/mufu_ex2.cu -cubin -o /tmp/mufu.cubin 2>&1 | tail -3
+    nvcc -arch=sm_90a -O3 -o /tmp/mufu bench/probes/mufu_ex2.cu 2>&1 | tail -3
+    timeout 60 /tmp/mufu | tee "$OUT/logs/mufu.log"
+    cuobjdump -sass /tmp/mufu.cubin > "$OUT/logs/mufu.sass" 2>&1
+    awk '/Function :/{f=$3} /MUFU|F2FP|HADD2.F32/{split($0,a,";"); n[f" "$2]++} END{for(k in n) print n[k], k}' \
+        "$OUT/logs/mufu.sass" | sort -k2 | head -30
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
