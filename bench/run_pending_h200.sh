@@ -559,6 +559,12 @@ elif [ "$part" = 82 ]; then  # (session 53: is a packed fp16 exponent one MUFU o
     cuobjdump -sass /tmp/mufu.cubin > "$OUT/logs/mufu.sass" 2>&1
     awk '/Function :/{f=$3} /MUFU|F2FP|HADD2.F32/{split($0,a,";"); n[f" "$2]++} END{for(k in n) print n[k], k}' \
         "$OUT/logs/mufu.sass" | sort -k2 | head -30
+elif [ "$part" = 83 ]; then  # (session 53: #14's kernel bar: the default's seeds against cuDNN, sweep and long runs)
+    for shapes in ${PART83_SHAPES:-sweep long}; do
+        timeout "$(case $shapes in sweep) echo 250;; *) echo 200;; esac)" python3 bench/bench_attention.py \
+            --shapes "$shapes" --configs seeds --json "$OUT/logs/attn_seeds_$shapes.json" > "$OUT/logs/attn_seeds_$shapes.log" 2>&1
+        grep -E "^\|" "$OUT/logs/attn_seeds_$shapes.log" | cut -c1-200 | tail -40
+    done
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
