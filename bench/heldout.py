@@ -1,6 +1,7 @@
 """Real models that are not in the zoo, at realistic sizes, random weights: what users bring.
 
-``bench_models.py --models hf-gpt2,hf-llama,hf-bert,hf-vit,timm-resnet50`` takes these by name. Each builder
+``bench_models.py --models hf-gpt2,hf-llama,hf-bert,hf-vit,timm-resnet50`` (and ``BUILDERS``' others) takes these by
+name. Each builder
 returns (module, inputs) in fp16 on the GPU; the module returns one tensor (logits or the last hidden state),
 so every peer and tilefuse are compared on the same output. transformers and timm build from configs (no
 network: weights are random).
@@ -79,8 +80,32 @@ def timm_resnet50(batch: int = 64):
     return model, (torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16),)
 
 
+def _timm(name: str, batch: int):
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False).to(torch.float16).cuda().eval().requires_grad_(False)
+    return model, (torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16),)
+
+
+def timm_convnext(batch: int = 64):
+    """ConvNeXt-T: 7x7 depthwise convolutions, channels-last layer norms, GELU MLPs (session 53: not measured)."""
+    return _timm("convnext_tiny", batch)
+
+
+def timm_efficientnet(batch: int = 64):
+    """EfficientNet-B0: depthwise convolutions, SiLU, squeeze-and-excitation (session 53: not measured)."""
+    return _timm("efficientnet_b0", batch)
+
+
+def timm_swin(batch: int = 64):
+    """Swin-T: windowed attention with a relative-position bias, rolls (session 53: not measured)."""
+    return _timm("swin_tiny_patch4_window7_224", batch)
+
+
 BUILDERS = {"hf-gpt2": hf_gpt2, "hf-llama": hf_llama, "hf-bert": hf_bert, "hf-vit": hf_vit,
-            "timm-resnet50": timm_resnet50, "hf-bert-eager": hf_bert_eager, "hf-gpt2-eager": hf_gpt2_eager}
+            "timm-resnet50": timm_resnet50, "hf-bert-eager": hf_bert_eager, "hf-gpt2-eager": hf_gpt2_eager,
+            "timm-convnext": timm_convnext, "timm-efficientnet": timm_efficientnet, "timm-swin": timm_swin}
 
 
 def build(name: str, size: str = "bench"):

@@ -565,6 +565,8 @@ elif [ "$part" = 83 ]; then  # (session 53: #14's kernel bar: the default's seed
             --shapes "$shapes" --configs seeds --json "$OUT/logs/attn_seeds_$shapes.json" > "$OUT/logs/attn_seeds_$shapes.log" 2>&1
         grep -E "^\|" "$OUT/logs/attn_seeds_$shapes.log" | cut -c1-200 | tail -40
     done
+elif [ "$part" = 84 ]; then  # (session 53: held-out vision models never measured: ConvNeXt-T, EfficientNet-B0, Swin-T)
+    zoo "${ZOO84:-timm-convnext,timm-efficientnet,timm-swin}" "${ZOO84_LIMIT:-540}" heldout_vision eager,default
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
