@@ -139,6 +139,64 @@ def test_a_strided_pointwise_convolution_is_a_slice_then_a_gemm(rng, stride, hw)
         torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
 
 
+def _convnext(rng, out_permuted: bool):
+    """ConvNeXt's block as Hugging Face and timm write it: a depthwise 7x7 convolution, its own permute to NHWC, a
+    layer norm and a linear there, the permute back and the residual add; then a downsampling convolution."""
+    b = GraphBuilder("convnext")
+    x = b.input("x", TensorType((2, 8, 6, 6), "float32"))
+    conv = {"dilation": (1, 1)}
+    stem = b.add1("conv", [x, b.constant("w0", randn(rng, 8, 8, 1, 1)), ""], stride=(1, 1), padding=(0, 0), groups=1,
+                  **conv)
+    dw = b.add1("conv", [stem, b.constant("dw", randn(rng, 8, 1, 7, 7)), b.constant("db", randn(rng, 8))],
+                stride=(1, 1), padding=(3, 3), groups=8, **conv)
+    h = b.add1("permute", [dw], perm=(0, 2, 3, 1))
+    h = b.add1("layer_norm", [h, b.constant("g", randn(rng, 8)), b.constant("be", randn(rng, 8))],
+               axis=-1, eps=1e-6)
+    h = b.add1("linear", [h, b.constant("lw", randn(rng, 8, 8)), b.constant("lb", randn(rng, 8))])
+    if out_permuted:  # (the graph's output read channels last too: it keeps its own layout and name)
+        h = b.add1("permute", [h], perm=(0, 3, 1, 2))
+        return b.build([h])
+    s = b.add1("add", [stem, b.add1("permute", [h], perm=(0, 3, 1, 2))])
+    down = b.add1("conv", [s, b.constant("w2", randn(rng, 8, 8, 2, 2)), ""], stride=(2, 2), padding=(0, 0), groups=1,
+                  **conv)
+    return b.build([down])
+
+
+@pytest.mark.parametrize("out_permuted", [False, True])
+def test_a_models_own_permutes_to_and_from_channels_last_cost_nothing(rng, out_permuted):
+    """The layout pass's NCHW view of a convolution's NHWC output, permuted to NHWC again by the model, is read as it
+    is; so is the model's permute back where a channels-last op reads it (session 53: HF ConvNeXt-T's 17 permute
+    copies). Left: the image's permute in and the returned value's out."""
+    g = _convnext(rng, out_permuted)
+    g2 = channels_last(g)
+    assert sum(n.op == "permute" for n in g2.nodes) == 2, [n for n in g2.nodes if n.op == "permute"]
+    assert g2.outputs == g.outputs
+    args = [randn(rng, *v.type.shape) for v in g.inputs]
+    _same_values(g, g2, args)
+    compiled = compile_graph(g, target=C, quiet=True)  # the whole pipeline on the c target, every element
+    assert sum(1 for r in compiled.plan.regions if r.launches and set(r.ops) <= {"permute"}) == 2  # (in, out)
+    for w, o in zip(run_graph(g, *args), compiled(*args)):
+        torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_permute_of_a_permute_is_one(rng):
+    """``simplify``: permutes in a row compose (a pair that undoes itself leaves none); the first stays while another
+    op reads it."""
+    from tilefuse.planner import simplify
+
+    b = GraphBuilder("perms")
+    x = b.input("x", TensorType((2, 3, 4, 5), "float32"))
+    p1 = b.add1("permute", [x], perm=(0, 2, 3, 1))
+    p2 = b.add1("permute", [p1], perm=(2, 0, 3, 1))  # (4, 2, 3, 5)
+    back = b.add1("permute", [b.add1("permute", [x], perm=(1, 0, 3, 2))], perm=(1, 0, 3, 2))
+    g = b.build([b.add1("relu", [p2]), b.add1("add", [back, x]), b.add1("neg", [p1])])
+    g2 = simplify(g)
+    perms = sorted(n.attr["perm"] for n in g2.nodes if n.op == "permute")
+    assert perms == [(0, 2, 3, 1), (3, 0, 1, 2)], perms  # p1 (read by neg) and p2 composed; the pair gone
+    assert next(n for n in g2.nodes if n.op == "add").inputs == (x, x)
+    _same_values(g, g2, [randn(rng, *v.type.shape) for v in g.inputs])
+
+
 def test_one_convolution_is_left_alone(rng):
     b = GraphBuilder("patchify")
     x = b.input("x", TensorType((2, 3, 8, 8), "float32"))

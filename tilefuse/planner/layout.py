@@ -8,7 +8,8 @@ pass rewrites, as Inductor's layout optimization does, the convolutions, batch n
 means, the elementwise ops and concatenations between them to act on (N, H, W, C) tensors (``channels_last=True``;
 weights stay (O, C, KH, KW), channel vectors become (C,)-shaped). A value enters through one permute
 (the image) and leaves through one where an op outside the set (a reshape, a linear layer) or the
-graph's caller reads it; where H = W = 1 that is a reshape. Graph outputs keep their names and layout.
+graph's caller reads it; where H = W = 1 that is a reshape. Graph outputs keep their names and layout. A model that
+permutes to channels last itself (ConvNeXt's blocks) reads the NHWC value as it is: the two permutes compose to none.
 A pure function: the graph it returns computes the same values (checked in tests against the original).
 """
 
@@ -18,6 +19,7 @@ import torch
 
 from tilefuse import ops
 from tilefuse.ir import Graph, Node, TensorType, Value
+from tilefuse.planner.canonicalize import simplify
 
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 POOLS = ops.with_trait("pool")
@@ -43,6 +45,8 @@ def _takes_nhwc(n: Node, types: dict[str, TensorType], nhwc: set[str]) -> bool:
         return False
     if n.op == "conv":
         return rank4(x) and len(types[n.inputs[1]].shape) == 4 and not n.attr.get("channels_last", False)
+    if n.op == "permute":  # a model's own NHWC -> NCHW (ConvNeXt's blocks): its input is the value channels last
+        return rank4(x) and x not in nhwc and tuple(n.attr["perm"]) == TO_NCHW
     if n.op in ("batch_norm", *POOLS):
         dims = n.attr.get("kernel") or n.attr.get("output_size") or (0, 0)
         return x in nhwc and len(dims) == 2 and not n.attr.get("channels_last", False)
@@ -69,7 +73,7 @@ def channels_last(graph: Graph) -> Graph:
     convs = sum(1 for n in graph.nodes if n.name in rewrite and n.op == "conv")
     if convs < 2:  # one convolution (a ViT's patch embedding) gains nothing and pays two transposes
         return graph
-    return _Rewriter(graph, types, nhwc, rewrite).run()
+    return simplify(_Rewriter(graph, types, nhwc, rewrite).run())  # (the model's own permutes after ours: one each)
 
 
 class GraphEdit:
@@ -160,7 +164,9 @@ class _Rewriter(GraphEdit):
 
     def _rewrite(self, n: Node) -> None:
         attrs, name, x = n.attr, n.name, n.inputs[0]
-        if n.op == "conv":
+        if n.op == "permute":  # (to channels first: no node; its readers channels last read its input)
+            self.last[n.outputs[0].name] = x
+        elif n.op == "conv":
             x, attrs = self._strided_pointwise(n, self.operand(x))
             self.emit("conv", (x, *n.inputs[1:]), {**attrs, "channels_last": True}, self.last[n.outputs[0].name],
                       node=name)
