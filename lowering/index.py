@@ -280,6 +280,19 @@ def _flip(b, n, out, idx):
     return b.at(x, tuple(src))
 
 
+@rule("roll")
+def _roll(b, n, out, idx):
+    x = n.inputs[0]
+    src = list(idx)
+    for shift, d in zip(n.attr["shifts"], n.attr["dims"]):
+        d %= len(idx)
+        size = b.shape(x)[d]
+        s = shift % size if size else 0
+        if s:  # out[i] = x[(i - s) mod size], as (i + size - s) % size: in bounds with no branch
+            src[d] = mod(add(src[d], lit(size - s)), size)
+    return b.at(x, tuple(src))
+
+
 @rule("concat")
 def _concat(b, n, out, idx):
     dim = n.attr["dim"] % len(idx)

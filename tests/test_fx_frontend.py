@@ -156,6 +156,22 @@ def test_views_and_data_movement(rng):
     assert imported(f, x).fallback_ops == ()
 
 
+def test_roll_is_an_op_and_compiles(rng):
+    """``torch.roll`` (Swin's shifted windows): along dims, shifts negative, past the size, 0 and repeated; and of the
+    flattened tensor. Imported as ``roll`` (no fallback), then compiled for the c target, every element checked."""
+    x = randn(rng, 2, 7, 5, 3)
+
+    def f(x):
+        return torch.roll(x, (-3, 2, 9), (1, 2, 1)) * 2, torch.roll(x, 0, 3), torch.roll(x, -40), \
+            torch.roll(x, (1, -1), (-1, -2)).relu()
+
+    p = imported(f, x)
+    assert p.fallback_ops == () and "roll" in ops_of(p)
+    compiled = torch.compile(f, backend="tilefuse", options={"target": "c"})
+    for got, want in zip(compiled(x), f(x)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_indexing(rng):
     x, i = randn(rng, 4, 3, 8, 6), torch.tensor([1, -1, 2])
 

@@ -59,6 +59,13 @@ def flip(x, dims: tuple):
     return torch.flip(x, dims)
 
 
+@register("roll", I)
+def roll(x, shifts: tuple, dims: tuple):
+    """``torch.roll`` along ``dims`` (the frontends turn a roll of the flattened tensor into one along a reshape's
+    only dim): Swin's shifted windows."""
+    return torch.roll(x, shifts, dims)
+
+
 @register("concat", I)
 def concat(*xs, dim: int):
     return torch.cat(xs, dim)
