@@ -288,8 +288,10 @@ def _roll(b, n, out, idx):
         d %= len(idx)
         size = b.shape(x)[d]
         s = shift % size if size else 0
-        if s:  # out[i] = x[(i - s) mod size], as (i + size - s) % size: in bounds with no branch
-            src[d] = mod(add(src[d], lit(size - s)), size)
+        if s:  # out[i] = x[i + size - s] for i < s, else x[i - s]: a select of indices, so no branch reads out of
+            # bounds. ((i + size - s) % size instead: TVM's simplifier merged two such dims' floormods into one of the
+            # flat index, (i + 3072) & 4095 for a (2, 8, 8, 64) rolled by (2, 2): wrong elements, session 53.)
+            src[d] = where(cmp("lt", src[d], s), add(src[d], lit(size - s)), sub(src[d], lit(s)))
     return b.at(x, tuple(src))
 
 
