@@ -282,13 +282,20 @@ def build_elementwise(b: Builder, target: dict) -> KernelSpec:
                       tuple((a, None) for a in b.args), mapping, tuple(b.pre), aliases=aliases)
 
 
-def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]) -> tuple[str, bool, list[Node], Node | None]:
+def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]
+                   ) -> tuple[str, bool, list[Node], Node | None, tuple | None]:
     """Follow a GEMM operand back through the region: (outside value, transposed?, prologue nodes, the RMSNorm it
-    is the output of or None: ``planner.norm_fold``'s, whose input is then the outside value)."""
-    trans, prologue, norm = False, [], None
+    is the output of or None: ``planner.norm_fold``'s, whose input is then the outside value, the shape the kernel
+    reads the outside value as or None for its own). Views alone reshape it to the operand's shape (Funnel's
+    ``einsum("td,dnh->tnh")``: a (64, 4, 16) weight as (64, 64)); views with a transpose or a prologue must keep the
+    last two dims."""
+    operand = tuple(b.types[value].shape)
+    trans, prologue, norm, reshaped = False, [], None, False
     while value in b.produced:
         n = env_nodes[value]
         rank = len(b.types[n.inputs[0]].shape)
+        if n.op in PASS_VIEWS and tuple(b.types[n.inputs[0]].shape)[-2:] != tuple(b.types[value].shape)[-2:]:
+            reshaped = True
         if n.op == "rms_norm" and norm is None and not prologue and not trans:
             norm = n
             require(n.attr.get("axis", -1) % rank == rank - 1, "an RMSNorm before the GEMM, not over the last dim")
@@ -308,7 +315,10 @@ def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]) -> tuple[
         else:
             raise NotLowerable(f"{n.op} before the GEMM")
         value = n.inputs[0]
-    return value, trans, prologue, norm
+    if not (trans or prologue or norm):
+        return value, False, [], None, operand if tuple(b.types[value].shape) != operand else None
+    require(not reshaped, "views that change a GEMM operand's last two dims beside a transpose or a prologue")
+    return value, trans, prologue, norm, None
 
 
 def epilogue_exprs(b: Builder, anchor: Node, bias: str | None, after: list[Node], what: str) -> tuple[list[Expr], list]:
@@ -329,10 +339,10 @@ def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) ->
     pos = b.members.index(anchor)
     require(all(n.op in PASS_VIEWS or n.op in ("cast", "scale", "transpose", "permute", "rms_norm")
                  for n in b.members[:pos]), "the GEMM prologue holds more than casts, scales, layouts and a norm")
-    a_val, trans_a, pro_a, norm = _trace_operand(b, anchor.inputs[0], by_out)
-    b_val, trans_b, pro_b, norm_b = _trace_operand(b, anchor.inputs[1], by_out)
+    a_val, trans_a, pro_a, norm, a_view = _trace_operand(b, anchor.inputs[0], by_out)
+    b_val, trans_b, pro_b, norm_b, b_view = _trace_operand(b, anchor.inputs[1], by_out)
     require(not pro_b and norm_b is None, "a prologue on the weight operand")
-    at, bt = b.types[a_val].shape, b.types[b_val].shape
+    at, bt = a_view or b.types[a_val].shape, b_view or b.types[b_val].shape
     if anchor.op == "linear":
         require(len(bt) == 2 and not trans_b, "linear weight is not a plain (N, K) matrix")
         trans_b = True
@@ -344,7 +354,7 @@ def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) ->
         M, K = at[-2], at[-1]
     N = bt[-2] if trans_b else bt[-1]
     batch_a, batch_b = tuple(at[:-2]), tuple(bt[:-2])
-    a_shape = None
+    a_shape = a_view
     if not batch_b and not trans_a:  # fold A's batch into M: (..., M, K) -> (M', K)
         M, batch_a, a_shape = numel(at[:-1]), (), (numel(at[:-1]), K)
     for v in (a_val, b_val):
@@ -354,8 +364,8 @@ def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) ->
         pro = Call(n.op, (pro or Acc(),), n.attrs)
     bias = anchor.inputs[2] if anchor.op == "linear" and len(anchor.inputs) > 2 else None
     packed = ()
-    if trans_b and not batch_b and dialect(target).cpu and not as_gemv and (b_val in b.graph.constants
-                                                            or b_val in {v.name for v in b.graph.inputs}):
+    weight = b_val in b.graph.constants or b_val in {v.name for v in b.graph.inputs}
+    if trans_b and not batch_b and b_view is None and dialect(target).cpu and not as_gemv and weight:
         # A linear weight (N, K) on the CPU: the kernel would transpose each tile of it again for every tile row of
         # the output; the runtime hands it over as (K, N) instead, transposed once per weight version (2 cores,
         # 200x688x256 fp32: 0.63 -> 0.50 ms; torch 0.36).
@@ -371,11 +381,11 @@ def build_gemm(b: Builder, anchor: Node, target: dict, as_gemv: bool = False) ->
                 f"a gemv group's linear of {M} rows (at most {gemv.GEMV_ROWS}, unbatched)")
     if as_gemv or decode_rows(target, M, layout):  # a decode step's few rows: the weight streamed by warps (templates/gemv.py)
         norm_kw, g = _norm_params(b, norm, K)
-        spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
+        spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, b_view), exprs[0], mapping, extra, extra_shapes,
                          template="gemv", prologue=pro, **norm_kw)
         return spec if g is None else dataclasses.replace(spec, inputs=(spec.inputs[0], (g, None), *spec.inputs[1:]))
     require(norm is None, "an RMSNorm before a GEMM of more rows than a gemv's (only the gemv reads it in its pass)")
-    spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, None), exprs[0], mapping, extra, extra_shapes,
+    spec = gemm_spec(b, M, N, K, (a_val, a_shape), (b_val, b_view), exprs[0], mapping, extra, extra_shapes,
                      **layout, prologue=pro)
     return dataclasses.replace(spec, packed=packed) if packed else spec
 

@@ -179,6 +179,26 @@ def test_a_models_own_permutes_to_and_from_channels_last_cost_nothing(rng, out_p
         torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("pads, mode", [((0, 1, 0, 1), "constant"), ((2, 1), "constant"), ((1, 1, 1, 1), "reflect")])
+def test_a_pad_of_h_and_w_stays_channels_last(rng, pads, mode):
+    """EfficientNet pads H and W before a strided depthwise convolution: a constant pad runs channels last (its pads
+    move behind C's); another mode leaves channels last and comes back (torch pads three dims in constant mode only)."""
+    b = GraphBuilder("padded")
+    x = b.input("x", TensorType((2, 4, 7, 6), "float32"))
+    conv = {"dilation": (1, 1), "stride": (1, 1), "padding": (1, 1), "groups": 1}
+    c1 = b.add1("conv", [x, b.constant("w1", randn(rng, 8, 4, 3, 3)), ""], **conv)
+    p = b.add1("pad", [c1], pads=pads, mode=mode, value=0.0)
+    dw = b.add1("conv", [p, b.constant("dw", randn(rng, 8, 1, 3, 3)), ""], **{**conv, "stride": (2, 2), "groups": 8})
+    g = b.build([dw])
+    g2 = channels_last(g)
+    assert sum(n.op == "permute" for n in g2.nodes) == (2 if mode == "constant" else 4)
+    _same_values(g, g2, [randn(rng, *v.type.shape) for v in g.inputs])
+    compiled = compile_graph(g, target=C, quiet=True, measure=False)
+    args = [randn(rng, *v.type.shape) for v in g.inputs]
+    for w, o in zip(run_graph(g, *args), compiled(*args)):
+        torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
+
+
 def test_a_permute_of_a_permute_is_one(rng):
     """``simplify``: permutes in a row compose (a pair that undoes itself leaves none); the first stays while another
     op reads it."""

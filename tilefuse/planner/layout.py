@@ -47,6 +47,9 @@ def _takes_nhwc(n: Node, types: dict[str, TensorType], nhwc: set[str]) -> bool:
         return rank4(x) and len(types[n.inputs[1]].shape) == 4 and not n.attr.get("channels_last", False)
     if n.op == "permute":  # a model's own NHWC -> NCHW (ConvNeXt's blocks): its input is the value channels last
         return rank4(x) and x not in nhwc and tuple(n.attr["perm"]) == TO_NCHW
+    if n.op == "pad":  # constant, of H and W only (EfficientNet's zero pad before a strided depthwise convolution;
+        # torch pads three dims of a 4-D tensor in constant mode only)
+        return x in nhwc and rank4(x) and len(n.attr["pads"]) <= 4 and n.attr.get("mode", "constant") == "constant"
     if n.op in ("batch_norm", *POOLS):
         dims = n.attr.get("kernel") or n.attr.get("output_size") or (0, 0)
         return x in nhwc and len(dims) == 2 and not n.attr.get("channels_last", False)
@@ -166,6 +169,10 @@ class _Rewriter(GraphEdit):
         attrs, name, x = n.attr, n.name, n.inputs[0]
         if n.op == "permute":  # (to channels first: no node; its readers channels last read its input)
             self.last[n.outputs[0].name] = x
+        elif n.op == "pad":  # (W, H) pads move behind C's, which has none
+            pads = tuple(attrs["pads"]) + (0,) * (4 - len(attrs["pads"]))
+            self.emit("pad", (self.last[x],), {**attrs, "pads": (0, 0, *pads)}, self.last[n.outputs[0].name],
+                      node=name)
         elif n.op == "conv":
             x, attrs = self._strided_pointwise(n, self.operand(x))
             self.emit("conv", (x, *n.inputs[1:]), {**attrs, "channels_last": True}, self.last[n.outputs[0].name],
