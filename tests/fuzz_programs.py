@@ -60,6 +60,7 @@ VIEWS = {  # ({perm}: the dims reversed, {shape}: the operand's shape)
     "flatten": ("{0}.reshape(-1)", True), "unsqueeze": ("{0}.unsqueeze(0)", True), "slice": ("{0}[..., ::2]", True),
     "narrow": ("{0}[1:]", True), "expand": ("{0}.unsqueeze(0).expand(3, *{shape})", True),
     "flip": ("torch.flip({0}, (-1,))", True),
+    "roll": ("torch.roll({0}, (1, -2), (0, -1))", True), "roll_flat": ("torch.roll({0}, 3)", True),
 }
 OTHER = {
     "where": ("torch.where({0}, {1}, {2})", True), "logical_and": ("torch.logical_and({0}, {1})", True),
