@@ -312,15 +312,6 @@ def _select_scatter(cx: Ctx, a: dict) -> str:
     return _scatter_slice(cx, x, cx.op("unsqueeze", a["src"], dims=(dim,)), dim, i, i + 1)
 
 
-def _roll(cx, a):
-    """``torch.roll``; with no dims it rolls the flattened tensor: a roll of its reshape to one dim."""
-    shifts, dims = tuple(a["shifts"]), tuple(a.get("dims") or ())
-    if dims:
-        return cx.op("roll", a["self"], shifts=shifts, dims=dims)
-    flat = cx.op("reshape", a["self"], shape=(-1,))
-    return cx.op("reshape", cx.op("roll", flat, shifts=shifts, dims=(0,)), shape=cx.type(a["self"]).shape)
-
-
 def _mode_pad(mode: str):
     def pad(cx: Ctx, a: dict) -> str:
         return cx.op("pad", a["self"], pads=tuple(a["padding"]), mode=mode)
@@ -345,7 +336,8 @@ VIEWS: dict[Any, Converter] = {
     aten.split_with_sizes.default: _split,
     aten.unbind.int: _unbind,
     aten.flip.default: lambda cx, a: cx.op("flip", a["self"], dims=tuple(a["dims"])),
-    aten.roll.default: _roll,
+    aten.roll.default: lambda cx, a: cx.op("roll", a["self"], shifts=tuple(a["shifts"]),
+                                           dims=tuple(a.get("dims") or ())),  # (no dims: the flattened tensor's)
     aten.repeat.default: lambda cx, a: cx.op("repeat", a["self"], repeats=tuple(a["repeats"])),
     aten.tril.default: lambda cx, a: cx.op("tril", a["self"], diagonal=a["diagonal"]),
     aten.triu.default: lambda cx, a: cx.op("triu", a["self"], diagonal=a["diagonal"]),

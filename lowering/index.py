@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from tilefuse import ops
 from tilefuse.ir import Node, TensorType
 from tilefuse.lowering.expr import Call, Const, Coord, Expr
-from tilefuse.lowering.templates.common import broadcast_shapes
+from tilefuse.lowering.templates.common import broadcast_shapes, numel
 
 INDEX_DTYPE = "int32"
 MAX_EXPR_NODES = 4096  # a region whose expressions unfold larger runs through torch
@@ -280,18 +280,25 @@ def _flip(b, n, out, idx):
     return b.at(x, tuple(src))
 
 
+def _rolled(i: Expr, shift: int, size: int) -> Expr:
+    """x[i - shift] along a dim of ``size``: i + size - s where i < s, else i - s (s = shift mod size). A select of
+    indices, so no branch reads out of bounds. ((i + size - s) % size instead: TVM's simplifier merged two such dims'
+    floormods into one of the flat index, (i + 3072) & 4095 for a (2, 8, 8, 64) rolled by (2, 2): wrong elements.)"""
+    s = shift % size if size else 0
+    return where(cmp("lt", i, s), add(i, lit(size - s)), sub(i, lit(s))) if s else i
+
+
 @rule("roll")
 def _roll(b, n, out, idx):
-    x = n.inputs[0]
+    x, shape = n.inputs[0], b.shape(n.inputs[0])
+    if not n.attr["dims"]:  # the flattened tensor's roll
+        flat = ravel(idx, shape)
+        for shift in n.attr["shifts"]:
+            flat = _rolled(flat, shift, numel(shape))
+        return b.at(x, unravel(flat, shape))
     src = list(idx)
     for shift, d in zip(n.attr["shifts"], n.attr["dims"]):
-        d %= len(idx)
-        size = b.shape(x)[d]
-        s = shift % size if size else 0
-        if s:  # out[i] = x[i + size - s] for i < s, else x[i - s]: a select of indices, so no branch reads out of
-            # bounds. ((i + size - s) % size instead: TVM's simplifier merged two such dims' floormods into one of the
-            # flat index, (i + 3072) & 4095 for a (2, 8, 8, 64) rolled by (2, 2): wrong elements, session 53.)
-            src[d] = where(cmp("lt", src[d], s), add(src[d], lit(size - s)), sub(src[d], lit(s)))
+        src[d % len(idx)] = _rolled(src[d % len(idx)], shift, shape[d % len(idx)])
     return b.at(x, tuple(src))
 
 

@@ -61,8 +61,7 @@ def flip(x, dims: tuple):
 
 @register("roll", I)
 def roll(x, shifts: tuple, dims: tuple):
-    """``torch.roll`` along ``dims`` (the frontends turn a roll of the flattened tensor into one along a reshape's
-    only dim): Swin's shifted windows."""
+    """``torch.roll`` along ``dims``, or of the flattened tensor where ``dims`` is empty: Swin's shifted windows."""
     return torch.roll(x, shifts, dims)
 
 
