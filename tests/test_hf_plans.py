@@ -144,6 +144,37 @@ def test_hf_attention_numerics_on_c(name, impl):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_bloom_alibi_attention_is_one_causal_region_a_layer():
+    """BLOOM (eager only): baddbmm(alibi, q, k^T) on (B*H, S, D), the mask and softmax in 4-D, bmm back in 3-D
+    (``planner.patterns_alibi``): one causal sdpa a layer, ALiBi and the padding one (B, H, 1, S) per-key mask, nothing
+    S x S; the values match eager on the c target."""
+    import tilefuse
+
+    t = transformers
+    torch.manual_seed(0)
+    model = _Main(t.BloomModel._from_config(t.BloomConfig(n_layer=LAYERS, hidden_size=64, n_head=4, vocab_size=100,
+                                                          bos_token_id=0, eos_token_id=0, pad_token_id=0),
+                                            attn_implementation="eager").eval())
+    S = 19
+    p = plan(_graph(model, _inputs(S)), {"kind": "c"})
+    att = [r for r in p.regions if r.kind == "attention"]
+    assert len(att) == LAYERS and all(r.backend == "tilelang" for r in att), p.to_text()
+    nodes, values = {n.name: n for n in p.graph.nodes}, p.graph.values()
+    for r in att:
+        a = nodes[r.anchor]
+        assert a.op == "sdpa" and a.attr.get("is_causal"), a.attr
+        assert tuple(values[a.inputs[3]].type.shape) == (2, 4, 1, S)
+    assert not [n.name for n in p.graph.nodes if n.op != "sdpa" and (values[n.outputs[0].name].type.shape or ())[-2:]
+                == (S, S)]
+    ids, mask = _inputs(S)
+    with torch.no_grad():
+        want = model(ids, mask)
+        torch._dynamo.reset()
+        got = tilefuse.compile(model)(ids, mask)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 # ---- torch's math SDPA: what dynamo hands a backend on CUDA (issue 14) -----------------------------------------------
 # On CUDA, torch's fused SDPA kernels refuse a mask whose last dim has stride 0 (sdp_utils: "All fused kernels require
 # the last dimension of the input to have stride 1"; the CPU kernel takes it), and transformers with torch < 2.14

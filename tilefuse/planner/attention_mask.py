@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from tilefuse import ops
-from tilefuse.planner.pattern import Context
+from tilefuse.ir import torch_dtype
+from tilefuse.planner.pattern import Context, Emitter
 
 MAX_ELEMENTS = 1 << 24
 _AND = ("bitwise_and", "logical_and")
@@ -145,3 +146,28 @@ def analyse(mask: str, ctx: Context) -> MaskParts | str:
             return "the mask's runtime factor is not a per-key boolean (B, 1, 1, Skv)"
         keys = runtime[0]
     return MaskParts(causal, window, keys, fill)
+
+
+def sdpa_mask_args(caps: dict, ctx: Context, em: Emitter) -> tuple[list[str], dict]:
+    """The sdpa mask input and attributes: a mask the graph builds from indices (``attention_mask.analyse``)
+    becomes ``is_causal``/``window`` and a per-key padding mask; any other mask stays an additive operand."""
+    if "mask" not in caps:
+        return [""], {"is_causal": False}
+    parts = analyse(caps["mask"], ctx)
+    if isinstance(parts, str):
+        return [caps["mask"]], {"is_causal": False}
+    return key_mask(parts, caps["mask"], ctx, em), mask_attrs(parts)
+
+
+def mask_attrs(parts: MaskParts) -> dict:
+    return {"is_causal": parts.causal, **({"window": parts.window} if parts.window else {})}
+
+
+def key_mask(parts: MaskParts, mask: str, ctx: Context, em: Emitter) -> list[str]:
+    """The additive (B, 1, 1, Skv) padding mask of ``parts`` ("" when there is none), in the mask's dtype."""
+    if parts.keys is None:
+        return [""]
+    dtype = ctx.type(mask).dtype if ctx.type(mask).dtype != "bool" else "float32"
+    zero = em.constant("key_mask_zero", torch.zeros((), dtype=torch_dtype(dtype)))
+    fill = parts.fill or em.constant("key_mask_fill", torch.full((), float("-inf"), dtype=torch_dtype(dtype)))
+    return [em.add1("where", [parts.keys, zero, fill])]

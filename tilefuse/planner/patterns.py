@@ -3,7 +3,8 @@
 Each entry is data: a tree of ``Op`` with named captures, a check that says why a match is refused,
 and a rewrite. Families: ``attention.*`` (decomposed and grouped-query attention), ``norm.*`` (RMS
 norm written out with pow/mean/rsqrt; a group norm through an instance norm, ``patterns_norm``), ``act.*``
-(GELU written out), ``rotary.*`` (rotate-half), ``matmul.outer`` (a product over a contracted dim of 1).
+(GELU written out), ``rotary.*`` (rotate-half), ``matmul.outer`` (a product over a contracted dim of 1); BLOOM's
+ALiBi attention is ``patterns_alibi``'s.
 Region-level patterns (residual add + norm, SwiGLU/GeGLU) live in ``GROUPS`` at the bottom.
 """
 
@@ -15,8 +16,9 @@ import torch
 
 from tilefuse import ops
 from tilefuse.ir import torch_dtype
-from tilefuse.planner.attention_mask import MaskParts, analyse
+from tilefuse.planner.attention_mask import analyse, key_mask, mask_attrs, sdpa_mask_args
 from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod, Scalar
+from tilefuse.planner.patterns_alibi import ALIBI
 from tilefuse.planner.patterns_norm import GROUP_VIA_INSTANCE
 
 _CAST = ("cast",)
@@ -81,38 +83,13 @@ def _attn_check(caps: dict, ctx: Context) -> str | None:
     return None
 
 
-def _mask_args(caps: dict, ctx: Context, em: Emitter) -> tuple[list[str], dict]:
-    """The sdpa mask input and attributes: a mask the graph builds from indices (``attention_mask.analyse``)
-    becomes ``is_causal``/``window`` and a per-key padding mask; any other mask stays an additive operand."""
-    if "mask" not in caps:
-        return [""], {"is_causal": False}
-    parts = analyse(caps["mask"], ctx)
-    if isinstance(parts, str):
-        return [caps["mask"]], {"is_causal": False}
-    return _key_mask(parts, caps["mask"], ctx, em), _mask_attrs(parts)
-
-
-def _mask_attrs(parts: MaskParts) -> dict:
-    return {"is_causal": parts.causal, **({"window": parts.window} if parts.window else {})}
-
-
-def _key_mask(parts: MaskParts, mask: str, ctx: Context, em: Emitter) -> list[str]:
-    """The additive (B, 1, 1, Skv) padding mask of ``parts`` ("" when there is none), in the mask's dtype."""
-    if parts.keys is None:
-        return [""]
-    dtype = ctx.type(mask).dtype if ctx.type(mask).dtype != "bool" else "float32"
-    zero = em.constant("key_mask_zero", torch.zeros((), dtype=torch_dtype(dtype)))
-    fill = parts.fill or em.constant("key_mask_fill", torch.full((), float("-inf"), dtype=torch_dtype(dtype)))
-    return [em.add1("where", [parts.keys, zero, fill])]
-
-
 def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     if "scale" in caps:
         s = ctx.scalar(caps["scale"])
         scale = s if caps["scale_op"].op == "mul" else 1.0 / s
     else:
         scale = 1.0
-    mask, attrs = _mask_args(caps, ctx, em)
+    mask, attrs = sdpa_mask_args(caps, ctx, em)
     if "bias" in caps:  # T5: position bias + padding mask, one additive operand (the bias is H x S x S anyway)
         mask = [em.add1("add", [caps["bias"], mask[0]]) if mask[0] else caps["bias"]]
     out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], scale=float(scale), **attrs)
@@ -186,8 +163,8 @@ def _sdpa_mask_check(caps: dict, ctx: Context) -> str | None:
 def _sdpa_mask_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     attn = caps["attn"]
     parts = analyse(caps["mask"], ctx)
-    mask = _key_mask(parts, caps["mask"], ctx, em)
-    attrs = {**attn.attr, **_mask_attrs(parts)}
+    mask = key_mask(parts, caps["mask"], ctx, em)
+    attrs = {**attn.attr, **mask_attrs(parts)}
     out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], **attrs)
     return [out]
 
@@ -375,7 +352,7 @@ def _qkv(caps: dict, ctx: Context) -> list[str]:
 def _split_scale_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     """q*s1 @ (k^T*s2): the scale is s1*s2 (torch's math SDPA and its ONNX export split sqrt(scale) over both)."""
     scale = math.prod(ctx.scalar(caps[s]) for s in ("s1", "s2") if s in caps)
-    mask, attrs = _mask_args(caps, ctx, em)
+    mask, attrs = sdpa_mask_args(caps, ctx, em)
     out = em.add1("sdpa", [*_qkv(caps, ctx), *mask], scale=float(scale), **attrs)
     root_t = ctx.type(caps["root"].outputs[0].name)
     if em.type(out).dtype != root_t.dtype:
@@ -564,6 +541,7 @@ PATTERNS: list[Pattern] = [
     Pattern("attention.gqa_repeat", Op("sdpa", ("q", _kv_repeat("k"), _kv_repeat("v")), name="attn"),
             _gqa_rewrite, _gqa_check, "sdpa over repeat_kv(k), repeat_kv(v) -> grouped-query sdpa"),
     *[_attention(scale, True, batched, biased=True) for batched in (True, False) for scale in ("after", "none")],
+    ALIBI,
     *[_attention(scale, masked, batched) for batched in (True, False) for scale in ("after", "before", "none")
       for masked in (True, False)],
     Pattern("attention.mask_from_indices", Op("sdpa", ("q", "k", "v", "mask"), name="attn"), _sdpa_mask_rewrite,
