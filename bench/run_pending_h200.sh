@@ -24,7 +24,15 @@
 # (bench/results/2026-12-07-h100-session52: ResNet-50 1.31x Inductor after the shortcut GEMMs, cuDNN's weights once, the
 # pool's pixel tiles and views counted dense; the fp32 GEMM at 2 or 4 rows fixed). Next, on an H200: the bars' parts
 # 30, 31, 34 and 39 (31 and 64 now with ResNet-50's changes), and 74 (the long-run lead there).
+# Session 53 ran parts 82 and 31 on an H100 (bench/results/2026-12-07-h100-session53: a packed fp16 exponent is two MUFU
+# ops, no gain; the zoo and HF models as session 52 left them); its eight other requests got no machine. Next: part 84
+# (timm ConvNeXt-T, EfficientNet-B0, Swin-T: the permute, pad and roll changes), and on an H200 83 (#14's kernel bar),
+# 30, 31, 34 and 39.
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
+#   part 82 (~1 min): the MUFU probe (bench/probes/mufu_ex2.cu): fp32 against packed fp16 exponents, with SASS counts.
+#   part 83 (~4 min): #14's kernel bar: bench_attention.py's default seeds over the sweep and the long runs vs cuDNN.
+#   part 84 (~6 min): held-out timm ConvNeXt-T, EfficientNet-B0 and Swin-T, b64 at 224, no options, against eager and
+#            Inductor default (ZOO84 picks models, ZOO84_LIMIT the time).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
