@@ -132,14 +132,17 @@ def test_one_attention_region_per_layer(name, impl):
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", sorted(CAUSAL))
 def test_hf_attention_numerics_on_c(name, impl):
+    _matches_eager_on_c(_Main(_tiny(name, impl)), _inputs())
+
+
+def _matches_eager_on_c(model, args):
+    """``model`` compiled by tilefuse (the default target, c here) against eager, every element (fp32 1e-4)."""
     import tilefuse
 
-    model = _Main(_tiny(name, impl))
-    ids, mask = _inputs()
     with torch.no_grad():
-        want = model(ids, mask)
+        want = model(*args)
         torch._dynamo.reset()
-        got = tilefuse.compile(model)(ids, mask)
+        got = tilefuse.compile(model)(*args)
     torch._dynamo.reset()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
@@ -148,8 +151,6 @@ def test_bloom_alibi_attention_is_one_causal_region_a_layer():
     """BLOOM (eager only): baddbmm(alibi, q, k^T) on (B*H, S, D), the mask and softmax in 4-D, bmm back in 3-D
     (``planner.patterns_alibi``): one causal sdpa a layer, ALiBi and the padding one (B, H, 1, S) per-key mask, nothing
     S x S; the values match eager on the c target."""
-    import tilefuse
-
     t = transformers
     torch.manual_seed(0)
     model = _Main(t.BloomModel._from_config(t.BloomConfig(n_layer=LAYERS, hidden_size=64, n_head=4, vocab_size=100,
@@ -166,13 +167,7 @@ def test_bloom_alibi_attention_is_one_causal_region_a_layer():
         assert tuple(values[a.inputs[3]].type.shape) == (2, 4, 1, S)
     assert not [n.name for n in p.graph.nodes if n.op != "sdpa" and (values[n.outputs[0].name].type.shape or ())[-2:]
                 == (S, S)]
-    ids, mask = _inputs(S)
-    with torch.no_grad():
-        want = model(ids, mask)
-        torch._dynamo.reset()
-        got = tilefuse.compile(model)(ids, mask)
-    torch._dynamo.reset()
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    _matches_eager_on_c(model, _inputs(S))
 
 
 # ---- torch's math SDPA: what dynamo hands a backend on CUDA (issue 14) -----------------------------------------------
