@@ -25,7 +25,7 @@
 # pool's pixel tiles and views counted dense; the fp32 GEMM at 2 or 4 rows fixed). Next, on an H200: the bars' parts
 # 30, 31, 34 and 39 (31 and 64 now with ResNet-50's changes), and 74 (the long-run lead there).
 # Session 53 ran parts 82 and 31 on an H100 (bench/results/2026-12-07-h100-session53: a packed fp16 exponent is two MUFU
-# ops, no gain; the zoo and HF models as session 52 left them); its eight other requests got no machine. Next: part 84
+# ops, no gain; the zoo and HF models as session 52 left them); its fourteen other requests got no machine. Next: part 84
 # (timm ConvNeXt-T, EfficientNet-B0, Swin-T: the permute, pad and roll changes), and on an H200 83 (#14's kernel bar),
 # 30, 31, 34 and 39.
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
