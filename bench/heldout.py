@@ -65,6 +65,16 @@ def hf_gpt2_eager():
     return hf_gpt2(attn="eager")
 
 
+def hf_gpt_neo(batch: int = 8, seq: int = 1024):
+    """GPT-Neo-125M's shape (eager only: ``where(bias, q @ k^T, finfo.min)``, global and 256-key local layers in turn;
+    session 54: planned as one sdpa a layer, not measured)."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    cfg = GPTNeoConfig(hidden_size=768, num_layers=12, num_heads=12, attention_types=[[["global", "local"], 6]],
+                       max_position_embeddings=2048, attn_implementation="eager")
+    return _hf(cfg, GPTNeoForCausalLM, (torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"),))
+
+
 def hf_vit(batch: int = 64):
     from transformers import ViTConfig, ViTModel
 
@@ -105,7 +115,8 @@ def timm_swin(batch: int = 64):
 
 BUILDERS = {"hf-gpt2": hf_gpt2, "hf-llama": hf_llama, "hf-bert": hf_bert, "hf-vit": hf_vit,
             "timm-resnet50": timm_resnet50, "hf-bert-eager": hf_bert_eager, "hf-gpt2-eager": hf_gpt2_eager,
-            "timm-convnext": timm_convnext, "timm-efficientnet": timm_efficientnet, "timm-swin": timm_swin}
+            "timm-convnext": timm_convnext, "timm-efficientnet": timm_efficientnet, "timm-swin": timm_swin,
+            "hf-gpt-neo": hf_gpt_neo}
 
 
 def build(name: str, size: str = "bench"):

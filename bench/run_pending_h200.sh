@@ -33,6 +33,8 @@
 #   part 83 (~4 min): #14's kernel bar: bench_attention.py's default seeds over the sweep and the long runs vs cuDNN.
 #   part 84 (~6 min): held-out timm ConvNeXt-T, EfficientNet-B0 and Swin-T, b64 at 224, no options, against eager and
 #            Inductor default (ZOO84 picks models, ZOO84_LIMIT the time).
+#   part 85 (~4 min): held-out HF GPT-Neo-125M shape, b8x1024 fp16, no options, against eager and Inductor default (its
+#            where-hidden attention, global and 256-key local layers, as one sdpa a layer).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -575,6 +577,8 @@ elif [ "$part" = 83 ]; then  # (session 53: #14's kernel bar: the default's seed
     done
 elif [ "$part" = 84 ]; then  # (session 53: held-out vision models never measured: ConvNeXt-T, EfficientNet-B0, Swin-T)
     zoo "${ZOO84:-timm-convnext,timm-efficientnet,timm-swin}" "${ZOO84_LIMIT:-540}" heldout_vision eager,default
+elif [ "$part" = 85 ]; then  # (session 54: GPT-Neo's where-hidden attention as one sdpa a layer)
+    zoo hf-gpt-neo "${PART85_LIMIT:-300}" heldout_neo eager,default
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

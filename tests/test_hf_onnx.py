@@ -67,3 +67,30 @@ def test_hf_compile_onnx_matches_eager(name, tmp_path, rng, caplog):
             fresh = example(name, rng)
             (got,) = compiled(*fresh)
             torch.testing.assert_close(got, model(*fresh), rtol=1e-4, atol=1e-5)
+
+
+def test_gpt_neo_onnx_reads_its_window_from_the_buffer(tmp_path, rng):
+    """GPT-Neo's causal and local-window buffers are initializers in its ONNX export: constant, so each layer is one
+    sdpa whose triangle (global) or window (local, 8 keys of 13) is the kernel's index test, with the padding vector its
+    only mask (``planner.patterns_hidden``; the export's ``k^T`` is one permute, ``perm (0, 2, 3, 1)``); every element
+    against eager."""
+    t = transformers
+    torch.manual_seed(0)
+    cfg = t.GPTNeoConfig(num_layers=2, hidden_size=64, num_heads=4, max_position_embeddings=64, vocab_size=VOCAB,
+                         attention_types=[[["global", "local"], 1]], window_size=8, bos_token_id=0, eos_token_id=0,
+                         pad_token_id=0)
+    model = MainOutput(t.GPTNeoForCausalLM._from_config(cfg, attn_implementation="eager").eval())
+    path = tmp_path / "neo.onnx"
+    torch.onnx.export(model, example("gpt_neo", rng), str(path), input_names=["ids", "mask"], output_names=["out"],
+                      dynamo=True)
+    p = plan(import_onnx(path), {"kind": "c"})
+    sdpa = [n for n in p.graph.nodes if n.op == "sdpa"]
+    assert [(n.attr["is_causal"], n.attr.get("window")) for n in sdpa] == [(True, None), (True, 8)], p.to_text()
+    values = p.graph.values()
+    assert all(tuple(values[n.inputs[3]].type.shape) == (2, 1, 1, 13) for n in sdpa)
+    assert all(r.backend == "tilelang" for r in p.regions)
+    with torch.no_grad():
+        for _ in range(2):
+            fresh = example("gpt_neo", rng)
+            (got,) = PlanRunner(p)(*fresh)
+            torch.testing.assert_close(got, model(*fresh), rtol=1e-4, atol=1e-5)

@@ -170,6 +170,26 @@ def test_bloom_alibi_attention_is_one_causal_region_a_layer():
     _matches_eager_on_c(model, _inputs(S))
 
 
+def test_gpt_neo_where_hidden_attention_is_one_causal_region_a_layer():
+    """GPT-Neo (eager only): ``where(bias, q @ k^T, finfo.min)`` over its causal (global) or local-window buffer, then
+    the causal-and-padding mask, softmax over unscaled scores (``planner.patterns_hidden``): one causal sdpa a layer
+    through TileLang, no torch fallback; the buffer stays an operand (a runtime input, its values may change); the
+    values match eager on the c target, with a window shorter than the sequence."""
+    t = transformers
+    torch.manual_seed(0)
+    cfg = t.GPTNeoConfig(num_layers=LAYERS, hidden_size=64, num_heads=4, max_position_embeddings=64, vocab_size=100,
+                         attention_types=[[["global", "local"], LAYERS // 2]], window_size=8, bos_token_id=0,
+                         eos_token_id=0, pad_token_id=0)
+    model = _Main(t.GPTNeoForCausalLM._from_config(cfg, attn_implementation="eager").eval())
+    p = plan(_graph(model, _inputs()), {"kind": "c"})
+    att = [r for r in p.regions if r.kind == "attention"]
+    assert len(att) == LAYERS and all(r.backend == "tilelang" for r in p.regions), p.to_text()
+    nodes = {n.name: n for n in p.graph.nodes}
+    assert all(nodes[r.anchor].attr.get("is_causal") and nodes[r.anchor].attr["scale"] == 1.0 for r in att)
+    assert sum(r.startswith("attention.where_hidden") for r in p.rewrites) == LAYERS, p.rewrites
+    _matches_eager_on_c(model, _inputs())
+
+
 # ---- torch's math SDPA: what dynamo hands a backend on CUDA (issue 14) -----------------------------------------------
 # On CUDA, torch's fused SDPA kernels refuse a mask whose last dim has stride 0 (sdp_utils: "All fused kernels require
 # the last dimension of the input to have stride 1"; the CPU kernel takes it), and transformers with torch < 2.14

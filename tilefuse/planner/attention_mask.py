@@ -94,8 +94,9 @@ def _classify(visible: torch.Tensor) -> tuple[bool, int | None] | str:
     return "the constant part of the mask is not all-visible, causal or a causal window"
 
 
-def analyse(mask: str, ctx: Context) -> MaskParts | str:
-    """The kernel arguments of the attention mask ``mask`` (additive or boolean), or why it is not read."""
+def _term(mask: str, ctx: Context, cache: dict) -> tuple[list, list[str], str | None] | str:
+    """One additive (or boolean) mask term: its constant factors (tensors, true where a key is visible), its runtime
+    factors (value names) and its fill (None: -inf), or why it is not read."""
     mt = ctx.type(mask)
     if mt.rank is None or mt.rank < 2 or not mt.is_static:
         return "the mask's shape is not static (B, H, Sq, Skv)"
@@ -108,31 +109,45 @@ def analyse(mask: str, ctx: Context) -> MaskParts | str:
             return "the mask is a where() of other values than 0 and a large negative fill"
         cond, fill = node.inputs[0], node.inputs[2]
     else:
-        m = evaluate(mask, ctx)
+        m = evaluate(mask, ctx, cache)
         if m is None:
             return "the mask is runtime data that is not built by where(condition, 0, fill)"
         if not bool(((m == 0) | (m <= NEG_FILL)).all()):
             return "the constant mask holds other values than 0 and a large negative fill"
-        cond, fill = None, None
-        const = [m == 0]
+        return [m == 0], [], None
+    const, runtime = [], []
+    for f in _factors(cond, ctx):
+        t = evaluate(f, ctx, cache)
+        (runtime if t is None else const).append(t if t is not None else f)
+    return const, runtime, fill
+
+
+def analyse(mask: str, ctx: Context, *more: str) -> MaskParts | str:
+    """The kernel arguments of the attention mask ``mask`` (additive or boolean), or why it is not read. ``more``:
+    further additive terms of the same scores (GPT-Neo's ``where(causal_or_local, s, finfo.min)``, read as ``s +
+    where(.., 0, finfo.min)``, then the padding mask): a key any term hides is hidden."""
     cache: dict = {}
-    if cond is not None:
-        const, runtime = [], []
-        for f in _factors(cond, ctx):
-            t = evaluate(f, ctx, cache)
-            (runtime if t is None else const).append(t if t is not None else f)
-    else:
-        runtime = []
-    sq, skv = mt.shape[-2], mt.shape[-1]
-    visible = torch.ones(sq, skv, dtype=torch.bool)
-    for t in const:
-        try:
-            t = torch.broadcast_to(t.to(torch.bool), mt.shape).reshape(-1, sq, skv)
-        except RuntimeError:
-            return "a constant mask factor does not broadcast to the mask"
-        if not bool((t == t[:1]).all()):
-            return "the constant mask differs between batch rows or heads"
-        visible = visible & t[0]
+    terms = [(term, _term(term, ctx, cache)) for term in (mask, *more)]
+    for _, got in terms:
+        if isinstance(got, str):
+            return got
+    try:
+        sq, skv = torch.broadcast_shapes(*(tuple(ctx.type(t).shape[-2:]) for t, _ in terms))
+    except RuntimeError:
+        return "the mask's terms do not broadcast to one (.., Sq, Skv)"
+    visible, runtime, fill = torch.ones(sq, skv, dtype=torch.bool), [], None
+    for term, (const, run, term_fill) in terms:
+        shape = ctx.type(term).shape
+        for t in const:
+            try:
+                t = torch.broadcast_to(t.to(torch.bool), shape).reshape(-1, *shape[-2:])
+            except RuntimeError:
+                return "a constant mask factor does not broadcast to the mask"
+            if not bool((t == t[:1]).all()):
+                return "the constant mask differs between batch rows or heads"
+            visible = visible & t[0]
+        runtime += run
+        fill = term_fill if run else fill
     got = _classify(visible)
     if isinstance(got, str):
         return got

@@ -4,7 +4,7 @@ Each entry is data: a tree of ``Op`` with named captures, a check that says why 
 and a rewrite. Families: ``attention.*`` (decomposed and grouped-query attention), ``norm.*`` (RMS
 norm written out with pow/mean/rsqrt; a group norm through an instance norm, ``patterns_norm``), ``act.*``
 (GELU written out), ``rotary.*`` (rotate-half), ``matmul.outer`` (a product over a contracted dim of 1); BLOOM's
-ALiBi attention is ``patterns_alibi``'s.
+ALiBi attention is ``patterns_alibi``'s, GPT-Neo's keys hidden by ``where`` ``patterns_hidden``'s.
 Region-level patterns (residual add + norm, SwiGLU/GeGLU) live in ``GROUPS`` at the bottom.
 """
 
@@ -19,6 +19,7 @@ from tilefuse.ir import torch_dtype
 from tilefuse.planner.attention_mask import analyse, key_mask, mask_attrs, sdpa_mask_args
 from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod, Scalar
 from tilefuse.planner.patterns_alibi import ALIBI
+from tilefuse.planner.patterns_hidden import WHERE_HIDDEN
 from tilefuse.planner.patterns_norm import GROUP_VIA_INSTANCE
 
 _CAST = ("cast",)
@@ -64,10 +65,6 @@ def _attn_check(caps: dict, ctx: Context) -> str | None:
         return "k has unknown or low rank"
     if kt.op == "transpose" and sorted(d % rank for d in (kt.attr["dim0"], kt.attr["dim1"])) != [rank - 2, rank - 1]:
         return "k is not transposed in its last two dims"
-    if kt.op == "permute":
-        perm = [p % rank for p in kt.attr["perm"]]
-        if perm != list(range(rank - 2)) + [rank - 1, rank - 2]:
-            return "k is not transposed in its last two dims"
     if caps["softmax"].attr.get("dim", -1) % ctx.type(caps["softmax"].outputs[0].name).rank != rank - 1:
         return "softmax is not over the key axis"
     if "scale" in caps:
@@ -78,9 +75,36 @@ def _attn_check(caps: dict, ctx: Context) -> str | None:
         return "boolean runtime masks are left decomposed"
     if "mask" in caps and (ctx.type(caps["mask"]).rank or 0) < 2:
         return "the additive term is not a (q, k) mask"
-    if len({ctx.type(caps[x]).dtype for x in ("q", "k", "v")}) != 1:
+    if len({ctx.type(x).dtype for x in _same_dtype_qkv(caps, ctx)}) != 1:
         return "q, k and v have different dtypes (sdpa takes one)"
     return None
+
+
+def _untransposed(k: str, caps: dict, ctx: Context, em: Emitter) -> str:
+    """The (.., Skv, D) keys whose transpose the scores read: ``k`` itself, or where ``k^T`` is one permute of another
+    layout (ONNX folds the head split's permute and the transpose into ``perm (0, 2, 3, 1)``), ``k`` permuted by that
+    perm with its last two dims swapped."""
+    if caps["kt"].op != "permute":
+        return k
+    perm = [p % ctx.type(k).rank for p in caps["kt"].attr["perm"]]
+    if perm == [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2]:
+        return k
+    return em.add1("permute", [k], perm=(*perm[:-2], perm[-1], perm[-2]))
+
+
+def _same_dtype_qkv(caps: dict, ctx: Context) -> list[str]:
+    """q, k, v; where they differ in dtype, the fp32 upcasts of q and k (GPT-Neo's, before its products) dropped: the
+    kernel's products of fp16 values accumulate in fp32, as the upcast product does."""
+    qkv = [caps[x] for x in ("q", "k", "v")]
+    if len({ctx.type(x).dtype for x in qkv}) == 1:
+        return qkv
+
+    def plain(x: str) -> str:
+        node = ctx.producers.get(x)
+        up = node is not None and node.op == "cast" and node.inputs[0] and \
+            ctx.type(x).dtype in _WIDER.get(ctx.type(node.inputs[0]).dtype, ())
+        return node.inputs[0] if up else x
+    return [plain(x) for x in qkv[:2]] + qkv[2:]
 
 
 def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
@@ -89,10 +113,15 @@ def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
         scale = s if caps["scale_op"].op == "mul" else 1.0 / s
     else:
         scale = 1.0
-    mask, attrs = sdpa_mask_args(caps, ctx, em)
-    if "bias" in caps:  # T5: position bias + padding mask, one additive operand (the bias is H x S x S anyway)
+    hidden = analyse(caps["mask"], ctx, caps["bias"]) if "bias" in caps else "no bias"
+    if not isinstance(hidden, str):  # the bias only hides keys (GPT-Neo's where(local, s, fill)): one more mask term
+        mask, attrs = key_mask(hidden, caps["mask"], ctx, em), mask_attrs(hidden)
+    else:
+        mask, attrs = sdpa_mask_args(caps, ctx, em)
+    if isinstance(hidden, str) and "bias" in caps:  # T5: position bias + padding mask, one operand (H x S x S anyway)
         mask = [em.add1("add", [caps["bias"], mask[0]]) if mask[0] else caps["bias"]]
-    out = em.add1("sdpa", [caps["q"], caps["k"], caps["v"], *mask], scale=float(scale), **attrs)
+    q, k, v = _same_dtype_qkv(caps, ctx)
+    out = em.add1("sdpa", [q, _untransposed(k, caps, ctx, em), v, *mask], scale=float(scale), **attrs)
     root_t = ctx.type(caps["root"].outputs[0].name)
     if em.type(out).dtype != root_t.dtype:
         out = em.add1("cast", [out], dtype=root_t.dtype)
@@ -353,7 +382,8 @@ def _split_scale_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     """q*s1 @ (k^T*s2): the scale is s1*s2 (torch's math SDPA and its ONNX export split sqrt(scale) over both)."""
     scale = math.prod(ctx.scalar(caps[s]) for s in ("s1", "s2") if s in caps)
     mask, attrs = sdpa_mask_args(caps, ctx, em)
-    out = em.add1("sdpa", [*_qkv(caps, ctx), *mask], scale=float(scale), **attrs)
+    q, k, v = _qkv(caps, ctx)
+    out = em.add1("sdpa", [q, _untransposed(k, caps, ctx, em), v, *mask], scale=float(scale), **attrs)
     root_t = ctx.type(caps["root"].outputs[0].name)
     if em.type(out).dtype != root_t.dtype:
         out = em.add1("cast", [out], dtype=root_t.dtype)
@@ -536,6 +566,7 @@ PATTERNS: list[Pattern] = [
             "cast(cast(x, float32), x.dtype) -> x: exact (an sdpa rewritten from the math form on fp16 leaves one)"),
     Pattern("layout.transpose_via_reshape", _T_VIA_RESHAPE, _t_via_reshape, _t_via_reshape_check,
             "reshape/permute/reshape that swaps the last two dims -> transpose"),
+    WHERE_HIDDEN,
     *[_attention_split_scale(masked, guard, batched, sides) for sides in ("both", "q", "k")
       for batched in (True, False) for guard in _GUARDS for masked in (True, False)],
     Pattern("attention.gqa_repeat", Op("sdpa", ("q", _kv_repeat("k"), _kv_repeat("v")), name="attn"),

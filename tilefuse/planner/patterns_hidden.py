@@ -1,0 +1,63 @@
+"""Scores hidden by ``where`` before a softmax: GPT-Neo's ``where(causal_or_local, q @ k^T, finfo.min)``.
+
+Note: Hugging Face's GPT-Neo (eager, its only form besides flash-attn) hides keys with a ``where`` over a boolean
+buffer (the causal triangle in global layers, a causal window of ``window_size`` keys in local ones), then adds the
+model's causal-and-padding mask and takes the softmax. The attention patterns read additive masks, so this rewrites the
+``where`` to ``s + where(c, 0, fill)``: one more additive term, which the ``_biased`` attention forms hand with the mask
+to ``attention_mask.analyse``. Where the condition is constant (an ONNX initializer, or built from ``arange``), a key
+any term hides is hidden: the kernel's causal window and padding vector. A buffer is a runtime input under torch.compile
+(its values may change between calls), so there the term stays an additive (1, 1, Sq, Skv) operand beside the mask's.
+
+Exact where ``c`` holds. Where it does not, eager's score is ``fill`` (plus the mask) and ours ``s + fill``: both are a
+hidden key whose exponent underflows to 0, unless every key of the row is hidden (rows the mask's note already says
+differ). A value other than a softmax's input would see the difference, so only a ``where`` that softmaxes read
+(directly, or through adds that only softmaxes read) is rewritten.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilefuse.ir import torch_dtype
+from tilefuse.planner.attention_mask import NEG_FILL
+from tilefuse.planner.pattern import Context, Emitter, Op, Pattern
+
+
+def _softmax_only(value: str, ctx: Context, depth: int = 2) -> bool:
+    users = ctx.users.get(value, [])
+    if not users or value in ctx.graph.outputs:
+        return False
+    for u in users:
+        rank = ctx.type(u.outputs[0].name).rank
+        if u.op == "softmax" and rank and u.attr.get("dim", -1) % rank == rank - 1:
+            continue
+        if u.op == "add" and depth > 0 and _softmax_only(u.outputs[0].name, ctx, depth - 1):
+            continue
+        return False
+    return True
+
+
+def _check(caps: dict, ctx: Context) -> str | None:
+    c, s, w = caps["c"], caps["s"], caps["w"].outputs[0].name
+    if ctx.type(c).dtype != "bool":
+        return "the condition is not boolean"
+    fill = ctx.scalar(caps["fill"])
+    if fill is None or fill > NEG_FILL:
+        return "the fill is not one large negative constant"
+    if ctx.type(s) != ctx.type(w) or not torch_dtype(ctx.type(s).dtype).is_floating_point:
+        return "the kept scores are not the where's float type (no broadcast)"
+    if ctx.type(caps["fill"]).dtype != ctx.type(s).dtype:
+        return "the fill's dtype is not the scores'"
+    if not _softmax_only(w, ctx):
+        return "something besides a softmax over the last dim reads the hidden scores"
+    return None
+
+
+def _rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    zero = em.constant("hidden_zero", torch.zeros((), dtype=torch_dtype(ctx.type(caps["s"]).dtype)))
+    term = em.add1("where", [caps["c"], zero, caps["fill"]])
+    return [em.add1("add", [caps["s"], term])]
+
+
+WHERE_HIDDEN = Pattern("attention.where_hidden", Op("where", ("c", "s", "fill"), name="w"), _rewrite, _check,
+                       "where(cond, s, finfo.min) read by a softmax -> s + where(cond, 0, finfo.min)")
