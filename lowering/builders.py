@@ -288,7 +288,7 @@ def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]
     is the output of or None: ``planner.norm_fold``'s, whose input is then the outside value, the shape the kernel
     reads the outside value as or None for its own). Views alone reshape it to the operand's shape (Funnel's
     ``einsum("td,dnh->tnh")``: a (64, 4, 16) weight as (64, 64)); views with a transpose or a prologue must keep the
-    last two dims."""
+    last two dims, and then read it with the operand's batch dims."""
     operand = tuple(b.types[value].shape)
     trans, prologue, norm, reshaped = False, [], None, False
     while value in b.produced:
@@ -318,7 +318,12 @@ def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]
     if not (trans or prologue or norm):
         return value, False, [], None, operand if tuple(b.types[value].shape) != operand else None
     require(not reshaped, "views that change a GEMM operand's last two dims beside a transpose or a prologue")
-    return value, trans, prologue, norm, None
+    # views that only merge or split batch dims (ATen's 4-D matmul as bmm: (B, H, S, D) read as (B*H, S, D))
+    view = (*operand[:-2], *b.types[value].shape[-2:])
+    if view == tuple(b.types[value].shape):
+        return value, trans, prologue, norm, None
+    require(norm is None, "views that change the batch dims of an RMSNorm's GEMM operand")
+    return value, trans, prologue, norm, view
 
 
 def epilogue_exprs(b: Builder, anchor: Node, bias: str | None, after: list[Node], what: str) -> tuple[list[Expr], list]:

@@ -57,3 +57,29 @@ def test_funnels_einsum_through_torch_compile(rng):
 
     out = torch.compile(f, backend="tilefuse", options={"target": "c", "measure": False})(pos, kernel)
     torch.testing.assert_close(out, f(pos, kernel), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("prologue", [None, "cast", "scale"])
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_a_transposed_operand_whose_batch_dims_are_merged(rng, side, prologue):
+    """ATen's 4-D ``q @ k.transpose(-1, -2)`` (``side`` "b"; "a": ``q.transpose(-1, -2) @ k``): bmm of (B*H, ..)
+    views, one of a transpose, with a cast or a scale before it as the prologue (session 54: the kernel read that
+    operand with its own (B, H) batch against the other's (B*H,): a ValueError that became a torch fallback)."""
+    B, H, S, D = 2, 3, 7, 16
+    b = GraphBuilder("bmm_views")
+    q = b.input("q", TensorType((B, H, S, D), "float32"))
+    k = b.input("k", TensorType((B, H, S, D), "float32"))
+
+    def operand(x, transposed):
+        if prologue == "cast":
+            x = b.add1("cast", [x], dtype="float32")
+        elif prologue == "scale":
+            x = b.add1("mul", [x, b.constant(f"s_{x}", torch.tensor(0.25))])
+        if transposed:
+            x = b.add1("transpose", [x], dim0=-1, dim1=-2)
+        return b.add1("reshape", [x], shape=(B * H, D, S) if transposed else (B * H, S, D))
+
+    prod = b.add1("matmul", [operand(q, side == "a"), operand(k, side == "b")])
+    s = b.add1("reshape", [prod], shape=(B, H, D, D) if side == "a" else (B, H, S, S))
+    g = b.build([b.add1("mul", [s, b.constant("half", torch.tensor(0.5))])])
+    _check(g, rng)
