@@ -128,3 +128,60 @@ def test_where_read_by_something_else_is_left_alone(rng):
     (want,) = Executor(g)(*args)
     (got,) = PlanRunner(p)(*args)
     assert torch.equal(got, want)
+
+
+def _masked_fill_graph(hide: str, fill: float):
+    """``masked_fill(q @ k^T / 4, hide, fill)``, softmax, ``@ v``. ``hide``: "buffer" (nanoGPT's ``bias == 0``, a
+    runtime (1, 1, S, S) input), "mpt" (``bool(where(causal & pad, 0, finfo.min))``, MPT's ``attention_mask.bool()``)
+    or "outer" (DeBERTa's ``~bool(pad_q * pad_k)``: padded query rows hidden entirely)."""
+    b = GraphBuilder("masked_fill")
+    q, k, v = (b.input(n, TensorType((B, H, S, D), "float32")) for n in "qkv")
+    s = b.add1("mul", [b.add1("matmul", [q, b.add1("transpose", [k], dim0=-2, dim1=-1)]),
+                       b.constant("quarter", torch.tensor(0.25))])
+    if hide == "buffer":
+        c = b.add1("eq", [b.input("bias", TensorType((1, 1, S, S), "float32")), b.constant("zero", torch.tensor(0.0))])
+    elif hide == "mpt":
+        keep = b.input("keep", TensorType((B, 1, 1, S), "bool"))
+        i = b.add1("unsqueeze", [b.constant("ar_i", torch.arange(S))], dims=(1,))
+        j = b.add1("unsqueeze", [b.constant("ar_j", torch.arange(S))], dims=(0,))
+        visible = b.add1("bitwise_and", [b.add1("le", [j, i]), keep])
+        add_mask = b.add1("where", [visible, b.constant("zero", torch.tensor(0.0)), b.constant("min", torch.tensor(MIN))])
+        c = b.add1("cast", [add_mask], dtype="bool")
+    else:
+        keep = b.input("keep", TensorType((B, 1, 1, S), "bool"))
+        pad = b.add1("cast", [keep], dtype="float32")
+        c = b.add1("logical_not", [b.add1("cast", [b.add1("mul", [b.add1("transpose", [pad], dim0=-2, dim1=-1), pad])],
+                                          dtype="bool")])
+    s = b.add1("masked_fill", [s, c], value=fill)
+    return b.build([b.add1("matmul", [b.add1("softmax", [s], dim=-1), v])])
+
+
+@pytest.mark.parametrize("hide,fill", [("buffer", float("-inf")), ("mpt", MIN), ("mpt", float("-inf"))])
+def test_masked_fill_is_one_sdpa(rng, hide, fill):
+    g = _masked_fill_graph(hide, fill)
+    p = plan(g, C)
+    sdpa = [n for n in p.graph.nodes if n.op == "sdpa"]
+    assert len(sdpa) == 1 and "attention.masked_fill_hidden" in " ".join(p.rewrites), p.to_text()
+    if hide == "mpt":  # read as the causal test and the padding vector
+        assert sdpa[0].attr["is_causal"] and p.graph.values()[sdpa[0].inputs[3]].type.shape == (B, 1, 1, S)
+    assert all(r.backend == "tilelang" for r in p.regions)
+    for _ in range(2):
+        args = _args(rng, g)
+        if hide == "buffer":  # nanoGPT's tril of ones: 0 above the diagonal
+            args[3] = torch.ones(1, 1, S, S).tril()
+        (want,) = Executor(g)(*args)
+        (got,) = PlanRunner(p)(*args)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_masked_fill_that_may_hide_whole_rows_is_left_alone(rng):
+    """DeBERTa's finite fill under the outer product of the padding mask hides padded query rows entirely (eager
+    averages them; the kernel would give 0): refused, and the plan computes what the graph does."""
+    g = _masked_fill_graph("outer", MIN)
+    p = plan(g, C)
+    assert "attention.masked_fill_hidden" not in " ".join(p.rewrites)
+    assert any("attention.masked_fill_hidden" in r and "whole rows" in r for r in p.refusals), p.to_text()
+    args = _args(rng, g)
+    (want,) = Executor(g)(*args)
+    (got,) = PlanRunner(p)(*args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

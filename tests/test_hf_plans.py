@@ -190,6 +190,28 @@ def test_gpt_neo_where_hidden_attention_is_one_causal_region_a_layer():
     _matches_eager_on_c(model, _inputs())
 
 
+def test_mpt_masked_fill_alibi_attention_is_one_causal_region_a_layer():
+    """MPT (eager only): ``masked_fill(q @ k^T * s + alibi, attention_mask.bool(), finfo.min)``, the boolean being the
+    model's additive causal-and-padding mask cast (``planner.patterns_hidden``): one causal sdpa a layer, ALiBi and the
+    padding vector one (B, H, 1, S) per-key mask, nothing S x S; the values match eager on the c target."""
+    t = transformers
+    torch.manual_seed(0)
+    cfg = t.MptConfig(n_layers=LAYERS, d_model=64, n_heads=4, expansion_ratio=2, max_seq_len=64, vocab_size=100,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = _Main(t.MptForCausalLM._from_config(cfg, attn_implementation="eager").eval())
+    S = 19
+    p = plan(_graph(model, _inputs(S)), {"kind": "c"})
+    att = [r for r in p.regions if r.kind == "attention"]
+    assert len(att) == LAYERS and all(r.backend == "tilelang" for r in p.regions), p.to_text()
+    nodes, values = {n.name: n for n in p.graph.nodes}, p.graph.values()
+    for r in att:
+        a = nodes[r.anchor]
+        assert a.attr.get("is_causal") and tuple(values[a.inputs[3]].type.shape) == (2, 4, 1, S), a
+    assert not [n.name for n in p.graph.nodes if n.op != "sdpa" and (values[n.outputs[0].name].type.shape or ())[-2:]
+                == (S, S)]
+    _matches_eager_on_c(model, _inputs(S))
+
+
 # ---- torch's math SDPA: what dynamo hands a backend on CUDA (issue 14) -----------------------------------------------
 # On CUDA, torch's fused SDPA kernels refuse a mask whose last dim has stride 0 (sdp_utils: "All fused kernels require
 # the last dimension of the input to have stride 1"; the CPU kernel takes it), and transformers with torch < 2.14

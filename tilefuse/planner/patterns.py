@@ -19,7 +19,7 @@ from tilefuse.ir import torch_dtype
 from tilefuse.planner.attention_mask import analyse, key_mask, mask_attrs, sdpa_mask_args
 from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod, Scalar
 from tilefuse.planner.patterns_alibi import ALIBI
-from tilefuse.planner.patterns_hidden import WHERE_HIDDEN
+from tilefuse.planner.patterns_hidden import MASKED_FILL_HIDDEN, WHERE_HIDDEN
 from tilefuse.planner.patterns_norm import GROUP_VIA_INSTANCE
 
 _CAST = ("cast",)
@@ -567,6 +567,7 @@ PATTERNS: list[Pattern] = [
     Pattern("layout.transpose_via_reshape", _T_VIA_RESHAPE, _t_via_reshape, _t_via_reshape_check,
             "reshape/permute/reshape that swaps the last two dims -> transpose"),
     WHERE_HIDDEN,
+    MASKED_FILL_HIDDEN,
     *[_attention_split_scale(masked, guard, batched, sides) for sides in ("both", "q", "k")
       for batched in (True, False) for guard in _GUARDS for masked in (True, False)],
     Pattern("attention.gqa_repeat", Op("sdpa", ("q", _kv_repeat("k"), _kv_repeat("v")), name="attn"),

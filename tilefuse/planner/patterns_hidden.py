@@ -12,6 +12,12 @@ Exact where ``c`` holds. Where it does not, eager's score is ``fill`` (plus the 
 hidden key whose exponent underflows to 0, unless every key of the row is hidden (rows the mask's note already says
 differ). A value other than a softmax's input would see the difference, so only a ``where`` that softmaxes read
 (directly, or through adds that only softmaxes read) is rewritten.
+
+``masked_fill(s, hide, fill)`` (MPT, nanoGPT) is the same with the condition negated: ``s + where(hide, fill, 0)``,
+exact for a fill of -inf whatever hides. A finite fill is taken where ``hide`` is ``bool(where(v, 0, f))`` (MPT's
+``attention_mask.bool()`` of the model's additive mask): the term is then ``where(v, 0, fill)``, which ``analyse`` reads
+as the causal test and padding vector. Any other finite fill is left alone: a condition that may hide a query row
+entirely (DeBERTa's outer product of the padding mask) would give that row 0 in the kernel, where eager averages it.
 """
 
 from __future__ import annotations
@@ -59,5 +65,42 @@ def _rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     return [em.add1("add", [caps["s"], term])]
 
 
+def _visible_of(hide: str, ctx: Context) -> str | None:
+    """``v`` where ``hide`` is ``bool(where(v, 0, f))`` with ``f`` a nonzero constant (true exactly where ``v`` is not),
+    else None."""
+    node = ctx.producers.get(hide)
+    if node is None or node.op != "cast" or ctx.type(hide).dtype != "bool":
+        return None
+    inner = ctx.producers.get(node.inputs[0])
+    if inner is None or inner.op != "where" or not all(inner.inputs[:3]) or ctx.type(inner.inputs[0]).dtype != "bool":
+        return None
+    f = ctx.scalar(inner.inputs[2])
+    return inner.inputs[0] if ctx.scalar(inner.inputs[1]) == 0.0 and f is not None and f != 0.0 else None
+
+
+def _fill_check(caps: dict, ctx: Context) -> str | None:
+    s, out, fill = caps["s"], caps["w"].outputs[0].name, caps["w"].attr.get("value")
+    if fill is None or fill > NEG_FILL:
+        return "the fill is not a large negative value"
+    if fill != float("-inf") and _visible_of(caps["c"], ctx) is None:
+        return "a finite fill under a condition that is not bool(where(visible, 0, fill)) (it may hide whole rows)"
+    if ctx.type(s) != ctx.type(out) or not torch_dtype(ctx.type(s).dtype).is_floating_point:
+        return "the kept scores are not the fill's float type (no broadcast)"
+    if not _softmax_only(out, ctx):
+        return "something besides a softmax over the last dim reads the hidden scores"
+    return None
+
+
+def _fill_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
+    dt = torch_dtype(ctx.type(caps["s"]).dtype)
+    zero = em.constant("hidden_zero", torch.zeros((), dtype=dt))
+    fill = em.constant("hidden_fill", torch.full((), caps["w"].attr["value"], dtype=dt))
+    visible = _visible_of(caps["c"], ctx)
+    term = em.add1("where", [visible, zero, fill] if visible else [caps["c"], fill, zero])
+    return [em.add1("add", [caps["s"], term])]
+
+
+MASKED_FILL_HIDDEN = Pattern("attention.masked_fill_hidden", Op("masked_fill", ("s", "c"), name="w"), _fill_rewrite,
+                             _fill_check, "masked_fill(s, hide, -inf or finfo.min) read by a softmax -> s + mask")
 WHERE_HIDDEN = Pattern("attention.where_hidden", Op("where", ("c", "s", "fill"), name="w"), _rewrite, _check,
                        "where(cond, s, finfo.min) read by a softmax -> s + where(cond, 0, finfo.min)")
