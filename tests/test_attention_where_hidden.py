@@ -145,7 +145,8 @@ def _masked_fill_graph(hide: str, fill: float):
         i = b.add1("unsqueeze", [b.constant("ar_i", torch.arange(S))], dims=(1,))
         j = b.add1("unsqueeze", [b.constant("ar_j", torch.arange(S))], dims=(0,))
         visible = b.add1("bitwise_and", [b.add1("le", [j, i]), keep])
-        add_mask = b.add1("where", [visible, b.constant("zero", torch.tensor(0.0)), b.constant("min", torch.tensor(MIN))])
+        zero, low = b.constant("zero", torch.tensor(0.0)), b.constant("min", torch.tensor(MIN))
+        add_mask = b.add1("where", [visible, zero, low])
         c = b.add1("cast", [add_mask], dtype="bool")
     else:
         keep = b.input("keep", TensorType((B, 1, 1, S), "bool"))
