@@ -179,3 +179,30 @@ def test_truth_reductions_compile_for_cuda(arch):
     failures = [f"{type(k).__name__}: {str(k).strip().splitlines()[-1][:300]}" for k in built
                 if isinstance(k, BaseException)]
     assert failures == []
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_bool_outputs_compile_for_cuda(arch):
+    """Elementwise kernels that store bools lower and compile with nvcc: a copy of a bool tensor (GPT-Neo's slice of
+    its causal buffer; stored as a cast of TileLang's ``boolx8`` vector, which has no CUDA type: session 54's H100 run
+    sent all 12 to torch), a comparison and an ``&`` of bools."""
+    from tilefuse.lowering.compile import compile_many
+    from tilefuse.lowering.expr import Arg, Coord, Load, call
+
+    target = {"kind": "cuda", "arch": arch}
+    corner = Load(0, tuple(Coord(d) for d in range(4)))  # x[:, :, :128, :128] of a (1, 1, 256, 256) buffer
+    # (128 threads: 8 bools a thread, the vector that failed; its default config for these shapes)
+    funcs = [
+        (elementwise.elementwise([(1, 1, 256, 256)], ["bool"], [corner], ["bool"], out_shapes=[(1, 1, 128, 128)],
+                                 threads=128, target=target), [-1]),
+        (elementwise.elementwise([(1, 1, 256, 256)], ["bool"], [Arg(0)], ["bool"], threads=128, target=target), [-1]),
+        (elementwise.elementwise([(4, 256), (4, 256)], ["float16", "float16"], [call("le", Arg(0), Arg(1))], ["bool"],
+                                 target=target), [-1]),
+        (elementwise.elementwise([(4, 256), (1, 256)], ["bool", "bool"], [call("bitwise_and", Arg(0), Arg(1))],
+                                 ["bool"], target=target), [-1]),
+    ]
+    built = compile_many(funcs, target, return_exceptions=True)
+    failures = [f"{type(k).__name__}: {str(k).strip().splitlines()[-1][:300]}" for k in built
+                if isinstance(k, BaseException)]
+    assert failures == []

@@ -155,8 +155,8 @@ def elementwise(
         if bound or gathers:
             env = dataclasses.replace(env, bind=_local, bind_all=bound)
         v = emit(exprs[k], env)
-        if out_dtypes[k] == "bool":
-            v = T.Cast("int8", v if str(v.dtype) == "bool" else v != T.Cast(str(v.dtype), 0))
+        if out_dtypes[k] == "bool":  # a select, not a cast: CUDA has no cast of TileLang's boolx8 vector to int8x8
+            v = T.if_then_else(v if str(v.dtype) == "bool" else v != T.Cast(str(v.dtype), 0), T.int8(1), T.int8(0))
         else:
             if out_dtypes[k] in ("float16", "bfloat16") and not str(v.dtype).startswith("float"):
                 v = T.Cast("float32", v)  # cutlass's half_t has no unambiguous int64 constructor
