@@ -29,7 +29,7 @@
 # (timm ConvNeXt-T, EfficientNet-B0, Swin-T: the permute, pad and roll changes), and on an H200 83 (#14's kernel bar),
 # 30, 31, 34 and 39.
 # Session 54 ran parts 85 and 84 on an H100 (bench/results/2026-12-07-h100-session54: GPT-Neo 2.49x, EfficientNet
-# 2.09x, Swin 1.12x, ConvNeXt 1.01x the best peer); eleven other requests got none. Next: on an H200 83, 30, 31, 34 and
+# 2.09x, Swin 1.12x, ConvNeXt 1.01x the best peer); fourteen other requests got none. Next: on an H200 83, 30, 31, 34 and
 # 39; on either, 85 again (the bool-store fix: its 12 buffer slices ran through torch).
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 82 (~1 min): the MUFU probe (bench/probes/mufu_ex2.cu): fp32 against packed fp16 exponents, with SASS counts.
