@@ -318,11 +318,11 @@ def _trace_operand(b: Builder, value: str, env_nodes: dict[str, Node]
     if not (trans or prologue or norm):
         return value, False, [], None, operand if tuple(b.types[value].shape) != operand else None
     require(not reshaped, "views that change a GEMM operand's last two dims beside a transpose or a prologue")
-    # views that only merge or split batch dims (ATen's 4-D matmul as bmm: (B, H, S, D) read as (B*H, S, D))
+    # views that only merge or split batch dims (ATen's 4-D matmul as bmm: (B, H, S, D) read as (B*H, S, D)); an
+    # operand without batch dims (its leading dims fold into M) or a folded norm's is read with the value's own shape
     view = (*operand[:-2], *b.types[value].shape[-2:])
-    if view == tuple(b.types[value].shape):
+    if view == tuple(b.types[value].shape) or len(operand) <= 2 or norm is not None:
         return value, trans, prologue, norm, None
-    require(norm is None, "views that change the batch dims of an RMSNorm's GEMM operand")
     return value, trans, prologue, norm, view
 
 
