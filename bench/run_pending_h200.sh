@@ -38,6 +38,10 @@
 #            Inductor default (ZOO84 picks models, ZOO84_LIMIT the time).
 #   part 85 (~4 min): held-out HF GPT-Neo-125M shape, b8x1024 fp16, no options, against eager and Inductor default (its
 #            where-hidden attention, global and 256-key local layers, as one sdpa a layer).
+#   part 86 (~6 min): row-reduction configs at ConvNeXt's, Swin's and the zoo's norm and softmax shapes against eager and
+#            Inductor (sweep_norm.py: is reduction.default_config, short rows sharing a program, the best?), then the
+#            reduction GPU tests (the short-row picks with NaN/inf rows included).
+#   part 87 (~6 min): held-out timm ConvNeXt-T and Swin-T again, no options, with the short-row picks (ZOO87 picks models).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -582,6 +586,15 @@ elif [ "$part" = 84 ]; then  # (session 53: held-out vision models never measure
     zoo "${ZOO84:-timm-convnext,timm-efficientnet,timm-swin}" "${ZOO84_LIMIT:-540}" heldout_vision eager,default
 elif [ "$part" = 85 ]; then  # (session 54: GPT-Neo's where-hidden attention as one sdpa a layer)
     zoo hf-gpt-neo "${PART85_LIMIT:-300}" heldout_neo eager,default
+elif [ "$part" = 86 ]; then  # (session 55: short rows share a program, reduction.default_config)
+    timeout 330 python3 bench/sweep_norm.py --json "$OUT/logs/sweep_norm.json" > "$OUT/logs/sweep_norm.log" 2>&1
+    grep -v -i warn "$OUT/logs/sweep_norm.log" | cut -c1-220 | head -50
+    timeout 200 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_templates_gpu.py \
+        -k "row_reduction or residual_norm" > "$OUT/logs/gpu_tests_86.log" 2>&1
+    echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_86.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_86.log" | cut -c1-200 | head -8
+elif [ "$part" = 87 ]; then  # (session 55: ConvNeXt and Swin with reduction.default_config)
+    zoo "${ZOO87:-timm-convnext,timm-swin}" "${ZOO87_LIMIT:-540}" heldout_norms eager,default
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

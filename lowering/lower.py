@@ -107,6 +107,10 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         return [{**c, **options} if c.get("ws") else c for c in configs]
     if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
         return module.get_configs(target, kw.get("B_dtype"), paired=True)
+    if spec.template == "row_reduction":  # the untuned pick by the rows' shape first (reduction.default_config)
+        shape = kw["shape"]
+        pick = reduction.default_config(numel(shape[:-1]), shape[-1], target)
+        return [pick, *(c for c in space(target) if c != pick)]
     # gemm/conv seeds depend on the operand dtype
     arg = {"gemm": kw.get("B_dtype"), "gemv": kw.get("B_dtype"), "gemv_group": kw.get("B_dtype"),
            "conv2d": kw.get("in_dtype")}.get(spec.template)

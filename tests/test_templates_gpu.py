@@ -126,6 +126,31 @@ def test_row_reduction(rng, target, kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "softmax", "amax", "var"])
+@pytest.mark.parametrize("rows,cols", [(4099, 96), (2051, 192), (777, 49), (300, 17), (5000, 384)])
+def test_row_reduction_default_config_short_rows(rng, target, kind, dtype, rows, cols):
+    """The untuned pick for short rows (several a program, reduce.default_config) with a fused residual, its pre-norm
+    output, NaN/inf rows, and a last program only partly filled."""
+    config = reduction.default_config(rows, cols, target)
+    weight, normalizing = kind in ("layer_norm", "rms_norm"), kind in reduction.NORMALIZING
+    producer = Acc() + Arg(0)
+    f = reduction.row_reduction((rows, cols), kind, x_dtype=dtype, has_weight=weight, has_bias=kind == "layer_norm",
+                                producer=producer, extra_shapes=[(rows, cols)], extra_dtypes=[dtype],
+                                write_pre=normalizing, target=target, **config)
+    x, res = randn(rng, (rows, cols), dtype), randn(rng, (rows, cols), dtype)
+    x[5, 3], x[rows - 1, cols - 1], x[7, 0] = float("nan"), float("inf"), -float("inf")
+    w, b = (randn(rng, (cols,), dtype), randn(rng, (cols,), dtype)) if weight else (None, None)
+    args = [x] + ([w] if weight else []) + ([b] if kind == "layer_norm" else []) + [res]
+    got = compile_kernel(f, target, out_idx=[-2, -1] if normalizing else [-1])(*args)
+    ref, ref_pre = reduction.reference(x.cpu(), kind, weight=None if w is None else w.cpu(),
+                                       bias=None if b is None else b.cpu(), extras=[res.cpu()], producer=producer)
+    out = got[0] if normalizing else got
+    torch.testing.assert_close(out.cpu(), ref, equal_nan=True, **TOL[dtype])
+    if normalizing:
+        torch.testing.assert_close(got[1].cpu(), ref_pre, equal_nan=True, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind,block_rows,block_N", [("layer_norm", 1, 1024), ("rms_norm", 4, 256),
                                                      ("softmax", 1, 512)])
 def test_fused_residual_norm_multi_tile(rng, target, dtype, kind, block_rows, block_N):
