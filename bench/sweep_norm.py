@@ -27,7 +27,8 @@ from tilefuse.lowering.timing import device_time
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 # (label, rows, cols, kind): ConvNeXt-T's layer norms at b64 (stages 1-4, channels last), Swin-T's window softmax
-# (49 keys; its stage norms are ConvNeXt's shapes), zoo BERT's and GPT-2's residual norms, LLaMA's RMS norm, and a 64-row short case.
+# (49 keys; its stage norms are ConvNeXt's shapes), zoo BERT's and GPT-2's residual norms, LLaMA's RMS norm, and 64
+# short rows.
 SHAPES = [("convnext s1", 200704, 96, "layer_norm"), ("convnext s2", 50176, 192, "layer_norm"),
           ("convnext s3", 12544, 384, "layer_norm"), ("convnext s4", 3136, 768, "layer_norm"),
           ("swin softmax", 602112, 49, "softmax"),
