@@ -72,29 +72,60 @@ def torch_fn(kind: str, cols: int):
     return lambda x: torch.softmax(x, -1)
 
 
+def time_configs(label: str, configs: list[dict], kernels: list, args: list, want: torch.Tensor, peers: dict,
+                 pick: dict, first: dict | None = None, tol: float = 1e-2, atol: float | None = None) -> dict:
+    """Check each compiled config of one shape against ``want`` (every element), time it with cold caches, print one
+    line (the peers, the first seed, the pick and the best) and return the row (what ``--json`` writes)."""
+    times, bad = {}, {}
+    for c, k in zip(configs, kernels):
+        key = json.dumps(c, sort_keys=True)
+        if isinstance(k, BaseException):
+            bad[key] = f"{type(k).__name__}: {str(k).splitlines()[0][:120] if str(k) else ''}"
+            continue
+        got = k(*args).float()
+        if not torch.allclose(got, want, rtol=tol, atol=tol if atol is None else atol, equal_nan=True):
+            bad[key] = f"WRONG: max err {(got - want).abs().max().item():.3g}"
+            continue
+        times[key] = device_time(k, args, "cuda") * 1e3
+    pick_key, first_key = json.dumps(pick, sort_keys=True), json.dumps(first, sort_keys=True)
+    best = min(times, key=times.get) if times else None
+    nan, peer = float("nan"), min(peers.values())
+    cells = " ".join(f"{v:8.4f}" for v in peers.values())
+    print(f"{label:26} {cells} {times.get(first_key, nan):8.4f} {times.get(pick_key, nan):8.4f} "
+          f"{times.get(best, nan):8.4f}  {peer / times.get(pick_key, nan):6.2f}  {best}  ({len(bad)} dropped)",
+          flush=True)
+    for key, why in list(bad.items())[:3]:
+        print(f"    dropped {key}: {why}", flush=True)
+    return {"label": label, "peers_ms": peers, "times_ms": times, "dropped": bad, "pick": pick_key,
+            "first": first_key, "best": best}
+
+
+def meta() -> dict:
+    import tilelang
+
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "tilelang": tilelang.__version__}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--only", default="", help="labels containing this text")
     a = ap.parse_args()
-    import tilelang
-
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "tilelang": tilelang.__version__}
     shapes = [s for s in SHAPES if a.only in s[0]]
-    items, where = [], []
+    items, configs = [], {}
     for label, rows, cols, kind in shapes:
         extra = {"has_weight": True, "has_bias": kind == "layer_norm"} if kind != "softmax" else {}
-        for c in grid(rows, cols):
+        configs[label] = grid(rows, cols)
+        for c in configs[label]:
             items.append((reduction.row_reduction((rows, cols), kind, x_dtype="float16", eps=1e-6, target=TARGET,
                                                   **extra, **c), [-1]))
-            where.append((label, c))
     t0 = time.perf_counter()
     kernels = compile_many(items, TARGET, return_exceptions=True)
     print(f"{len(items)} kernels for {len(shapes)} shapes compiled in {time.perf_counter() - t0:.0f} s", flush=True)
-    results = []
-    print(f"{'shape':14} {'rows x cols':>14} {'eager':>8} {'inductor':>8} {'first':>8} {'pick':>8} {'best':>8}  "
-          f"pick x best peer  best config", flush=True)
+    results, info = [], meta()
+    print(f"{'shape':26} {'eager':>8} {'inductor':>8} {'first':>8} {'pick':>8} {'best':>8}  pick x best peer  best "
+          "config", flush=True)
     for label, rows, cols, kind in shapes:
         torch._dynamo.reset()
         x = torch.randn(rows, cols, device="cuda", dtype=torch.float16)
@@ -104,34 +135,13 @@ def main() -> int:
         want = ref(*[t.float() for t in args]).float()
         peers = {"eager": device_time(ref, args, "cuda") * 1e3,
                  "inductor": device_time(torch.compile(ref), args, "cuda") * 1e3}
-        times, bad = {}, {}
-        for (lab, c), k in zip(where, kernels):
-            if lab != label:
-                continue
-            key = json.dumps(c, sort_keys=True)
-            if isinstance(k, BaseException):
-                bad[key] = f"{type(k).__name__}: {str(k).splitlines()[0][:120] if str(k) else ''}"
-                continue
-            got = k(*args).float()
-            if not torch.allclose(got, want, rtol=1e-2, atol=1e-2):
-                bad[key] = f"WRONG: max err {(got - want).abs().max().item():.3g}"
-                continue
-            times[key] = device_time(k, args, "cuda") * 1e3
-        pick = json.dumps(reduction.default_config(rows, cols, TARGET), sort_keys=True)
-        first = json.dumps(reduction.get_configs(TARGET)[0], sort_keys=True)
-        best = min(times, key=times.get) if times else None
-        nan = float("nan")
-        peer = min(peers.values())
-        print(f"{label:14} {f'{rows}x{cols}':>14} {peers['eager']:8.4f} {peers['inductor']:8.4f} "
-              f"{times.get(first, nan):8.4f} {times.get(pick, nan):8.4f} {times.get(best, nan):8.4f}  "
-              f"{peer / times.get(pick, nan):6.2f}  {best}  ({len(bad)} dropped)", flush=True)
-        for key, why in list(bad.items())[:3]:
-            print(f"    dropped {key}: {why}", flush=True)
-        results.append({"label": label, "rows": rows, "cols": cols, "kind": kind, "peers_ms": peers, "times_ms": times,
-                        "dropped": bad, "pick": pick, "first": first, "best": best})
+        done, kernels = kernels[:len(configs[label])], kernels[len(configs[label]):]
+        row = time_configs(f"{label} {rows}x{cols}", configs[label], done, args, want, peers,
+                           reduction.default_config(rows, cols, TARGET), reduction.get_configs(TARGET)[0])
+        results.append({**row, "rows": rows, "cols": cols, "kind": kind})
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"meta": meta, "rows": results}, f, indent=1)
+                json.dump({"meta": info, "rows": results}, f, indent=1)
     return 0
 
 

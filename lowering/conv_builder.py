@@ -25,7 +25,7 @@ from tilefuse.lowering.builders import (
     result_operand,
 )
 from tilefuse.lowering.expr import Acc, Call, Const, Expr, Load, substitute, tree_size
-from tilefuse.lowering.templates import pool
+from tilefuse.lowering.templates import depthwise, pool
 
 # A grouped convolution (depthwise: one input channel per group) runs as an elementwise kernel that sums each output's
 # taps (input channels per group x KH x KW) when there are at most this many: MobileNet's and MobileViT's 3x3 (9),
@@ -105,6 +105,8 @@ def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
                                     b.members[b.members.index(anchor) + 1:], "convolution")
     extra = list(b.args)
     extra_shapes = [_epilogue_shape(b, anchor, e, g, last) for e in extra]
+    if last and _depthwise(g) and target.get("kind") == "cuda":
+        return _depthwise_conv(b, x, w, g, exprs[0], mapping, extra, extra_shapes, target)
     if g.groups != 1 and not g.transposed and _taps(g) <= MAX_TAPS:
         return _grouped_conv(b, x, w, g, exprs[0], mapping, extra, extra_shapes, last, target)
     if g.groups == 1 and not g.transposed and _pointwise_conv(g):
@@ -299,6 +301,29 @@ def _grouped_conv(b: Builder, x: str, w: str, g: ConvGeometry, epilogue: Expr, m
               "out_shapes": (out_shape,)}
     inputs = (*zip(extra, (tuple(s) for s in extra_shapes)), (x, g.x_view), (w, g.w_view))
     return KernelSpec("elementwise", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
+
+
+def _depthwise(g: ConvGeometry) -> bool:
+    """A 2-D convolution with a group a channels-last input channel (ConvNeXt's 7x7, MobileNet's and EfficientNet's
+    3x3 and 5x5): the weight is (C * mult, 1, KH, KW)."""
+    return (not g.transposed and not g.one_d and g.groups > 1 and g.groups == g.x_shape[3] and g.w_shape[1] == 1
+            and g.x_view is None and g.w_view is None)
+
+
+def _depthwise_conv(b: Builder, x: str, w: str, g: ConvGeometry, epilogue: Expr, mapping, extra: list,
+                    extra_shapes: list, target: dict) -> KernelSpec:
+    """A depthwise convolution over NHWC data and its epilogue as one ``depthwise_conv2d`` kernel (on CUDA, where it
+    was measured: the elementwise form of ``_grouped_conv`` reads each tap's weight from global memory a element)."""
+    require(depthwise.output_shape(g.x_shape, g.w_shape, g.stride, g.padding, g.dilation) == tuple(g.out_shape),
+            f"a depthwise convolution's output {g.out_shape}")
+    dtypes = (b.types[x].dtype, b.types[w].dtype, b.types[b.region.outputs[0]].dtype)
+    check_dtypes((*dtypes, *(b.types[e].dtype for e in extra)), target, "depthwise_conv2d")
+    params = {"x_shape": g.x_shape, "w_shape": g.w_shape, "stride": g.stride, "padding": g.padding,
+              "dilation": g.dilation, "in_dtype": dtypes[0], "w_dtype": dtypes[1], "out_dtype": dtypes[2],
+              "epilogue": epilogue if epilogue != Acc() else None, "extra_shapes": tuple(map(tuple, extra_shapes)),
+              "extra_dtypes": tuple(b.types[e].dtype for e in extra)}
+    inputs = ((x, None), (w, None), *zip(extra, (tuple(s) for s in extra_shapes)))
+    return KernelSpec("depthwise_conv2d", tuple(params.items()), (-1,), tuple(inputs), tuple(mapping), tuple(b.pre))
 
 
 def _all_of(conds: list[Expr]) -> Expr | None:

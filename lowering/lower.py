@@ -24,6 +24,7 @@ from tilefuse.lowering.templates import (
     attention,
     attention_ws,
     conv,
+    depthwise,
     elementwise,
     gemm,
     gemm_configs,
@@ -43,7 +44,8 @@ TEMPLATES = {"gemm": (gemm, gemm.gemm), "row_reduction": (reduction, reduction.r
              "elementwise": (elementwise, elementwise.elementwise), "conv2d": (conv, conv.conv2d),
              "pool2d": (pool, pool.pool2d), "flash_attention": (attention, attention.flash_attention),
              "gemm_sp": (gemm_sp, gemm_sp.gemm_sp), "gemv": (gemv, gemv.gemv),
-             "gemv_group": (gemv, gemv.gemv_group), **ascend.TEMPLATES}
+             "gemv_group": (gemv, gemv.gemv_group), "depthwise_conv2d": (depthwise, depthwise.depthwise_conv2d),
+             **ascend.TEMPLATES}
 
 # Templates whose kernels compile longest, longest first (tensor-core main loops: a ws GEMM's lowering and nvcc take
 # 2.8-3.0 s on a 2-core CPU machine, a layer norm's 1.2 s; ResNet-50's convolutions 5.0 s on average against its GEMMs'
@@ -107,6 +109,11 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         return [{**c, **options} if c.get("ws") else c for c in configs]
     if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
         return module.get_configs(target, kw.get("B_dtype"), paired=True)
+    if spec.template == "depthwise_conv2d":  # the untuned pick by the channels first (depthwise.default_config)
+        N, OH, OW, O = depthwise.output_shape(kw["x_shape"], kw["w_shape"], kw["stride"], kw["padding"],
+                                              kw["dilation"])
+        pick = depthwise.default_config(O, N * OH * OW, target)
+        return [pick, *(c for c in space(target) if c != pick)]
     if spec.template == "row_reduction":  # the untuned pick by the rows' shape first (reduction.default_config)
         shape = kw["shape"]
         pick = reduction.default_config(numel(shape[:-1]), shape[-1], target)
