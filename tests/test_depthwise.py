@@ -30,7 +30,7 @@ CASES = [((2, 9, 11, 12), (12, 1, 7, 7), (1, 1), (3, 3), (1, 1), {}),
 
 def _case(xs, ws, dtype, rng, device="cpu"):
     x = torch.randn(xs, generator=rng).to(dtype)
-    x[0, 1, 2, 3], x[-1, -1, -1, -1] = float("nan"), float("inf")  # NaN and inf reach every output whose window has them
+    x[0, 1, 2, 3], x[-1, -1, -1, -1] = float("nan"), float("inf")  # in every output whose window holds them
     w = (torch.randn(ws, generator=rng) * 0.3).to(dtype)
     b, s = torch.randn(ws[0], generator=rng).to(dtype), torch.rand(ws[0], generator=rng).to(dtype)
     return [t.to(device) for t in (x, w, b, s)]
