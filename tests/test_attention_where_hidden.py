@@ -124,6 +124,8 @@ def test_where_read_by_something_else_is_left_alone(rng):
     g = _graph("const", pad=False, reader="output")
     p = plan(g, C)
     assert "attention.where_hidden" not in " ".join(p.rewrites)
+    # outside the pattern's scope (no softmax reads it alone): passed over, no refusal for explain to show
+    assert not any("attention.where_hidden" in r for r in p.refusals), p.refusals
     args = _args(rng, g)
     (want,) = Executor(g)(*args)
     (got,) = PlanRunner(p)(*args)

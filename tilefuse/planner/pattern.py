@@ -186,6 +186,9 @@ class Pattern:
     rewrite: Rewrite
     check: Callable[[dict, Context], str | None] = lambda caps, ctx: None
     doc: str = ""
+    # Whether a match is this pattern's to judge at all: one outside its scope (a ``where`` no softmax reads, for the
+    # hidden-score patterns) is passed over without a refusal in the log, which ``explain`` shows.
+    scope: Callable[[dict, Context], bool] = lambda caps, ctx: True
 
 
 class Emitter:
@@ -249,7 +252,7 @@ def _rewrite_once(graph: Graph, patterns: list[Pattern], log: RewriteLog) -> Gra
             if caps is None:
                 continue
             matched = {v.name for v in caps.values() if isinstance(v, Node)}
-            if matched & consumed:
+            if matched & consumed or not p.scope(caps, ctx):
                 continue
             reason = p.check(caps, ctx)
             if reason:

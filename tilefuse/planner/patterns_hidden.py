@@ -43,20 +43,29 @@ def _softmax_only(value: str, ctx: Context, depth: int = 2) -> bool:
     return True
 
 
+def _read_by_softmax(caps: dict, ctx: Context) -> bool:
+    """Both patterns' scope: the hidden scores reach only softmaxes (any other ``where`` or ``masked_fill`` is not
+    theirs, and is passed over without a refusal)."""
+    return _softmax_only(caps["w"].outputs[0].name, ctx)
+
+
+def _kept_scores(caps: dict, ctx: Context) -> str | None:
+    """The checks' common tail: the scores kept are the result's float type (nothing broadcasts them)."""
+    s, out = caps["s"], caps["w"].outputs[0].name
+    if ctx.type(s) != ctx.type(out) or not torch_dtype(ctx.type(s).dtype).is_floating_point:
+        return f"the kept scores are not the {caps['w'].op}'s float type (no broadcast)"
+    return None
+
+
 def _check(caps: dict, ctx: Context) -> str | None:
-    c, s, w = caps["c"], caps["s"], caps["w"].outputs[0].name
-    if ctx.type(c).dtype != "bool":
+    if ctx.type(caps["c"]).dtype != "bool":
         return "the condition is not boolean"
     fill = ctx.scalar(caps["fill"])
     if fill is None or fill > NEG_FILL:
         return "the fill is not one large negative constant"
-    if ctx.type(s) != ctx.type(w) or not torch_dtype(ctx.type(s).dtype).is_floating_point:
-        return "the kept scores are not the where's float type (no broadcast)"
-    if ctx.type(caps["fill"]).dtype != ctx.type(s).dtype:
+    if ctx.type(caps["fill"]).dtype != ctx.type(caps["s"]).dtype:
         return "the fill's dtype is not the scores'"
-    if not _softmax_only(w, ctx):
-        return "something besides a softmax over the last dim reads the hidden scores"
-    return None
+    return _kept_scores(caps, ctx)
 
 
 def _rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
@@ -79,16 +88,12 @@ def _visible_of(hide: str, ctx: Context) -> str | None:
 
 
 def _fill_check(caps: dict, ctx: Context) -> str | None:
-    s, out, fill = caps["s"], caps["w"].outputs[0].name, caps["w"].attr.get("value")
+    fill = caps["w"].attr.get("value")
     if fill is None or fill > NEG_FILL:
         return "the fill is not a large negative value"
     if fill != float("-inf") and _visible_of(caps["c"], ctx) is None:
         return "a finite fill under a condition that is not bool(where(visible, 0, fill)) (it may hide whole rows)"
-    if ctx.type(s) != ctx.type(out) or not torch_dtype(ctx.type(s).dtype).is_floating_point:
-        return "the kept scores are not the fill's float type (no broadcast)"
-    if not _softmax_only(out, ctx):
-        return "something besides a softmax over the last dim reads the hidden scores"
-    return None
+    return _kept_scores(caps, ctx)
 
 
 def _fill_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
@@ -101,6 +106,7 @@ def _fill_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
 
 
 MASKED_FILL_HIDDEN = Pattern("attention.masked_fill_hidden", Op("masked_fill", ("s", "c"), name="w"), _fill_rewrite,
-                             _fill_check, "masked_fill(s, hide, -inf or finfo.min) read by a softmax -> s + mask")
+                             _fill_check, "masked_fill(s, hide, -inf or finfo.min) read by a softmax -> s + mask",
+                             _read_by_softmax)
 WHERE_HIDDEN = Pattern("attention.where_hidden", Op("where", ("c", "s", "fill"), name="w"), _rewrite, _check,
-                       "where(cond, s, finfo.min) read by a softmax -> s + where(cond, 0, finfo.min)")
+                       "where(cond, s, finfo.min) read by a softmax -> s + where(cond, 0, finfo.min)", _read_by_softmax)
