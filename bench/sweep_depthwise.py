@@ -3,7 +3,7 @@ and Inductor: is the untuned pick (``depthwise.default_config``) the best, and w
 
 Usage (on the device machine):  python bench/sweep_depthwise.py [--json out.json] [--only convnext]
 
-For each shape: every config of a grid (output pixels a program, channels a program, threads) compiled in one parallel
+For each shape: every config of a grid (output tile, channels a program, threads) compiled in one parallel
 batch, each checked against the fp32 reference (every element, fp16: 1e-2) and timed with cold caches
 (``lowering.timing.device_time``); ``F.conv2d`` with ``groups = C`` on channels-last tensors (cuDNN) and Inductor
 default's compile of it timed the same way. The epilogue is the bias (ConvNeXt's) or, for EfficientNet, the folded
@@ -41,11 +41,11 @@ SHAPES = [("convnext s1", (64, 56, 56, 96), 7, 1), ("convnext s2", (64, 28, 28, 
 
 def grid(channels: int, pixels: int) -> list[dict]:
     out = [depthwise.default_config(channels, pixels, TARGET), *depthwise.get_configs(TARGET)]
-    for bc in (16, 32, 64, 128):
-        for per in (512, 1024, 2048):
+    for th, tw in ((4, 4), (4, 8), (8, 8), (8, 16), (16, 8), (16, 16)):
+        for bc in (16, 32, 64):
             for t in (128, 256):
-                if bc <= max(16, channels) and per // bc >= 1 and per // t in (2, 4, 8, 16):
-                    out.append({"block_pixels": per // bc, "block_C": bc, "threads": t})
+                if bc <= max(16, channels) and th * tw * bc // t in (4, 8, 16, 32):
+                    out.append({"tile_h": th, "tile_w": tw, "block_C": bc, "threads": t})
     seen, uniq = set(), []
     for c in out:
         key = tuple(sorted(c.items()))

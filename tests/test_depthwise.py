@@ -22,10 +22,11 @@ CUDA = {"kind": "cuda", "arch": "sm_90a"}
 # (input NHWC, weight, stride, padding, dilation, config): ConvNeXt's 7x7; a channel multiplier of 2 with stride 2 and a
 # ragged pixel tile; a ragged channel tile with dilation; a 1x1 window; an asymmetric stride and padding
 CASES = [((2, 9, 11, 12), (12, 1, 7, 7), (1, 1), (3, 3), (1, 1), {}),
-         ((1, 10, 9, 8), (16, 1, 3, 3), (2, 2), (1, 1), (1, 1), {"block_pixels": 5, "block_C": 16}),
+         ((1, 10, 9, 8), (16, 1, 3, 3), (2, 2), (1, 1), (1, 1), {"tile_h": 2, "tile_w": 4, "block_C": 16}),
          ((2, 8, 8, 24), (24, 1, 5, 5), (1, 1), (2, 2), (2, 1), {"block_C": 16}),
          ((1, 4, 5, 8), (8, 1, 1, 1), (1, 1), (0, 0), (1, 1), {}),
-         ((2, 7, 6, 16), (16, 1, 3, 3), (1, 2), (2, 0), (1, 1), {"block_pixels": 7})]
+         ((2, 7, 6, 16), (16, 1, 3, 3), (1, 2), (2, 0), (1, 1), {"tile_h": 4, "tile_w": 2}),
+         ((1, 20, 21, 32), (32, 1, 3, 3), (1, 1), (1, 1), (1, 1), {"tile_h": 16, "tile_w": 16})]
 
 
 def _case(xs, ws, dtype, rng, device="cpu"):
@@ -60,13 +61,22 @@ def test_a_weight_that_is_not_depthwise_is_refused():
 
 
 def test_the_pick_loads_channels_as_vectors():
-    for channels, pick in [(96, (32, 32)), (192, (16, 64)), (672, (32, 32)), (1152, (16, 64))]:
+    for channels, bc in [(96, 32), (192, 32), (144, 16), (1152, 32)]:
         c = depthwise.default_config(channels, 64 * 56 * 56, CUDA)
-        assert (c["block_pixels"], c["block_C"]) == pick
+        assert c == {"tile_h": 8, "tile_w": 8, "block_C": bc, "threads": 128}
         src = kernel_source(depthwise.depthwise_conv2d((64, 56, 56, channels), (channels, 1, 7, 7), padding=(3, 3),
                                                        in_dtype="float16", target=CUDA, **c), CUDA)
-        assert "*(uint2*)(X +" in src or "*(uint4*)(X +" in src, src
-    assert depthwise.default_config(96, 5, CUDA)["block_pixels"] == 5  # never more pixels than the output has
+        assert any(f"*({v}*)(X +" in src for v in ("uint1", "uint2", "uint4")), src  # the patch's loads
+        assert "x_s) + " in src  # the taps read the patch from shared memory
+    # 40 channels: no tile of 16 or 32 divides them, the last is ragged (clamped channels, never stored)
+    assert depthwise.default_config(40, 100, CUDA)["block_C"] == 32
+
+
+def test_a_tile_larger_than_the_output_fits_the_threads():
+    # a 3x3 output in 8 x 8 tiles of 16 channels: the tile shrinks to 4 x 4, then grows taller to fill 128 threads
+    f = depthwise.depthwise_conv2d((1, 3, 3, 16), (16, 1, 3, 3), padding=(1, 1), in_dtype="float16", target=CUDA,
+                                   **depthwise.default_config(16, 9, CUDA))
+    assert "acc[" in kernel_source(f, CUDA)
 
 
 class _Block(nn.Module):

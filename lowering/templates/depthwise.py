@@ -1,15 +1,16 @@
 """Depthwise 2-D convolution over channels-last activations (``groups`` = input channels), with a fused epilogue.
 
 Note: ``X`` is ``(N, H, W, C)``, the weight torch's ``(O, 1, KH, KW)`` with ``O = C * mult`` (output channel ``o``
-reads input channel ``o // mult``), ``Out`` is ``(N, OH, OW, O)``. One program owns ``block_pixels`` consecutive
-output pixels (flattened ``(N, OH, OW)``) by ``block_C`` output channels: it stages its channels' taps in shared memory
-once, then walks the window (``KH x KW`` taps) as a serial loop, each tap one load of the tile's inputs (contiguous
-along the channels, so vector loads) and one fp32 multiply-add a element. A tap in the padding reads a clamped
-address and adds nothing. Neighbouring pixels read overlapping windows: the reuse comes from L1.
+reads input channel ``o // mult``), ``Out`` is ``(N, OH, OW, O)``. One program owns a ``tile_h x tile_w`` tile of one
+image's output pixels by ``block_C`` output channels. It stages its channels' taps and the input patch the tile reads
+in shared memory once (vector loads along the channels; zeros where the patch lies in the padding, which then counts
+as torch's does: ``0 * w``), then walks the window (``KH x KW`` taps) as a serial loop, each tap one fp32
+multiply-add a element from shared memory, at addresses with no clamps or bounds tests.
 
 The elementwise form (``lowering/conv_builder._grouped_conv``: each output element one expression of its taps, weights
 read from global memory a tap) ran ConvNeXt-T's 7x7 convolutions (b64, 56x56x96 fp16) at 1.79 ms on an H100, cuDNN at
-0.19 (bench/results/2026-12-07-h100-session55).
+0.19; a first form of this template that read each tap from global memory (clamped addresses, the reuse left to L1)
+ran 0.25 at best, its index arithmetic the limit (bench/results/2026-12-07-h100-session55).
 
 The epilogue maps each result (``Acc``, fp32) with extras broadcast against ``Out``'s shape (``Arg(i)``).
 """
@@ -44,6 +45,14 @@ def output_shape(x_shape: Sequence[int], w_shape: Sequence[int], stride=(1, 1), 
     return N, OH, OW, O
 
 
+def _fit(tile_h: int, tile_w: int, bc: int, threads: int, cpu: bool) -> tuple[int, int]:
+    """The output tile, taller where needed so that its fragment splits evenly over the threads (GPUs)."""
+    th, tw = tile_h, tile_w
+    while not cpu and (th * tw * bc) % threads:
+        th *= 2
+    return th, tw
+
+
 def depthwise_conv2d(
     x_shape: Sequence[int],
     w_shape: Sequence[int],
@@ -57,8 +66,9 @@ def depthwise_conv2d(
     epilogue: Expr | None = None,
     extra_shapes: Sequence[Sequence[int]] = (),
     extra_dtypes: Sequence[str] = (),
-    block_pixels: int = 16,
-    block_C: int = 64,
+    tile_h: int = 8,
+    tile_w: int = 8,
+    block_C: int = 32,
     threads: int = 128,
     target: dict | str = "cuda",
 ):
@@ -81,9 +91,12 @@ def depthwise_conv2d(
     _, OH, OW, _ = out_shape
     if OH < 1 or OW < 1:
         raise ValueError(f"depthwise_conv2d: no output for {x_shape} by {w_shape}")
-    pixels = N * OH * OW
     bc = max(1, min(block_C, 1 << max(0, (O - 1).bit_length())))  # no wider than the channels
-    pp = max(1, min(block_pixels, pixels))
+    th, tw = _fit(max(1, min(tile_h, 1 << max(0, (OH - 1).bit_length()))),
+                  max(1, min(tile_w, 1 << max(0, (OW - 1).bit_length()))), bc, threads, d.cpu)
+    tiles_h, tiles_w = -(-OH // th), -(-OW // tw)
+    # the input patch an output tile reads (zeros where it lies in the padding)
+    PH, PW = (th - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (tw - 1) * stride[1] + (KW - 1) * dilation[1] + 1
     ragged = O % bc != 0  # a last channel tile past O: its channels are clamped and never stored
     epilogue = epilogue if epilogue is not None else Acc()
     f32 = "float32"
@@ -91,50 +104,41 @@ def depthwise_conv2d(
     def channel(c0, c):
         return T.min(c0 + c, O - 1) if ragged else c0 + c
 
-    def place(p0, p):
-        """(n, oh, ow) of output pixel p0 + p (clamped: tail pixels are never stored)."""
-        pix = T.min(p0 + p, pixels - 1)
-        return pix // (OH * OW), (pix // OW) % OH, pix % OW
-
-    def tap_at(p0, p, kh, kw):
-        """(inside?, n, h, w): the input pixel tap (kh, kw) of output pixel p0 + p reads, clamped into the input."""
-        n, oh, ow = place(p0, p)
-        h = oh * stride[0] - padding[0] + kh * dilation[0]
-        w = ow * stride[1] - padding[1] + kw * dilation[1]
-        inside = T.And(T.And(h >= 0, h < H), T.And(w >= 0, w < W))
-        return inside, n, T.max(T.min(h, H - 1), 0), T.max(T.min(w, W - 1), 0)
-
     @T.prim_func
     def depthwise_conv2d_kernel():
         X = param("X", x_shape, in_dtype)
         Wt = param("weight", w_shape, w_dtype)
         extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
-        Out_nd = param("Out", out_shape, out_dtype)
-        with d.kernel(T.ceildiv(O, bc), T.ceildiv(pixels, pp), threads=threads) as (bx, by):
+        Out = param("Out", out_shape, out_dtype)
+        with d.kernel(N * tiles_h * tiles_w, T.ceildiv(O, bc), threads=threads) as (bx, by):
             d.wait_inputs(False)
-            io = {"W": view(Wt, (O, taps)), "Out": view(Out_nd, (pixels, O))}  # see common.view
-            c0, p0 = bx * bc, by * pp
+            io = {"W": view(Wt, (O, taps))}  # in a container: see common.view
+            n, tile, c0 = bx // (tiles_h * tiles_w), bx % (tiles_h * tiles_w), by * bc
+            oh0, ow0 = (tile // tiles_w) * th, (tile % tiles_w) * tw
+            h0, w0 = oh0 * stride[0] - padding[0], ow0 * stride[1] - padding[1]
             w_s = d.shared((taps, bc), w_dtype)
-            acc = d.fragment((pp, bc), f32)
-            tile = d.fragment((pp, bc), in_dtype)
+            x_s = d.shared((PH, PW, bc), in_dtype)
+            acc = d.fragment((th * tw, bc), f32)
             for t, c in d.tile_loop(taps, bc):
                 w_s[t, c] = io["W"][channel(c0, c), t]
-            for p, c in d.tile_loop(pp, bc):
+            for i in T.serial(PH):  # the patch, once, a row at a time: vector loads along the channels
+                for j, c in d.tile_loop(PW, bc):
+                    h, w = h0 + i, w0 + j
+                    inside = T.And(T.And(h >= 0, h < H), T.And(w >= 0, w < W))
+                    ci = channel(c0, c) // mult if mult > 1 else channel(c0, c)
+                    x_s[i, j, c] = T.if_then_else(inside, X[n, T.max(T.min(h, H - 1), 0),
+                                                            T.max(T.min(w, W - 1), 0), ci], T.Cast(in_dtype, 0))
+            for p, c in d.tile_loop(th * tw, bc):
                 acc[p, c] = T.float32(0)
             for kh in T.serial(KH):
                 for kw in T.serial(KW):
-                    for p, c in d.tile_loop(pp, bc):  # the tap's loads alone: vector loads along the channels
-                        _, n, h, w = tap_at(p0, p, kh, kw)
-                        ci = channel(c0, c) // mult if mult > 1 else channel(c0, c)
-                        tile[p, c] = X[n, h, w, ci]
-                    for p, c in d.tile_loop(pp, bc):
-                        inside = tap_at(p0, p, kh, kw)[0]
-                        acc[p, c] = acc[p, c] + T.if_then_else(
-                            inside, T.Cast(f32, tile[p, c]) * T.Cast(f32, w_s[kh * KW + kw, c]), T.float32(0))
-            for p, c in d.tile_loop(pp, bc):
-                if T.And(p0 + p < pixels, c0 + c < O):
-                    n, oh, ow = place(p0, p)
-                    io["Out"][p0 + p, c0 + c] = T.Cast(out_dtype, emit(epilogue, Env(
+                    for p, c in d.tile_loop(th * tw, bc):
+                        x = x_s[(p // tw) * stride[0] + kh * dilation[0], (p % tw) * stride[1] + kw * dilation[1], c]
+                        acc[p, c] = acc[p, c] + T.Cast(f32, x) * T.Cast(f32, w_s[kh * KW + kw, c])
+            for p, c in d.tile_loop(th * tw, bc):
+                oh, ow = oh0 + p // tw, ow0 + p % tw
+                if T.And(T.And(oh < OH, ow < OW), c0 + c < O):
+                    Out[n, oh, ow, c0 + c] = T.Cast(out_dtype, emit(epilogue, Env(
                         acc=acc[p, c], arg=arg_loader(extras, extra_shapes, [n, oh, ow, c0 + c]))))
 
     return depthwise_conv2d_kernel
@@ -152,19 +156,20 @@ def reference(x: torch.Tensor, w: torch.Tensor, *, stride=(1, 1), padding=(0, 0)
 
 
 def default_config(channels: int, pixels: int, target: dict | str) -> dict:
-    """The untuned pick: on GPUs a channel tile that divides the channels where one of 64 or 32 does (no ragged tail)
-    and 1024 outputs a program (8 a thread); a few pixels, fewer a program."""
+    """The untuned pick: on GPUs 8 x 8 output pixels by a channel tile that divides the channels where one of 32 or
+    16 does (no ragged tail), 128 threads."""
     if dialect(target).cpu:
         return get_configs(target)[0]
-    bc = next((b for b in (64, 32) if channels % b == 0), min(64, 1 << max(0, (channels - 1).bit_length())))
-    return {"block_pixels": max(1, min(1024 // bc, pixels)), "block_C": bc, "threads": 128}
+    bc = next((b for b in (32, 16) if channels % b == 0), 32)
+    return {"tile_h": 8, "tile_w": 8, "block_C": bc, "threads": 128}
 
 
 def get_configs(target: dict | str) -> list[dict]:
     """Seed configs; keys are ``depthwise_conv2d``'s tunables (the pick by shape first: ``lower.config_space``)."""
     if dialect(target).cpu:
-        return [{"block_pixels": 16, "block_C": 32, "threads": 1}, {"block_pixels": 64, "block_C": 16, "threads": 1}]
-    seeds = [(16, 64, 128), (32, 32, 128), (32, 64, 256), (8, 128, 128), (64, 32, 256), (16, 128, 256)]
+        return [{"tile_h": 4, "tile_w": 4, "block_C": 32, "threads": 1},
+                {"tile_h": 8, "tile_w": 8, "block_C": 16, "threads": 1}]
+    seeds = [(8, 8, 32, 128), (8, 8, 16, 128), (8, 16, 32, 256), (16, 16, 16, 256), (4, 8, 64, 128), (8, 8, 64, 256)]
     if target_kind(target) == "metal":  # a small threadgroup
-        seeds = [s for s in seeds if s[2] == 128]
-    return [{"block_pixels": p, "block_C": c, "threads": t} for p, c, t in seeds]
+        seeds = [s for s in seeds if s[3] == 128]
+    return [{"tile_h": h, "tile_w": w, "block_C": c, "threads": t} for h, w, c, t in seeds]
