@@ -43,7 +43,8 @@
 #            reduction GPU tests (the short-row picks with NaN/inf rows included).
 #   part 87 (~6 min): held-out timm ConvNeXt-T and Swin-T again, no options, with the short-row picks (ZOO87 picks models).
 #   part 88 (~5 min): the depthwise template (lowering/templates/depthwise.py) at ConvNeXt-T's and EfficientNet-B0's
-#            shapes, a grid of configs against cuDNN and Inductor (sweep_depthwise.py), then its GPU tests.
+#            shapes, a grid of configs against cuDNN and Inductor (sweep_depthwise.py; PART88_ONLY: labels containing
+#            it), then its GPU tests.
 #   part 89 (~6 min): held-out timm ConvNeXt-T and EfficientNet-B0 with it, no options (ZOO89 picks models).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
@@ -599,7 +600,8 @@ elif [ "$part" = 86 ]; then  # (session 55: short rows share a program, reductio
 elif [ "$part" = 87 ]; then  # (session 55: ConvNeXt and Swin with reduction.default_config)
     zoo "${ZOO87:-timm-convnext,timm-swin}" "${ZOO87_LIMIT:-540}" heldout_norms eager,default
 elif [ "$part" = 88 ]; then  # (session 55: the depthwise template against cuDNN; its GPU tests)
-    timeout 330 python3 bench/sweep_depthwise.py --json "$OUT/logs/sweep_dw.json" > "$OUT/logs/sweep_dw.log" 2>&1
+    timeout 330 python3 bench/sweep_depthwise.py --only "${PART88_ONLY:-}" --json "$OUT/logs/sweep_dw.json" \
+        > "$OUT/logs/sweep_dw.log" 2>&1
     grep -v -i warn "$OUT/logs/sweep_dw.log" | cut -c1-220 | head -50
     timeout 200 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_depthwise.py \
         > "$OUT/logs/gpu_tests_88.log" 2>&1
