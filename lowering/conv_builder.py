@@ -30,7 +30,8 @@ from tilefuse.lowering.templates import depthwise, pool
 # A grouped convolution (depthwise: one input channel per group) runs as an elementwise kernel that sums each output's
 # taps (input channels per group x KH x KW) when there are at most this many: MobileNet's and MobileViT's 3x3 (9),
 # ConvNeXt's 7x7 (49). More taps would unfold past the expression limit; such convolutions (ResNeXt's 3x3 over 4-32
-# channels a group, wav2vec2's positional one) take the convolution template, one implicit GEMM a group.
+# channels a group, wav2vec2's positional one) take the convolution template, one implicit GEMM a group. On CUDA a
+# depthwise convolution channels last takes the depthwise template instead (``_depthwise_conv``).
 MAX_TAPS = 64
 
 

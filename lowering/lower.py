@@ -110,9 +110,7 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
     if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
         return module.get_configs(target, kw.get("B_dtype"), paired=True)
     if spec.template == "depthwise_conv2d":  # the untuned pick by the channels first (depthwise.default_config)
-        N, OH, OW, O = depthwise.output_shape(kw["x_shape"], kw["w_shape"], kw["stride"], kw["padding"],
-                                              kw["dilation"])
-        pick = depthwise.default_config(O, N * OH * OW, target)
+        pick = depthwise.default_config(kw["w_shape"][0], target)
         return [pick, *(c for c in space(target) if c != pick)]
     if spec.template == "row_reduction":  # the untuned pick by the rows' shape first (reduction.default_config)
         shape = kw["shape"]

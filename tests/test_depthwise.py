@@ -62,20 +62,20 @@ def test_a_weight_that_is_not_depthwise_is_refused():
 
 def test_the_pick_loads_channels_as_vectors():
     for channels, bc in [(96, 32), (192, 32), (144, 16), (1152, 32)]:
-        c = depthwise.default_config(channels, 64 * 56 * 56, CUDA)
+        c = depthwise.default_config(channels, CUDA)
         assert c == {"tile_h": 8, "tile_w": 8, "block_C": bc, "threads": 128}
         src = kernel_source(depthwise.depthwise_conv2d((64, 56, 56, channels), (channels, 1, 7, 7), padding=(3, 3),
                                                        in_dtype="float16", target=CUDA, **c), CUDA)
         assert any(f"*({v}*)(X +" in src for v in ("uint1", "uint2", "uint4")), src  # the patch's loads
         assert "x_s) + " in src  # the taps read the patch from shared memory
     # 40 channels: no tile of 16 or 32 divides them, the last is ragged (clamped channels, never stored)
-    assert depthwise.default_config(40, 100, CUDA)["block_C"] == 32
+    assert depthwise.default_config(40, CUDA)["block_C"] == 32
 
 
 def test_a_tile_larger_than_the_output_fits_the_threads():
     # a 3x3 output in 8 x 8 tiles of 16 channels: the tile shrinks to 4 x 4, then grows taller to fill 128 threads
     f = depthwise.depthwise_conv2d((1, 3, 3, 16), (16, 1, 3, 3), padding=(1, 1), in_dtype="float16", target=CUDA,
-                                   **depthwise.default_config(16, 9, CUDA))
+                                   **depthwise.default_config(16, CUDA))
     assert "acc[" in kernel_source(f, CUDA)
 
 
@@ -147,8 +147,7 @@ def test_matches_torch_on_the_gpu(rng, dtype, xs, ws, stride, padding, dilation,
     target = default_target()
     name = str(dtype).removeprefix("torch.")
     epilogue = call("silu", Acc() * Arg(1) + Arg(0))
-    N, OH, OW, O = depthwise.output_shape(xs, ws, stride, padding, dilation)
-    config = {**depthwise.default_config(O, N * OH * OW, target), **config}
+    config = {**depthwise.default_config(ws[0], target), **config}
     f = depthwise.depthwise_conv2d(xs, ws, stride=stride, padding=padding, dilation=dilation, in_dtype=name,
                                    epilogue=epilogue, extra_shapes=[(ws[0],), (ws[0],)], extra_dtypes=[name, name],
                                    target=target, **config)

@@ -155,7 +155,7 @@ def reference(x: torch.Tensor, w: torch.Tensor, *, stride=(1, 1), padding=(0, 0)
     return y.to(getattr(torch, out_dtype) if out_dtype else x.dtype)
 
 
-def default_config(channels: int, pixels: int, target: dict | str) -> dict:
+def default_config(channels: int, target: dict | str) -> dict:
     """The untuned pick: on GPUs 8 x 8 output pixels by a channel tile that divides the channels where one of 32 or
     16 does (no ragged tail), 128 threads."""
     if dialect(target).cpu:
