@@ -13,7 +13,6 @@ batch norm and SiLU (``silu(acc * scale + shift)``), which the peers compute too
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweep_norm import TARGET, meta, time_configs  # noqa: E402
+from sweep_norm import TARGET, meta, save, time_configs, unique  # noqa: E402
 
 from tilefuse.lowering.compile import compile_many  # noqa: E402
 from tilefuse.lowering.expr import Acc, Arg, call  # noqa: E402
@@ -46,13 +45,7 @@ def grid(channels: int) -> list[dict]:
             for t in (128, 256):
                 if bc <= max(16, channels) and th * tw * bc // t in (4, 8, 16, 32):
                     out.append({"tile_h": th, "tile_w": tw, "block_C": bc, "threads": t})
-    seen, uniq = set(), []
-    for c in out:
-        key = tuple(sorted(c.items()))
-        if key not in seen:
-            seen.add(key)
-            uniq.append(c)
-    return uniq
+    return unique(out)
 
 
 def main() -> int:
@@ -100,9 +93,7 @@ def main() -> int:
         row = time_configs(f"{label} {'x'.join(map(str, xs[1:]))}", configs[label], done, args, want, peers,
                            depthwise.default_config(xs[3], TARGET), depthwise.get_configs(TARGET)[0])
         results.append({**row, "x_shape": xs, "kernel": k, "stride": s})
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"meta": info, "rows": results}, f, indent=1)
+        save(a.json, info, results)
     return 0
 
 

@@ -55,13 +55,25 @@ def grid(rows: int, cols: int) -> list[dict]:
                 for t in (128, 256, 512):
                     if 1 <= br * min(n, width) // t <= 32:
                         out.append({"block_rows": br, "block_N": n, "threads": t})
-    seen, uniq = set(), []
-    for c in out:
+    return unique(out)
+
+
+def unique(configs: list[dict]) -> list[dict]:
+    """``configs`` without repeats, in order."""
+    seen, out = set(), []
+    for c in configs:
         key = tuple(sorted(c.items()))
         if key not in seen:
             seen.add(key)
-            uniq.append(c)
-    return uniq
+            out.append(c)
+    return out
+
+
+def save(path: str | None, info: dict, results: list) -> None:
+    """Write what was measured so far (after every shape: a run cut short keeps it)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"meta": info, "rows": results}, f, indent=1)
 
 
 def torch_fn(kind: str, cols: int):
@@ -139,9 +151,7 @@ def main() -> int:
         row = time_configs(f"{label} {rows}x{cols}", configs[label], done, args, want, peers,
                            reduction.default_config(rows, cols, TARGET), reduction.get_configs(TARGET)[0])
         results.append({**row, "rows": rows, "cols": cols, "kind": kind})
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"meta": info, "rows": results}, f, indent=1)
+        save(a.json, info, results)
     return 0
 
 
