@@ -10,6 +10,7 @@ from torch import nn
 
 import tilefuse
 from tilefuse.capture import capture_graphs
+from tilefuse.config import Options
 from tilefuse.lowering.compile import compile_kernel, kernel_source
 from tilefuse.lowering.dispatch import region_specs
 from tilefuse.lowering.expr import Acc, Arg, call
@@ -19,6 +20,7 @@ from tilefuse.pipeline import plan
 
 C = "c"
 CUDA = {"kind": "cuda", "arch": "sm_90a"}
+TRYING = Options(target=CUDA, experimental="depthwise").target  # what TILEFUSE_EXPERIMENTAL=depthwise plans for
 # (input NHWC, weight, stride, padding, dilation, config): ConvNeXt's 7x7; a channel multiplier of 2 with stride 2 and a
 # ragged pixel tile; a ragged channel tile with dilation; a 1x1 window; an asymmetric stride and padding
 CASES = [((2, 9, 11, 12), (12, 1, 7, 7), (1, 1), (3, 3), (1, 1), {}),
@@ -116,11 +118,13 @@ class _MBConv(nn.Module):
 def test_cuda_plans_build_the_depthwise_template_from_the_pick(module, shape):
     m = module().eval()
     graph = max(capture_graphs(m, (torch.randn(shape),)), key=lambda g: len(g.nodes))
-    specs = [s for s in region_specs(plan(graph, CUDA), CUDA).values() if s.template == "depthwise_conv2d"]
+    specs = [s for s in region_specs(plan(graph, TRYING), TRYING).values() if s.template == "depthwise_conv2d"]
     assert len(specs) == 1
     kw = specs[0].factory_kwargs()
     assert kw["x_shape"][-1] == kw["w_shape"][0] and kw["w_shape"][1] == 1  # channels last
-    assert config_space(specs[0], CUDA)[0] == default_config(specs[0], CUDA)
+    assert config_space(specs[0], TRYING)[0] == default_config(specs[0], TRYING)
+    # by default (not yet run on a GPU) the elementwise form
+    assert all(s.template != "depthwise_conv2d" for s in region_specs(plan(graph, CUDA), CUDA).values())
     if module is _MBConv:  # the batch norm and SiLU are its epilogue
         assert kw["epilogue"] is not None and kw["stride"] == (2, 2)
 
@@ -169,9 +173,11 @@ def test_blocks_match_eager_on_the_gpu(module, shape):
         with torch.no_grad():
             m.bn.running_mean.normal_(), m.bn.running_var.uniform_(0.5, 2), m.bn.weight.normal_()
     runners = []
-    compiled = tilefuse.compile(m, measure=False, observer=runners.append)
+    compiled = tilefuse.compile(m, measure=False, experimental="depthwise", observer=runners.append)
     x = torch.randn(shape, device="cuda", dtype=torch.float16)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x).float(), m.float()(x.float()), rtol=2e-2, atol=2e-2)
     kinds = {reg.name: reg.backend for r in runners for reg in r.plan.regions}
     assert kinds and all(b == "tilelang" for b in kinds.values()), kinds
+    templates = {getattr(k, "spec", None) and k.spec.template for r in runners for k in r.kernels.values()}
+    assert "depthwise_conv2d" in templates, templates
