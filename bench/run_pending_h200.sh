@@ -31,6 +31,11 @@
 # Session 54 ran parts 85 and 84 on an H100 (bench/results/2026-12-07-h100-session54: GPT-Neo 2.49x, EfficientNet
 # 2.09x, Swin 1.12x, ConvNeXt 1.01x the best peer); fourteen other requests got none. Next: on an H200 83, 30, 31, 34 and
 # 39; on either, 85 again (the bool-store fix: its 12 buffer slices ran through torch).
+# Session 55 ran parts 85, 86, 87 and 88 (its first form) on an H100 (bench/results/2026-12-07-h100-session55: GPT-Neo
+# 2.50x with the bool-store fix; short norm rows sharing a program, ConvNeXt 1.26x and Swin 1.22x the best peer; the
+# depthwise template's first form 0.53x cuDNN); four requests got none. Next: part 88 (the depthwise template's tiled
+# form, behind Options.experimental "depthwise"; its GPU tests) and 89 (ConvNeXt and EfficientNet with
+# TILEFUSE_EXPERIMENTAL=depthwise); on an H200 83, 30, 31, 34 and 39.
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 82 (~1 min): the MUFU probe (bench/probes/mufu_ex2.cu): fp32 against packed fp16 exponents, with SASS counts.
 #   part 83 (~4 min): #14's kernel bar: bench_attention.py's default seeds over the sweep and the long runs vs cuDNN.
@@ -45,7 +50,8 @@
 #   part 88 (~5 min): the depthwise template (lowering/templates/depthwise.py) at ConvNeXt-T's and EfficientNet-B0's
 #            shapes, a grid of configs against cuDNN and Inductor (sweep_depthwise.py; PART88_ONLY: labels containing
 #            it), then its GPU tests.
-#   part 89 (~6 min): held-out timm ConvNeXt-T and EfficientNet-B0 with it, no options (ZOO89 picks models).
+#   part 89 (~6 min): held-out timm ConvNeXt-T and EfficientNet-B0 with it (TILEFUSE_EXPERIMENTAL=depthwise; ZOO89
+#            picks models). If it beats cuDNN there, make it the default (lowering/conv_builder.py build_conv).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -607,8 +613,9 @@ elif [ "$part" = 88 ]; then  # (session 55: the depthwise template against cuDNN
         > "$OUT/logs/gpu_tests_88.log" 2>&1
     echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_88.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_88.log" | cut -c1-200 | head -8
-elif [ "$part" = 89 ]; then  # (session 55: ConvNeXt and EfficientNet with the depthwise template)
-    zoo "${ZOO89:-timm-convnext,timm-efficientnet}" "${ZOO89_LIMIT:-540}" heldout_dw eager,default
+elif [ "$part" = 89 ]; then  # (session 55: ConvNeXt and EfficientNet with the depthwise template, experimental)
+    TILEFUSE_EXPERIMENTAL=depthwise zoo "${ZOO89:-timm-convnext,timm-efficientnet}" "${ZOO89_LIMIT:-540}" heldout_dw \
+        eager,default
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
