@@ -129,7 +129,7 @@ def test_row_reduction(rng, target, kind, dtype):
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "softmax", "amax", "var"])
 @pytest.mark.parametrize("rows,cols", [(4099, 96), (2051, 192), (777, 49), (300, 17), (5000, 384)])
 def test_row_reduction_default_config_short_rows(rng, target, kind, dtype, rows, cols):
-    """The untuned pick for short rows (several a program, reduce.default_config) with a fused residual, its pre-norm
+    """The untuned pick for short rows (several a program, reduction.default_config) with a fused residual, its pre-norm
     output, NaN/inf rows, and a last program only partly filled."""
     config = reduction.default_config(rows, cols, target)
     weight, normalizing = kind in ("layer_norm", "rms_norm"), kind in reduction.NORMALIZING
