@@ -109,12 +109,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
         return [{**c, **options} if c.get("ws") else c for c in configs]
     if spec.template == "gemv_group" and any(kw.get("rotary_of") or ()):  # rows in rotary pairs
         return module.get_configs(target, kw.get("B_dtype"), paired=True)
-    if spec.template == "depthwise_conv2d":  # the untuned pick by the channels first (depthwise.default_config)
-        pick = depthwise.default_config(kw["w_shape"][0], target)
-        return [pick, *(c for c in space(target) if c != pick)]
-    if spec.template == "row_reduction":  # the untuned pick by the rows' shape first (reduction.default_config)
-        shape = kw["shape"]
-        pick = reduction.default_config(numel(shape[:-1]), shape[-1], target)
+    if spec.template in SHAPED_PICKS:  # the untuned pick by the spec's shape first, then the seeds
+        pick = SHAPED_PICKS[spec.template](kw, target)
         return [pick, *(c for c in space(target) if c != pick)]
     # gemm/conv seeds depend on the operand dtype
     arg = {"gemm": kw.get("B_dtype"), "gemv": kw.get("B_dtype"), "gemv_group": kw.get("B_dtype"),
@@ -129,6 +125,13 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
             if kw["M"] >= gemm_ws.MIN_M else []
         return seeds + ([gemm_ws.seed(out, pingpong=True)] if "gemm_ws_pingpong" in trying else []) + configs
     return configs
+
+
+# Templates whose untuned pick depends on the spec's shape (its factory's keyword arguments), not only its seeds.
+SHAPED_PICKS = {
+    "row_reduction": lambda kw, target: reduction.default_config(numel(kw["shape"][:-1]), kw["shape"][-1], target),
+    "depthwise_conv2d": lambda kw, target: depthwise.default_config(kw["w_shape"][0], target),
+}
 
 
 def experimental(target: dict) -> set[str]:

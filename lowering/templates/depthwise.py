@@ -33,6 +33,7 @@ from tilefuse.lowering.templates.common import (
     target_kind,
     view,
 )
+from tilefuse.lowering.templates.conv import output_hw
 
 
 def output_shape(x_shape: Sequence[int], w_shape: Sequence[int], stride=(1, 1), padding=(0, 0),
@@ -40,9 +41,7 @@ def output_shape(x_shape: Sequence[int], w_shape: Sequence[int], stride=(1, 1), 
     """``(N, OH, OW, O)`` for a channels-last input of ``x_shape`` and a ``(O, 1, KH, KW)`` weight."""
     N, H, W, _ = (int(v) for v in x_shape)
     O, _, KH, KW = (int(v) for v in w_shape)
-    OH = (H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) // stride[0] + 1
-    OW = (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) // stride[1] + 1
-    return N, OH, OW, O
+    return (N, *output_hw(H, W, KH, KW, stride, padding, dilation), O)
 
 
 def _fit(tile_h: int, tile_w: int, bc: int, threads: int, cpu: bool) -> tuple[int, int]:
