@@ -50,8 +50,11 @@
 #   part 88 (~5 min): the depthwise template (lowering/templates/depthwise.py) at ConvNeXt-T's and EfficientNet-B0's
 #            shapes, a grid of configs against cuDNN and Inductor (sweep_depthwise.py; PART88_ONLY: labels containing
 #            it), then its GPU tests.
-#   part 89 (~6 min): held-out timm ConvNeXt-T and EfficientNet-B0 with it (TILEFUSE_EXPERIMENTAL=depthwise; ZOO89
-#            picks models). If it beats cuDNN there, make it the default (lowering/conv_builder.py build_conv).
+#   part 89 (~6 min): held-out timm ConvNeXt-T and EfficientNet-B0 with it (session 56 ran it with
+#            TILEFUSE_EXPERIMENTAL=depthwise, since then the default; ZOO89 picks models).
+#   part 90 (~5 min): session 56's default: the depthwise template on CUDA with the H200's picks (depthwise.default_config
+#            by stride and channels): its GPU tests, grouped convolutions' and the layout pass's, then ConvNeXt-T and
+#            EfficientNet-B0 (ZOO90 picks models).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -613,9 +616,14 @@ elif [ "$part" = 88 ]; then  # (session 55: the depthwise template against cuDNN
         > "$OUT/logs/gpu_tests_88.log" 2>&1
     echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_88.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_88.log" | cut -c1-200 | head -8
-elif [ "$part" = 89 ]; then  # (session 55: ConvNeXt and EfficientNet with the depthwise template, experimental)
-    TILEFUSE_EXPERIMENTAL=depthwise zoo "${ZOO89:-timm-convnext,timm-efficientnet}" "${ZOO89_LIMIT:-540}" heldout_dw \
-        eager,default
+elif [ "$part" = 89 ]; then  # (session 55: ConvNeXt and EfficientNet with the depthwise template, then experimental)
+    zoo "${ZOO89:-timm-convnext,timm-efficientnet}" "${ZOO89_LIMIT:-540}" heldout_dw eager,default
+elif [ "$part" = 90 ]; then  # (session 56: the depthwise template by default on CUDA, the H200's picks)
+    timeout 240 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_depthwise.py tests/test_grouped_conv.py \
+        tests/test_layout.py > "$OUT/logs/gpu_tests_90.log" 2>&1
+    echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_90.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_90.log" | cut -c1-200 | head -8
+    zoo "${ZOO90:-timm-convnext,timm-efficientnet}" "${ZOO90_LIMIT:-330}" heldout_dw_default eager,default
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -38,8 +38,8 @@ SHAPES = [("convnext s1", (64, 56, 56, 96), 7, 1), ("convnext s2", (64, 28, 28, 
           ("effnet b7 3x3", (64, 7, 7, 1152), 3, 1)]
 
 
-def grid(channels: int) -> list[dict]:
-    out = [depthwise.default_config(channels, TARGET), *depthwise.get_configs(TARGET)]
+def grid(channels: int, stride: int) -> list[dict]:
+    out = [depthwise.default_config(channels, (stride, stride), TARGET), *depthwise.get_configs(TARGET)]
     for th, tw in ((4, 4), (4, 8), (8, 8), (8, 16), (16, 8), (16, 16)):
         for bc in (16, 32, 64):
             for t in (128, 256):
@@ -61,7 +61,7 @@ def main() -> int:
         extras = [(xs[3],)] if bias else [(xs[3],), (xs[3],)]
         N, OH, OW, O = depthwise.output_shape(xs, ws, (s, s), (pad, pad))
         geo[label] = (ws, pad, epilogue, len(extras), N * OH * OW)
-        configs[label] = grid(O)
+        configs[label] = grid(O, s)
         for c in configs[label]:
             items.append((depthwise.depthwise_conv2d(xs, ws, stride=(s, s), padding=(pad, pad), in_dtype="float16",
                                                      epilogue=epilogue, extra_shapes=extras,
@@ -91,7 +91,7 @@ def main() -> int:
                  "inductor": device_time(torch.compile(peer), args, "cuda") * 1e3}
         done, kernels = kernels[:len(configs[label])], kernels[len(configs[label]):]
         row = time_configs(f"{label} {'x'.join(map(str, xs[1:]))}", configs[label], done, args, want, peers,
-                           depthwise.default_config(xs[3], TARGET), depthwise.get_configs(TARGET)[0])
+                           depthwise.default_config(xs[3], (s, s), TARGET), depthwise.get_configs(TARGET)[0])
         results.append({**row, "x_shape": xs, "kernel": k, "stride": s})
         save(a.json, info, results)
     return 0

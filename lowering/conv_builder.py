@@ -30,9 +30,8 @@ from tilefuse.lowering.templates import depthwise, pool
 # A grouped convolution (depthwise: one input channel per group) runs as an elementwise kernel that sums each output's
 # taps (input channels per group x KH x KW) when there are at most this many: MobileNet's and MobileViT's 3x3 (9),
 # ConvNeXt's 7x7 (49). More taps would unfold past the expression limit; such convolutions (ResNeXt's 3x3 over 4-32
-# channels a group, wav2vec2's positional one) take the convolution template, one implicit GEMM a group. On CUDA with
-# Options.experimental "depthwise" (not yet run on a GPU), a depthwise one channels last takes the depthwise template
-# (``_depthwise_conv``).
+# channels a group, wav2vec2's positional one) take the convolution template, one implicit GEMM a group. On CUDA a
+# depthwise one channels last takes the depthwise template (``_depthwise_conv``).
 MAX_TAPS = 64
 
 
@@ -107,7 +106,7 @@ def build_conv(b: Builder, anchor: Node, target: dict) -> KernelSpec:
                                     b.members[b.members.index(anchor) + 1:], "convolution")
     extra = list(b.args)
     extra_shapes = [_epilogue_shape(b, anchor, e, g, last) for e in extra]
-    if last and _depthwise(g) and target.get("kind") == "cuda" and "depthwise" in (target.get("experimental") or ()):
+    if last and _depthwise(g) and target.get("kind") == "cuda":
         return _depthwise_conv(b, x, w, g, exprs[0], mapping, extra, extra_shapes, target)
     if g.groups != 1 and not g.transposed and _taps(g) <= MAX_TAPS:
         return _grouped_conv(b, x, w, g, exprs[0], mapping, extra, extra_shapes, last, target)
@@ -314,10 +313,10 @@ def _depthwise(g: ConvGeometry) -> bool:
 
 def _depthwise_conv(b: Builder, x: str, w: str, g: ConvGeometry, epilogue: Expr, mapping, extra: list,
                     extra_shapes: list, target: dict) -> KernelSpec:
-    """A depthwise convolution over NHWC data and its epilogue as one ``depthwise_conv2d`` kernel (on CUDA, with
-    ``Options.experimental`` "depthwise": the elementwise form of ``_grouped_conv`` reads each tap's input and weight
-    from global memory, ConvNeXt-T's 7x7 at 1.79 ms against cuDNN's 0.19 on an H100, where the measured choice gives
-    them to cuDNN)."""
+    """A depthwise convolution over NHWC data and its epilogue as one ``depthwise_conv2d`` kernel (on CUDA: the
+    elementwise form of ``_grouped_conv`` reads each tap's input and weight from global memory, ConvNeXt-T's 7x7 at
+    1.79 ms against cuDNN's 0.19 on an H100; the template's picks ran 1.12-3.5x cuDNN at ConvNeXt-T's and
+    EfficientNet-B0's shapes on the H200, bench/results/2026-12-07-h200-session56)."""
     require(depthwise.output_shape(g.x_shape, g.w_shape, g.stride, g.padding, g.dilation) == tuple(g.out_shape),
             f"a depthwise convolution's output {g.out_shape}")
     dtypes = (b.types[x].dtype, b.types[w].dtype, b.types[b.region.outputs[0]].dtype)

@@ -130,7 +130,8 @@ def config_space(spec: KernelSpec, target: dict) -> list[dict]:
 # Templates whose untuned pick depends on the spec's shape (its factory's keyword arguments), not only its seeds.
 SHAPED_PICKS = {
     "row_reduction": lambda kw, target: reduction.default_config(numel(kw["shape"][:-1]), kw["shape"][-1], target),
-    "depthwise_conv2d": lambda kw, target: depthwise.default_config(kw["w_shape"][0], target),
+    "depthwise_conv2d": lambda kw, target: depthwise.default_config(kw["w_shape"][0], kw.get("stride", (1, 1)),
+                                                                         target),
 }
 
 

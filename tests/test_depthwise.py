@@ -10,7 +10,6 @@ from torch import nn
 
 import tilefuse
 from tilefuse.capture import capture_graphs
-from tilefuse.config import Options
 from tilefuse.lowering.compile import compile_kernel, kernel_source
 from tilefuse.lowering.dispatch import region_specs
 from tilefuse.lowering.expr import Acc, Arg, call
@@ -20,7 +19,6 @@ from tilefuse.pipeline import plan
 
 C = "c"
 CUDA = {"kind": "cuda", "arch": "sm_90a"}
-TRYING = Options(target=CUDA, experimental="depthwise").target  # what TILEFUSE_EXPERIMENTAL=depthwise plans for
 # (input NHWC, weight, stride, padding, dilation, config): ConvNeXt's 7x7; a channel multiplier of 2 with stride 2 and a
 # ragged pixel tile; a ragged channel tile with dilation; a 1x1 window; an asymmetric stride and padding
 CASES = [((2, 9, 11, 12), (12, 1, 7, 7), (1, 1), (3, 3), (1, 1), {}),
@@ -63,21 +61,27 @@ def test_a_weight_that_is_not_depthwise_is_refused():
 
 
 def test_the_pick_loads_channels_as_vectors():
-    for channels, bc in [(96, 32), (192, 32), (144, 16), (1152, 32)]:
-        c = depthwise.default_config(channels, CUDA)
-        assert c == {"tile_h": 8, "tile_w": 8, "block_C": bc, "threads": 128}
+    # the H200's picks: 16 x 8 pixels by 32 channels over 256 threads, by 16 over 128 where 32 does not divide them;
+    # 8 x 8 by 16 over 256 where strided
+    for channels, stride, pick in [(96, 1, (16, 8, 32, 256)), (1152, 1, (16, 8, 32, 256)), (144, 1, (16, 8, 16, 128)),
+                                   (240, 1, (16, 8, 16, 128)), (96, 2, (8, 8, 16, 256)), (144, 2, (8, 8, 16, 256))]:
+        c = depthwise.default_config(channels, (stride, stride), CUDA)
+        assert c == dict(zip(("tile_h", "tile_w", "block_C", "threads"), pick))
         src = kernel_source(depthwise.depthwise_conv2d((64, 56, 56, channels), (channels, 1, 7, 7), padding=(3, 3),
-                                                       in_dtype="float16", target=CUDA, **c), CUDA)
+                                                       stride=(stride, stride), in_dtype="float16", target=CUDA, **c),
+                            CUDA)
         assert any(f"*({v}*)(X +" in src for v in ("uint1", "uint2", "uint4")), src  # the patch's loads
         assert "x_s) + " in src  # the taps read the patch from shared memory
     # 40 channels: no tile of 16 or 32 divides them, the last is ragged (clamped channels, never stored)
-    assert depthwise.default_config(40, CUDA)["block_C"] == 32
+    assert depthwise.default_config(40, (1, 1), CUDA)["block_C"] == 16
+    assert depthwise.default_config(40, (2, 1), CUDA)["block_C"] == 16
+    assert depthwise.default_config(40, (1, 1), C) in depthwise.get_configs(C)
 
 
 def test_a_tile_larger_than_the_output_fits_the_threads():
     # a 3x3 output in 8 x 8 tiles of 16 channels: the tile shrinks to 4 x 4, then grows taller to fill 128 threads
     f = depthwise.depthwise_conv2d((1, 3, 3, 16), (16, 1, 3, 3), padding=(1, 1), in_dtype="float16", target=CUDA,
-                                   **depthwise.default_config(16, CUDA))
+                                   **depthwise.default_config(16, (1, 1), CUDA))
     assert "acc[" in kernel_source(f, CUDA)
 
 
@@ -118,13 +122,12 @@ class _MBConv(nn.Module):
 def test_cuda_plans_build_the_depthwise_template_from_the_pick(module, shape):
     m = module().eval()
     graph = max(capture_graphs(m, (torch.randn(shape),)), key=lambda g: len(g.nodes))
-    specs = [s for s in region_specs(plan(graph, TRYING), TRYING).values() if s.template == "depthwise_conv2d"]
+    specs = [s for s in region_specs(plan(graph, CUDA), CUDA).values() if s.template == "depthwise_conv2d"]
     assert len(specs) == 1
     kw = specs[0].factory_kwargs()
     assert kw["x_shape"][-1] == kw["w_shape"][0] and kw["w_shape"][1] == 1  # channels last
-    assert config_space(specs[0], TRYING)[0] == default_config(specs[0], TRYING)
-    # by default (not yet run on a GPU) the elementwise form
-    assert all(s.template != "depthwise_conv2d" for s in region_specs(plan(graph, CUDA), CUDA).values())
+    assert config_space(specs[0], CUDA)[0] == default_config(specs[0], CUDA) == depthwise.default_config(
+        kw["w_shape"][0], kw["stride"], CUDA)
     if module is _MBConv:  # the batch norm and SiLU are its epilogue
         assert kw["epilogue"] is not None and kw["stride"] == (2, 2)
 
@@ -151,7 +154,7 @@ def test_matches_torch_on_the_gpu(rng, dtype, xs, ws, stride, padding, dilation,
     target = default_target()
     name = str(dtype).removeprefix("torch.")
     epilogue = call("silu", Acc() * Arg(1) + Arg(0))
-    config = {**depthwise.default_config(ws[0], target), **config}
+    config = {**depthwise.default_config(ws[0], stride, target), **config}
     f = depthwise.depthwise_conv2d(xs, ws, stride=stride, padding=padding, dilation=dilation, in_dtype=name,
                                    epilogue=epilogue, extra_shapes=[(ws[0],), (ws[0],)], extra_dtypes=[name, name],
                                    target=target, **config)
@@ -173,7 +176,7 @@ def test_blocks_match_eager_on_the_gpu(module, shape):
         with torch.no_grad():
             m.bn.running_mean.normal_(), m.bn.running_var.uniform_(0.5, 2), m.bn.weight.normal_()
     runners = []
-    compiled = tilefuse.compile(m, measure=False, experimental="depthwise", observer=runners.append)
+    compiled = tilefuse.compile(m, measure=False, observer=runners.append)
     x = torch.randn(shape, device="cuda", dtype=torch.float16)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x).float(), m.float()(x.float()), rtol=2e-2, atol=2e-2)

@@ -118,8 +118,7 @@ def _on(v: str) -> bool:
 # (Measured wins left this list for the defaults: the ws GEMM and the ws attention with a padding mask,
 # lowering/lower.py config_space; attention_ws's pair_rows and fast_math, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain", "attention_pin_softmax", "attention_lean_producer", "pdl_all", "pdl_tma",
-                "depthwise")
+                "attention_chain", "attention_pin_softmax", "attention_lean_producer", "pdl_all", "pdl_tma")
 
 
 @dataclass(frozen=True)
@@ -187,10 +186,8 @@ class Options:
     # (``exp_poly``, a share of the attention's exponents on the FMA units, measured slower than without at all 13
     # shapes on the H100, 2026-12-05: the template and bench_attention.py keep it, no option offers it.)
     # (The ws attention with a padding mask and with nvcc's fast math, opt-in until then, are now the defaults.)
-    # "depthwise": channels-last depthwise convolutions take the depthwise template (lowering/templates/depthwise.py,
-    # output tiles with the input patch in shared memory), not the elementwise form (lowering/conv_builder.py). Its
-    # first form ran 0.53x cuDNN on ConvNeXt-T's 7x7 on an H100 (2026-12-07, bench/results/2026-12-07-h100-session55);
-    # this one is checked on the CPU (`c`) and compiled for sm_90a, not yet run on a GPU: run_pending part 88.
+    # (The depthwise template, opt-in as "depthwise" until it ran on a GPU, is now the default on CUDA: 1.12-3.5x
+    # cuDNN at ConvNeXt-T's and EfficientNet-B0's shapes on the H200, bench/results/2026-12-07-h200-session56.)
     experimental: str = _read("EXPERIMENTAL", "")
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)
