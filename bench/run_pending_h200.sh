@@ -55,6 +55,8 @@
 #   part 90 (~5 min): session 56's default: the depthwise template on CUDA with the H200's picks (depthwise.default_config
 #            by stride and channels): its GPU tests, grouped convolutions' and the layout pass's, then ConvNeXt-T and
 #            EfficientNet-B0 (ZOO90 picks models).
+#   part 91 (~4 min): ConvNeXt-T's GEMMs (N or K 96-768 at 200704-12544 rows, their epilogues; Inductor's GEMMs 1.23x
+#            faster in the model) with ws tiles 64-256 wide added to the seeds (sweep_gemm.py --widths; PART91_MODELS).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -624,6 +626,10 @@ elif [ "$part" = 90 ]; then  # (session 56: the depthwise template by default on
     echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_90.log")"
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_90.log" | cut -c1-200 | head -8
     zoo "${ZOO90:-timm-convnext,timm-efficientnet}" "${ZOO90_LIMIT:-330}" heldout_dw_default eager,default
+elif [ "$part" = 91 ]; then  # (session 56: ConvNeXt-T's GEMMs, N or K 96: ws tiles of every width)
+    timeout 300 python3 bench/sweep_gemm.py --models "${PART91_MODELS:-timm-convnext}" --budget 4 \
+        --widths 64,96,128,192,256 --json "$OUT/logs/sweep_gemm_widths.json" > "$OUT/logs/sweep_gemm_widths.log" 2>&1
+    grep -v -i warn "$OUT/logs/sweep_gemm_widths.log" | cut -c1-230 | head -60
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

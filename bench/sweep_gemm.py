@@ -20,7 +20,6 @@ import datetime
 import json
 import sys
 import time
-
 from pathlib import Path
 
 import torch
