@@ -186,3 +186,16 @@ def key_mask(parts: MaskParts, mask: str, ctx: Context, em: Emitter) -> list[str
     zero = em.constant("key_mask_zero", torch.zeros((), dtype=torch_dtype(dtype)))
     fill = parts.fill or em.constant("key_mask_fill", torch.full((), float("-inf"), dtype=torch_dtype(dtype)))
     return [em.add1("where", [parts.keys, zero, fill])]
+
+
+def visible_of(hide: str, ctx: Context) -> str | None:
+    """``v`` where ``hide`` is ``bool(where(v, 0, f))`` with ``f`` a nonzero constant (true exactly where ``v`` is not:
+    MPT's ``attention_mask.bool()`` of the model's additive mask), else None."""
+    node = ctx.producers.get(hide)
+    if node is None or node.op != "cast" or ctx.type(hide).dtype != "bool":
+        return None
+    inner = ctx.producers.get(node.inputs[0])
+    if inner is None or inner.op != "where" or not all(inner.inputs[:3]) or ctx.type(inner.inputs[0]).dtype != "bool":
+        return None
+    f = ctx.scalar(inner.inputs[2])
+    return inner.inputs[0] if ctx.scalar(inner.inputs[1]) == 0.0 and f is not None and f != 0.0 else None

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from tilefuse.ir import torch_dtype
-from tilefuse.planner.attention_mask import NEG_FILL
+from tilefuse.planner.attention_mask import NEG_FILL, visible_of
 from tilefuse.planner.pattern import Context, Emitter, Op, Pattern
 
 
@@ -74,24 +74,11 @@ def _rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     return [em.add1("add", [caps["s"], term])]
 
 
-def _visible_of(hide: str, ctx: Context) -> str | None:
-    """``v`` where ``hide`` is ``bool(where(v, 0, f))`` with ``f`` a nonzero constant (true exactly where ``v`` is not),
-    else None."""
-    node = ctx.producers.get(hide)
-    if node is None or node.op != "cast" or ctx.type(hide).dtype != "bool":
-        return None
-    inner = ctx.producers.get(node.inputs[0])
-    if inner is None or inner.op != "where" or not all(inner.inputs[:3]) or ctx.type(inner.inputs[0]).dtype != "bool":
-        return None
-    f = ctx.scalar(inner.inputs[2])
-    return inner.inputs[0] if ctx.scalar(inner.inputs[1]) == 0.0 and f is not None and f != 0.0 else None
-
-
 def _fill_check(caps: dict, ctx: Context) -> str | None:
     fill = caps["w"].attr.get("value")
     if fill is None or fill > NEG_FILL:
         return "the fill is not a large negative value"
-    if fill != float("-inf") and _visible_of(caps["c"], ctx) is None:
+    if fill != float("-inf") and visible_of(caps["c"], ctx) is None:
         return "a finite fill under a condition that is not bool(where(visible, 0, fill)) (it may hide whole rows)"
     return _kept_scores(caps, ctx)
 
@@ -100,7 +87,7 @@ def _fill_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     dt = torch_dtype(ctx.type(caps["s"]).dtype)
     zero = em.constant("hidden_zero", torch.zeros((), dtype=dt))
     fill = em.constant("hidden_fill", torch.full((), caps["w"].attr["value"], dtype=dt))
-    visible = _visible_of(caps["c"], ctx)
+    visible = visible_of(caps["c"], ctx)
     term = em.add1("where", [visible, zero, fill] if visible else [caps["c"], fill, zero])
     return [em.add1("add", [caps["s"], term])]
 
