@@ -57,6 +57,10 @@
 #            EfficientNet-B0 (ZOO90 picks models).
 #   part 91 (~4 min): ConvNeXt-T's GEMMs (N or K 96-768 at 200704-12544 rows, their epilogues; Inductor's GEMMs 1.23x
 #            faster in the model) with ws tiles 64-256 wide added to the seeds (sweep_gemm.py --widths; PART91_MODELS).
+#   part 92 (~4 min): the pool template's whole-plane schedule (Options.experimental "global_pool": EfficientNet's
+#            squeeze pools ran 0.815 ms in the per-output schedule against torch's 0.031 on the H200): its GPU tests,
+#            then EfficientNet-B0 with it (ZOO92 picks models). If its pools beat torch's, make it the default
+#            (lowering/templates/pool.py default_config).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -630,6 +634,13 @@ elif [ "$part" = 91 ]; then  # (session 56: ConvNeXt-T's GEMMs, N or K 96: ws ti
     timeout 300 python3 bench/sweep_gemm.py --models "${PART91_MODELS:-timm-convnext}" --budget 4 \
         --widths 64,96,128,192,256 --json "$OUT/logs/sweep_gemm_widths.json" > "$OUT/logs/sweep_gemm_widths.log" 2>&1
     grep -v -i warn "$OUT/logs/sweep_gemm_widths.log" | cut -c1-230 | head -60
+elif [ "$part" = 92 ]; then  # (session 56: the pool template's whole-plane schedule, experimental)
+    timeout 200 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_pool_global.py \
+        > "$OUT/logs/gpu_tests_92.log" 2>&1
+    echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_92.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_92.log" | cut -c1-200 | head -8
+    TILEFUSE_EXPERIMENTAL=global_pool zoo "${ZOO92:-timm-efficientnet}" "${ZOO92_LIMIT:-240}" heldout_global_pool \
+        eager,default
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi

@@ -132,6 +132,7 @@ SHAPED_PICKS = {
     "row_reduction": lambda kw, target: reduction.default_config(numel(kw["shape"][:-1]), kw["shape"][-1], target),
     "depthwise_conv2d": lambda kw, target: depthwise.default_config(kw["w_shape"][0], kw.get("stride", (1, 1)),
                                                                          target),
+    "pool2d": lambda kw, target: pool.default_config(kw, target, "global_pool" in experimental(target)),
 }
 
 

@@ -118,7 +118,8 @@ def _on(v: str) -> bool:
 # (Measured wins left this list for the defaults: the ws GEMM and the ws attention with a padding mask,
 # lowering/lower.py config_space; attention_ws's pair_rows and fast_math, attention_configs.get_configs.)
 EXPERIMENTAL = ("gemm_ws_pingpong", "attention_pingpong", "attention_late_store", "attention_double_q",
-                "attention_chain", "attention_pin_softmax", "attention_lean_producer", "pdl_all", "pdl_tma")
+                "attention_chain", "attention_pin_softmax", "attention_lean_producer", "pdl_all", "pdl_tma",
+                "global_pool")
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,10 @@ class Options:
     # (The ws attention with a padding mask and with nvcc's fast math, opt-in until then, are now the defaults.)
     # (The depthwise template, opt-in as "depthwise" until it ran on a GPU, is now the default on CUDA: 1.12-3.5x
     # cuDNN at ConvNeXt-T's and EfficientNet-B0's shapes on the H200, bench/results/2026-12-07-h200-session56.)
+    # "global_pool": a whole-plane average pool channels last (EfficientNet's squeeze-and-excitation, a CNN's head)
+    # takes the pool template's global schedule (lowering/templates/pool.py ``global_C``: the plane's pixels split over
+    # the threads), not one thread walking each output's window. Checked on the CPU (`c`) and compiled for sm_90a, not
+    # yet run on a GPU (run_pending part 92).
     experimental: str = _read("EXPERIMENTAL", "")
     # Graphs with symbolic input dims compile once per input signature; this many are kept.
     max_specializations: int = _read("MAX_SPECIALIZATIONS", "16", int)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from tilefuse.lowering.expr import Acc, Env, Expr, emit, evaluate
+from tilefuse.lowering.templates import gemm_configs
 from tilefuse.lowering.templates.common import (
     arg_loader,
     check_dtype,
@@ -90,6 +91,7 @@ def pool2d(
     block: int = 256,
     threads: int = 128,
     pixel_tiles: bool = False,
+    global_C: int = 0,
     target: dict | str = "cuda",
 ):
     """A ``T.prim_func`` pooling ``X`` of ``x_shape`` (``(*lead, H, W)``, or ``(*lead, H, W, C)`` with
@@ -100,6 +102,10 @@ def pool2d(
     (``output_size``). Parameters: ``X``, ``extra_0..``, ``Out`` (``output_shape``), then ``Pre``
     (the producer's result, X's shape) if ``write_pre``. ``Arg(i)`` is ``extra_i``: in ``producer``
     broadcast against X's shape, in ``consumer`` against Out's.
+
+    ``global_C``: where the pool is an average over the whole plane of a channels-last input (``whole_plane``), a
+    program owns that many channels of one image and its threads split the plane's pixels (``_global_schedule``);
+    else (0, or any other pool) each output walks its window alone.
     """
     if kind not in KINDS:
         raise NotImplementedError(f"pool2d: kind {kind!r} is not one of {KINDS}")
@@ -203,6 +209,9 @@ def pool2d(
         return T.Cast(out_dtype, emit(consumer, Env(acc=acc, arg=arg_loader(extras, extra_shapes,
                                                                             coords(plane, oh, ow, c)))))
 
+    if global_C and whole_plane(x_shape, kind, kernel, padding, dilation, output_size, channels_last):
+        return _global_schedule(x_shape, out_shape, extra_shapes, extra_dtypes, x_dtype, out_dtype, pre_dtype,
+                                write_pre, global_C, threads, d, producer, finished, coords)
     fill = -math.inf if kind == "max" else 0.0
     # With ``pixel_tiles`` a channels-last program takes block / C whole output pixels (C dividing block), so a tap's
     # loads are contiguous along the channel loop index, where a flat index's ``% C`` hides that from the vectorizer.
@@ -253,6 +262,68 @@ def pool2d(
     return pool2d_kernel
 
 
+def whole_plane(x_shape: Sequence[int], kind: str, kernel=(1, 1), padding=(0, 0), dilation=(1, 1), output_size=None,
+                channels_last: bool = False) -> bool:
+    """Whether each output averages the whole (H, W) plane of a channels-last input: a global average pool
+    (EfficientNet's squeeze-and-excitation, a CNN's head)."""
+    if not channels_last or len(x_shape) < 4 or kind == "max":
+        return False
+    if kind == "adaptive_avg":
+        return tuple(output_size) == (1, 1)
+    return tuple(kernel) == tuple(x_shape[-3:-1]) and tuple(padding) == (0, 0) and tuple(dilation) == (1, 1)
+
+
+def _global_schedule(x_shape, out_shape, extra_shapes, extra_dtypes, x_dtype, out_dtype, pre_dtype, write_pre,
+                     global_C, threads, d, producer, finished, coords):
+    """``pool2d``'s prim func for a whole-plane average, channels last: program ``(image, channel block)`` sums its
+    ``bc`` channels over the ``H * W`` pixels, ``rows`` pixels a step (8 elements a thread), each thread into its own
+    partial sums (loads contiguous along the channels); the partial sums are then transposed through shared memory
+    and reduced over the rows (``Dialect.reduce``). The per-output schedule walked 12544 pixels serially in each of 4
+    programs at EfficientNet-B0's first squeeze (b64, 112x112x32 fp16): 0.815 ms on the H200 against torch's 0.031."""
+    Cc, W, lead = x_shape[-1], x_shape[-2], x_shape[:-3]
+    planes, HW = numel(lead), x_shape[-3] * x_shape[-2]
+    bc = max(1, min(global_C, 1 << max(0, (Cc - 1).bit_length())))
+    rows = 1 if d.cpu else max(1, threads * 8 // bc)
+    steps, cblocks = -(-HW // rows), -(-Cc // bc)
+    f32 = "float32"
+
+    @T.prim_func
+    def pool2d_kernel():
+        X_nd = param("X", x_shape, x_dtype)
+        extras = [param(f"extra{i}", s, dt) for i, (s, dt) in enumerate(zip(extra_shapes, extra_dtypes))]
+        Out_nd = param("Out", out_shape, out_dtype)
+        Pre_nd = param("Pre", x_shape, pre_dtype) if write_pre else None
+        with d.kernel(planes * cblocks, threads=threads) as bx:
+            io = {"X": view(X_nd, (planes, HW, Cc)), "Out": view(Out_nd, (planes * Cc,))}  # see common.view
+            if write_pre:
+                io["Pre"] = view(Pre_nd, (planes, HW, Cc))
+            plane, c0 = bx // cblocks, (bx % cblocks) * bc
+            part = d.fragment((rows, bc), f32)
+            for r, c in d.tile_loop(rows, bc):
+                part[r, c] = T.float32(0)
+            for st in T.serial(steps):
+                for r, c in d.tile_loop(rows, bc):
+                    px, ch = T.min(st * rows + r, HW - 1), T.min(c0 + c, Cc - 1)
+                    v = emit(producer, Env(acc=io["X"][plane, px, ch],
+                                           arg=arg_loader(extras, extra_shapes, coords(plane, px // W, px % W, ch))))
+                    if write_pre:
+                        if T.And(st * rows + r < HW, c0 + c < Cc):
+                            io["Pre"][plane, px, ch] = T.Cast(pre_dtype, v)
+                    part[r, c] = part[r, c] + T.if_then_else(st * rows + r < HW, T.Cast(f32, v), T.float32(0))
+            staged = d.shared((rows, bc), f32)
+            for r, c in d.tile_loop(rows, bc):
+                staged[r, c] = part[r, c]
+            by_channel, total = d.reducible((bc, rows), f32), d.reducible((bc,), f32)
+            for c, r in d.tile_loop(bc, rows):
+                by_channel[c, r] = staged[r, c]
+            d.reduce("sum", by_channel, total)
+            for c in d.tile_loop(bc):
+                if c0 + c < Cc:
+                    io["Out"][plane * Cc + c0 + c] = finished(total[c], extras, (plane, c0 + c))
+
+    return pool2d_kernel
+
+
 def reference(x: torch.Tensor, kind: str, *, kernel=(1, 1), stride=None, padding=(0, 0), dilation=(1, 1),
               ceil_mode: bool = False, count_include_pad: bool = True, output_size=None,
               extras: Sequence[torch.Tensor] = (), producer: Expr | None = None, consumer: Expr | None = None,
@@ -273,6 +344,21 @@ def reference(x: torch.Tensor, kind: str, *, kernel=(1, 1), stride=None, padding
     if consumer is not None:
         y = evaluate(consumer, y, list(extras)).float()
     return y.to(getattr(torch, out_dtype) if out_dtype else x.dtype)
+
+
+def default_config(kw: dict, target: dict | str, global_pool: bool) -> dict:
+    """The untuned pick: the first seed; with ``global_pool`` (``Options.experimental`` "global_pool", not yet run on
+    a GPU), a whole-plane average on a GPU takes ``global_C`` channels a program: the widest of 64, 32, 16 and 8 whose
+    programs fill each of the target's SMs twice (8 where none does)."""
+    first = get_configs(target)[0]
+    if dialect(target).cpu or not global_pool or not whole_plane(
+            kw["x_shape"], kw["kind"], kw.get("kernel", (1, 1)), kw.get("padding", (0, 0)), kw.get("dilation", (1, 1)),
+            kw.get("output_size"), kw.get("channels_last", False)):
+        return first
+    planes, channels = numel(kw["x_shape"][:-3]), kw["x_shape"][-1]
+    sms = gemm_configs.sm_count(target)
+    bc = next((b for b in (64, 32, 16) if planes * -(-channels // b) >= 2 * sms), 8)
+    return {"block": first["block"], "threads": 128, "global_C": bc}
 
 
 def get_configs(target: dict | str) -> list[dict]:
