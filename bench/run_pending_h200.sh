@@ -36,6 +36,11 @@
 # depthwise template's first form 0.53x cuDNN); four requests got none. Next: part 88 (the depthwise template's tiled
 # form, behind Options.experimental "depthwise"; its GPU tests) and 89 (ConvNeXt and EfficientNet with
 # TILEFUSE_EXPERIMENTAL=depthwise); on an H200 83, 30, 31, 34 and 39.
+# Session 56 ran parts 88 (the tiled form), 30, 34, 31, 83, 39 and 89 on the H200 (bench/results/2026-12-07-h200-
+# session56: the default bar holds, every zoo model 1.07-1.30x Inductor default; HF BERT 1.16-1.20x eager; D-64
+# attention 0.92-1.09x cuDNN; the depthwise template 1.12-3.5x cuDNN, since then the default with new picks). Then the
+# device was paused. Next: part 90 (the depthwise default's GPU tests and models), 91 (ConvNeXt's GEMMs at every ws
+# width) and 92 (the global-pool schedule, experimental), on either GPU.
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 82 (~1 min): the MUFU probe (bench/probes/mufu_ex2.cu): fp32 against packed fp16 exponents, with SASS counts.
 #   part 83 (~4 min): #14's kernel bar: bench_attention.py's default seeds over the sweep and the long runs vs cuDNN.
