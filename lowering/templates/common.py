@@ -204,6 +204,11 @@ def numel(shape: Sequence[int]) -> int:
     return math.prod(int(d) for d in shape)
 
 
+def fit_pow2(tile: int, n: int) -> int:
+    """``tile`` no wider than the power of two that covers ``n`` (a tile over a short dim shrinks to it), at least 1."""
+    return max(1, min(tile, 1 << max(0, (n - 1).bit_length())))
+
+
 def broadcast_shapes(*shapes: Sequence[int]) -> Shape:
     """numpy broadcasting of static shapes (plain Python: torch.broadcast_shapes imports torch._dynamo,
     half a second on the first call, which artifact loading would pay)."""

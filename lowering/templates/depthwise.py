@@ -28,6 +28,7 @@ from tilefuse.lowering.templates.common import (
     arg_loader,
     check_dtype,
     dialect,
+    fit_pow2,
     normalize_shapes,
     param,
     target_kind,
@@ -90,9 +91,8 @@ def depthwise_conv2d(
     _, OH, OW, _ = out_shape
     if OH < 1 or OW < 1:
         raise ValueError(f"depthwise_conv2d: no output for {x_shape} by {w_shape}")
-    bc = max(1, min(block_C, 1 << max(0, (O - 1).bit_length())))  # no wider than the channels
-    th, tw = _fit(max(1, min(tile_h, 1 << max(0, (OH - 1).bit_length()))),
-                  max(1, min(tile_w, 1 << max(0, (OW - 1).bit_length()))), bc, threads, d.cpu)
+    bc = fit_pow2(block_C, O)  # no wider than the channels
+    th, tw = _fit(fit_pow2(tile_h, OH), fit_pow2(tile_w, OW), bc, threads, d.cpu)
     tiles_h, tiles_w = -(-OH // th), -(-OW // tw)
     # the input patch an output tile reads (zeros where it lies in the padding)
     PH, PW = (th - 1) * stride[0] + (KH - 1) * dilation[0] + 1, (tw - 1) * stride[1] + (KW - 1) * dilation[1] + 1

@@ -46,6 +46,7 @@ from tilefuse.lowering.templates.common import (
     arg_loader,
     check_dtype,
     dialect,
+    fit_pow2,
     int32_index,
     normalize_shapes,
     numel,
@@ -116,7 +117,7 @@ def row_reduction(
         check_dtype(dt, target, "row_reduction")
     d = dialect(target)
     out_shape = output_shape(shape, kind, keepdim)
-    block_N = min(block_N, 1 << max(0, (cols - 1).bit_length()))  # no wider than the row
+    block_N = fit_pow2(block_N, cols)  # no wider than the row
     n_tiles = -(-cols // block_N)
     normalizing, two_pass = kind in NORMALIZING, kind in NORMALIZING and n_tiles > 1
     welford, online_max = kind in ("layer_norm", "var"), kind in ("softmax", "log_softmax", "amax")
