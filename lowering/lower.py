@@ -235,11 +235,14 @@ def lower(specs: Mapping[str, KernelSpec], configs: Mapping[str, dict], target: 
         todo[key] = chosen[r]
     todo = dict(sorted(todo.items(), key=lambda item: compile_rank(item[1][0].template)))  # (stable)
     built: list[str] = []
+    saved: set[str] = set()  # keys whose function ``prebuilt`` gave: never kept for this process's later compiles
 
     def funcs():  # built one at a time as compile_many asks: each compiles while the next is built
         for key, (spec, config) in todo.items():
             try:
                 func = prebuilt(spec, config) if prebuilt is not None else None
+                if func is not None:
+                    saved.add(key)
                 func = func if func is not None else make_prim_func(spec, target, config)
             except Exception as e:  # noqa: BLE001 -- a template refusing the spec is reported like a compile failure
                 kernels[key] = e
@@ -253,7 +256,9 @@ def lower(specs: Mapping[str, KernelSpec], configs: Mapping[str, dict], target: 
                                 return_exceptions=True, on_done=bar.tick) if todo else []
     for key, kernel in zip(built, compiled):
         kernels[key] = kernel
-        if not isinstance(kernel, BaseException):
+        # (an artifact's saved function may come from other templates than this process's: kept under the key of
+        # what this process would build, a later compile of the same spec would run the artifact's kernel)
+        if not isinstance(kernel, BaseException) and key not in saved:
             _COMPILED[key] = kernel
             while len(_COMPILED) > COMPILED_KEEP:
                 _COMPILED.popitem(last=False)

@@ -2,9 +2,11 @@
 keeps the AST converters' recursion depth in interpreter-wide state, so two threads parsing at once failed a CI run
 ("AST constructor recursion depth mismatch"). ``lowering.compile`` makes those rewrites take turns."""
 
+import collections
 import threading
 import time
 
+import pytest
 import tilelang.language.eager.ast as tl_ast
 import tilelang.language.eager.builder as tl_builder
 
@@ -153,3 +155,23 @@ def test_a_batch_compiles_its_tensor_core_kernels_first_and_keeps_each_result_wi
     got = lower_mod.lower(specs, {}, {"kind": "cuda", "arch": "sm_90a"}, use_process_cache=False)
     assert handed == ["r4", "r1", "r3", "r6", "r0", "r2", "r5"]
     assert {r: g.kernel for r, g in got.items()} == {r: f"kernel of {r}" for r in specs}
+
+
+def test_an_artifacts_saved_kernel_is_not_kept_for_later_compiles(monkeypatch):
+    """A kernel compiled from an artifact's saved function (``prebuilt``: maybe another tilefuse's templates) is not
+    kept in the process's cache under the key of what this process builds: a later compile of the same spec builds
+    its own. A kernel this process built is kept."""
+    from tilefuse.lowering import lower as lower_mod
+    from tilefuse.lowering.builders import KernelSpec
+
+    monkeypatch.setattr(lower_mod, "_COMPILED", collections.OrderedDict())
+    monkeypatch.setattr(lower_mod, "compile_many", lambda items, target, **kw: [f"kernel of {f}" for f, _ in items])
+    monkeypatch.setattr(lower_mod, "default_config", lambda spec, target: {})
+    monkeypatch.setattr(lower_mod, "make_prim_func", lambda spec, target, config: "ours")
+    specs = {"r": KernelSpec("row_reduction", (("k", 0),), (0,), (), ())}
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    loaded = lower_mod.lower(specs, {}, target, prebuilt=lambda spec, config: "saved", use_process_cache=False)
+    assert loaded["r"].kernel == "kernel of saved"
+    assert lower_mod.lower(specs, {}, target)["r"].kernel == "kernel of ours"
+    monkeypatch.setattr(lower_mod, "compile_many", lambda items, target, **kw: pytest.fail("compiled again"))
+    assert lower_mod.lower(specs, {}, target)["r"].kernel == "kernel of ours"
