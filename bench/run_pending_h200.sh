@@ -41,6 +41,8 @@
 # attention 0.92-1.09x cuDNN; the depthwise template 1.12-3.5x cuDNN, since then the default with new picks). Then the
 # device was paused. Next: part 90 (the depthwise default's GPU tests and models), 91 (ConvNeXt's GEMMs at every ws
 # width) and 92 (the global-pool schedule, experimental), on either GPU.
+# Session 57 got no machine (its device time was what session 56 left, 520 s: three starts failed, then a fourth
+# was refused): parts 90, 91 and 92 are still next, part 90 first (the depthwise default has not run its GPU tests).
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 82 (~1 min): the MUFU probe (bench/probes/mufu_ex2.cu): fp32 against packed fp16 exponents, with SASS counts.
 #   part 83 (~4 min): #14's kernel bar: bench_attention.py's default seeds over the sweep and the long runs vs cuDNN.
