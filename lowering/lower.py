@@ -241,9 +241,10 @@ def lower(specs: Mapping[str, KernelSpec], configs: Mapping[str, dict], target: 
         for key, (spec, config) in todo.items():
             try:
                 func = prebuilt(spec, config) if prebuilt is not None else None
-                if func is not None:
+                if func is None:
+                    func = make_prim_func(spec, target, config)
+                else:
                     saved.add(key)
-                func = func if func is not None else make_prim_func(spec, target, config)
             except Exception as e:  # noqa: BLE001 -- a template refusing the spec is reported like a compile failure
                 kernels[key] = e
                 bar.tick()

@@ -32,6 +32,7 @@ import math
 import os
 import random
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 import torch
@@ -275,22 +276,16 @@ def second_look(program: Program, inputs: list[torch.Tensor], compiled, got) -> 
         equal = all(x.shape == y.shape and bool(((x == y) | (x != x) & (y != y)).all()) for x, y in zip(a, b))
         return "the same" if equal else "different"
 
-    with torch.no_grad():
+    with torch.no_grad(), mock.patch.dict(os.environ, {"TILEFUSE_FUNC_CACHE": "0"}), \
+            mock.patch.dict(lower._COMPILED, clear=True):
         again = compiled(*inputs)
-        kept, os.environ["TILEFUSE_FUNC_CACHE"] = os.environ.get("TILEFUSE_FUNC_CACHE"), "0"
-        held, cached = dict(lower._COMPILED), tilelang.is_cache_enabled()
-        lower._COMPILED.clear()
+        cached = tilelang.is_cache_enabled()
         tilelang.disable_cache()
         try:
             cold = compile_program(program, inputs)[1](*inputs)
         finally:
-            lower._COMPILED.update(held)
             if cached:
                 tilelang.enable_cache()
-            if kept is None:
-                os.environ.pop("TILEFUSE_FUNC_CACHE")
-            else:
-                os.environ["TILEFUSE_FUNC_CACHE"] = kept
     return (f"second look: called again, {same(got, again)} answer; compiled afresh without kernel caches, "
             f"{same(got, cold)} answer")
 
