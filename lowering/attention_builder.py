@@ -47,6 +47,8 @@ def build_attention(b: Builder, anchor: Node, target: dict) -> KernelSpec:
               "dtype": dtype}
     if anchor.attr.get("window"):  # only where set: specs (and cache keys) without a window stay as they were
         params["window"] = int(anchor.attr["window"])
+    if anchor.attr.get("softcap") is not None:  # (likewise)
+        params["softcap"] = float(anchor.attr["softcap"])
     producers = {o.name: n for n in pre for o in n.outputs}
     operands = [attention_layout.operand(x, B, s, producers, b.types) for x, s in ((q, Sq), (k, Skv), (v, Skv))]
     inputs = [(a.value, a.shape) for a in operands]

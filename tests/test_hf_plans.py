@@ -348,3 +348,37 @@ def test_math_sdpa_fp16_cuda(name, call):
     (runner,) = runners
     _check_attention_plan(runner.plan, name, call, "float16")
     assert all(r.backend == "tilelang" for r in runner.plan.regions if r.kind == "attention"), runner.plan.to_text()
+
+
+def _gemma2(softcap: float | None) -> torch.nn.Module:
+    """Tiny Gemma 2 (eager, its only form): sliding-window and global layers in turn, grouped-query heads, the scores
+    softcapped at ``softcap`` before the mask (a cap small against these scores, so tanh bends them)."""
+    t = transformers
+    cfg = t.Gemma2Config(num_hidden_layers=LAYERS, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, intermediate_size=128, max_position_embeddings=64, sliding_window=8,
+                         query_pre_attn_scalar=16, attn_logit_softcapping=softcap, vocab_size=100, bos_token_id=0,
+                         eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    return _Main(t.Gemma2ForCausalLM._from_config(cfg, attn_implementation="eager").eval())
+
+
+def test_gemma2_softcapped_attention_is_one_region_a_layer():
+    """Gemma 2's ``cap * tanh(q @ k^T * s / cap)`` before its causal (or sliding-window) mask (``planner.
+    patterns_softcap``): one sdpa a layer with the softcap, causal, the window in the sliding layer, the padding a
+    per-key mask, nothing S x S, all through TileLang; the values match eager on the c target."""
+    model = _gemma2(0.01)
+    S = 19
+    p = plan(_graph(model, _inputs(S)), {"kind": "c"})
+    att = [r for r in p.regions if r.kind == "attention"]
+    assert len(att) == LAYERS and all(r.backend == "tilelang" for r in p.regions), p.to_text()
+    nodes, values = {n.name: n for n in p.graph.nodes}, p.graph.values()
+    attrs = [nodes[r.anchor].attr for r in att]
+    assert all(a["softcap"] == pytest.approx(0.01) and a["is_causal"] and a["scale"] == 0.25 for a in attrs), attrs
+    assert sorted(a.get("window") or 0 for a in attrs) == [0, 8], attrs
+    assert all(tuple(values[nodes[r.anchor].inputs[3]].type.shape) == (2, 1, 1, S) for r in att)
+    assert not [n.name for n in p.graph.nodes if n.op != "sdpa" and (values[n.outputs[0].name].type.shape or ())[-2:]
+                == (S, S)]
+    args = _inputs(S)
+    with torch.no_grad():  # the cap changes the model's answer: a kernel without it would not pass below
+        assert (model(*args) - _gemma2(None)(*args)).abs().max() > 1e-2
+    _matches_eager_on_c(model, args)

@@ -57,6 +57,7 @@ from tilefuse.lowering.templates.common import (
     param,
     target_kind,
 )
+from tilefuse.ops import nn
 
 SCAN_RUN = 8  # keys a lane reads a step of the bound's scan of the mask
 # scan steps a lane issues together (unrolled, runs in registers): 32 x 8 x 16 = 4096 keys one trip a pass, not 16.
@@ -108,6 +109,7 @@ def flash_attention(
     is_causal: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    softcap: float | None = None,
     mask_shape: Sequence[int] | None = None,
     mask_dtype: str | None = None,
     dtype: str = "float16",
@@ -144,10 +146,12 @@ def flash_attention(
     ``Q`` is ``(B, Hq, Sq, D)``, ``K``/``V`` are ``(B, Hkv, Skv, D)`` with ``Hq % Hkv == 0``, ``O`` is ``(B, Hq, Sq,
     D)`` in ``out_dtype`` (default ``dtype``); an operand with a ``TokenRows`` layout (``q_layout``...) is a ``(B, S,
     width)`` buffer instead. ``scale`` defaults to ``1/sqrt(D)``. ``mask_shape`` (rank <= 4, broadcastable to ``(B,
-    Hq, Sq, Skv)``) adds an additive mask of ``mask_dtype`` to the scaled scores. Tunables are TileLang's: ``block_M``
-    (query rows per program), ``block_N`` (keys per step), ``num_stages``, ``threads``; CPU targets ignore the last
-    two. ``pack``: a program owns one kv head and its rows are the (query head of its group, query) pairs, so a decode
-    step's few queries fill the tile and each K/V tile is read once for the whole group (``decode_configs``).
+    Hq, Sq, Skv)``) adds an additive mask of ``mask_dtype`` to the scaled scores. ``softcap`` (> 0) caps the scaled
+    scores before the mask, ``softcap * tanh(s / softcap)`` (Gemma 2's logit softcapping). Tunables are TileLang's:
+    ``block_M`` (query rows per program), ``block_N`` (keys per step), ``num_stages``, ``threads``; CPU targets ignore
+    the last two. ``pack``: a program owns one kv head and its rows are the (query head of its group, query) pairs,
+    so a decode step's few queries fill the tile and each K/V tile is read once for the whole group
+    (``decode_configs``).
     ``bound_keys`` (with a mask): a first pass over the mask finds the first and last key some row of the program
     keeps, and the K/V loop runs over those tiles only (a decode step over a static cache reads its filled part, see
     ``HIDDEN_GAP``). ``split_max`` (a spec argument) adds the parameters ``O_part (split_max, B, Hq, Sq, D)`` and
@@ -180,7 +184,9 @@ def flash_attention(
     groups = Hq // Hkv
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     scale_log2 = scale * LOG2E
-    fold = bool(fold_scale) and mask_shape is None and scale > 0
+    if softcap is not None and not float(softcap) > 0:
+        raise ValueError(f"flash_attention: softcap must be positive, got {softcap}")
+    fold = bool(fold_scale) and mask_shape is None and scale > 0 and softcap is None
     q_layout, k_layout, v_layout, o_layout = (None if lay is None else TokenRows(*lay)
                                               for lay in (q_layout, k_layout, v_layout, o_layout))
     q_shape, k_shape = _operand("q", q_layout, B, Hq, Sq, D), _operand("k", k_layout, B, Hkv, Skv, D)
@@ -202,13 +208,13 @@ def flash_attention(
                          "pin_softmax and lean_producer are options of ws=True")
     if ws:
         if not attention_ws.eligible(target, D=D, dtype=dtype, mask_shape=mask_shape, mask_dtype=mask_dtype,
-                                     scale=scale, window=window,
+                                     scale=scale, window=window, softcap=softcap,
                                      pack=pack, splits=splits, bound_keys=bound_keys, q_layout=q_layout,
                                      k_layout=k_layout, v_layout=v_layout, out_dtype=out_dtype):
             raise ValueError("flash_attention: ws=True needs a CUDA sm_90 target, fp16/bf16, at most a padding mask "
-                             "(one float per key and batch), a positive scale, "
-                             "no window, packed rows or split keys, a head dim of 16-128 in steps of 16, token "
-                             "rows in 16-byte units and the output in the operands' dtype")
+                             "(one float per key and batch), a positive scale, no softcap or window, packed rows or "
+                             "split keys, a head dim of 16-128 in steps of 16, token rows in 16-byte units and the "
+                             "output in the operands' dtype")
         smem, room = 2 * D * (block_M * (3 if double_q else 2) + 2 * num_stages * block_N), device_facts(target)
         if smem > room.smem_per_block:  # (Q once or twice, O's stage, K and V per stage: TileLang's allocation)
             raise ValueError(f"flash_attention(ws=True): {block_M} x {block_N} tiles of head dim {D} in {num_stages} "
@@ -253,7 +259,10 @@ def flash_attention(
     def score(acc, mask, bz, h, m, n):
         """One masked score, scaled to the log2 domain unless ``fold`` (query ``m`` of head ``h``); -inf where the key is
         past the end or causal-hidden."""
-        s = acc if fold else acc * scale_log2
+        if softcap is not None:  # cap * tanh(acc * scale / cap), in the log2 domain
+            s = T.tanh(acc * (scale / float(softcap))) * (float(softcap) * LOG2E)
+        else:
+            s = acc if fold else acc * scale_log2
         if mask is not None:
             # keys past Skv only in a tail tile (clamped there); else a bounded or split loop's keys stay inside, which
             # the simplifier cannot see through their runtime bounds (a clamp kept there costs the vector loads)
@@ -499,9 +508,13 @@ def flash_attention(
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
-              is_causal: bool = False, scale: float | None = None, window: int | None = None) -> torch.Tensor:
+              is_causal: bool = False, scale: float | None = None, window: int | None = None,
+              softcap: float | None = None) -> torch.Tensor:
     """Torch reference of ``flash_attention`` (fp32 math, kv heads repeated for grouped-query attention; a
-    causal flag beside a mask or a window becomes one mask, as ``ops.nn.sdpa`` does)."""
+    causal flag beside a mask or a window becomes one mask, as ``ops.nn.sdpa`` does, which computes a softcap)."""
+    if softcap is not None:
+        return nn.sdpa(q.float(), k.float(), v.float(), None if mask is None else mask.float(), is_causal=is_causal,
+                       scale=scale, window=window, softcap=softcap).to(q.dtype)
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

@@ -71,9 +71,9 @@ def key_mask(mask_shape) -> bool:
 
 
 def eligible(target: dict | str, *, D: int, dtype: str = "float16", mask_shape=None, mask_dtype: str | None = None,
-             scale: float | None = None, window: int | None = None, pack: bool = False, splits: int = 1,
-             bound_keys: bool = False, q_layout=None, k_layout=None, v_layout=None, out_dtype: str | None = None,
-             **_: object) -> bool:
+             scale: float | None = None, window: int | None = None, softcap: float | None = None, pack: bool = False,
+             splits: int = 1, bound_keys: bool = False, q_layout=None, k_layout=None, v_layout=None,
+             out_dtype: str | None = None, **_: object) -> bool:
     """Whether ``flash_attention_ws`` builds this attention (legality only; which schedule wins is measured). Q, K and
     V are TMA loads: a token-row operand's row width and column offset must be whole 16-byte units (TileLang refuses
     the descriptor otherwise; the template then copies without TMA). The output is in the operands' dtype (the one
@@ -85,10 +85,9 @@ def eligible(target: dict | str, *, D: int, dtype: str = "float16", mask_shape=N
     mask_ok = mask_shape is None or (key_mask(mask_shape)
                                      and (mask_dtype or dtype) in ("float16", "bfloat16", "float32"))
     return (target_kind(target) == "cuda" and arch.startswith("sm_90") and dtype in ("float16", "bfloat16")
-            and mask_ok and (scale is None or scale > 0) and window is None and not pack
+            and mask_ok and (scale is None or scale > 0) and window is None and softcap is None and not pack
             and int(splits) <= 1 and (not bound_keys or mask_shape is not None) and D % 16 == 0 and 16 <= D <= 128
-            and rows_ok
-            and out_dtype in (None, dtype))
+            and rows_ok and out_dtype in (None, dtype))
 
 
 def visible(m, n, Skv: int, is_causal: bool, tail_n: bool, window: int | None = None):

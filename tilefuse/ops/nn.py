@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -277,12 +279,14 @@ def adaptive_avg_pool(x, output_size: tuple, channels_last: bool = False):
 # ---- attention -------------------------------------------------------------------------------
 
 @register("sdpa", A)
-def sdpa(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None, window: int | None = None):
+def sdpa(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None, window: int | None = None,
+         softcap: float | None = None):
     """Scaled dot-product attention on (..., heads, seq, dim); an additive or boolean mask
     broadcast to (..., heads, q_seq, k_seq); fewer KV heads than query heads is grouped-query
     attention. A causal mask is aligned to the top left, as torch does; ``window`` (with ``is_causal``)
     lets query ``i`` see keys ``i - window < j <= i`` only (Mistral's sliding window). ``is_causal``
-    and ``mask`` may both be given: both apply."""
+    and ``mask`` may both be given: both apply. ``softcap`` (> 0) caps the scaled scores at +-softcap before
+    the mask: ``softcap * tanh(s / softcap)`` (Gemma 2's logit softcapping; computed in float32 here)."""
     if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k = k.repeat_interleave(rep, dim=-3)
@@ -302,7 +306,26 @@ def sdpa(q, k, v, mask=None, is_causal: bool = False, scale: float | None = None
         else:
             mask = mask.masked_fill(~visible, float("-inf"))
         is_causal = False
+    if softcap is not None:
+        return _capped_attention(q, k, v, mask, is_causal, scale, float(softcap))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+
+
+def _capped_attention(q, k, v, mask, is_causal: bool, scale: float | None, cap: float):
+    """``sdpa`` with the scores capped (``cap * tanh(s / cap)``), in float32, rounded to q's dtype at the end (k, v
+    already repeated for grouped-query attention, a causal flag beside a mask or window already folded into it)."""
+    if not cap > 0:
+        raise ValueError(f"sdpa: softcap must be positive, got {cap}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    s = torch.tanh(s / cap) * cap
+    if is_causal:
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.float()
+    hidden = (s == float("-inf")).all(dim=-1, keepdim=True)  # a row that sees no key: 0, as torch's sdpa gives
+    p = torch.softmax(s.masked_fill(hidden, 0.0), dim=-1).masked_fill(hidden, 0.0)
+    return torch.matmul(p, v.float()).to(q.dtype)
 
 
 @register("rotary_embedding", OpKind.BROADCAST, traits=("axis",))

@@ -338,13 +338,13 @@ def _finish(f: Facts, regions: list[_Open], cost: CostModel) -> list[Region]:
 
 def attention_pattern(node: Node, types) -> str:
     """``attention.<what the kernel does>``: causal, sliding_window, masked (a per-key or bias operand), gqa,
-    cross (Sq != Skv), joined by ``_``; ``attention.plain`` for none."""
+    cross (Sq != Skv), softcap, joined by ``_``; ``attention.plain`` for none."""
     a = node.attr
     q, k = (types[x].shape for x in node.inputs[:2])
     parts = ["sliding_window" if a.get("window") else "causal" if a.get("is_causal") else None,
              "masked" if len(node.inputs) > 3 and node.inputs[3] else None,
              "gqa" if q and k and len(q) == 4 and len(k) == 4 and q[1] != k[1] else None,
-             "cross" if q and k and q[-2] != k[-2] else None]
+             "cross" if q and k and q[-2] != k[-2] else None, "softcap" if a.get("softcap") is not None else None]
     return "attention." + ("_".join(p for p in parts if p) or "plain")
 
 

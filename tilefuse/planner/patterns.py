@@ -16,6 +16,7 @@ import torch
 
 from tilefuse import ops
 from tilefuse.ir import torch_dtype
+from tilefuse.planner import patterns_softcap
 from tilefuse.planner.attention_mask import analyse, key_mask, mask_attrs, sdpa_mask_args
 from tilefuse.planner.pattern import Context, Emitter, Op, Opt, Pattern, Prod, Scalar
 from tilefuse.planner.patterns_alibi import ALIBI
@@ -121,6 +122,7 @@ def _attn_rewrite(caps: dict, ctx: Context, em: Emitter) -> list[str]:
     if isinstance(hidden, str) and "bias" in caps:  # T5: position bias + padding mask, one operand (H x S x S anyway)
         mask = [em.add1("add", [caps["bias"], mask[0]]) if mask[0] else caps["bias"]]
     q, k, v = _same_dtype_qkv(caps, ctx)
+    attrs = {**attrs, **patterns_softcap.attrs(caps, ctx)}
     out = em.add1("sdpa", [q, _untransposed(k, caps, ctx, em), v, *mask], scale=float(scale), **attrs)
     root_t = ctx.type(caps["root"].outputs[0].name)
     if em.type(out).dtype != root_t.dtype:
@@ -154,13 +156,14 @@ def _batched_check(caps: dict, ctx: Context) -> str | None:
     return None
 
 
-def _attention(scale: str, masked: bool, batched: bool = False, biased: bool = False) -> Pattern:
+def _attention(scale: str, masked: bool, batched: bool = False, biased: bool = False, capped: bool = False) -> Pattern:
     """``scale``: "none", "after" (scores * s or / s) or "before" (q * s or / s); ``biased``: a second additive
-    term (T5 adds its position bias, then the padding mask)."""
+    term (T5 adds its position bias, then the padding mask); ``capped``: Gemma 2's softcap before the mask."""
     q = Op(("mul", "div"), ("q", "scale"), name="scale_op") if scale == "before" else "q"
     s = _product(q, _KT, "qk", batched)
     if scale == "after":
         s = Op(("mul", "div"), (s, "scale"), name="scale_op")
+    s = patterns_softcap.capped(s) if capped else s
     if biased:
         s = Op("add", (s, "bias"), name="bias_op", commutative=True)
     if masked:
@@ -170,10 +173,11 @@ def _attention(scale: str, masked: bool, batched: bool = False, biased: bool = F
     root = Op(prod.op, prod.inputs, name="root")
     name = ("attention.decomposed" + ("_batched" if batched else "")
             + {"none": "", "after": "_scaled", "before": "_scaled_q"}[scale] + ("_masked" if masked else "")
-            + ("_biased" if biased else ""))
+            + ("_biased" if biased else "") + ("_softcap" if capped else ""))
 
     def check(caps, ctx):
-        return (_batched_check(caps, ctx) if batched else None) or _attn_check(caps, ctx)
+        return ((_batched_check(caps, ctx) if batched else None) or _attn_check(caps, ctx)
+                or patterns_softcap.check(caps, ctx))
 
     return Pattern(name, root, _attn_rewrite, check, "matmul(softmax(q @ k^T * scale + mask), v) -> sdpa")
 
@@ -574,6 +578,7 @@ PATTERNS: list[Pattern] = [
             _gqa_rewrite, _gqa_check, "sdpa over repeat_kv(k), repeat_kv(v) -> grouped-query sdpa"),
     *[_attention(scale, True, batched, biased=True) for batched in (True, False) for scale in ("after", "none")],
     ALIBI,
+    *[_attention("after", masked, batched, capped=True) for batched in (True, False) for masked in (True, False)],
     *[_attention(scale, masked, batched) for batched in (True, False) for scale in ("after", "before", "none")
       for masked in (True, False)],
     Pattern("attention.mask_from_indices", Op("sdpa", ("q", "k", "v", "mask"), name="attn"), _sdpa_mask_rewrite,
