@@ -75,6 +75,18 @@ def hf_gpt_neo(batch: int = 8, seq: int = 1024):
     return _hf(cfg, GPTNeoForCausalLM, (torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"),))
 
 
+def hf_gemma2(batch: int = 4, seq: int = 2048):
+    """Gemma-2-2B's shape, 8 of its 26 layers, no LM head (eager only: its scores softcapped at 50 before the mask,
+    sliding-window layers of 4096 keys and global ones in turn, head dim 256; session 58: planned as one sdpa a layer
+    with the softcap, not measured)."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    cfg = Gemma2Config(hidden_size=2304, intermediate_size=9216, num_hidden_layers=8, num_attention_heads=8,
+                       num_key_value_heads=4, head_dim=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                       query_pre_attn_scalar=256, attn_implementation="eager")
+    return _hf(cfg, Gemma2Model, (torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"),))
+
+
 def hf_vit(batch: int = 64):
     from transformers import ViTConfig, ViTModel
 
@@ -116,7 +128,7 @@ def timm_swin(batch: int = 64):
 BUILDERS = {"hf-gpt2": hf_gpt2, "hf-llama": hf_llama, "hf-bert": hf_bert, "hf-vit": hf_vit,
             "timm-resnet50": timm_resnet50, "hf-bert-eager": hf_bert_eager, "hf-gpt2-eager": hf_gpt2_eager,
             "timm-convnext": timm_convnext, "timm-efficientnet": timm_efficientnet, "timm-swin": timm_swin,
-            "hf-gpt-neo": hf_gpt_neo}
+            "hf-gpt-neo": hf_gpt_neo, "hf-gemma2": hf_gemma2}
 
 
 def build(name: str, size: str = "bench"):

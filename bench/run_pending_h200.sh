@@ -43,6 +43,8 @@
 # width) and 92 (the global-pool schedule, experimental), on either GPU.
 # Session 57 got no machine (its device time was what session 56 left, 520 s: three starts failed, then a fourth
 # was refused): parts 90, 91 and 92 are still next, part 90 first (the depthwise default has not run its GPU tests).
+# Session 58 got no machine (four starts failed or were refused, then no more were lent): parts 90, 91 and 92 are still
+# next, part 90 first; part 93 (Gemma 2's softcapped attention, new this session) after them.
 # Parts 30, 31, 35 and 39 stay: they are the bars' checks, to rerun after a change; part 46 is not yet run.
 #   part 82 (~1 min): the MUFU probe (bench/probes/mufu_ex2.cu): fp32 against packed fp16 exponents, with SASS counts.
 #   part 83 (~4 min): #14's kernel bar: bench_attention.py's default seeds over the sweep and the long runs vs cuDNN.
@@ -68,6 +70,10 @@
 #            squeeze pools ran 0.815 ms in the per-output schedule against torch's 0.031 on the H200): its GPU tests,
 #            then EfficientNet-B0 with it (ZOO92 picks models). If its pools beat torch's, make it the default
 #            (lowering/templates/pool.py default_config).
+#   part 93 (~5 min): Gemma 2's logit softcapping (session 58: one sdpa a layer with a ``softcap``, the non-ws
+#            flash template capping each score; its CUDA sources compiled for sm_90a, never run): the softcap GPU tests
+#            (fp16/bf16, head dims 64-256, causal and not), then HF Gemma-2-2B's shape (8 layers, b4x2048, eager only)
+#            against eager and Inductor default (PART93_LIMIT the time).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
@@ -648,6 +654,12 @@ elif [ "$part" = 92 ]; then  # (session 56: the pool template's whole-plane sche
     grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_92.log" | cut -c1-200 | head -8
     TILEFUSE_EXPERIMENTAL=global_pool zoo "${ZOO92:-timm-efficientnet}" "${ZOO92_LIMIT:-240}" heldout_global_pool \
         eager,default
+elif [ "$part" = 93 ]; then  # (session 58: Gemma 2's softcapped attention)
+    timeout 150 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_softcap.py \
+        > "$OUT/logs/gpu_tests_93.log" 2>&1
+    echo "GPU tests: $(tail -1 "$OUT/logs/gpu_tests_93.log")"
+    grep -E "^FAILED|^E  " "$OUT/logs/gpu_tests_93.log" | cut -c1-200 | head -8
+    zoo hf-gemma2 "${PART93_LIMIT:-360}" heldout_gemma2 eager,default
 elif [ "$part" = 34 ]; then
     zoo hf-bert 140 hf_bert_default eager
 fi
