@@ -94,3 +94,30 @@ def test_gpt_neo_onnx_reads_its_window_from_the_buffer(tmp_path, rng):
             fresh = example("gpt_neo", rng)
             (got,) = PlanRunner(p)(*fresh)
             torch.testing.assert_close(got, model(*fresh), rtol=1e-4, atol=1e-5)
+
+
+def test_gemma2_onnx_softcapped_attention_is_one_sdpa_a_layer(tmp_path, rng):
+    """Gemma 2's export (eager only): ``cap * tanh(q @ k^T * s / cap)`` before its causal and sliding-window masks is
+    one sdpa a layer with the softcap (``planner.patterns_softcap``), the window the kernel's index test, the padding
+    vector the only mask; every element against eager, the cap small enough to bend the scores."""
+    t = transformers
+    torch.manual_seed(0)
+    cfg = t.Gemma2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         intermediate_size=128, max_position_embeddings=64, sliding_window=8, query_pre_attn_scalar=16,
+                         attn_logit_softcapping=0.01, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = MainOutput(t.Gemma2ForCausalLM._from_config(cfg, attn_implementation="eager").eval())
+    path = tmp_path / "gemma2.onnx"
+    torch.onnx.export(model, example("gemma2", rng), str(path), input_names=["ids", "mask"], output_names=["out"],
+                      dynamo=True)
+    p = plan(import_onnx(path), {"kind": "c"})
+    sdpa = [n for n in p.graph.nodes if n.op == "sdpa"]
+    assert sorted((n.attr["is_causal"], n.attr.get("window") or 0) for n in sdpa) == [(True, 0), (True, 8)], p.to_text()
+    assert all(n.attr["softcap"] == pytest.approx(0.01) for n in sdpa)
+    values = p.graph.values()
+    assert all(tuple(values[n.inputs[3]].type.shape) == (2, 1, 1, 13) for n in sdpa)
+    assert all(r.backend == "tilelang" for r in p.regions)
+    with torch.no_grad():
+        for _ in range(2):
+            fresh = example("gemma2", rng)
+            (got,) = PlanRunner(p)(*fresh)
+            torch.testing.assert_close(got, model(*fresh), rtol=1e-4, atol=1e-5)
