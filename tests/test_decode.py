@@ -101,6 +101,32 @@ def test_static_cache_generate_matches_eager_and_compiles_once(make, monkeypatch
     assert compiles[8] == compiles[32] == 2, compiles  # prefill and decode, whatever the number of tokens
 
 
+def test_gemma2_sliding_cache_decodes_with_one_plan_a_graph(monkeypatch):
+    """Gemma 2 (eager only: softcapped scores, sliding-window layers of 8 keys, fewer than the tokens decoded): its
+    static cache hands back its length, a symbolic int of the decode graph; the graph is planned once for every
+    length (not once a token), and the tokens are eager's."""
+    torch.manual_seed(3)
+    cfg = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    max_position_embeddings=256, sliding_window=8, query_pre_attn_scalar=16,
+                                    attn_logit_softcapping=0.5, final_logit_softcapping=1.0,
+                                    attn_implementation="eager")
+    model = transformers.Gemma2ForCausalLM(cfg).eval()
+    ids = torch.randint(1, VOCAB, (2, 7))
+    torch._dynamo.reset()
+    ref = _generate(_twin(model), ids, 10)
+    compiled = _twin(model)
+    counting = _Counting(monkeypatch)
+    compiled.forward = torch.compile(compiled.forward, backend=counting.backend)
+    out = _generate(compiled, ids, 10)
+    assert torch.equal(out, ref), f"tilefuse {out.tolist()} != eager {ref.tolist()}"
+    assert counting.backend.failures == []
+    assert len(counting.runners) <= 3, [r.plan.graph.name for r in counting.runners]  # (dynamo's graphs: 3)
+    plan = counting.runners[-1].plan
+    assert [r.backend for r in plan.regions if r.kind == "attention"] == ["tilelang"] * 2
+    assert all("softcap" in r.pattern for r in plan.regions if r.kind == "attention")
+
+
 class _Step(torch.nn.Module):
     """One decode step over a static cache of ``L`` positions: the cache and the position are buffers updated in
     place (``index_copy_``, ``add_``), as Hugging Face's StaticLayer does."""

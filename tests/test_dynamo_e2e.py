@@ -125,6 +125,49 @@ def test_dynamic_shapes_are_specialized(monkeypatch):
     assert len(spec.cache) == 2  # 13 and 17 (9 was the first, static graph)
 
 
+class _Stepping(nn.Module):
+    """A position the caller advances each call and the module hands back advanced (as Hugging Face's sliding-window
+    cache does its length): dynamo makes the int a symbolic input of the graph after the first change. ``scaled``:
+    the int also scales the output, so the computation depends on its value."""
+
+    def __init__(self, scaled: bool):
+        super().__init__()
+        self.lin, self.scaled = nn.Linear(8, 8), scaled
+
+    def forward(self, x, n: int):
+        y = F.gelu(self.lin(x)) * 2
+        return (y * n if self.scaled else y), n + 1, n
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_an_int_that_only_counts_is_no_part_of_a_specialization(scaled, monkeypatch):
+    """The int feeds only int arithmetic the graph returns: one specialization serves every value, the returned int
+    computed from the call's own (a decode step of Gemma 2 was planned and compiled anew for each token). Where it
+    also feeds the tensors, each value is its own specialization; either way every call matches eager."""
+    made = []
+    init = dynamo._Specializing.__init__
+
+    def spy(self, *a, **k):
+        made.append(self)
+        init(self, *a, **k)
+    monkeypatch.setattr(dynamo._Specializing, "__init__", spy)
+    torch._dynamo.reset()
+    model = _Stepping(scaled)
+    backend = make_backend(CPU)
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(4, 8)
+    n = m = 3
+    with torch.no_grad():
+        for _ in range(6):
+            (got, n, was), (want, m, _) = compiled(x, n), model(x, m)
+            assert n == m and was == n - 1  # (the int itself, handed back as it came)
+            torch.testing.assert_close(got, want, **FP32)
+    assert backend.failures == []
+    (spec,) = made
+    assert bool(spec.int_only) != scaled
+    assert len(spec.cache) == (1 if not scaled else 5), len(spec.cache)  # (the first call ran a static graph)
+
+
 def test_unimportable_graph_runs_through_torch_with_a_warning(monkeypatch, caplog):
     def broken(*a, **k):
         raise RuntimeError("boom")

@@ -374,7 +374,9 @@ def _graph_key(plan: Any) -> _GraphKey | None:
 
 
 class _Specializing:
-    """A graph with symbolic sizes: compiled anew for each concrete input signature."""
+    """A graph with symbolic sizes: compiled anew for each concrete input signature. A symbolic int that only feeds
+    int arithmetic the graph returns (``_int_only_inputs``: Gemma 2's sliding cache hands back its length + 1 each
+    decode step) is no part of the signature: those outputs are computed here from the call's ints."""
 
     def __init__(self, backend: TilefuseBackend, gm: fx.GraphModule, name: str, static_inputs: Collection[int] = ()):
         self._boxed_call = True
@@ -384,17 +386,28 @@ class _Specializing:
         self.static_inputs = static_inputs  # make_fx keeps the placeholders' order
         self.cache: dict[tuple, Callable] = {}
         self.varying = _varying_inputs(gm)
+        self.int_only, self.int_outputs = _int_only_inputs(gm)
+        if self.varying is not None:
+            self.varying = tuple(i for i in self.varying if i not in self.int_only)
 
     def __call__(self, *args: Any) -> Any:
         fx_args = _unbox(args)
         # keyed by the inputs that can vary between calls that reach this graph (a decode step: 3 of its 100)
-        pick = fx_args if self.varying is None else [fx_args[i] for i in self.varying]
+        pick = [a for i, a in enumerate(fx_args) if i not in self.int_only] if self.varying is None else \
+            [fx_args[i] for i in self.varying]
         key = tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
                     for a in pick)
+        ints = _int_results(self.gm, fx_args, self.int_outputs) if self.int_outputs else {}
         fn = self.cache.get(key)
         if fn is None:
             fn = self.cache[key] = self._specialize(fx_args)
-        return fn(fx_args)
+        out = fn(fx_args)
+        if not ints:
+            return out
+        out = list(out)
+        for i, v in ints.items():
+            out[i] = v
+        return out
 
     def _specialize(self, args: list) -> Callable:
         from torch.fx.experimental.proxy_tensor import make_fx
@@ -420,6 +433,55 @@ def _varying_inputs(gm: fx.GraphModule) -> tuple[int, ...] | None:
         if not isinstance(val, torch.Tensor) or any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
             out.append(i)
     return tuple(out)
+
+
+def _int_only_inputs(gm: fx.GraphModule) -> tuple[frozenset[int], dict[int, fx.Node]]:
+    """Positions of the symbolic-int inputs that reach nothing but int arithmetic (``operator``'s, on SymInts) and
+    the graph's outputs, and the outputs those compute (by output position). Such an input changes no shape and no
+    tensor: a specialization need not be keyed by it."""
+    import operator
+
+    arith = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg}
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out_node = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if out_node is None or not out_node.args or not isinstance(out_node.args[0], (tuple, list)):
+        return frozenset(), {}
+
+    def reach(n: fx.Node, seen: set) -> bool:  # n and what it feeds: int arithmetic up to the output only
+        for u in n.users:
+            if u.op == "output":
+                continue
+            if u.op != "call_function" or u.target not in arith or not isinstance(u.meta.get("val"), torch.SymInt):
+                return False
+            if u not in seen:
+                seen.add(u)
+                if not reach(u, seen):
+                    return False
+        return True
+
+    only, nodes = set(), set()
+    for i, n in enumerate(places):
+        seen: set = set()
+        if isinstance(n.meta.get("val"), torch.SymInt) and reach(n, seen):
+            only.add(i)
+            nodes |= seen | {n}
+    # an output all of whose inputs come from those inputs (a node mixing in another input keeps the key)
+    ok = {n for n in nodes if all(a in nodes for a in n.all_input_nodes)}
+    outs = {i: a for i, a in enumerate(out_node.args[0]) if isinstance(a, fx.Node) and a in ok}
+    if any(n in nodes and n not in ok for n in gm.graph.nodes):  # int arithmetic also reading another input
+        return frozenset(), {}
+    return frozenset(only), outs
+
+
+def _int_results(gm: fx.GraphModule, args: Sequence, outputs: dict[int, fx.Node]) -> dict[int, Any]:
+    """The values of ``outputs`` (int arithmetic on int inputs, ``_int_only_inputs``) for this call's ``args``."""
+    env: dict[fx.Node, Any] = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), args))
+
+    def value(n: fx.Node) -> Any:  # (only the int arithmetic the outputs need: nothing else of the graph runs here)
+        if n not in env:
+            env[n] = n.target(*fx.node.map_arg(n.args, value), **fx.node.map_arg(n.kwargs, value))
+        return env[n]
+    return {i: value(n) for i, n in outputs.items()}
 
 
 def _static_input_indices() -> frozenset[int]:
