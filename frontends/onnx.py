@@ -33,7 +33,7 @@ import onnx.defs
 import torch
 from onnx import helper
 
-from tilefuse.frontends import onnx_nn, onnx_ops
+from tilefuse.frontends import onnx_attention, onnx_nn, onnx_ops
 from tilefuse.frontends.onnx_context import FOLD_LIMIT, Converter, Ctx, OnnxNode, Unsupported, evaluate
 from tilefuse.frontends.onnx_tensors import DTYPE_TO_ONNX, UnsupportedDtypeError, tensor_from_proto, type_from_proto
 from tilefuse.ir import Graph, Node, TensorType, Value, prune
@@ -41,8 +41,8 @@ from tilefuse.ops import FOLD_DYNAMIC, GraphBuilder
 
 NEWEST_OPSET = min(28, onnx.defs.onnx_opset_version())  # the newest opset the converters were checked against
 # The converter of each default-domain ONNX op, and the oldest op version it understands where that is not 7.
-CONVERTERS: dict[str, Converter] = {**onnx_ops.CONVERTERS, **onnx_nn.CONVERTERS}
-OLDEST: dict[str, int] = {**onnx_ops.OLDEST, **onnx_nn.OLDEST}
+CONVERTERS: dict[str, Converter] = {**onnx_ops.CONVERTERS, **onnx_nn.CONVERTERS, **onnx_attention.CONVERTERS}
+OLDEST: dict[str, int] = {**onnx_ops.OLDEST, **onnx_nn.OLDEST, **onnx_attention.OLDEST}
 
 
 class OnnxImportError(ValueError):
@@ -184,7 +184,19 @@ def _convert(ctx: Ctx, proto: onnx.NodeProto, opsets: Mapping[str, int]) -> None
     missing = [i for i in proto.input if i and i not in ctx.env]
     if missing:
         raise OnnxImportError(f"{ctx.label}: {where} reads {missing} before they are defined")
-    if conv is None or schema.since_version < OLDEST.get(proto.op_type, 7):
+    outs = None
+    if conv is not None and schema.since_version >= OLDEST.get(proto.op_type, 7):
+        try:
+            n = OnnxNode(proto.op_type, domain, proto.name, tuple(proto.input), tuple(proto.output),
+                         _attrs(proto, ctx.base_dir), schema.since_version, dict(opsets), proto)
+            outs = conv(ctx, n)  # (None: the converter declines this node, before adding anything)
+        except (Unsupported, UnsupportedDtypeError) as e:
+            raise UnsupportedOnnxOpError(f"{ctx.label}: {where}: unsupported: {e}") from e
+        except OnnxImportError:
+            raise
+        except Exception as e:
+            raise OnnxImportError(f"{ctx.label}: {where}: {type(e).__name__}: {e}") from e
+    if outs is None:
         body = _function_body(ctx, proto, schema, opsets)
         if body is None:
             what = "unsupported op" if conv is None else f"unsupported op version {schema.since_version}"
@@ -194,16 +206,6 @@ def _convert(ctx: Ctx, proto: onnx.NodeProto, opsets: Mapping[str, int]) -> None
         for sub, sub_opsets in body:
             _convert(ctx, sub, sub_opsets)
         return
-    try:
-        n = OnnxNode(proto.op_type, domain, proto.name, tuple(proto.input), tuple(proto.output),
-                     _attrs(proto, ctx.base_dir), schema.since_version, dict(opsets), proto)
-        outs = conv(ctx, n)
-    except (Unsupported, UnsupportedDtypeError) as e:
-        raise UnsupportedOnnxOpError(f"{ctx.label}: {where}: unsupported: {e}") from e
-    except OnnxImportError:
-        raise
-    except Exception as e:
-        raise OnnxImportError(f"{ctx.label}: {where}: {type(e).__name__}: {e}") from e
     for onnx_name, ours in zip(proto.output, outs):
         if onnx_name:
             ctx.env[onnx_name] = _check_type(ctx, onnx_name, ours, where)

@@ -57,6 +57,9 @@ EXCLUDE: dict[str, str] = {
                                       "where the exact value is 0",
     r"^test_attention_4d_causal_fp16(_expanded)?$": "1-ulp float16 difference: expected output computed in "
                                                     "higher precision than Attention's float16 function body",
+    r"^test_attention_4d_fp16$": "2-ulp float16 difference the other way: the expected output is Attention's float16 "
+                                 "arithmetic, tilefuse's one sdpa is closer to the exact result (max error 3.0e-4 "
+                                 "against the expected output's 4.7e-4, computed in float64)",
 }
 
 # Known bugs of tilefuse outside the ONNX frontend: expected failures, so that the fix shows up as an
