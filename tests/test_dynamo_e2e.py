@@ -101,7 +101,9 @@ def test_training_gpt2_through_fallbacks(rng):
     assert backend.failures == []
 
 
-def test_dynamic_shapes_are_specialized(monkeypatch):
+@pytest.fixture
+def specializations(monkeypatch) -> list:
+    """The ``_Specializing`` graphs the backend makes, as it makes them."""
     made = []
     init = dynamo._Specializing.__init__
 
@@ -109,6 +111,11 @@ def test_dynamic_shapes_are_specialized(monkeypatch):
         made.append(self)
         init(self, *a, **k)
     monkeypatch.setattr(dynamo._Specializing, "__init__", spy)
+    return made
+
+
+def test_dynamic_shapes_are_specialized(specializations):
+    made = specializations
     model, _ = models.build("gpt2", "tiny")
     backend = make_backend(CPU)
     compiled = torch.compile(model, backend=backend)
@@ -140,17 +147,11 @@ class _Stepping(nn.Module):
 
 
 @pytest.mark.parametrize("scaled", [False, True])
-def test_an_int_that_only_counts_is_no_part_of_a_specialization(scaled, monkeypatch):
+def test_an_int_that_only_counts_is_no_part_of_a_specialization(scaled, specializations):
     """The int feeds only int arithmetic the graph returns: one specialization serves every value, the returned int
     computed from the call's own (a decode step of Gemma 2 was planned and compiled anew for each token). Where it
     also feeds the tensors, each value is its own specialization; either way every call matches eager."""
-    made = []
-    init = dynamo._Specializing.__init__
-
-    def spy(self, *a, **k):
-        made.append(self)
-        init(self, *a, **k)
-    monkeypatch.setattr(dynamo._Specializing, "__init__", spy)
+    made = specializations
     torch._dynamo.reset()
     model = _Stepping(scaled)
     backend = make_backend(CPU)
