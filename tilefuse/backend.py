@@ -19,6 +19,7 @@ import hashlib
 import itertools
 import json
 import logging
+import operator
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -439,8 +440,6 @@ def _int_only_inputs(gm: fx.GraphModule) -> tuple[frozenset[int], dict[int, fx.N
     """Positions of the symbolic-int inputs that reach nothing but int arithmetic (``operator``'s, on SymInts) and
     the graph's outputs, and the outputs those compute (by output position). Such an input changes no shape and no
     tensor: a specialization need not be keyed by it."""
-    import operator
-
     arith = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg}
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
     out_node = next((n for n in gm.graph.nodes if n.op == "output"), None)
