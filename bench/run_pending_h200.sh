@@ -72,8 +72,8 @@
 #            (lowering/templates/pool.py default_config).
 #   part 93 (~5 min): Gemma 2's logit softcapping (session 58: one sdpa a layer with a ``softcap``, the non-ws
 #            flash template capping each score; its CUDA sources compiled for sm_90a, never run): the softcap GPU tests
-#            (fp16/bf16, head dims 64-256, causal and not), then HF Gemma-2-2B's shape (8 layers, b4x2048, eager only)
-#            against eager and Inductor default (PART93_LIMIT the time).
+#            (fp16/bf16, head dims 64-256, causal and not), then HF Gemma-2-2B's shape (8 layers, b4x2048, bf16, eager
+#            only) against eager and Inductor default (PART93_LIMIT the time).
 #   part 29 (~3 min): session 35's group norms: the fp16 block whose second norm ran through torch on the H100 (two
 #            values after the norm), the split of few, long groups (planner/norm_split.py) against torch, then
 #            bench_group_norm.py again (session 35's run, before the split: 0.05-0.22x Inductor at a VAE's shapes).
